@@ -1,0 +1,149 @@
+"""CircuitBreaker: CLOSED -> OPEN -> HALF_OPEN with exactly one probe in flight.
+
+The clock is injectable (``time.monotonic`` by default) so tests move time
+instead of sleeping. The half-open probe slot belongs to the call that took
+it; it is released when that call succeeds, fails, or is abandoned because a
+later policy denied it, so a breaker can never stay wedged half-open.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from ._policy import PolicyContext, PolicyDecision
+from ._units import check_count
+
+__all__ = ["CircuitBreaker", "CircuitState"]
+
+
+class CircuitState(enum.StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+_ALLOW = PolicyDecision(True, "circuit_breaker")
+
+
+class CircuitBreaker:
+    """Stops calls to an endpoint that keeps failing.
+
+    Args:
+        failure_threshold: Consecutive failures that open the circuit.
+        recovery_timeout: Seconds the circuit stays OPEN before one probe.
+        clock: Monotonic seconds; inject a fake one in tests.
+    """
+
+    policy_type = "circuit_breaker"
+
+    def __init__(
+        self,
+        failure_threshold: int = 5,
+        recovery_timeout: float = 60.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        check_count("failure_threshold", failure_threshold)
+        if failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
+        if (
+            isinstance(recovery_timeout, bool)
+            or not isinstance(recovery_timeout, (int, float))
+            or not math.isfinite(recovery_timeout)
+            or recovery_timeout < 0
+        ):
+            raise ValueError(
+                "recovery_timeout must be a finite number of seconds >= 0, "
+                f"got {recovery_timeout!r}"
+            )
+        self.failure_threshold = failure_threshold
+        self.recovery_timeout = float(recovery_timeout)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = CircuitState.CLOSED
+        self._failures = 0
+        self._opened_at = 0.0
+        self._probe_owner: object | None = None
+
+    @property
+    def state(self) -> CircuitState:
+        """Current state; OPEN reads as HALF_OPEN once the timeout has passed."""
+        with self._lock:
+            self._advance()
+            return self._state
+
+    @property
+    def failure_count(self) -> int:
+        return self._failures
+
+    def check(self, context: PolicyContext | None = None) -> PolicyDecision:
+        """Allow, or deny while OPEN or while the half-open probe is out."""
+        with self._lock:
+            self._advance()
+            if self._state is CircuitState.CLOSED:
+                return _ALLOW
+            if self._state is CircuitState.HALF_OPEN and self._probe_owner is None:
+                self._probe_owner = context if context is not None else object()
+                return _ALLOW
+            retry_in = max(0.0, self._opened_at + self.recovery_timeout - self._clock())
+            return PolicyDecision(
+                False,
+                self.policy_type,
+                f"circuit {self._state.value} after {self._failures} failures; "
+                f"next probe in {retry_in:.1f}s",
+                limit=self.failure_threshold,
+                observed=self._failures,
+            )
+
+    def record_success(self) -> None:
+        with self._lock:
+            self._advance()
+            # A late success from a call sent before the circuit opened must
+            # not close it: only CLOSED or the half-open probe count.
+            if self._state is CircuitState.OPEN:
+                return
+            self._failures = 0
+            self._state = CircuitState.CLOSED
+            self._probe_owner = None
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self._advance()
+            self._failures += 1
+            if self._state is CircuitState.HALF_OPEN or self._failures >= self.failure_threshold:
+                self._state = CircuitState.OPEN
+                self._opened_at = self._clock()
+            self._probe_owner = None
+
+    def release_probe(self, owner: object | None = None) -> None:
+        """Free the half-open probe slot without an outcome (call not sent)."""
+        with self._lock:
+            if owner is None or self._probe_owner is owner:
+                self._probe_owner = None
+
+    def on_success(self, context: PolicyContext) -> None:
+        self.record_success()
+
+    def on_failure(self, context: PolicyContext, error: BaseException) -> None:
+        self.record_failure()
+
+    def on_abandon(self, context: PolicyContext) -> None:
+        self.release_probe(context)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._state = CircuitState.CLOSED
+            self._failures = 0
+            self._probe_owner = None
+
+    def _advance(self) -> None:
+        if (
+            self._state is CircuitState.OPEN
+            and self._clock() - self._opened_at >= self.recovery_timeout
+        ):
+            self._state = CircuitState.HALF_OPEN
+            self._probe_owner = None

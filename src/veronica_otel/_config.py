@@ -1,0 +1,112 @@
+"""Chain limits: :class:`ExecutionConfig` and its ``VERONICA_*`` environment form."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from ._units import MAX_COUNT, check_count, check_usd
+
+__all__ = ["ENV_LIMITS", "ExecutionConfig", "parse_env_bool"]
+
+# field name -> environment variable
+ENV_LIMITS: Mapping[str, str] = {
+    "max_cost_usd": "VERONICA_MAX_COST_USD",
+    "max_steps": "VERONICA_MAX_STEPS",
+    "max_retries_total": "VERONICA_MAX_RETRIES_TOTAL",
+    "timeout_ms": "VERONICA_TIMEOUT_MS",
+    "max_tokens": "VERONICA_MAX_TOKENS",
+    "max_repeats": "VERONICA_MAX_REPEATS",
+    "max_depth": "VERONICA_MAX_DEPTH",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionConfig:
+    """Hard limits for one chain. ``None`` means unlimited.
+
+    Invalid values (NaN, infinities, negatives, bools or strings passed as
+    numbers, absurd magnitudes) cannot be constructed: they raise
+    ``ValueError`` or ``TypeError`` naming the field (guarantee G6).
+
+    Attributes:
+        max_cost_usd: Ceiling on the chain's committed cost in USD.
+        max_steps: Ceiling on LLM and tool calls dispatched.
+        max_retries_total: Ceiling on retries across every layer of the chain.
+        timeout_ms: Wall-clock budget from the context's creation.
+        max_tokens: Ceiling on tokens (input + output) across the chain.
+        max_repeats: How many times one call signature may be dispatched.
+        max_depth: Deepest sub-agent or service hop (the root is depth 0).
+    """
+
+    max_cost_usd: float | None = None
+    max_steps: int | None = None
+    max_retries_total: int | None = None
+    timeout_ms: int | None = None
+    max_tokens: int | None = None
+    max_repeats: int | None = None
+    max_depth: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_cost_usd is not None:
+            object.__setattr__(self, "max_cost_usd", check_usd("max_cost_usd", self.max_cost_usd))
+        for f in fields(self):
+            if f.name == "max_cost_usd":
+                continue
+            value = getattr(self, f.name)
+            if value is not None:
+                check_count(f.name, value)
+        if self.max_repeats is not None and self.max_repeats < 1:
+            raise ValueError(f"max_repeats must be >= 1, got {self.max_repeats!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutionConfig:
+        """Build limits from the ``VERONICA_*`` variables.
+
+        Unset or empty variables mean unlimited. A malformed value raises
+        ``ValueError`` naming the variable and the value; it is never
+        replaced by a default.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, float | int | None] = {}
+        for name, var in ENV_LIMITS.items():
+            raw = env.get(var, "").strip()
+            if not raw:
+                continue
+            try:
+                values[name] = _parse_usd(raw) if name == "max_cost_usd" else _parse_int(raw)
+                # Constructing a one-field config validates range and sign.
+                ExecutionConfig(**{name: values[name]})  # type: ignore[arg-type]
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{var}={raw!r} is not a valid {name}: {exc}") from None
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _parse_usd(raw: str) -> float:
+    value = float(raw)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError("must be finite")
+    return value
+
+
+def _parse_int(raw: str) -> int:
+    text = raw.replace("_", "")
+    if not text.lstrip("+-").isdigit():
+        raise ValueError("must be a whole number")
+    value = int(text)
+    if value > MAX_COUNT:
+        raise ValueError(f"must be <= {MAX_COUNT}")
+    return value
+
+
+def parse_env_bool(var: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Read a boolean variable strictly: true/false, 1/0, yes/no, on/off."""
+    env = os.environ if environ is None else environ
+    raw = env.get(var, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{var}={env.get(var)!r} is not a boolean (use true or false)")

@@ -1,0 +1,787 @@
+"""ExecutionContext: the chain-scoped containment boundary.
+
+Every call made through a context goes through :meth:`ExecutionContext.begin_call`:
+deadline and cancellation first, then the policy pipeline, then one atomic
+ledger reservation of the call's worst case. Only then does the call run. When
+it ends, :meth:`CallHandle.finish` commits what it actually cost (reported with
+``record_usage``, else what it reserved) and releases the rest.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import itertools
+import time
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from ._config import ExecutionConfig
+from ._errors import BudgetExceededError, TripEvent, TripReason
+from ._ledger import Ledger, Level, Limits, LocalLedger, Reservation
+from ._options import ChainSnapshot, Decision, WrapOptions
+from ._policy import ALLOW, PolicyContext, PolicyDecision, PolicyPipeline
+from ._pricing import PriceTable, UnitPrices, default_price_table
+from ._propagation import CONTEXT_KEY
+from ._timer import CancellationToken, TimerHandle, schedule
+from ._trips import emit_trip
+from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
+from ._version import __version__
+
+__all__ = ["CallHandle", "ExecutionContext"]
+
+_DEFAULT_LEDGER = LocalLedger()
+_DEFAULT_OPTIONS = WrapOptions()
+_NO_RESERVATION = Reservation("", 0, 0)
+_ACTIVE_CALL: contextvars.ContextVar[CallHandle | None] = contextvars.ContextVar(
+    "veronica_otel_active_call", default=None
+)
+_tracer = trace.get_tracer("veronica_otel", __version__)
+_monotonic = time.monotonic
+
+
+_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
+
+
+def _is_coroutine_function(fn: object) -> bool:
+    code = getattr(fn, "__code__", None)
+    if code is not None and not hasattr(fn, "_is_coroutine_marker"):
+        # Plain functions and lambdas: one flag test instead of inspect's walk.
+        return bool(code.co_flags & _CO_ASYNC)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    )
+
+
+class CallHandle:
+    """One admitted call: its reservation and, after it ran, its usage.
+
+    Instrumentors get one from :meth:`ExecutionContext.begin_call` and must
+    call :meth:`finish` exactly once (extra calls do nothing).
+    """
+
+    __slots__ = (
+        "_done",
+        "context",
+        "cost_nano",
+        "decision",
+        "policy_context",
+        "reservation",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        context: ExecutionContext,
+        reservation: Reservation,
+        policy_context: PolicyContext | None,
+        decision: PolicyDecision,
+    ) -> None:
+        self.context = context
+        self.reservation = reservation
+        self.policy_context = policy_context
+        self.decision = decision
+        self.cost_nano = -1
+        self.tokens = -1
+        self._done = False
+
+    @property
+    def reserved_usd(self) -> float:
+        return nano_to_usd(self.reservation.cost_nano)
+
+    def add_usage(self, cost_nano: int, tokens: int) -> None:
+        """Add actual usage (integer units) reported during the call."""
+        self.cost_nano = max(self.cost_nano, 0) + cost_nano
+        self.tokens = max(self.tokens, 0) + tokens
+
+    def finish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
+        """Commit actual usage (or release, when the call was never sent)."""
+        if self._done:
+            return
+        self._done = True
+        self.context._finish(self, error, sent)
+
+
+class ExecutionContext:
+    """The chain's limits, ledger entry, pipeline and deadline.
+
+    Args:
+        config: The chain's limits (unlimited when omitted).
+        pipeline: Extra policies evaluated before every call.
+        chain_id: Name of the chain; contexts with the same id and ledger
+            share one budget (across processes with a Redis ledger).
+        ledger: Where counters live; an in-process ledger by default.
+        price_table: Prices for ``model``-based reservations and usage.
+        name: Shown on the chain's span.
+
+    Use it as a context manager (sync or async): entering makes it the
+    active chain in the OpenTelemetry context, so instrumented clients,
+    threads and tasks started inside find it with :func:`current_context`.
+    """
+
+    def __init__(
+        self,
+        config: ExecutionConfig | None = None,
+        pipeline: PolicyPipeline | None = None,
+        *,
+        chain_id: str | None = None,
+        ledger: Ledger | None = None,
+        price_table: PriceTable | None = None,
+        name: str = "chain",
+        _parent: ExecutionContext | None = None,
+        _depth: int = 0,
+    ) -> None:
+        if config is not None and not isinstance(config, ExecutionConfig):
+            raise TypeError(f"config must be an ExecutionConfig, got {config!r}")
+        if pipeline is not None and not isinstance(pipeline, PolicyPipeline):
+            raise TypeError(f"pipeline must be a PolicyPipeline, got {pipeline!r}")
+        if chain_id is not None and (not isinstance(chain_id, str) or not _valid_id(chain_id)):
+            raise ValueError(
+                f"chain_id must be 1-128 characters of letters, digits and -_.:, got {chain_id!r}"
+            )
+        self.config = config if config is not None else ExecutionConfig()
+        self.pipeline = pipeline if pipeline is not None else PolicyPipeline()
+        self.chain_id = chain_id if chain_id is not None else uuid.uuid4().hex
+        self.name = name
+        self.depth = check_count("depth", _depth)
+        self._ledger: Ledger = ledger if ledger is not None else _DEFAULT_LEDGER
+        self._prices = price_table
+        self._parent = _parent
+        self._children = itertools.count(1)
+        self._started = _monotonic()
+        self._trip: TripEvent | None = None
+        self._partial: Any = None
+        self._token = CancellationToken()
+        self._otel_tokens: list[tuple[object, trace.Span | None]] = []
+        self._span: trace.Span | None = None
+        limits = self.config
+        self._path: tuple[Level, ...] = (
+            *(_parent._path if _parent is not None else ()),
+            Level(
+                self.chain_id,
+                Limits(
+                    cost_nano=None
+                    if limits.max_cost_usd is None
+                    else usd_to_nano(limits.max_cost_usd),
+                    steps=limits.max_steps,
+                    retries=limits.max_retries_total,
+                    tokens=limits.max_tokens,
+                    repeats=limits.max_repeats,
+                ),
+            ),
+        )
+        self._priced = any(level.limits.cost_nano is not None for level in self._path)
+        self._deadline: float | None = None
+        self._timer: TimerHandle | None = None
+        if limits.timeout_ms is not None:
+            self._deadline = self._started + limits.timeout_ms / 1000
+        if _parent is not None and _parent._deadline is not None:
+            parent_deadline = _parent._deadline
+            if self._deadline is None or parent_deadline < self._deadline:
+                self._deadline = parent_deadline
+        if self._deadline is not None:
+            self._timer = schedule(self._deadline, _weak_deadline(self))
+        if _parent is not None:
+            _parent._token.add_callback(_weak_cancel(self))
+        if isinstance(self._ledger, LocalLedger):
+            self._ledger.acquire(self.chain_id)
+            weakref.finalize(self, self._ledger.discard, self.chain_id)
+        if limits.max_depth is not None and self.depth > limits.max_depth:
+            self._deny("depth", limits.max_depth, self.depth, "hop depth over max_depth")
+
+    # -- context manager -------------------------------------------------
+
+    def __enter__(self) -> ExecutionContext:
+        parent_span = trace.get_current_span()
+        span: trace.Span | None = None
+        if self._parent is not None or not parent_span.get_span_context().is_valid:
+            operation = "invoke_agent" if self._parent is not None else "invoke_workflow"
+            span = _tracer.start_span(
+                f"{operation} {self.name}",
+                attributes={
+                    "gen_ai.operation.name": operation,
+                    "veronica.chain.id": self.chain_id,
+                    "veronica.depth": self.depth,
+                },
+            )
+            self._span = span
+        ctx = otel_context.set_value(CONTEXT_KEY, self)
+        if span is not None:
+            ctx = trace.set_span_in_context(span, ctx)
+        self._otel_tokens.append((otel_context.attach(ctx), span))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token, span = self._otel_tokens.pop()
+        otel_context.detach(token)  # type: ignore[arg-type]
+        if not self._otel_tokens and self._timer is not None:
+            self._timer.cancel()
+        if span is not None:
+            self._end_span(span, exc)
+
+    async def __aenter__(self) -> ExecutionContext:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    # -- paper-style wrappers --------------------------------------------
+
+    def wrap_llm_call(self, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
+        """Run ``fn`` as one LLM call if the chain allows it.
+
+        Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
+        running it. Errors raised by ``fn`` propagate unchanged.
+        """
+        return self._wrap(fn, options, "llm")
+
+    def wrap_tool_call(self, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
+        """Run ``fn`` as one tool call if the chain allows it (see wrap_llm_call)."""
+        return self._wrap(fn, options, "tool")
+
+    async def awrap_llm_call(
+        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
+    ) -> Decision:
+        """Coroutine version of :meth:`wrap_llm_call`; ``fn`` returns an awaitable."""
+        return await self._awrap(fn, options, "llm")
+
+    async def awrap_tool_call(
+        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
+    ) -> Decision:
+        """Coroutine version of :meth:`wrap_tool_call`."""
+        return await self._awrap(fn, options, "tool")
+
+    def _wrap(self, fn: Callable[[], Any], options: WrapOptions | None, kind: str) -> Decision:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        if _is_coroutine_function(fn):
+            raise TypeError(
+                f"wrap_{kind}_call got a coroutine function {fn!r}; use awrap_{kind}_call"
+            )
+        try:
+            call = self.begin_call(kind, options)
+        except BudgetExceededError:
+            return Decision.HALT
+        if call.decision.rate_limit_ms:
+            time.sleep(call.decision.rate_limit_ms / 1000)
+        active = _ACTIVE_CALL.set(call)
+        try:
+            result = fn()
+        except BudgetExceededError as exc:
+            call.finish(exc)
+            return Decision.HALT
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        finally:
+            _ACTIVE_CALL.reset(active)
+        if result is not None and inspect.isawaitable(result):
+            call.finish(TypeError("awaitable"), sent=False)
+            _close_awaitable(result)
+            raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
+        self._partial = result
+        call.finish()
+        return Decision.ALLOW
+
+    async def _awrap(
+        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None, kind: str
+    ) -> Decision:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        try:
+            call = self.begin_call(kind, options)
+        except BudgetExceededError:
+            return Decision.HALT
+        if call.decision.rate_limit_ms:
+            import asyncio
+
+            await asyncio.sleep(call.decision.rate_limit_ms / 1000)
+        active = _ACTIVE_CALL.set(call)
+        try:
+            result = await fn()
+        except BudgetExceededError as exc:
+            call.finish(exc)
+            return Decision.HALT
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        finally:
+            _ACTIVE_CALL.reset(active)
+        self._partial = result
+        call.finish()
+        return Decision.ALLOW
+
+    # -- the check before each call ----------------------------------------
+
+    def begin_call(
+        self,
+        kind: str = "llm",
+        options: WrapOptions | None = None,
+        *,
+        cost_nano: int | None = None,
+    ) -> CallHandle:
+        """Admit one call or raise :class:`BudgetExceededError`.
+
+        Runs the deadline, the pipeline and one atomic ledger reservation.
+        ``cost_nano`` overrides the reservation computed from ``options``
+        (instrumentors pass their own worst case). The caller must call
+        ``finish()`` on the returned handle.
+        """
+        if options is None:
+            options = _DEFAULT_OPTIONS
+        if self._trip is not None:
+            raise BudgetExceededError(self._trip)
+        if self._deadline is not None and _monotonic() >= self._deadline:
+            self._deny_timeout()
+        if self._token.cancelled:
+            self._deny_timeout()
+        if cost_nano is None:
+            cost_nano = options.hint_nano
+            if options.model is not None and self._priced and cost_nano == 0:
+                cost_nano = self._worst_case(options)
+        policy_context: PolicyContext | None = None
+        decision = ALLOW
+        if self.pipeline:
+            policy_context = PolicyContext(
+                chain_id=self.chain_id,
+                kind=kind,
+                operation_name=options.operation_name,
+                provider=options.provider,
+                model=options.model,
+                estimated_cost_usd=nano_to_usd(cost_nano),
+                signature=options.signature,
+            )
+            decision = self.pipeline.evaluate(policy_context)
+            if not decision.allowed:
+                self._deny_policy(decision)
+        reservation = self._ledger.reserve(
+            self._path,
+            cost_nano,
+            options.reserved_tokens,
+            retry=options.retry,
+            signature=options.signature,
+        )
+        if type(reservation) is not Reservation:
+            if policy_context is not None:
+                self.pipeline.abandon(policy_context)
+            self._tripped(reservation)  # type: ignore[arg-type]
+        return CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
+
+    def consume_retry(self) -> None:
+        """Draw one retry from ``max_retries_total`` or raise BudgetExceededError."""
+        if self._trip is not None:
+            raise BudgetExceededError(self._trip)
+        result = self._ledger.reserve(self._path, 0, 0, step=False, retry=True)
+        if type(result) is not Reservation:
+            self._tripped(result)  # type: ignore[arg-type]
+
+    def _worst_case(self, options: WrapOptions) -> int:
+        prices = self._lookup(options.provider, options.model)
+        return prices.max_cost_nano(options.input_tokens or 0, options.max_tokens or 0)
+
+    def _lookup(self, provider: str | None, model: str | None) -> UnitPrices:
+        table = self._prices if self._prices is not None else default_price_table()
+        prices = table.lookup(provider, model) if model is not None else None
+        if prices is None:
+            self._deny(
+                "cost",
+                self.config.max_cost_usd or 0.0,
+                float("inf"),
+                f"no known price for model {model!r} (provider {provider!r}); a model "
+                "with no price is never free: set VERONICA_UNKNOWN_MODEL_PRICE or pass "
+                "a price_table",
+                sticky=False,
+            )
+        return prices  # type: ignore[return-value]
+
+    def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
+        reservation = call.reservation
+        if not sent:
+            self._ledger.release(self._path, reservation)
+            if call.policy_context is not None:
+                self.pipeline.abandon(call.policy_context)
+            return
+        if call.cost_nano >= 0 or call.tokens >= 0:
+            cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
+        elif error is None:
+            cost, tokens = reservation.cost_nano, reservation.tokens
+        else:
+            cost, tokens = 0, 0
+        overrun = self._ledger.commit(self._path, reservation, cost, tokens)
+        if call.policy_context is not None:
+            call.policy_context.actual_cost_usd = nano_to_usd(cost)
+            if error is None or isinstance(error, BudgetExceededError):
+                self.pipeline.record_success(call.policy_context)
+            else:
+                self.pipeline.record_failure(call.policy_context, error)
+        if overrun is not None:
+            self._trip = overrun
+            emit_trip(overrun)
+
+    # -- usage -------------------------------------------------------------
+
+    def record_usage(
+        self,
+        *,
+        cost_usd: float | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cached_input_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        model: str | None = None,
+        provider: str | None = None,
+    ) -> None:
+        """Report what the running call actually used.
+
+        ``input_tokens`` includes cached ones and ``output_tokens`` includes
+        reasoning ones (the OpenAI convention). Without ``cost_usd`` the cost
+        is priced from ``model``; a model with no known price is never free,
+        so under a cost ceiling it trips the chain. Outside a wrapped call the
+        usage is committed to the chain directly.
+        """
+        for name, value in (
+            ("input_tokens", input_tokens),
+            ("output_tokens", output_tokens),
+            ("cached_input_tokens", cached_input_tokens),
+            ("reasoning_tokens", reasoning_tokens),
+        ):
+            check_count(name, value)
+        if cached_input_tokens > input_tokens:
+            raise ValueError(
+                f"cached_input_tokens ({cached_input_tokens}) cannot exceed "
+                f"input_tokens ({input_tokens})"
+            )
+        if reasoning_tokens > output_tokens:
+            raise ValueError(
+                f"reasoning_tokens ({reasoning_tokens}) cannot exceed "
+                f"output_tokens ({output_tokens})"
+            )
+        if cost_usd is not None:
+            cost_nano = usd_to_nano(check_usd("cost_usd", cost_usd))
+        elif model is not None:
+            cost_nano = self._price_usage(
+                provider, model, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens
+            )
+        else:
+            cost_nano = 0
+        tokens = input_tokens + output_tokens
+        call = _ACTIVE_CALL.get()
+        if call is not None and call.context is self:
+            call.add_usage(cost_nano, tokens)
+            return
+        overrun = self._ledger.commit(self._path, _NO_RESERVATION, cost_nano, tokens)
+        if overrun is not None:
+            self._tripped(overrun, raise_error=False)
+
+    def _price_usage(
+        self,
+        provider: str | None,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        cached: int,
+        reasoning: int,
+    ) -> int:
+        table = self._prices if self._prices is not None else default_price_table()
+        prices = table.lookup(provider, model)
+        if prices is not None:
+            return prices.cost_nano(input_tokens, output_tokens, cached, reasoning)
+        if self._priced:
+            self._deny(
+                "cost",
+                self.config.max_cost_usd or 0.0,
+                float("inf"),
+                f"usage reported for model {model!r} with no known price; the chain is "
+                "stopped because its spend can no longer be counted",
+                raise_error=False,
+            )
+        return 0
+
+    # -- children, state ----------------------------------------------------
+
+    def spawn_child(
+        self,
+        config: ExecutionConfig | None = None,
+        pipeline: PolicyPipeline | None = None,
+        *,
+        name: str = "agent",
+    ) -> ExecutionContext:
+        """Make a sub-agent's context.
+
+        Its limits are its own ``config`` capped by what this chain has left
+        now; every call it makes is also charged to this chain, so it can never
+        spend more than its parent has left, and a trip here stops it.
+        Raises BudgetExceededError (reason ``depth``) past ``max_depth``.
+        """
+        if self._trip is not None:
+            raise BudgetExceededError(self._trip)
+        depth = self.depth + 1
+        max_depth = _min_opt(self.config.max_depth, config.max_depth if config else None)
+        if max_depth is not None and depth > max_depth:
+            self._deny("depth", max_depth, depth, f"sub-agent depth {depth} over max_depth")
+        carved = _carve(
+            config or ExecutionConfig(), self.config, self._ledger.snapshot(self.chain_id)
+        )
+        carved = ExecutionConfig(
+            max_cost_usd=carved.max_cost_usd,
+            max_steps=carved.max_steps,
+            max_retries_total=carved.max_retries_total,
+            timeout_ms=carved.timeout_ms,
+            max_tokens=carved.max_tokens,
+            max_repeats=carved.max_repeats,
+            max_depth=max_depth,
+        )
+        return ExecutionContext(
+            carved,
+            pipeline if pipeline is not None else self.pipeline,
+            chain_id=f"{self.chain_id}.{next(self._children)}",
+            ledger=self._ledger,
+            price_table=self._prices,
+            name=name,
+            _parent=self,
+            _depth=depth,
+        )
+
+    @property
+    def parent(self) -> ExecutionContext | None:
+        return self._parent
+
+    @property
+    def trip(self) -> TripEvent | None:
+        """The sticky trip of this chain or the nearest tripped ancestor."""
+        if self._trip is not None:
+            return self._trip
+        for level in reversed(self._path):
+            trip = self._ledger.snapshot(level.chain_id).trip
+            if trip is not None:
+                return trip
+        return None
+
+    @property
+    def aborted(self) -> bool:
+        return self.trip is not None
+
+    def snapshot(self) -> ChainSnapshot:
+        """A frozen view of this chain's counters."""
+        state = self._ledger.snapshot(self.chain_id)
+        trip = self.trip
+        return ChainSnapshot(
+            chain_id=self.chain_id,
+            cost_usd=nano_to_usd(state.cost_nano),
+            steps=state.steps,
+            retries=state.retries,
+            tokens=state.tokens,
+            elapsed_ms=(_monotonic() - self._started) * 1000,
+            aborted=trip is not None,
+            trip=trip,
+            reserved_usd=nano_to_usd(state.reserved_nano),
+            depth=self.depth,
+        )
+
+    def remaining_cost_nano(self) -> int | None:
+        """What the tightest cost ceiling on the path has left, or None."""
+        remaining: int | None = None
+        for level in self._path:
+            if level.limits.cost_nano is None:
+                continue
+            state = self._ledger.snapshot(level.chain_id)
+            left = max(0, level.limits.cost_nano - state.cost_nano - state.reserved_nano)
+            remaining = left if remaining is None else min(remaining, left)
+        return remaining
+
+    def get_partial_result(self) -> Any:
+        """The last result of a wrapped call, or text received before a cut."""
+        return self._partial
+
+    def set_partial_result(self, value: Any) -> None:
+        """Keep ``value`` as the partial result (streams call this as they go)."""
+        self._partial = value
+
+    @property
+    def cancellation(self) -> CancellationToken:
+        return self._token
+
+    def cancel(self) -> None:
+        """Stop the chain now: later calls are denied with reason ``timeout``."""
+        if self._token.cancel():
+            self._trip_now("timeout", 0, self._elapsed_ms(), "chain cancelled")
+
+    # -- trips ---------------------------------------------------------------
+
+    def _elapsed_ms(self) -> float:
+        return (_monotonic() - self._started) * 1000
+
+    def _deny_timeout(self) -> None:
+        if self._token.cancelled and self._trip is None:
+            trip = self.trip
+            if trip is not None:
+                raise BudgetExceededError(trip)
+        limit = float(self.config.timeout_ms or 0)
+        self._deny("timeout", limit, self._elapsed_ms(), "wall-clock deadline passed")
+
+    def _on_deadline(self) -> None:
+        if self._trip is None:
+            self._trip_now(
+                "timeout", float(self.config.timeout_ms or 0), self._elapsed_ms(), "deadline"
+            )
+        self._token.cancel()
+
+    def _trip_now(self, reason: TripReason, limit: float, observed: float, what: str) -> TripEvent:
+        event = TripEvent(
+            reason, float(limit), float(observed), self.chain_id, f"chain {self.chain_id}: {what}"
+        )
+        self._trip = self._ledger.trip(self.chain_id, event)
+        return self._trip
+
+    def _deny(
+        self,
+        reason: TripReason,
+        limit: float,
+        observed: float,
+        what: str,
+        *,
+        sticky: bool = True,
+        raise_error: bool = True,
+    ) -> None:
+        if sticky:
+            trip = self._trip_now(reason, limit, observed, what)
+        else:
+            trip = TripEvent(
+                reason,
+                float(limit),
+                float(observed),
+                self.chain_id,
+                f"chain {self.chain_id}: {what}",
+            )
+        emit_trip(trip)
+        if raise_error:
+            raise BudgetExceededError(trip)
+
+    def _deny_policy(self, decision: PolicyDecision) -> None:
+        trip = TripEvent(
+            decision.trip_reason or "cost",
+            decision.limit,
+            decision.observed,
+            self.chain_id,
+            f"chain {self.chain_id}: {decision.policy_type} denied: {decision.reason}",
+        )
+        if decision.partial_result is not None:
+            self._partial = decision.partial_result
+        emit_trip(trip)
+        raise BudgetExceededError(trip)
+
+    def _tripped(self, trip: TripEvent, *, raise_error: bool = True) -> None:
+        if trip.chain_id == self.chain_id or self._trip is None:
+            first = self._trip is None
+            self._trip = trip
+            if first:
+                emit_trip(trip)
+        if raise_error:
+            raise BudgetExceededError(trip)
+
+    def _end_span(self, span: trace.Span, exc: BaseException | None) -> None:
+        try:
+            if span.is_recording():
+                snap = self.snapshot()
+                span.set_attribute("veronica.cost_usd", snap.cost_usd)
+                span.set_attribute("veronica.steps", snap.steps)
+                span.set_attribute("veronica.retries", snap.retries)
+                span.set_attribute("veronica.tokens", snap.tokens)
+                span.set_attribute("veronica.decision", "HALT" if snap.aborted else "ALLOW")
+                if snap.trip is not None:
+                    span.set_attribute("veronica.trip.reason", snap.trip.reason)
+                if exc is not None and not isinstance(exc, BudgetExceededError):
+                    span.record_exception(exc)
+        finally:
+            span.end()
+
+    def __repr__(self) -> str:
+        return f"ExecutionContext(chain_id={self.chain_id!r}, depth={self.depth})"
+
+
+def _valid_id(chain_id: str) -> bool:
+    return (
+        0 < len(chain_id) <= 128
+        and all(c.isalnum() or c in "-_.:" for c in chain_id)
+        and chain_id.isascii()
+    )
+
+
+def _min_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _carve(child: ExecutionConfig, parent: ExecutionConfig, state: Any) -> ExecutionConfig:
+    def left(limit: int | None, used: int) -> int | None:
+        return None if limit is None else max(0, limit - used)
+
+    cost_left: float | None = None
+    if parent.max_cost_usd is not None:
+        cost_left = nano_to_usd(
+            max(0, usd_to_nano(parent.max_cost_usd) - state.cost_nano - state.reserved_nano)
+        )
+    cost = (
+        cost_left
+        if child.max_cost_usd is None
+        else (child.max_cost_usd if cost_left is None else min(child.max_cost_usd, cost_left))
+    )
+    return ExecutionConfig(
+        max_cost_usd=cost,
+        max_steps=_min_opt(child.max_steps, left(parent.max_steps, state.steps)),
+        max_retries_total=_min_opt(
+            child.max_retries_total, left(parent.max_retries_total, state.retries)
+        ),
+        timeout_ms=child.timeout_ms,
+        max_tokens=_min_opt(
+            child.max_tokens, left(parent.max_tokens, state.tokens + state.reserved_tokens)
+        ),
+        max_repeats=_min_opt(child.max_repeats, parent.max_repeats),
+    )
+
+
+def _weak_deadline(ctx: ExecutionContext) -> Callable[[], None]:
+    ref = weakref.ref(ctx)
+
+    def fire() -> None:
+        target = ref()
+        if target is not None:
+            target._on_deadline()
+
+    return fire
+
+
+def _weak_cancel(ctx: ExecutionContext) -> Callable[[], None]:
+    ref = weakref.ref(ctx)
+
+    def fire() -> None:
+        target = ref()
+        if target is not None:
+            target._token.cancel()
+
+    return fire
+
+
+def _close_awaitable(value: object) -> None:
+    close = getattr(value, "close", None)
+    if callable(close):
+        close()

@@ -1,0 +1,90 @@
+"""The one exception every trip raises, and the record of a trip.
+
+Exception tree::
+
+    Exception
+     └── BudgetExceededError   (reason: cost | steps | retries | timeout | tokens
+                                | circuit_open | loop | depth)
+
+A denial is raised on purpose, as this type, before a call is sent. Errors
+raised by the user's own code are never wrapped in it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["REASONS", "BudgetExceededError", "TripEvent", "TripReason"]
+
+TripReason = Literal[
+    "cost", "steps", "retries", "timeout", "tokens", "circuit_open", "loop", "depth"
+]
+REASONS: frozenset[str] = frozenset(
+    ("cost", "steps", "retries", "timeout", "tokens", "circuit_open", "loop", "depth")
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TripEvent:
+    """Why a chain stopped.
+
+    Attributes:
+        reason: Which ceiling was hit.
+        limit: The ceiling (USD for ``cost``, milliseconds for ``timeout``,
+            a count otherwise).
+        observed: The value the chain would have reached (or did reach).
+        chain_id: The chain that tripped.
+        message: A sentence a person can act on.
+        time: Wall-clock time of the trip (``time.time()``).
+    """
+
+    reason: TripReason
+    limit: float
+    observed: float
+    chain_id: str
+    message: str = ""
+    time: float = field(default_factory=time.time)
+
+
+class BudgetExceededError(Exception):
+    """Raised instead of sending a call that a chain's limits do not allow.
+
+    Attributes:
+        trip: The sticky :class:`TripEvent` of the chain.
+        reason: Shortcut for ``trip.reason``.
+        limit: Shortcut for ``trip.limit``.
+        observed: Shortcut for ``trip.observed``.
+        chain_id: Shortcut for ``trip.chain_id``.
+    """
+
+    def __init__(self, trip: TripEvent) -> None:
+        self.trip = trip
+        super().__init__(trip.message or _default_message(trip))
+
+    @property
+    def reason(self) -> TripReason:
+        return self.trip.reason
+
+    @property
+    def limit(self) -> float:
+        return self.trip.limit
+
+    @property
+    def observed(self) -> float:
+        return self.trip.observed
+
+    @property
+    def chain_id(self) -> str:
+        return self.trip.chain_id
+
+    def __reduce__(self) -> tuple[type[BudgetExceededError], tuple[TripEvent]]:
+        return (type(self), (self.trip,))
+
+
+def _default_message(trip: TripEvent) -> str:
+    return (
+        f"chain {trip.chain_id} stopped: {trip.reason} limit {trip.limit:g} "
+        f"(observed {trip.observed:g})"
+    )

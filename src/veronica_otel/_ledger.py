@@ -1,0 +1,341 @@
+"""The chain ledger: reserve / commit / release / trip / snapshot, per chain id.
+
+Every operation is one atomic step (one lock here; one Lua script in the Redis
+ledger), so the bounds hold for any number of threads, tasks or processes.
+A call's path is the chain and its ancestors, root first: a reservation is
+checked against, and charged to, every level at once, which is how a child's
+spending counts in its parent and a parent's trip stops its children.
+
+Money is integer nano-USD; there is no float arithmetic in here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ._errors import TripEvent, TripReason
+from ._units import nano_to_usd
+
+__all__ = [
+    "Ledger",
+    "LedgerState",
+    "Level",
+    "Limits",
+    "LocalLedger",
+    "Reservation",
+    "SIGNATURE_MEMORY",
+]
+
+# Distinct call signatures remembered per chain for the repeat limit; the
+# least recently seen are forgotten first, so memory per chain is bounded.
+SIGNATURE_MEMORY = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One chain's ceilings in ledger units (nano-USD, counts); None = unlimited."""
+
+    cost_nano: int | None = None
+    steps: int | None = None
+    retries: int | None = None
+    tokens: int | None = None
+    repeats: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One chain on a call's path: its id and its limits."""
+
+    chain_id: str
+    limits: Limits
+
+
+class Reservation:
+    """What one admitted call holds until it commits or releases.
+
+    A plain slotted class rather than a frozen dataclass: one is built per
+    call, on the hot path.
+    """
+
+    __slots__ = ("cost_nano", "id", "tokens")
+
+    def __init__(self, id: str, cost_nano: int, tokens: int) -> None:
+        self.id = id
+        self.cost_nano = cost_nano
+        self.tokens = tokens
+
+    def __repr__(self) -> str:
+        return f"Reservation(id={self.id!r}, cost_nano={self.cost_nano}, tokens={self.tokens})"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerState:
+    """A consistent copy of one chain's counters."""
+
+    cost_nano: int = 0
+    reserved_nano: int = 0
+    steps: int = 0
+    retries: int = 0
+    tokens: int = 0
+    reserved_tokens: int = 0
+    trip: TripEvent | None = None
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """Storage of chain counters. One call of each method is one atomic step."""
+
+    def reserve(
+        self,
+        path: Sequence[Level],
+        cost_nano: int,
+        tokens: int,
+        *,
+        step: bool = True,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> Reservation | TripEvent:
+        """Check every level's limits, then charge every level; or trip.
+
+        Returns the reservation, or the (sticky) trip that denies the call.
+        Check-before-increment: nothing is charged when any level says no.
+        """
+        ...
+
+    def commit(
+        self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
+    ) -> TripEvent | None:
+        """Replace a reservation with the actual cost and tokens.
+
+        Returns a trip when the actual amounts pushed a level past a ceiling
+        (possible only when a caller reported more than it reserved).
+        """
+        ...
+
+    def release(self, path: Sequence[Level], reservation: Reservation) -> None:
+        """Give a reservation back unused (the call failed or was not sent)."""
+        ...
+
+    def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
+        """Make a trip sticky. The first trip wins and is returned."""
+        ...
+
+    def snapshot(self, chain_id: str) -> LedgerState:
+        """Return the chain's counters (all zero for an unknown chain)."""
+        ...
+
+
+class _ChainState:
+    __slots__ = (
+        "cost_nano",
+        "refs",
+        "reserved_nano",
+        "reserved_tokens",
+        "retries",
+        "signatures",
+        "steps",
+        "tokens",
+        "trip",
+    )
+
+    def __init__(self) -> None:
+        self.cost_nano = 0
+        self.reserved_nano = 0
+        self.steps = 0
+        self.retries = 0
+        self.tokens = 0
+        self.reserved_tokens = 0
+        self.trip: TripEvent | None = None
+        self.signatures: OrderedDict[str, int] | None = None
+        self.refs = 0
+
+
+class LocalLedger:
+    """In-process ledger: one lock, integer counters, bounded per chain.
+
+    Chains are kept while an :class:`ExecutionContext` holds them
+    (:meth:`acquire` / :meth:`discard`), so a long-running process does not
+    accumulate dead chains.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._chains: dict[str, _ChainState] = {}
+
+    def acquire(self, chain_id: str) -> None:
+        """Keep ``chain_id``'s state alive until a matching :meth:`discard`."""
+        with self._lock:
+            self._state(chain_id).refs += 1
+
+    def discard(self, chain_id: str) -> None:
+        """Drop one hold on ``chain_id``; its state goes with the last one."""
+        with self._lock:
+            state = self._chains.get(chain_id)
+            if state is not None:
+                state.refs -= 1
+                if state.refs <= 0:
+                    del self._chains[chain_id]
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def _state(self, chain_id: str) -> _ChainState:
+        state = self._chains.get(chain_id)
+        if state is None:
+            state = self._chains[chain_id] = _ChainState()
+        return state
+
+    def reserve(
+        self,
+        path: Sequence[Level],
+        cost_nano: int,
+        tokens: int,
+        *,
+        step: bool = True,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> Reservation | TripEvent:
+        chains = self._chains
+        with self._lock:
+            states = []
+            for level in path:
+                state = chains.get(level.chain_id)
+                if state is None:
+                    state = chains[level.chain_id] = _ChainState()
+                if state.trip is not None:
+                    return state.trip
+                denial = _check(level, state, cost_nano, tokens, step, retry, signature)
+                if denial is not None:
+                    state.trip = denial
+                    return denial
+                states.append(state)
+            for level, state in zip(path, states, strict=False):
+                if step:
+                    state.steps += 1
+                if retry:
+                    state.retries += 1
+                state.reserved_nano += cost_nano
+                state.reserved_tokens += tokens
+                if signature is not None and level.limits.repeats is not None:
+                    _remember(state, signature)
+            return Reservation("", cost_nano, tokens)
+
+    def commit(
+        self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
+    ) -> TripEvent | None:
+        overrun: TripEvent | None = None
+        chains = self._chains
+        with self._lock:
+            for level in path:
+                state = chains.get(level.chain_id) or self._state(level.chain_id)
+                state.reserved_nano -= reservation.cost_nano
+                state.reserved_tokens -= reservation.tokens
+                state.cost_nano += cost_nano
+                state.tokens += tokens
+                trip = _overrun(level, state)
+                if trip is not None and state.trip is None:
+                    state.trip = trip
+                    overrun = overrun or trip
+        return overrun
+
+    def release(self, path: Sequence[Level], reservation: Reservation) -> None:
+        with self._lock:
+            for level in path:
+                state = self._state(level.chain_id)
+                state.reserved_nano -= reservation.cost_nano
+                state.reserved_tokens -= reservation.tokens
+
+    def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
+        with self._lock:
+            state = self._state(chain_id)
+            if state.trip is None:
+                state.trip = event
+            return state.trip
+
+    def clear_trip(self, chain_id: str) -> TripEvent | None:
+        """Remove a sticky trip (only the logged override path calls this)."""
+        with self._lock:
+            state = self._chains.get(chain_id)
+            if state is None:
+                return None
+            trip, state.trip = state.trip, None
+            return trip
+
+    def snapshot(self, chain_id: str) -> LedgerState:
+        with self._lock:
+            state = self._chains.get(chain_id)
+            if state is None:
+                return LedgerState()
+            return LedgerState(
+                state.cost_nano,
+                state.reserved_nano,
+                state.steps,
+                state.retries,
+                state.tokens,
+                state.reserved_tokens,
+                state.trip,
+            )
+
+
+def _check(
+    level: Level,
+    state: _ChainState,
+    cost_nano: int,
+    tokens: int,
+    step: bool,
+    retry: bool,
+    signature: str | None,
+) -> TripEvent | None:
+    limits = level.limits
+    if step and limits.steps is not None and state.steps + 1 > limits.steps:
+        return _trip(level, "steps", limits.steps, state.steps + 1)
+    if retry and limits.retries is not None and state.retries + 1 > limits.retries:
+        return _trip(level, "retries", limits.retries, state.retries + 1)
+    if limits.tokens is not None:
+        total = state.tokens + state.reserved_tokens + tokens
+        if total > limits.tokens:
+            return _trip(level, "tokens", limits.tokens, total)
+    if limits.cost_nano is not None:
+        total = state.cost_nano + state.reserved_nano + cost_nano
+        if total > limits.cost_nano:
+            return _trip(level, "cost", nano_to_usd(limits.cost_nano), nano_to_usd(total))
+    if signature is not None and limits.repeats is not None and state.signatures is not None:
+        seen = state.signatures.get(signature, 0)
+        if seen + 1 > limits.repeats:
+            return _trip(level, "loop", limits.repeats, seen + 1)
+    return None
+
+
+def _overrun(level: Level, state: _ChainState) -> TripEvent | None:
+    limits = level.limits
+    if limits.cost_nano is not None and state.cost_nano > limits.cost_nano:
+        return _trip(level, "cost", nano_to_usd(limits.cost_nano), nano_to_usd(state.cost_nano))
+    if limits.tokens is not None and state.tokens > limits.tokens:
+        return _trip(level, "tokens", limits.tokens, state.tokens)
+    return None
+
+
+def _remember(state: _ChainState, signature: str) -> None:
+    memory = state.signatures
+    if memory is None:
+        memory = state.signatures = OrderedDict()
+    memory[signature] = memory.get(signature, 0) + 1
+    memory.move_to_end(signature)
+    if len(memory) > SIGNATURE_MEMORY:
+        memory.popitem(last=False)
+
+
+_UNITS = {"cost": "USD", "timeout": "ms"}
+
+
+def _trip(level: Level, reason: TripReason, limit: float, observed: float) -> TripEvent:
+    unit = _UNITS.get(reason, "")
+    message = (
+        f"chain {level.chain_id}: {reason} limit reached "
+        f"(limit {limit:g}{' ' + unit if unit else ''}, this call would make it {observed:g})"
+    )
+    return TripEvent(reason, float(limit), float(observed), level.chain_id, message)

@@ -1,0 +1,466 @@
+"""Unit prices per model, resolved once, then priced with integer arithmetic.
+
+Prices come from the offline table bundled in the ``genai-prices`` wheel (never
+its network updater). A lookup there is slow (about 100 us), so
+:class:`PriceTable` resolves each ``(provider, model)`` once into
+:class:`UnitPrices`, integers in nano-USD per million tokens, and caches it.
+
+Token counts follow OpenAI's usage and ``genai-prices``: ``input_tokens`` is
+the *whole* prompt, cache reads and cache writes included, and
+``output_tokens`` includes reasoning tokens. (Anthropic reports
+``input_tokens`` without its cache tokens: add them before pricing.)
+
+Input-token bound (:data:`INPUT_TOKEN_BOUND`): without a local tokenizer a
+reservation counts one token per UTF-8 byte. Byte-level BPE tokenizers
+(OpenAI's tiktoken, Anthropic's) and SentencePiece with byte fallback (Gemini)
+never emit a text token shorter than one byte, so tokens <= bytes. Chat framing
+adds tokens that are not in the text: OpenAI documents 3 per message plus the
+role (1 token), hence :data:`TOKENS_PER_MESSAGE` = 4, and 3 per request that
+prime the reply (:data:`TOKENS_PER_REQUEST`). Images, audio, tool schemas
+rendered by the provider and provider-injected system prompts (Anthropic's
+tool-use prompt) are not covered: count them separately.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal, localcontext
+from typing import TYPE_CHECKING, Any, cast
+
+from veronica_otel._units import MAX_COUNT, NANO_PER_USD, check_count, check_usd, usd_to_nano
+
+if TYPE_CHECKING:
+    from genai_prices.data_snapshot import DataSnapshot
+    from genai_prices.types import ModelInfo, ModelPrice, Provider
+
+__all__ = [
+    "UnitPrices",
+    "PriceTable",
+    "default_price_table",
+    "UNKNOWN_MODEL_PRICE_ENV",
+    "TOKENS_PER_MESSAGE",
+    "TOKENS_PER_REQUEST",
+    "INPUT_TOKEN_BOUND",
+    "estimate_input_tokens",
+    "estimate_input_tokens_from_bytes",
+]
+
+UNKNOWN_MODEL_PRICE_ENV = "VERONICA_UNKNOWN_MODEL_PRICE"
+TOKENS_PER_MESSAGE = 4
+TOKENS_PER_REQUEST = 3
+INPUT_TOKEN_BOUND = "utf8_bytes + 4 per message + 3 per request"
+"""How :func:`estimate_input_tokens` bounds a prompt (see the module docstring)."""
+
+_PER_MTOK = 1_000_000
+_MAX_CACHED = 10_000  # distinct (provider, model) keys; past it, resolve without caching
+_MISS = object()
+
+
+@dataclass(frozen=True, slots=True)
+class UnitPrices:
+    """Integer prices in nano-USD per one million tokens.
+
+    Attributes:
+        input: Price of an uncached input token.
+        output: Price of an output token.
+        cached_input: Price of a cache-read input token.
+        reasoning: Price of a reasoning token.
+        cache_write: Price of a cache-write input token; ``None`` (set to
+            ``input``) when the provider charges no more than input for it.
+        tiers: Context-size tiers ``(threshold, prices)``, ascending: ``prices``
+            (without tiers of its own) applies to *every* token of a call whose
+            ``input_tokens`` exceeds ``threshold``, as providers bill them.
+    """
+
+    input: int
+    output: int
+    cached_input: int
+    reasoning: int
+    cache_write: int | None = None
+    tiers: tuple[tuple[int, UnitPrices], ...] = ()
+    # (threshold, input, output, cached_input, reasoning, cache_write), base first at -1
+    _segments: tuple[tuple[int, int, int, int, int, int], ...] = field(
+        init=False, repr=False, compare=False
+    )
+    # (threshold, worst input price, worst output price) over tiers reachable so far
+    _worst: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.cache_write is None:  # normalised, so equal prices compare equal
+            object.__setattr__(self, "cache_write", self.input)
+        segments = [(-1, *self._flat("UnitPrices"))]
+        for i, tier in enumerate(self.tiers):
+            name = f"UnitPrices.tiers[{i}]"
+            if not isinstance(tier, tuple) or len(tier) != 2 or not isinstance(tier[1], UnitPrices):
+                raise TypeError(f"{name} must be a (threshold, UnitPrices) pair, got {tier!r}")
+            threshold = check_count(f"{name} threshold", tier[0])
+            if tier[1].tiers or threshold <= segments[-1][0]:
+                raise ValueError(f"{name} must have no tiers and an ascending threshold")
+            segments.append((threshold, *tier[1]._flat(name)))
+        worst, wi, wo = [], 0, 0
+        for threshold, pi, po, pc, pr, pw in segments:
+            wi, wo = max(wi, pi, pc, pw), max(wo, po, pr)
+            worst.append((threshold, wi, wo))
+        object.__setattr__(self, "_segments", tuple(segments))
+        object.__setattr__(self, "_worst", tuple(worst))
+
+    def _flat(self, name: str) -> tuple[int, int, int, int, int]:
+        prices = [self.input, self.output, self.cached_input, self.reasoning, self.cache_write]
+        keys = ("input", "output", "cached_input", "reasoning", "cache_write")
+        a, b, c, d, e = (check_count(f"{name}.{k}", p) for k, p in zip(keys, prices, strict=True))
+        return a, b, c, d, e
+
+    @classmethod
+    def from_usd_per_mtok(
+        cls,
+        input: float,
+        output: float,
+        cached_input: float | None = None,
+        reasoning: float | None = None,
+        cache_write: float | None = None,
+    ) -> UnitPrices:
+        """Build prices from USD per million tokens, e.g. ``(0.15, 0.6)``.
+
+        ``cached_input`` and ``cache_write`` default to ``input``; ``reasoning``
+        to ``output``. Each value is validated and named in any error.
+        """
+        i = usd_to_nano(check_usd("input", input))
+        o = usd_to_nano(check_usd("output", output))
+
+        def opt(name: str, value: float | None, default: int) -> int:
+            return default if value is None else usd_to_nano(check_usd(name, value))
+
+        return cls(
+            i,
+            o,
+            opt("cached_input", cached_input, i),
+            opt("reasoning", reasoning, o),
+            opt("cache_write", cache_write, i),
+        )
+
+    def cost_nano(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        cached_input_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        *,
+        cache_write_tokens: int = 0,
+    ) -> int:
+        """Return the cost of a call in nano-USD, rounded up.
+
+        ``cached_input_tokens`` and ``cache_write_tokens`` are part of
+        ``input_tokens``; ``reasoning_tokens`` are part of ``output_tokens``.
+
+        Raises:
+            TypeError: A count is not an int.
+            ValueError: A count is negative, absurd, or a part exceeds its whole.
+        """
+        i = check_count("input_tokens", input_tokens)
+        o = check_count("output_tokens", output_tokens)
+        c = check_count("cached_input_tokens", cached_input_tokens)
+        r = check_count("reasoning_tokens", reasoning_tokens)
+        w = check_count("cache_write_tokens", cache_write_tokens)
+        if c + w > i:
+            raise ValueError(
+                f"cached_input_tokens + cache_write_tokens ({c} + {w}) "
+                f"must be <= input_tokens ({i})"
+            )
+        if r > o:
+            raise ValueError(f"reasoning_tokens ({r}) must be <= output_tokens ({o})")
+        segment = self._segments[0]
+        for candidate in self._segments:
+            if i <= candidate[0]:
+                break
+            segment = candidate
+        _, pi, po, pc, pr, pw = segment
+        total = (i - c - w) * pi + c * pc + w * pw + (o - r) * po + r * pr
+        return -(-total // _PER_MTOK)
+
+    def _worst_prices(self, input_tokens: int) -> tuple[int, int]:
+        _, wi, wo = self._worst[0]
+        for threshold, ti, to in self._worst:
+            if input_tokens <= threshold:
+                break
+            wi, wo = ti, to
+        return wi, wo
+
+    def max_cost_nano(self, input_tokens: int, output_tokens: int) -> int:
+        """Return the worst-case cost of a call, for a reservation.
+
+        Every input token is priced at the dearest input-side price (uncached,
+        cache read or cache write) and every output token at the dearest of
+        output and reasoning, in the most expensive tier ``input_tokens`` can
+        reach. Tiers depend on input tokens only, so when ``input_tokens`` is an
+        upper bound no cheaper prompt can land in a dearer tier.
+        """
+        i = check_count("input_tokens", input_tokens)
+        o = check_count("output_tokens", output_tokens)
+        wi, wo = self._worst_prices(i)
+        return -(-(i * wi + o * wo) // _PER_MTOK)
+
+    def max_output_tokens_for(self, budget_nano: int, input_tokens: int) -> int:
+        """Return how many output tokens ``budget_nano`` buys after the input.
+
+        The result ``n`` is the largest with ``max_cost_nano(input_tokens, n) <=
+        budget_nano``; 0 when the input alone does not fit, and ``MAX_COUNT``
+        when output is free.
+        """
+        if isinstance(budget_nano, bool) or not isinstance(budget_nano, int):
+            raise TypeError(f"budget_nano must be an int, got {type(budget_nano).__name__}")
+        if budget_nano < 0:  # no MAX_COUNT cap: a budget may exceed 10**15 nano-USD
+            raise ValueError(f"budget_nano must be >= 0, got {budget_nano!r}")
+        budget = budget_nano
+        i = check_count("input_tokens", input_tokens)
+        wi, wo = self._worst_prices(i)
+        room = budget * _PER_MTOK - i * wi
+        if room < 0:
+            return 0
+        return MAX_COUNT if wo == 0 else min(room // wo, MAX_COUNT)
+
+
+class PriceTable:
+    """Resolves and caches :class:`UnitPrices` per ``(provider, model)``.
+
+    Precedence: the user's ``prices`` (key ``"provider:model"``, then
+    ``"model"``, case-insensitive), then ``genai-prices``, then the unknown-model
+    price. A model with no known price resolves to ``None``, never to zero.
+
+    Args:
+        prices: User prices keyed by ``"model"`` or ``"provider:model"``.
+        unknown_model_price_usd_per_mtok: USD per million input and output
+            tokens for any model with no known price.
+    """
+
+    def __init__(
+        self,
+        prices: Mapping[str, UnitPrices] | None = None,
+        *,
+        unknown_model_price_usd_per_mtok: float | None = None,
+    ) -> None:
+        self._user: dict[str, UnitPrices] = {}
+        for key, value in (prices or {}).items():
+            if not isinstance(key, str) or not key.strip():
+                raise TypeError(f"prices keys must be non-empty str, got {key!r}")
+            if not isinstance(value, UnitPrices):
+                raise TypeError(f"prices[{key!r}] must be UnitPrices, got {type(value).__name__}")
+            self._user[key.strip().lower()] = value
+        self._fallback: UnitPrices | None = None
+        if unknown_model_price_usd_per_mtok is not None:
+            usd = check_usd("unknown_model_price_usd_per_mtok", unknown_model_price_usd_per_mtok)
+            self._fallback = UnitPrices.from_usd_per_mtok(usd, usd)
+        self._cache: dict[tuple[object, ...], UnitPrices | None] = {}
+        self._lock = threading.Lock()
+
+    def lookup(
+        self, provider: str | None, model: str, *, price_context: Mapping[str, str] | None = None
+    ) -> UnitPrices | None:
+        """Return the unit prices of ``model``, or ``None`` when unknown.
+
+        Args:
+            provider: A ``genai-prices`` provider id (``"openai"``,
+                ``"anthropic"``, ``"google"``, ...) or OpenTelemetry
+                ``gen_ai.provider.name``; ``None`` or an unknown id matches on
+                the model name alone.
+            model: The model name sent or returned, dated snapshots included.
+            price_context: Request options that select a price variant, e.g.
+                ``{"service_tier": "priority"}`` or ``{"processing": "batch"}``;
+                without it the standard price applies.
+        """
+        key = (
+            (provider, model, *sorted(price_context.items()))
+            if price_context
+            else (provider, model)
+        )
+        hit = self._cache.get(key, _MISS)
+        if hit is not _MISS:
+            return cast("UnitPrices | None", hit)
+        with self._lock:
+            hit = self._cache.get(key, _MISS)
+            if hit is not _MISS:
+                return cast("UnitPrices | None", hit)
+            prices = self._resolve(provider, model, price_context) or self._fallback
+            if len(self._cache) < _MAX_CACHED:
+                self._cache[key] = prices
+            return prices
+
+    def _resolve(
+        self, provider: str | None, model: str, context: Mapping[str, str] | None
+    ) -> UnitPrices | None:
+        if not isinstance(model, str):
+            raise TypeError(f"model must be a str, got {type(model).__name__} {model!r}")
+        if provider is not None and not isinstance(provider, str):
+            raise TypeError(f"provider must be a str or None, got {type(provider).__name__}")
+        name, prov = model.strip().lower(), (provider or "").strip().lower() or None
+        if not name:
+            return None
+        user = self._user.get(f"{prov}:{name}") if prov else None
+        return user or self._user.get(name) or _from_genai_prices(prov, name, context)
+
+
+_snapshot: DataSnapshot | None = None
+_default_table: PriceTable | None = None
+_module_lock = threading.Lock()
+
+
+def default_price_table() -> PriceTable:
+    """Return the process-wide table, built on first use.
+
+    Raises:
+        ValueError: ``VERONICA_UNKNOWN_MODEL_PRICE`` is set but malformed.
+    """
+    global _default_table
+    if _default_table is None:
+        with _module_lock:
+            if _default_table is None:
+                raw = os.environ.get(UNKNOWN_MODEL_PRICE_ENV, "").strip()
+                usd = None
+                if raw:
+                    try:
+                        usd = check_usd(UNKNOWN_MODEL_PRICE_ENV, float(raw))
+                    except ValueError as exc:
+                        msg = f"{UNKNOWN_MODEL_PRICE_ENV} must be USD per 1M tokens, got {raw!r}"
+                        raise ValueError(f"{msg} ({exc})") from None
+                _default_table = PriceTable(unknown_model_price_usd_per_mtok=usd)
+    return _default_table
+
+
+def _bundled_snapshot() -> DataSnapshot:
+    # Our own snapshot over the data bundled in the wheel: never the network
+    # updater's, and with lookup caches nobody else mutates.
+    global _snapshot
+    with _module_lock:
+        if _snapshot is None:
+            from genai_prices.data import providers
+            from genai_prices.data_snapshot import DataSnapshot
+
+            _snapshot = DataSnapshot(providers=providers, from_auto_update=False)
+        return _snapshot
+
+
+def _from_genai_prices(
+    provider: str | None, model: str, context: Mapping[str, str] | None
+) -> UnitPrices | None:
+    snapshot = _bundled_snapshot()
+    if provider is not None:
+        try:
+            snapshot.find_provider(None, provider, None)
+        except LookupError:
+            provider = None  # a provider genai-prices does not know: match the model name
+    try:
+        found, info = snapshot.find_provider_model(model, None, provider, None)
+    except LookupError:
+        return None
+    return _to_unit_prices(_candidates(found, info, context))
+
+
+def _candidates(
+    provider: Provider, info: ModelInfo, context: Mapping[str, str] | None
+) -> list[ModelPrice]:
+    from genai_prices.types import TimeOfDateConstraint
+
+    if context and not any(info is m for m in provider.models):
+        context = None  # as genai-prices: a fallback provider's model has no variants
+    now = datetime.now(tz=UTC)
+    times = [now]
+    # Time-of-day prices (off-peak discounts) change while the cache lives: take
+    # every period of today and keep the dearest, the conservative choice.
+    for conditional in info.prices if isinstance(info.prices, list) else ():
+        if isinstance(conditional.constraint, TimeOfDateConstraint):
+            for moment in (conditional.constraint.start_time, conditional.constraint.end_time):
+                times.append(datetime.combine(now.date(), moment))
+    return [info.get_prices(t, context) for t in times]
+
+
+def _price_at(model_price: ModelPrice, key: str, input_tokens: int) -> Decimal | None:
+    from genai_prices.types import TieredPrices
+
+    value: Any = getattr(model_price, key, None)
+    if isinstance(value, TieredPrices):
+        applicable = value.base
+        for tier in value.tiers:  # ascending; a tier applies above its start
+            if input_tokens > tier.start:
+                applicable = tier.price
+        return applicable
+    return value if isinstance(value, Decimal) else None
+
+
+def _components(model_price: ModelPrice, input_tokens: int) -> list[Decimal] | None:
+    def at(key: str) -> Decimal | None:
+        return _price_at(model_price, key, input_tokens)
+
+    i, o = at("input_mtok"), at("output_mtok")
+    if i is None and o is None:
+        return None  # no token price (free tier, subscription, per-request): unknown
+    # One side missing (embeddings): price it like the other, never free.
+    i = o if i is None else i
+    o = i if o is None else o
+    assert i is not None and o is not None
+    c, r = at("cache_read_mtok"), at("output_reasoning_mtok")
+    # One cache-write price for both TTLs: the dearer (1h) one, conservatively.
+    writes = [w for w in (at("cache_write_mtok"), at("cache_write_1h_mtok")) if w is not None]
+    return [i, o, i if c is None else c, o if r is None else r, max(writes, default=i)]
+
+
+def _to_unit_prices(candidates: list[ModelPrice]) -> UnitPrices | None:
+    from genai_prices.types import TieredPrices
+
+    starts = sorted(
+        {
+            tier.start
+            for price in candidates
+            for value in vars(price).values()
+            if isinstance(value, TieredPrices)
+            for tier in value.tiers
+        }
+    )
+    segments: list[UnitPrices] = []
+    for n in [0, *(s + 1 for s in starts)]:
+        rows = [_components(price, n) for price in candidates]
+        if any(row is None for row in rows):
+            return None
+        dearest = [max(column) for column in zip(*(row for row in rows if row), strict=True)]
+        a, b, c, d, e = (_nano(price) for price in dearest)
+        segments.append(UnitPrices(a, b, c, d, e))
+    base = segments[0]
+    return UnitPrices(
+        base.input,
+        base.output,
+        base.cached_input,
+        base.reasoning,
+        base.cache_write,
+        tuple(zip(starts, segments[1:], strict=True)),
+    )
+
+
+def _nano(usd_per_mtok: Decimal) -> int:
+    with localcontext() as ctx:
+        ctx.prec = 60
+        return int((usd_per_mtok * NANO_PER_USD).to_integral_value(rounding=ROUND_CEILING))
+
+
+def estimate_input_tokens(text: str) -> int:
+    """Return an upper bound on the input tokens of one message holding ``text``.
+
+    See :data:`INPUT_TOKEN_BOUND`: UTF-8 bytes plus the framing of one message
+    and of the request.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    n_bytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return n_bytes + TOKENS_PER_MESSAGE + TOKENS_PER_REQUEST
+
+
+def estimate_input_tokens_from_bytes(n_bytes: int, n_messages: int = 1) -> int:
+    """Return an upper bound on the input tokens of ``n_messages`` totalling ``n_bytes``.
+
+    ``n_bytes`` counts the UTF-8 bytes of every text sent (contents, names,
+    tool arguments); see :data:`INPUT_TOKEN_BOUND`.
+    """
+    n = check_count("n_bytes", n_bytes)
+    m = check_count("n_messages", n_messages)
+    return n + m * TOKENS_PER_MESSAGE + TOKENS_PER_REQUEST

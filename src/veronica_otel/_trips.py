@@ -1,0 +1,67 @@
+"""The trip channel: where a denial is announced, apart from ordinary errors.
+
+Every trip becomes a line on the ``veronica_otel.trips`` logger and, when a
+span is recording, a ``veronica.trip`` span event with an error status.
+Exporters add their own sinks with :func:`add_trip_listener`. Nothing here
+may raise into the caller: a broken sink is logged and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from ._errors import TripEvent
+
+__all__ = ["add_trip_listener", "emit_trip", "remove_trip_listener", "trip_attributes"]
+
+trip_logger = logging.getLogger("veronica_otel.trips")
+_logger = logging.getLogger(__name__)
+
+TripListener = Callable[[TripEvent, Span], None]
+_listeners: list[TripListener] = []
+
+
+def add_trip_listener(listener: TripListener) -> None:
+    """Call ``listener(trip, span)`` for every trip (exporters use this)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_trip_listener(listener: TripListener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def trip_attributes(trip: TripEvent) -> dict[str, str | float]:
+    """The ``veronica.trip.*`` attributes describing ``trip``."""
+    return {
+        "veronica.trip.reason": trip.reason,
+        "veronica.trip.limit": trip.limit,
+        "veronica.trip.observed": trip.observed,
+        "veronica.chain.id": trip.chain_id,
+    }
+
+
+def emit_trip(trip: TripEvent, span: Span | None = None) -> None:
+    """Announce ``trip`` on the current (or given) span, the log and listeners."""
+    try:
+        target = span if span is not None else trace.get_current_span()
+        if target.is_recording():
+            target.add_event("veronica.trip", trip_attributes(trip))
+            target.set_status(Status(StatusCode.ERROR, f"veronica trip: {trip.reason}"))
+        trip_logger.warning(
+            "trip chain=%s reason=%s limit=%g observed=%g: %s",
+            trip.chain_id,
+            trip.reason,
+            trip.limit,
+            trip.observed,
+            trip.message,
+        )
+        for listener in tuple(_listeners):
+            listener(trip, target)
+    except Exception:
+        _logger.exception("announcing a trip failed; enforcement is unaffected")
