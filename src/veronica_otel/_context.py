@@ -193,7 +193,10 @@ class ExecutionContext:
             self._ledger.acquire(self.chain_id)
             weakref.finalize(self, self._ledger.discard, self.chain_id)
         if limits.max_depth is not None and self.depth > limits.max_depth:
-            self._deny("depth", limits.max_depth, self.depth, "hop depth over max_depth")
+            # A joined chain too deep is born tripped: every call is denied.
+            self._deny(
+                "depth", limits.max_depth, self.depth, "hop depth over max_depth", raise_error=False
+            )
 
     # -- context manager -------------------------------------------------
 

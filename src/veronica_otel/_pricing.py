@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal, localcontext
 from typing import TYPE_CHECKING, Any, cast
@@ -58,6 +58,13 @@ INPUT_TOKEN_BOUND = "utf8_bytes + 4 per message + 3 per request"
 _PER_MTOK = 1_000_000
 _MAX_CACHED = 10_000  # distinct (provider, model) keys; past it, resolve without caching
 _MISS = object()
+_COUNT_NAMES = (
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "reasoning_tokens",
+    "cache_write_tokens",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,13 +141,8 @@ class UnitPrices:
         def opt(name: str, value: float | None, default: int) -> int:
             return default if value is None else usd_to_nano(check_usd(name, value))
 
-        return cls(
-            i,
-            o,
-            opt("cached_input", cached_input, i),
-            opt("reasoning", reasoning, o),
-            opt("cache_write", cache_write, i),
-        )
+        c, r = opt("cached_input", cached_input, i), opt("reasoning", reasoning, o)
+        return cls(i, o, c, r, opt("cache_write", cache_write, i))
 
     def cost_nano(
         self,
@@ -160,11 +162,16 @@ class UnitPrices:
             TypeError: A count is not an int.
             ValueError: A count is negative, absurd, or a part exceeds its whole.
         """
-        i = check_count("input_tokens", input_tokens)
-        o = check_count("output_tokens", output_tokens)
-        c = check_count("cached_input_tokens", cached_input_tokens)
-        r = check_count("reasoning_tokens", reasoning_tokens)
-        w = check_count("cache_write_tokens", cache_write_tokens)
+        i, o, c = input_tokens, output_tokens, cached_input_tokens
+        r, w = reasoning_tokens, cache_write_tokens
+        if not (  # fast path for plain ints in range; else check_count names the culprit
+            type(i) is type(o) is type(c) is type(r) is type(w) is int
+            and 0 <= i <= MAX_COUNT
+            and 0 <= o <= MAX_COUNT
+            and c | r | w >= 0  # an int's bitwise or is negative iff one of them is
+        ):
+            counts = zip(_COUNT_NAMES, (i, o, c, r, w), strict=True)
+            i, o, c, r, w = (check_count(name, value) for name, value in counts)
         if c + w > i:
             raise ValueError(
                 f"cached_input_tokens + cache_write_tokens ({c} + {w}) "
@@ -172,21 +179,25 @@ class UnitPrices:
             )
         if r > o:
             raise ValueError(f"reasoning_tokens ({r}) must be <= output_tokens ({o})")
-        segment = self._segments[0]
-        for candidate in self._segments:
-            if i <= candidate[0]:
-                break
-            segment = candidate
+        segments = self._segments
+        segment = segments[0]
+        if len(segments) > 1:
+            for candidate in segments:
+                if i <= candidate[0]:
+                    break
+                segment = candidate
         _, pi, po, pc, pr, pw = segment
         total = (i - c - w) * pi + c * pc + w * pw + (o - r) * po + r * pr
         return -(-total // _PER_MTOK)
 
     def _worst_prices(self, input_tokens: int) -> tuple[int, int]:
-        _, wi, wo = self._worst[0]
-        for threshold, ti, to in self._worst:
-            if input_tokens <= threshold:
-                break
-            wi, wo = ti, to
+        worst = self._worst
+        _, wi, wo = worst[-1]
+        if len(worst) > 1 and input_tokens <= worst[-1][0]:
+            for threshold, ti, to in worst:
+                if input_tokens <= threshold:
+                    break
+                wi, wo = ti, to
         return wi, wo
 
     def max_cost_nano(self, input_tokens: int, output_tokens: int) -> int:
@@ -198,8 +209,10 @@ class UnitPrices:
         reach. Tiers depend on input tokens only, so when ``input_tokens`` is an
         upper bound no cheaper prompt can land in a dearer tier.
         """
-        i = check_count("input_tokens", input_tokens)
-        o = check_count("output_tokens", output_tokens)
+        i, o = input_tokens, output_tokens
+        if not (type(i) is int and type(o) is int and 0 <= i <= MAX_COUNT and 0 <= o <= MAX_COUNT):
+            i = check_count("input_tokens", i)
+            o = check_count("output_tokens", o)
         wi, wo = self._worst_prices(i)
         return -(-(i * wi + o * wo) // _PER_MTOK)
 
@@ -426,15 +439,7 @@ def _to_unit_prices(candidates: list[ModelPrice]) -> UnitPrices | None:
         dearest = [max(column) for column in zip(*(row for row in rows if row), strict=True)]
         a, b, c, d, e = (_nano(price) for price in dearest)
         segments.append(UnitPrices(a, b, c, d, e))
-    base = segments[0]
-    return UnitPrices(
-        base.input,
-        base.output,
-        base.cached_input,
-        base.reasoning,
-        base.cache_write,
-        tuple(zip(starts, segments[1:], strict=True)),
-    )
+    return replace(segments[0], tiers=tuple(zip(starts, segments[1:], strict=True)))
 
 
 def _nano(usd_per_mtok: Decimal) -> int:
