@@ -147,6 +147,7 @@ class ExecutionContext:
             )
         self.config = config if config is not None else ExecutionConfig()
         self.pipeline = pipeline if pipeline is not None else PolicyPipeline()
+        self._has_policies = bool(self.pipeline)  # pipelines are immutable
         self.chain_id = chain_id if chain_id is not None else uuid.uuid4().hex
         self.name = name
         self.depth = check_count("depth", _depth)
@@ -299,7 +300,8 @@ class ExecutionContext:
             _close_awaitable(result)
             raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
         self._partial = result
-        call.finish()
+        call._done = True  # settle directly: one frame less on the hot path
+        self._finish(call, None, True)
         return Decision.ALLOW
 
     async def _awrap(
@@ -360,7 +362,7 @@ class ExecutionContext:
                 cost_nano = self._worst_case(options)
         policy_context: PolicyContext | None = None
         decision = ALLOW
-        if self.pipeline:
+        if self._has_policies:
             policy_context = PolicyContext(
                 chain_id=self.chain_id,
                 kind=kind,
@@ -385,6 +387,49 @@ class ExecutionContext:
                 self.pipeline.abandon(policy_context)
             self._tripped(reservation)  # type: ignore[arg-type]
         return CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
+
+    def ensure_active(self) -> None:
+        """Raise BudgetExceededError if the chain has tripped or its deadline passed.
+
+        Streams call this per chunk, so an in-flight stream is cut at the next
+        chunk after the deadline (G5) or after a trip elsewhere in the chain.
+        """
+        if self._trip is not None:
+            raise BudgetExceededError(self._trip)
+        if (self._deadline is not None and _monotonic() >= self._deadline) or (
+            self._token.cancelled
+        ):
+            self._deny_timeout()
+
+    @property
+    def tracks_repeats(self) -> bool:
+        """Whether any level of the chain limits repeated call signatures."""
+        return any(level.limits.repeats is not None for level in self._path)
+
+    def remaining_tokens(self) -> int | None:
+        """What the tightest token ceiling on the path has left, or None."""
+        remaining: int | None = None
+        for level in self._path:
+            if level.limits.tokens is None:
+                continue
+            state = self._ledger.snapshot(level.chain_id)
+            left = max(0, level.limits.tokens - state.tokens - state.reserved_tokens)
+            remaining = left if remaining is None else min(remaining, left)
+        return remaining
+
+    def prices_for(self, provider: str | None, model: str) -> UnitPrices | None:
+        """Unit prices for a model; denies (reason ``cost``) an unknown model under
+        a cost ceiling. Returns None when the chain has no cost ceiling and the
+        model has no price (usage is then counted in tokens only)."""
+        table = self._prices if self._prices is not None else default_price_table()
+        prices = table.lookup(provider, model)
+        if prices is None and self._priced:
+            self._lookup(provider, model)
+        return prices
+
+    @property
+    def has_cost_ceiling(self) -> bool:
+        return self._priced
 
     def consume_retry(self) -> None:
         """Draw one retry from ``max_retries_total`` or raise BudgetExceededError."""

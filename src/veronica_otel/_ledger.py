@@ -201,6 +201,26 @@ class LocalLedger:
     ) -> Reservation | TripEvent:
         chains = self._chains
         with self._lock:
+            if len(path) == 1:  # the common case, kept free of loops
+                level = path[0]
+                state = chains.get(level.chain_id)
+                if state is None:
+                    state = chains[level.chain_id] = _ChainState()
+                if state.trip is not None:
+                    return state.trip
+                denial = _check(level, state, cost_nano, tokens, step, retry, signature)
+                if denial is not None:
+                    state.trip = denial
+                    return denial
+                if step:
+                    state.steps += 1
+                if retry:
+                    state.retries += 1
+                state.reserved_nano += cost_nano
+                state.reserved_tokens += tokens
+                if signature is not None and level.limits.repeats is not None:
+                    _remember(state, signature)
+                return Reservation("", cost_nano, tokens)
             states = []
             for level in path:
                 state = chains.get(level.chain_id)
@@ -213,15 +233,8 @@ class LocalLedger:
                     state.trip = denial
                     return denial
                 states.append(state)
-            for level, state in zip(path, states, strict=False):
-                if step:
-                    state.steps += 1
-                if retry:
-                    state.retries += 1
-                state.reserved_nano += cost_nano
-                state.reserved_tokens += tokens
-                if signature is not None and level.limits.repeats is not None:
-                    _remember(state, signature)
+            for i, state in enumerate(states):
+                _charge(path[i], state, cost_nano, tokens, step, retry, signature)
             return Reservation("", cost_nano, tokens)
 
     def commit(
@@ -236,6 +249,8 @@ class LocalLedger:
                 state.reserved_tokens -= reservation.tokens
                 state.cost_nano += cost_nano
                 state.tokens += tokens
+                if cost_nano <= reservation.cost_nano and tokens <= reservation.tokens:
+                    continue  # within what was reserved: cannot cross a ceiling
                 trip = _overrun(level, state)
                 if trip is not None and state.trip is None:
                     state.trip = trip
@@ -308,6 +323,25 @@ def _check(
         if seen + 1 > limits.repeats:
             return _trip(level, "loop", limits.repeats, seen + 1)
     return None
+
+
+def _charge(
+    level: Level,
+    state: _ChainState,
+    cost_nano: int,
+    tokens: int,
+    step: bool,
+    retry: bool,
+    signature: str | None,
+) -> None:
+    if step:
+        state.steps += 1
+    if retry:
+        state.retries += 1
+    state.reserved_nano += cost_nano
+    state.reserved_tokens += tokens
+    if signature is not None and level.limits.repeats is not None:
+        _remember(state, signature)
 
 
 def _overrun(level: Level, state: _ChainState) -> TripEvent | None:

@@ -1,0 +1,456 @@
+"""The in-process fake LLM server: lifecycle, request log, failures and latency.
+
+:class:`FakeLLMServer` routes requests to the OpenAI and Anthropic builders
+(``_openai_api.py``, ``_anthropic_api.py``) and serves them through the
+HTTP/1.1 plumbing in ``_http.py`` on a daemon thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import _anthropic_api, _openai_api
+from ._common import ApiCall, ApiError, JSONReply, StreamReply, TokenSettings, dumps
+from ._http import HTTPServer, Reply
+
+__all__ = ["FakeLLMServer", "RecordedRequest"]
+
+_logger = logging.getLogger("veronica_otel.testing")
+
+_JOIN_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request the server received.
+
+    Attributes:
+        method: HTTP method, e.g. ``"POST"``.
+        path: Path without the query string, e.g. ``"/v1/chat/completions"``.
+        query: The raw query string (``""`` if none).
+        headers: Request headers, names lower-cased (repeated ones joined by ``", "``).
+        body: The parsed JSON body, or ``None`` if there was none or it was not JSON.
+        received_at: ``time.monotonic()`` when the request arrived.
+    """
+
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]
+    body: Any
+    received_at: float
+
+
+@dataclass(frozen=True)
+class _Failure:
+    status: int
+    body: object
+    headers: Mapping[str, str]
+
+
+class FakeLLMServer:
+    """A local fake of the OpenAI and Anthropic HTTP APIs for tests and demos.
+
+    It answers with well-formed bodies that the real ``openai`` and
+    ``anthropic`` SDKs parse (streams included), with deterministic token
+    usage, counts every request exactly, and can be told to fail or to slow
+    down.
+
+    Usage::
+
+        with FakeLLMServer(output_tokens=5) as server:
+            client = openai.OpenAI(base_url=server.openai_base_url, api_key="test")
+            client.chat.completions.create(model="gpt-4o-mini", messages=[...])
+            assert server.count("/v1/chat/completions") == 1
+
+    Token usage: input tokens are ``input_tokens`` if given, else
+    ``ceil(len(request body) / 4)``; output tokens are ``output_tokens`` but
+    never more than the request's ``max_tokens`` / ``max_completion_tokens`` /
+    ``max_output_tokens`` (when the cap cuts the reply it says so:
+    ``finish_reason="length"``, ``stop_reason="max_tokens"``, or Responses
+    ``status="incomplete"`` with a ``response.incomplete`` stream event).
+    ``reasoning_tokens`` are part of the output tokens and ``cached_tokens``
+    part of the input tokens; each API reports them in its own usage details
+    (Anthropic's ``input_tokens`` excludes ``cache_read_input_tokens``, as
+    the real API does). The text is one word per visible output token
+    (``"tok0 tok1 ..."``), streamed one word per chunk.
+
+    Making SDK retries fast: both SDKs wait ``retry-after-ms`` milliseconds
+    (else ``retry-after`` seconds) before retrying, but only when the value is
+    greater than zero; ``0`` falls back to their exponential backoff (0.5 s,
+    1 s, ...). ``openai`` refuses to retry at all when the delay is over
+    120 s; ``anthropic`` waits whatever it is told. ``x-should-retry: true`` /
+    ``false`` overrides either SDK's status-code rule (both retry 408, 409,
+    429 and 5xx by default). Pass ``retry_after_ms=1`` to :meth:`fail_next`
+    for near-instant retries. Each attempt carries an
+    ``x-stainless-retry-count`` header, visible in :attr:`requests`.
+
+    Args:
+        host: Interface to bind.
+        port: TCP port; ``0`` picks a free one.
+        input_tokens: Fixed input token count; ``None`` derives it from the body size.
+        output_tokens: Output tokens per reply, before the request's cap.
+        reasoning_tokens: Reasoning (thinking) tokens reported within the output.
+        cached_tokens: Cached prompt tokens reported within the input.
+        latency_s: Delay before every response.
+        chunk_delay_s: Delay between the chunks of a stream.
+        max_recorded: How many recent requests :attr:`requests` keeps
+            (``None``: all). Counts are exact regardless.
+
+    Raises:
+        ValueError: An argument is negative, not finite, or of the wrong type.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        input_tokens: int | None = None,
+        output_tokens: int = 20,
+        reasoning_tokens: int = 0,
+        cached_tokens: int = 0,
+        latency_s: float = 0.0,
+        chunk_delay_s: float = 0.0,
+        max_recorded: int | None = 10_000,
+    ) -> None:
+        _check_count("port", port)
+        if input_tokens is not None:
+            _check_count("input_tokens", input_tokens)
+        _check_count("output_tokens", output_tokens)
+        _check_count("reasoning_tokens", reasoning_tokens)
+        _check_count("cached_tokens", cached_tokens)
+        if max_recorded is not None:
+            _check_count("max_recorded", max_recorded)
+        self._host = host
+        self._requested_port = port
+        self._settings = TokenSettings(input_tokens, output_tokens, reasoning_tokens, cached_tokens)
+        self._initial_latency_s = _check_seconds("latency_s", latency_s)
+        self._latency_s = self._initial_latency_s
+        self._chunk_delay_s = _check_seconds("chunk_delay_s", chunk_delay_s)
+        self._lock = threading.Lock()
+        self._recorded: deque[RecordedRequest] = deque(maxlen=max_recorded)
+        self._counts: Counter[str] = Counter()
+        self._total = 0
+        self._serial = 0
+        self._pending_failures: deque[_Failure] = deque()
+        self._permanent_failure: _Failure | None = None
+        self._httpd: HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._closing = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> FakeLLMServer:
+        """Bind the socket and start serving on a daemon thread.
+
+        Returns:
+            The server itself, so ``server = FakeLLMServer().start()`` works.
+
+        Raises:
+            RuntimeError: The server was already started.
+        """
+        if self._httpd is not None or self._stopped:
+            raise RuntimeError("FakeLLMServer can be started only once")
+        httpd = HTTPServer(
+            (self._host, self._requested_port), self._handle, self._chunk_delay, self._closing
+        )
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"FakeLLMServer:{httpd.server_port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, close every open connection and wait for handler threads.
+
+        Idempotent; a stopped server cannot be started again.
+        """
+        self._stopped = True
+        self._closing.set()  # wakes handlers sleeping in latency or chunk delays
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(_JOIN_TIMEOUT_S)
+        httpd.close_connections()
+
+    def __enter__(self) -> FakeLLMServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- addresses ---------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (after :meth:`start`)."""
+        return self._running().server_port
+
+    @property
+    def base_url(self) -> str:
+        """Root URL, e.g. ``"http://127.0.0.1:40123"``."""
+        host = self._host if ":" not in self._host else f"[{self._host}]"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        """``base_url`` for ``openai.OpenAI``: the root plus ``/v1``."""
+        return f"{self.base_url}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """``base_url`` for ``anthropic.Anthropic``: the root (the SDK adds ``/v1/...``)."""
+        return self.base_url
+
+    def _running(self) -> HTTPServer:
+        if self._httpd is None:
+            raise RuntimeError("FakeLLMServer is not running; call start() or use `with`")
+        return self._httpd
+
+    # -- request log -------------------------------------------------------
+
+    @property
+    def request_count(self) -> int:
+        """Number of requests received since start or the last :meth:`reset`."""
+        with self._lock:
+            return self._total
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A copy of the recorded requests, oldest first (at most ``max_recorded``)."""
+        with self._lock:
+            return list(self._recorded)
+
+    def count(self, path: str) -> int:
+        """Number of requests received for ``path`` (exact, without query string).
+
+        Args:
+            path: e.g. ``"/v1/chat/completions"`` or ``"/v1/messages"``.
+        """
+        with self._lock:
+            return self._counts[path]
+
+    def reset(self) -> None:
+        """Forget recorded requests and counts, clear failures and restore the latency."""
+        with self._lock:
+            self._recorded.clear()
+            self._counts.clear()
+            self._total = 0
+            self._pending_failures.clear()
+            self._permanent_failure = None
+            self._latency_s = self._initial_latency_s
+
+    # -- behaviour ---------------------------------------------------------
+
+    def fail_next(
+        self,
+        n: int = 1,
+        status: int = 500,
+        body: object = None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        retry_after_ms: float | None = None,
+    ) -> None:
+        """Make the next ``n`` requests (any route) fail with ``status``.
+
+        Failures queue up behind any already pending.
+
+        Args:
+            n: How many requests fail.
+            status: HTTP status of the failures (400-599).
+            body: Response body; ``None`` gives the API's own error shape
+                (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``).
+                A ``str`` or ``bytes`` body is sent as is; anything else as JSON.
+            headers: Extra response headers, e.g. ``{"x-should-retry": "false"}``.
+            retry_after_ms: Shorthand for a ``retry-after-ms`` header; must be
+                greater than 0 for the SDKs to honour it.
+
+        Raises:
+            ValueError: ``n`` is negative or ``status`` is not an error status.
+        """
+        _check_count("n", n)
+        failure = _make_failure(status, body, headers, retry_after_ms)
+        with self._lock:
+            self._pending_failures.extend([failure] * n)
+
+    def fail_always(
+        self,
+        status: int = 500,
+        body: object = None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        retry_after_ms: float | None = None,
+    ) -> None:
+        """Make every request fail with ``status`` until :meth:`clear_failures`.
+
+        Pending :meth:`fail_next` failures are used up first. Arguments as in
+        :meth:`fail_next`.
+        """
+        failure = _make_failure(status, body, headers, retry_after_ms)
+        with self._lock:
+            self._permanent_failure = failure
+
+    def clear_failures(self) -> None:
+        """Drop pending and permanent failures."""
+        with self._lock:
+            self._pending_failures.clear()
+            self._permanent_failure = None
+
+    def set_latency(self, seconds: float) -> None:
+        """Delay every later response by ``seconds`` (failures included)."""
+        value = _check_seconds("seconds", seconds)
+        with self._lock:
+            self._latency_s = value
+
+    def set_chunk_delay(self, seconds: float) -> None:
+        """Delay every later stream by ``seconds`` between chunks."""
+        value = _check_seconds("seconds", seconds)
+        with self._lock:
+            self._chunk_delay_s = value
+
+    # -- request handling (called on handler threads) ----------------------
+
+    def _handle(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
+        parts = urlsplit(target)
+        path = parts.path
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                body = None
+        now = time.monotonic()
+        with self._lock:
+            self._serial += 1
+            serial = self._serial
+            self._total += 1
+            self._counts[path] += 1
+            self._recorded.append(RecordedRequest(method, path, parts.query, headers, body, now))
+            if self._pending_failures:
+                failure: _Failure | None = self._pending_failures.popleft()
+            else:
+                failure = self._permanent_failure
+            latency = self._latency_s
+        if latency > 0:
+            self._closing.wait(latency)
+        request_id = f"req_fake{serial}"
+        ids = {"x-request-id": request_id, "request-id": request_id}
+        if failure is not None:
+            return _failure_reply(failure, path, request_id, ids)
+        try:
+            reply = self._route(method, path, body, len(raw), serial)
+        except ApiError as exc:
+            return _error_reply(exc.status, exc.message, path, request_id, ids)
+        except Exception:
+            _logger.exception("fake LLM server failed on %s %s", method, path)
+            return _error_reply(500, "fake server error", path, request_id, ids)
+        if isinstance(reply, StreamReply):
+            stream_headers = {
+                "content-type": "text/event-stream; charset=utf-8",
+                "cache-control": "no-cache",
+                **ids,
+            }
+            return Reply(reply.status, stream_headers, chunks=tuple(reply.chunks))
+        json_headers = {"content-type": "application/json", **ids, **reply.headers}
+        return Reply(reply.status, json_headers, body=dumps(reply.payload))
+
+    def _route(
+        self, method: str, path: str, body: Any, size: int, serial: int
+    ) -> JSONReply | StreamReply:
+        if method == "GET" and path in ("/", "/health", "/healthz"):
+            return JSONReply({"status": "ok"})
+        if method == "GET" and path == "/v1/models":
+            model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
+            return JSONReply({"object": "list", "data": [model]})
+        builder = _openai_api.ROUTES.get(path) or _anthropic_api.ROUTES.get(path)
+        if builder is None:
+            raise ApiError(404, f"Unknown route {method} {path}")
+        if method != "POST":
+            raise ApiError(405, f"Method {method} not allowed on {path}")
+        if not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object")
+        call = ApiCall(path, body, size, self._settings, serial, int(time.time()))
+        return builder(call)
+
+    def _chunk_delay(self) -> float:
+        with self._lock:
+            return self._chunk_delay_s
+
+
+def _is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def _error_reply(
+    status: int, message: str, path: str, request_id: str, ids: Mapping[str, str]
+) -> Reply:
+    if _is_anthropic(path):
+        payload = _anthropic_api.error_payload(status, message, request_id)
+    else:
+        payload = _openai_api.error_payload(status, message)
+    return Reply(status, {"content-type": "application/json", **ids}, body=dumps(payload))
+
+
+def _failure_reply(failure: _Failure, path: str, request_id: str, ids: Mapping[str, str]) -> Reply:
+    if failure.body is None:
+        reply = _error_reply(failure.status, "Injected failure", path, request_id, ids)
+        return Reply(reply.status, {**reply.headers, **failure.headers}, body=reply.body)
+    if isinstance(failure.body, bytes):
+        raw = failure.body
+    elif isinstance(failure.body, str):
+        raw = failure.body.encode("utf-8")
+    else:
+        raw = dumps(failure.body)
+    headers = {"content-type": "application/json", **ids, **failure.headers}
+    return Reply(failure.status, headers, body=raw)
+
+
+def _make_failure(
+    status: int, body: object, headers: Mapping[str, str] | None, retry_after_ms: float | None
+) -> _Failure:
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+        raise ValueError(f"status must be an HTTP error status (400-599), got {status!r}")
+    extra = {k.lower(): str(v) for k, v in (headers or {}).items()}
+    if retry_after_ms is not None:
+        extra["retry-after-ms"] = f"{_check_seconds('retry_after_ms', retry_after_ms):g}"
+    if body is not None and not isinstance(body, (str, bytes)):
+        dumps(body)  # fail now, not on the handler thread
+    return _Failure(status, body, extra)
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _check_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    return float(value)
