@@ -1,0 +1,9 @@
+"""Auto-instrumentors that contain LLM client libraries.
+
+One module per patched library, each a ``BaseInstrumentor`` subclass named
+after it: :class:`~veronica_otel.instrumentors.openai.OpenAIInstrumentor`,
+:class:`~veronica_otel.instrumentors.anthropic.AnthropicInstrumentor`. Client
+libraries are imported only inside their own module.
+"""
+
+__all__: list[str] = []

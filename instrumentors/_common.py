@@ -1,0 +1,452 @@
+"""What every LLM instrumentor shares: admit a call, clamp it, account it.
+
+:func:`admit` runs the chain's pre-call check for one API call (price lookup,
+input-token bound, output clamp, signature, reservation) and returns a
+:class:`ContainedCall` that collects usage as it arrives and commits exactly
+once. :class:`ContainedStream` and :class:`AsyncContainedStream` are ``wrapt``
+proxies around SDK streams that cut the stream at the next chunk once the
+chain trips or its deadline passes, keep the text received so far, and settle
+the call on exhaustion, error, close or garbage collection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
+
+import wrapt
+from opentelemetry import baggage, trace
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from veronica_otel._context import CallHandle, ExecutionContext
+from veronica_otel._errors import BudgetExceededError
+from veronica_otel._options import WrapOptions
+from veronica_otel._pricing import UnitPrices, estimate_input_tokens_from_bytes
+from veronica_otel._units import nano_to_usd
+from veronica_otel._version import __version__
+
+__all__ = [
+    "AsyncContainedStream",
+    "ContainedCall",
+    "ContainedStream",
+    "admit",
+    "input_bound",
+    "strip_veronica_baggage",
+    "tracer",
+]
+
+_logger = logging.getLogger(__name__)
+tracer = trace.get_tracer("veronica_otel.instrumentors", __version__)
+BAGGAGE_PREFIX = "veronica."
+
+# Usage handler: (call, payload) -> None; reads usage and text from one payload.
+PayloadHandler = Callable[["ContainedCall", Any], None]
+
+
+def input_bound(parts: object, n_messages: int) -> int:
+    """A conservative bound on input tokens: UTF-8 bytes of the serialised input.
+
+    JSON adds quotes and punctuation to the text, so its byte length is at
+    least the text's, and no byte-level BPE token is shorter than one byte.
+    """
+    try:
+        text = json.dumps(parts, ensure_ascii=False, default=str, separators=(",", ":"))
+    except (TypeError, ValueError):
+        text = str(parts)
+    return estimate_input_tokens_from_bytes(len(text.encode("utf-8")), max(1, n_messages))
+
+
+def _signature(model: str, parts: object) -> str:
+    raw = json.dumps([model, parts], sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:32]
+
+
+class ContainedCall:
+    """One admitted API call: its reservation, its span and its usage so far."""
+
+    __slots__ = (
+        "_done",
+        "cache_write_tokens",
+        "cached_tokens",
+        "ctx",
+        "handle",
+        "input_bound",
+        "input_tokens",
+        "model",
+        "output_cap",
+        "output_tokens",
+        "owns_span",
+        "prices",
+        "provider",
+        "reasoning_tokens",
+        "span",
+        "text",
+        "text_bytes",
+        "usage_seen",
+    )
+
+    def __init__(
+        self,
+        ctx: ExecutionContext,
+        handle: CallHandle,
+        span: Span,
+        owns_span: bool,
+        provider: str,
+        model: str,
+        prices: UnitPrices | None,
+        input_tokens_bound: int,
+        output_cap: int | None,
+    ) -> None:
+        self.ctx = ctx
+        self.handle = handle
+        self.span = span
+        self.owns_span = owns_span
+        self.provider = provider
+        self.model = model
+        self.prices = prices
+        self.input_bound = input_tokens_bound
+        self.output_cap = output_cap
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cached_tokens = 0
+        self.cache_write_tokens = 0
+        self.reasoning_tokens = 0
+        self.usage_seen = False
+        self.text: list[str] = []
+        self.text_bytes = 0
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def set_usage(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        cached: int = 0,
+        reasoning: int = 0,
+        cache_write: int = 0,
+    ) -> None:
+        """Record the call's usage so far (totals, not increments)."""
+        self.input_tokens = max(0, int(input_tokens))
+        self.output_tokens = max(0, int(output_tokens))
+        self.cached_tokens = min(max(0, int(cached)), self.input_tokens)
+        self.cache_write_tokens = max(0, int(cache_write))
+        self.reasoning_tokens = min(max(0, int(reasoning)), self.output_tokens)
+        self.usage_seen = True
+
+    def add_text(self, text: str) -> None:
+        """Keep streamed text: it is the partial result if the stream is cut."""
+        if text:
+            self.text.append(text)
+            self.text_bytes += len(text.encode("utf-8"))
+            self.ctx.set_partial_result("".join(self.text))
+
+    def check_alive(self) -> None:
+        """Raise BudgetExceededError when the chain tripped or its deadline passed."""
+        self.ctx.ensure_active()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Commit usage (reported, else a bound from what arrived) exactly once."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            if self.usage_seen:
+                inp, out = self.input_tokens, self.output_tokens
+            elif self.text_bytes or error is None:
+                # No usage reported (stream cut, or no usage chunk): bound it.
+                inp = self.input_bound
+                out = self.text_bytes
+                if self.output_cap is not None:
+                    out = min(out, self.output_cap) if self.text_bytes else self.output_cap
+            else:
+                inp = out = 0
+            cost = 0
+            if self.prices is not None and (inp or out):
+                cost = self.prices.cost_nano(
+                    inp,
+                    out,
+                    min(self.cached_tokens, inp),
+                    min(self.reasoning_tokens, out),
+                    cache_write_tokens=min(self.cache_write_tokens, inp),
+                )
+            if inp or out or self.usage_seen:
+                self.handle.add_usage(cost, inp + out)
+            self.handle.finish(error)
+        finally:
+            self._end_span(error)
+
+    def _end_span(self, error: BaseException | None) -> None:
+        span = self.span
+        try:
+            if span.is_recording():
+                if self.usage_seen:
+                    span.set_attribute("gen_ai.usage.input_tokens", self.input_tokens)
+                    span.set_attribute("gen_ai.usage.output_tokens", self.output_tokens)
+                cost = self.handle.cost_nano
+                span.set_attribute("veronica.cost_usd", nano_to_usd(max(cost, 0)))
+                remaining = self.ctx.remaining_cost_nano()
+                if remaining is not None:
+                    span.set_attribute("veronica.remaining.cost_usd", nano_to_usd(remaining))
+                steps_left = self.ctx.config.max_steps
+                if steps_left is not None:
+                    span.set_attribute(
+                        "veronica.remaining.steps",
+                        max(0, steps_left - self.ctx.snapshot().steps),
+                    )
+                if error is not None:
+                    span.set_attribute("error.type", type(error).__qualname__)
+                    if not isinstance(error, BudgetExceededError):
+                        span.record_exception(error)
+                    span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
+        except Exception:
+            _logger.exception("recording the call on its span failed")
+        finally:
+            if self.owns_span:
+                span.end()
+
+
+def start_span(operation: str, provider: str, model: str) -> Span:
+    """Open a GenAI client span (``{operation} {model}``)."""
+    return tracer.start_span(
+        f"{operation} {model}",
+        kind=SpanKind.CLIENT,
+        attributes={
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": model,
+        },
+    )
+
+
+def admit(
+    ctx: ExecutionContext,
+    span: Span,
+    owns_span: bool,
+    *,
+    provider: str,
+    operation: str,
+    model: str,
+    input_parts: object,
+    n_messages: int,
+    requested_cap: int | None,
+    clampable: bool,
+    choices: int = 1,
+) -> tuple[ContainedCall, int | None, str | None]:
+    """Run the pre-call check for one API call.
+
+    Returns the call, the output cap to send (None: leave the request alone)
+    and a fallback model to send instead (None: keep the model). Raises
+    BudgetExceededError (after marking ``span``) when the call may not run.
+    """
+    bound = input_bound(input_parts, n_messages)
+    try:
+        prices = ctx.prices_for(provider, model)
+        cap = requested_cap
+        clamped: int | None = None
+        if clampable and requested_cap is None:
+            # No output cap: send the most the remaining budget can buy, so the
+            # reservation is a true worst case without any caller hint.
+            affordable = _affordable_output(ctx, prices, bound)
+            if affordable is not None:
+                cap = clamped = max(1, affordable // max(1, choices))
+        signature = _signature(model, input_parts) if ctx.tracks_repeats else None
+        output = (cap or 0) * max(1, choices)  # n choices each up to the cap
+        cost = prices.max_cost_nano(bound, output) if prices is not None else 0
+        options = WrapOptions(
+            operation_name=operation,
+            model=model,
+            provider=provider,
+            input_tokens=bound,
+            max_tokens=output if cap is not None else None,
+            signature=signature,
+        )
+        handle = ctx.begin_call("llm", options, cost_nano=cost)
+    except BudgetExceededError:
+        _mark_denied(span, owns_span, ctx)
+        raise
+    fallback = handle.decision.fallback_model
+    if handle.decision.max_tokens is not None and clampable:
+        cap = handle.decision.max_tokens if cap is None else min(cap, handle.decision.max_tokens)
+        clamped = cap
+    call = ContainedCall(ctx, handle, span, owns_span, provider, model, prices, bound, cap)
+    if fallback is not None and fallback != model:
+        call.model = fallback
+        call.prices = ctx.prices_for(provider, fallback) or prices
+    try:
+        if span.is_recording():
+            span.set_attribute("veronica.chain.id", ctx.chain_id)
+            span.set_attribute("veronica.decision", "ALLOW")
+            span.set_attribute("veronica.reserved_usd", handle.reserved_usd)
+            if cap is not None:
+                span.set_attribute("gen_ai.request.max_tokens", cap)
+            if clamped is not None:
+                span.set_attribute("veronica.clamped.max_tokens", clamped)
+            if fallback is not None and fallback != model:
+                span.set_attribute("veronica.fallback_model", fallback)
+                span.set_attribute("gen_ai.request.model", fallback)
+    except Exception:
+        _logger.exception("recording the admission on its span failed")
+    return (
+        call,
+        (clamped if clamped is not None else None),
+        (fallback if fallback != model else None),
+    )
+
+
+def _affordable_output(ctx: ExecutionContext, prices: UnitPrices | None, bound: int) -> int | None:
+    affordable: int | None = None
+    remaining_cost = ctx.remaining_cost_nano()
+    if remaining_cost is not None and prices is not None:
+        affordable = prices.max_output_tokens_for(remaining_cost, bound)
+    remaining_tokens = ctx.remaining_tokens()
+    if remaining_tokens is not None:
+        left = max(0, remaining_tokens - bound)
+        affordable = left if affordable is None else min(affordable, left)
+    return affordable
+
+
+def _mark_denied(span: Span, owns_span: bool, ctx: ExecutionContext) -> None:
+    try:
+        if span.is_recording():
+            span.set_attribute("veronica.chain.id", ctx.chain_id)
+            span.set_attribute("veronica.decision", "HALT")
+            span.set_attribute("error.type", "BudgetExceededError")
+    except Exception:
+        _logger.exception("recording the denial on its span failed")
+    finally:
+        if owns_span:
+            span.end()
+
+
+def strip_veronica_baggage() -> object | None:
+    """Attach a context without ``veronica.*`` baggage; returns the detach token.
+
+    Baggage leaves with every outbound request; our entries must never reach
+    an LLM vendor. Returns None (nothing attached) when there is none to strip.
+    """
+    entries = baggage.get_all()
+    if not entries or not any(key.startswith(BAGGAGE_PREFIX) for key in entries):
+        return None
+    ctx = otel_context.get_current()
+    for key in entries:
+        if key.startswith(BAGGAGE_PREFIX):
+            ctx = baggage.remove_baggage(key, ctx)
+    return otel_context.attach(ctx)
+
+
+class ContainedStream(wrapt.BaseObjectProxy[Any]):
+    """A sync SDK stream that accounts each item and can be cut mid-way."""
+
+    def __init__(self, wrapped: Any, call: ContainedCall, on_item: PayloadHandler) -> None:
+        super().__init__(wrapped)
+        self._self_call = call
+        self._self_on_item = on_item
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        call = self._self_call
+        try:
+            call.check_alive()
+            item = self.__wrapped__.__next__()
+            self._self_on_item(call, item)
+        except StopIteration:
+            call.finish()
+            raise
+        except BudgetExceededError as exc:
+            self._self_cut(exc)
+            raise
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        return item
+
+    def _self_cut(self, exc: BudgetExceededError) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_call.finish(exc)
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_call.finish()
+
+    def __enter__(self) -> ContainedStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        call = self._self_call
+        if not call.done:
+            call.finish()
+
+
+class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
+    """The async twin of :class:`ContainedStream`."""
+
+    def __init__(self, wrapped: Any, call: ContainedCall, on_item: PayloadHandler) -> None:
+        super().__init__(wrapped)
+        self._self_call = call
+        self._self_on_item = on_item
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        call = self._self_call
+        try:
+            call.check_alive()
+            item = await self.__wrapped__.__anext__()
+            self._self_on_item(call, item)
+        except StopAsyncIteration:
+            call.finish()
+            raise
+        except BudgetExceededError as exc:
+            try:
+                await self.__wrapped__.close()
+            finally:
+                call.finish(exc)
+            raise
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        return item
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            self._self_call.finish()
+
+    async def aclose(self) -> None:
+        await self.close()
+
+    async def __aenter__(self) -> AsyncContainedStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __del__(self) -> None:
+        call = self._self_call
+        if not call.done:
+            call.finish()
+
+
+def get_field(obj: Any, name: str, default: Any = None) -> Any:
+    """Read ``name`` from a pydantic model or a dict payload."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
