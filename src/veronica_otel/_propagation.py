@@ -15,10 +15,17 @@ from opentelemetry import context as otel_context
 if TYPE_CHECKING:
     from ._context import ExecutionContext
 
-__all__ = ["CONTEXT_KEY", "current_context", "default_context", "set_default_context"]
+__all__ = [
+    "CONTEXT_KEY",
+    "current_context",
+    "default_context",
+    "set_default_context",
+    "set_default_context_error",
+]
 
 CONTEXT_KEY = otel_context.create_key("veronica-otel-execution-context")
 _default: ExecutionContext | None = None
+_default_error: Exception | None = None
 
 
 def current_context() -> ExecutionContext | None:
@@ -31,11 +38,31 @@ def set_default_context(context: ExecutionContext | None) -> None:
 
     Zero-code auto-instrumentation sets it from the ``VERONICA_*`` variables.
     """
-    global _default
+    global _default, _default_error
     _default = context
+    _default_error = None
+
+
+def set_default_context_error(error: Exception) -> None:
+    """Fail closed: every contained call outside an explicit context raises ``error``.
+
+    Used when the ``VERONICA_*`` configuration is malformed: running the app
+    uncontained would be silent, so each call raises an error naming the
+    variable instead.
+    """
+    global _default, _default_error
+    _default = None
+    _default_error = error
 
 
 def default_context() -> ExecutionContext | None:
-    """The active chain, else the process default chain, else None."""
+    """The active chain, else the process default chain, else None.
+
+    Raises the configuration error set by :func:`set_default_context_error`.
+    """
     ctx = otel_context.get_value(CONTEXT_KEY)
-    return ctx if ctx is not None else _default  # type: ignore[return-value]
+    if ctx is not None:
+        return ctx  # type: ignore[return-value]
+    if _default_error is not None:
+        raise _default_error
+    return _default

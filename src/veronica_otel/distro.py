@@ -1,0 +1,108 @@
+"""Zero-code containment: the ``veronica`` OpenTelemetry distro and configurator.
+
+``opentelemetry-instrument python app.py`` loads, in order, a distro, a
+configurator and the instrumentors. If the configurator fails (for example
+the OTLP exporter it defaults to is not installed), the instrumentors are
+never loaded and only a log line says so. Enforcement must not depend on that
+path, so :class:`VeronicaDistro` installs the enforcement wrappers itself,
+first: as post-import hooks on the client libraries, so nothing is imported
+that the app does not import.
+
+The process default chain comes from the ``VERONICA_*`` variables. A
+malformed value is not silently ignored: it is logged loudly and every
+contained call then raises a ``ValueError`` naming the variable (fail closed).
+
+Several distros installed? Select ours with ``OTEL_PYTHON_DISTRO=veronica``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from importlib.metadata import EntryPoint
+from typing import Any
+
+import wrapt
+from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
+from opentelemetry.sdk._configuration import _OTelSDKConfigurator
+
+from ._config import ExecutionConfig
+from ._context import ExecutionContext
+from ._propagation import set_default_context, set_default_context_error
+
+__all__ = ["VeronicaConfigurator", "VeronicaDistro", "install_zero_code"]
+
+_logger = logging.getLogger(__name__)
+
+# (module whose import triggers the hook, instrumentor module, class name)
+_INSTRUMENTORS = (
+    ("openai._base_client", "veronica_otel.instrumentors.openai", "OpenAIInstrumentor"),
+    ("anthropic._base_client", "veronica_otel.instrumentors.anthropic", "AnthropicInstrumentor"),
+)
+_OUR_ENTRY_POINTS = frozenset({"veronica_openai", "veronica_anthropic"})
+_installed = False
+
+
+def _instrument(instrumentor_module: str, class_name: str) -> Any:
+    def hook(_module: object) -> None:
+        try:
+            module = __import__(instrumentor_module, fromlist=[class_name])
+            instrumentor = getattr(module, class_name)()
+            if not instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.instrument(skip_dep_check=True)
+        except Exception:
+            # Never run uncontained silently: say so where a person looks.
+            _logger.exception("veronica-otel could not install %s", class_name)
+            print(
+                f"veronica-otel: ERROR: could not install {class_name}; "
+                "calls through it are NOT contained",
+                file=sys.stderr,
+            )
+
+    return hook
+
+
+def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext | None:
+    """Install enforcement wrappers and the default chain from ``VERONICA_*``.
+
+    Idempotent. Returns the default chain, or None when the configuration is
+    malformed (calls then fail closed with an error naming the variable).
+    """
+    global _installed
+    if not _installed:
+        for trigger, module, name in _INSTRUMENTORS:
+            wrapt.register_post_import_hook(_instrument(module, name), trigger)
+        _installed = True
+    try:
+        config = ExecutionConfig.from_env(environ)
+    except ValueError as exc:
+        set_default_context_error(exc)
+        _logger.error("veronica-otel: %s; every LLM call will be refused until it is fixed", exc)
+        print(f"veronica-otel: ERROR: {exc}; LLM calls will be refused", file=sys.stderr)
+        return None
+    ctx = ExecutionContext(config, name="default")
+    set_default_context(ctx)
+    _logger.info("veronica-otel: default chain %s with %s", ctx.chain_id, config)
+    return ctx
+
+
+class VeronicaDistro(BaseDistro):  # type: ignore[misc]
+    """Installs enforcement before the configurator runs, then the usual hooks."""
+
+    def _configure(self, **kwargs: Any) -> None:
+        install_zero_code()
+
+    def load_instrumentor(self, entry_point: EntryPoint, **kwargs: Any) -> None:
+        # Ours are already installed by post-import hooks; instrumenting again
+        # would only log a warning. A broken foreign instrumentor must not
+        # stop the others, so it is contained here too.
+        if entry_point.name in _OUR_ENTRY_POINTS:
+            return
+        try:
+            super().load_instrumentor(entry_point, **kwargs)
+        except Exception:
+            _logger.exception("instrumentor %s failed to load", entry_point.name)
+
+
+class VeronicaConfigurator(_OTelSDKConfigurator):
+    """The SDK configurator (providers and exporters from ``OTEL_*``)."""

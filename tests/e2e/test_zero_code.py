@@ -1,0 +1,93 @@
+"""Zero code changes: an unchanged script under ``opentelemetry-instrument``.
+
+The script, the SDK and the HTTP traffic are real; the LLM is the embedded
+fake server, whose request count is the ground truth of what was sent.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from veronica_otel.testing import FakeLLMServer
+
+APP = Path(__file__).parent / "apps" / "unchanged_agent.py"
+INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
+
+
+@pytest.fixture
+def server() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=10) as srv:
+        yield srv
+
+
+def run_app(server: FakeLLMServer, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_"))
+    }
+    environ.update(
+        OPENAI_BASE_URL=server.openai_base_url,
+        OPENAI_API_KEY="test-key",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+    )
+    environ.update(env)
+    return subprocess.run(
+        [str(INSTRUMENT), sys.executable, str(APP)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None:
+    result = run_app(server, VERONICA_MAX_STEPS="3")
+    assert result.returncode != 0
+    assert result.stdout.splitlines() == [f"step {i} ok" for i in range(3)]
+    assert "BudgetExceededError" in result.stderr
+    assert "steps limit reached" in result.stderr
+    assert server.count("/v1/chat/completions") == 3
+
+
+def test_cost_ceiling_from_env(server: FakeLLMServer) -> None:
+    # Each call reserves (clamped) the whole remaining budget, so a tiny ceiling
+    # admits calls only while what is left can still buy an answer.
+    result = run_app(server, VERONICA_MAX_COST_USD="0.0000001")
+    assert result.returncode != 0
+    assert "BudgetExceededError" in result.stderr
+    assert server.count("/v1/chat/completions") == 0
+
+
+def test_enforcement_holds_when_the_exporter_configuration_fails(server: FakeLLMServer) -> None:
+    # The default OTLP exporter is not installed: the SDK configurator raises and
+    # opentelemetry-instrument skips every instrumentor. Ours are already in.
+    result = run_app(server, VERONICA_MAX_STEPS="2", OTEL_TRACES_EXPORTER="otlp")
+    assert "Failed to auto initialize OpenTelemetry" in result.stderr or (
+        "Configuration of" in result.stderr
+    )
+    assert result.stdout.splitlines() == ["step 0 ok", "step 1 ok"]
+    assert server.count("/v1/chat/completions") == 2
+
+
+def test_malformed_env_fails_closed_naming_the_variable(server: FakeLLMServer) -> None:
+    result = run_app(server, VERONICA_MAX_STEPS="three")
+    assert result.returncode != 0
+    assert "VERONICA_MAX_STEPS='three'" in result.stderr
+    assert result.stdout == ""
+    assert server.count("/v1/chat/completions") == 0
+
+
+def test_no_limits_set_runs_everything(server: FakeLLMServer) -> None:
+    result = run_app(server)
+    assert result.returncode == 0, result.stderr
+    assert server.count("/v1/chat/completions") == 5
