@@ -20,6 +20,7 @@ from typing import Any
 import wrapt
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from veronica_otel._context import CallHandle, ExecutionContext
@@ -213,7 +214,14 @@ class ContainedCall:
 
 
 def start_span(operation: str, provider: str, model: str) -> Span:
-    """Open a GenAI client span (``{operation} {model}``)."""
+    """Open a GenAI client span (``{operation} {model}``).
+
+    Under ``suppress_instrumentation()`` no span is recorded, but the call is
+    still contained: suppression silences telemetry, it is not a way around
+    the chain's limits.
+    """
+    if not is_instrumentation_enabled():
+        return trace.INVALID_SPAN
     return tracer.start_span(
         f"{operation} {model}",
         kind=SpanKind.CLIENT,
