@@ -9,7 +9,6 @@ it ends, :meth:`CallHandle.finish` commits what it actually cost (reported with
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import itertools
 import time
@@ -22,6 +21,9 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from ._call import ACTIVE_CALL, CallHandle, close_awaitable, is_coroutine_function
+from ._chain_span import end_chain_span, open_chain_span
+from ._children import carve, min_limit, weak_cancel, weak_deadline
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._ledger import Ledger, Level, Limits, LocalLedger, Reservation
@@ -32,80 +34,13 @@ from ._propagation import CONTEXT_KEY
 from ._timer import CancellationToken, TimerHandle, schedule
 from ._trips import emit_trip
 from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
-from ._version import __version__
 
 __all__ = ["CallHandle", "ExecutionContext"]
 
 _DEFAULT_LEDGER = LocalLedger()
 _DEFAULT_OPTIONS = WrapOptions()
 _NO_RESERVATION = Reservation("", 0, 0)
-_ACTIVE_CALL: contextvars.ContextVar[CallHandle | None] = contextvars.ContextVar(
-    "veronica_otel_active_call", default=None
-)
-_tracer = trace.get_tracer("veronica_otel", __version__)
 _monotonic = time.monotonic
-
-
-_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
-
-
-def _is_coroutine_function(fn: object) -> bool:
-    code = getattr(fn, "__code__", None)
-    if code is not None and not hasattr(fn, "_is_coroutine_marker"):
-        # Plain functions and lambdas: one flag test instead of inspect's walk.
-        return bool(code.co_flags & _CO_ASYNC)
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
-    )
-
-
-class CallHandle:
-    """One admitted call: its reservation and, after it ran, its usage.
-
-    Instrumentors get one from :meth:`ExecutionContext.begin_call` and must
-    call :meth:`finish` exactly once (extra calls do nothing).
-    """
-
-    __slots__ = (
-        "_done",
-        "context",
-        "cost_nano",
-        "decision",
-        "policy_context",
-        "reservation",
-        "tokens",
-    )
-
-    def __init__(
-        self,
-        context: ExecutionContext,
-        reservation: Reservation,
-        policy_context: PolicyContext | None,
-        decision: PolicyDecision,
-    ) -> None:
-        self.context = context
-        self.reservation = reservation
-        self.policy_context = policy_context
-        self.decision = decision
-        self.cost_nano = -1
-        self.tokens = -1
-        self._done = False
-
-    @property
-    def reserved_usd(self) -> float:
-        return nano_to_usd(self.reservation.cost_nano)
-
-    def add_usage(self, cost_nano: int, tokens: int) -> None:
-        """Add actual usage (integer units) reported during the call."""
-        self.cost_nano = max(self.cost_nano, 0) + cost_nano
-        self.tokens = max(self.tokens, 0) + tokens
-
-    def finish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
-        """Commit actual usage (or release, when the call was never sent)."""
-        if self._done:
-            return
-        self._done = True
-        self.context._finish(self, error, sent)
 
 
 class ExecutionContext:
@@ -187,9 +122,9 @@ class ExecutionContext:
             if self._deadline is None or parent_deadline < self._deadline:
                 self._deadline = parent_deadline
         if self._deadline is not None:
-            self._timer = schedule(self._deadline, _weak_deadline(self))
+            self._timer = schedule(self._deadline, weak_deadline(self))
         if _parent is not None:
-            _parent._token.add_callback(_weak_cancel(self))
+            _parent._token.add_callback(weak_cancel(self))
         if isinstance(self._ledger, LocalLedger):
             self._ledger.acquire(self.chain_id)
             weakref.finalize(self, self._ledger.discard, self.chain_id)
@@ -202,19 +137,8 @@ class ExecutionContext:
     # -- context manager -------------------------------------------------
 
     def __enter__(self) -> ExecutionContext:
-        parent_span = trace.get_current_span()
-        span: trace.Span | None = None
-        if self._parent is not None or not parent_span.get_span_context().is_valid:
-            operation = "invoke_agent" if self._parent is not None else "invoke_workflow"
-            span = _tracer.start_span(
-                f"{operation} {self.name}",
-                attributes={
-                    "gen_ai.operation.name": operation,
-                    "veronica.chain.id": self.chain_id,
-                    "veronica.depth": self.depth,
-                },
-            )
-            self._span = span
+        span = open_chain_span(self)
+        self._span = span
         ctx = otel_context.set_value(CONTEXT_KEY, self)
         if span is not None:
             ctx = trace.set_span_in_context(span, ctx)
@@ -232,7 +156,7 @@ class ExecutionContext:
         if not self._otel_tokens and self._timer is not None:
             self._timer.cancel()
         if span is not None:
-            self._end_span(span, exc)
+            end_chain_span(self, span, exc)
 
     async def __aenter__(self) -> ExecutionContext:
         return self.__enter__()
@@ -274,7 +198,7 @@ class ExecutionContext:
     def _wrap(self, fn: Callable[[], Any], options: WrapOptions | None, kind: str) -> Decision:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
-        if _is_coroutine_function(fn):
+        if is_coroutine_function(fn):
             raise TypeError(
                 f"wrap_{kind}_call got a coroutine function {fn!r}; use awrap_{kind}_call"
             )
@@ -284,7 +208,7 @@ class ExecutionContext:
             return Decision.HALT
         if call.decision.rate_limit_ms:
             time.sleep(call.decision.rate_limit_ms / 1000)
-        active = _ACTIVE_CALL.set(call)
+        active = ACTIVE_CALL.set(call)
         try:
             result = fn()
         except BudgetExceededError as exc:
@@ -294,10 +218,10 @@ class ExecutionContext:
             call.finish(exc)
             raise
         finally:
-            _ACTIVE_CALL.reset(active)
+            ACTIVE_CALL.reset(active)
         if result is not None and inspect.isawaitable(result):
             call.finish(TypeError("awaitable"), sent=False)
-            _close_awaitable(result)
+            close_awaitable(result)
             raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
         self._partial = result
         call._done = True  # settle directly: one frame less on the hot path
@@ -317,7 +241,7 @@ class ExecutionContext:
             import asyncio
 
             await asyncio.sleep(call.decision.rate_limit_ms / 1000)
-        active = _ACTIVE_CALL.set(call)
+        active = ACTIVE_CALL.set(call)
         try:
             result = await fn()
         except BudgetExceededError as exc:
@@ -327,7 +251,7 @@ class ExecutionContext:
             call.finish(exc)
             raise
         finally:
-            _ACTIVE_CALL.reset(active)
+            ACTIVE_CALL.reset(active)
         self._partial = result
         call.finish()
         return Decision.ALLOW
@@ -529,7 +453,7 @@ class ExecutionContext:
         else:
             cost_nano = 0
         tokens = input_tokens + output_tokens
-        call = _ACTIVE_CALL.get()
+        call = ACTIVE_CALL.get()
         if call is not None and call.context is self:
             call.add_usage(cost_nano, tokens)
             return
@@ -580,10 +504,10 @@ class ExecutionContext:
         if self._trip is not None:
             raise BudgetExceededError(self._trip)
         depth = self.depth + 1
-        max_depth = _min_opt(self.config.max_depth, config.max_depth if config else None)
+        max_depth = min_limit(self.config.max_depth, config.max_depth if config else None)
         if max_depth is not None and depth > max_depth:
             self._deny("depth", max_depth, depth, f"sub-agent depth {depth} over max_depth")
-        carved = _carve(
+        carved = carve(
             config or ExecutionConfig(), self.config, self._ledger.snapshot(self.chain_id)
         )
         carved = ExecutionConfig(
@@ -743,22 +667,6 @@ class ExecutionContext:
         if raise_error:
             raise BudgetExceededError(trip)
 
-    def _end_span(self, span: trace.Span, exc: BaseException | None) -> None:
-        try:
-            if span.is_recording():
-                snap = self.snapshot()
-                span.set_attribute("veronica.cost_usd", snap.cost_usd)
-                span.set_attribute("veronica.steps", snap.steps)
-                span.set_attribute("veronica.retries", snap.retries)
-                span.set_attribute("veronica.tokens", snap.tokens)
-                span.set_attribute("veronica.decision", "HALT" if snap.aborted else "ALLOW")
-                if snap.trip is not None:
-                    span.set_attribute("veronica.trip.reason", snap.trip.reason)
-                if exc is not None and not isinstance(exc, BudgetExceededError):
-                    span.record_exception(exc)
-        finally:
-            span.end()
-
     def __repr__(self) -> str:
         return f"ExecutionContext(chain_id={self.chain_id!r}, depth={self.depth})"
 
@@ -769,67 +677,3 @@ def _valid_id(chain_id: str) -> bool:
         and all(c.isalnum() or c in "-_.:" for c in chain_id)
         and chain_id.isascii()
     )
-
-
-def _min_opt(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
-
-
-def _carve(child: ExecutionConfig, parent: ExecutionConfig, state: Any) -> ExecutionConfig:
-    def left(limit: int | None, used: int) -> int | None:
-        return None if limit is None else max(0, limit - used)
-
-    cost_left: float | None = None
-    if parent.max_cost_usd is not None:
-        cost_left = nano_to_usd(
-            max(0, usd_to_nano(parent.max_cost_usd) - state.cost_nano - state.reserved_nano)
-        )
-    cost = (
-        cost_left
-        if child.max_cost_usd is None
-        else (child.max_cost_usd if cost_left is None else min(child.max_cost_usd, cost_left))
-    )
-    return ExecutionConfig(
-        max_cost_usd=cost,
-        max_steps=_min_opt(child.max_steps, left(parent.max_steps, state.steps)),
-        max_retries_total=_min_opt(
-            child.max_retries_total, left(parent.max_retries_total, state.retries)
-        ),
-        timeout_ms=child.timeout_ms,
-        max_tokens=_min_opt(
-            child.max_tokens, left(parent.max_tokens, state.tokens + state.reserved_tokens)
-        ),
-        max_repeats=_min_opt(child.max_repeats, parent.max_repeats),
-    )
-
-
-def _weak_deadline(ctx: ExecutionContext) -> Callable[[], None]:
-    ref = weakref.ref(ctx)
-
-    def fire() -> None:
-        target = ref()
-        if target is not None:
-            target._on_deadline()
-
-    return fire
-
-
-def _weak_cancel(ctx: ExecutionContext) -> Callable[[], None]:
-    ref = weakref.ref(ctx)
-
-    def fire() -> None:
-        target = ref()
-        if target is not None:
-            target._token.cancel()
-
-    return fire
-
-
-def _close_awaitable(value: object) -> None:
-    close = getattr(value, "close", None)
-    if callable(close):
-        close()

@@ -1,0 +1,89 @@
+"""One admitted call (:class:`CallHandle`) and the helpers of the wrap path."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from typing import TYPE_CHECKING
+
+from ._ledger import Reservation
+from ._policy import PolicyContext, PolicyDecision
+from ._units import nano_to_usd
+
+if TYPE_CHECKING:
+    from ._context import ExecutionContext
+
+__all__ = ["ACTIVE_CALL", "CallHandle", "close_awaitable", "is_coroutine_function"]
+
+
+class CallHandle:
+    """One admitted call: its reservation and, after it ran, its usage.
+
+    Instrumentors get one from :meth:`ExecutionContext.begin_call` and must
+    call :meth:`finish` exactly once (extra calls do nothing).
+    """
+
+    __slots__ = (
+        "_done",
+        "context",
+        "cost_nano",
+        "decision",
+        "policy_context",
+        "reservation",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        context: ExecutionContext,
+        reservation: Reservation,
+        policy_context: PolicyContext | None,
+        decision: PolicyDecision,
+    ) -> None:
+        self.context = context
+        self.reservation = reservation
+        self.policy_context = policy_context
+        self.decision = decision
+        self.cost_nano = -1
+        self.tokens = -1
+        self._done = False
+
+    @property
+    def reserved_usd(self) -> float:
+        return nano_to_usd(self.reservation.cost_nano)
+
+    def add_usage(self, cost_nano: int, tokens: int) -> None:
+        """Add actual usage (integer units) reported during the call."""
+        self.cost_nano = max(self.cost_nano, 0) + cost_nano
+        self.tokens = max(self.tokens, 0) + tokens
+
+    def finish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
+        """Commit actual usage (or release, when the call was never sent)."""
+        if self._done:
+            return
+        self._done = True
+        self.context._finish(self, error, sent)
+
+
+# The call running in this thread or task: ``record_usage`` reports into it.
+ACTIVE_CALL: contextvars.ContextVar[CallHandle | None] = contextvars.ContextVar(
+    "veronica_otel_active_call", default=None
+)
+
+_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
+
+
+def is_coroutine_function(fn: object) -> bool:
+    code = getattr(fn, "__code__", None)
+    if code is not None and not hasattr(fn, "_is_coroutine_marker"):
+        # Plain functions and lambdas: one flag test instead of inspect's walk.
+        return bool(code.co_flags & _CO_ASYNC)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    )
+
+
+def close_awaitable(value: object) -> None:
+    close = getattr(value, "close", None)
+    if callable(close):
+        close()
