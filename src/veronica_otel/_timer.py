@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -111,6 +112,15 @@ class _SharedTimer:
 
 
 _TIMER = _SharedTimer()
+
+
+def _reset_after_fork() -> None:
+    # The timer thread does not survive fork(); its lock may be held by it.
+    global _TIMER
+    _TIMER = _SharedTimer()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def schedule(deadline: float, callback: Callable[[], None]) -> TimerHandle:

@@ -61,7 +61,11 @@ def emit_trip(trip: TripEvent, span: Span | None = None) -> None:
             trip.observed,
             trip.message,
         )
-        for listener in tuple(_listeners):
-            listener(trip, target)
     except Exception:
         _logger.exception("announcing a trip failed; enforcement is unaffected")
+        return
+    for listener in tuple(_listeners):
+        try:
+            listener(trip, target)
+        except Exception:
+            _logger.exception("trip listener %r failed; enforcement is unaffected", listener)
