@@ -99,25 +99,39 @@ class CircuitBreaker:
                 observed=self._failures,
             )
 
-    def record_success(self) -> None:
+    def record_success(self, owner: object | None = None) -> None:
+        """Feed a success. In HALF_OPEN only the probe's outcome counts.
+
+        Args:
+            owner: The call reporting (its PolicyContext); None for a caller
+                that manages the breaker by hand and is the probe.
+        """
         with self._lock:
             self._advance()
             # A late success from a call sent before the circuit opened must
             # not close it: only CLOSED or the half-open probe count.
-            if self._state is CircuitState.OPEN:
+            if self._state is CircuitState.OPEN or not self._is_probe(owner):
                 return
             self._failures = 0
             self._state = CircuitState.CLOSED
             self._probe_owner = None
 
-    def record_failure(self) -> None:
+    def record_failure(self, owner: object | None = None) -> None:
+        """Feed a failure. Late failures neither restart OPEN nor free the probe."""
         with self._lock:
             self._advance()
+            if self._state is CircuitState.OPEN or not self._is_probe(owner):
+                return
             self._failures += 1
             if self._state is CircuitState.HALF_OPEN or self._failures >= self.failure_threshold:
                 self._state = CircuitState.OPEN
                 self._opened_at = self._clock()
             self._probe_owner = None
+
+    def _is_probe(self, owner: object | None) -> bool:
+        if self._state is not CircuitState.HALF_OPEN:
+            return True
+        return owner is None or owner is self._probe_owner
 
     def release_probe(self, owner: object | None = None) -> None:
         """Free the half-open probe slot without an outcome (call not sent)."""
@@ -126,10 +140,10 @@ class CircuitBreaker:
                 self._probe_owner = None
 
     def on_success(self, context: PolicyContext) -> None:
-        self.record_success()
+        self.record_success(context)
 
     def on_failure(self, context: PolicyContext, error: BaseException) -> None:
-        self.record_failure()
+        self.record_failure(context)
 
     def on_abandon(self, context: PolicyContext) -> None:
         self.release_probe(context)

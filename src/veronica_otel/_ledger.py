@@ -61,12 +61,16 @@ class Reservation:
     call, on the hot path.
     """
 
-    __slots__ = ("cost_nano", "id", "tokens")
+    __slots__ = ("cost_nano", "id", "retry", "step", "tokens")
 
-    def __init__(self, id: str, cost_nano: int, tokens: int) -> None:
+    def __init__(
+        self, id: str, cost_nano: int, tokens: int, step: bool = False, retry: bool = False
+    ) -> None:
         self.id = id
         self.cost_nano = cost_nano
         self.tokens = tokens
+        self.step = step  # a step was counted: released calls give it back
+        self.retry = retry
 
     def __repr__(self) -> str:
         return f"Reservation(id={self.id!r}, cost_nano={self.cost_nano}, tokens={self.tokens})"
@@ -117,7 +121,7 @@ class Ledger(Protocol):
         ...
 
     def release(self, path: Sequence[Level], reservation: Reservation) -> None:
-        """Give a reservation back unused (the call failed or was not sent)."""
+        """Give back a reservation whose call was never sent (its step too)."""
         ...
 
     def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
@@ -220,7 +224,7 @@ class LocalLedger:
                 state.reserved_tokens += tokens
                 if signature is not None and level.limits.repeats is not None:
                     _remember(state, signature)
-                return Reservation("", cost_nano, tokens)
+                return Reservation("", cost_nano, tokens, step, retry)
             states = []
             for level in path:
                 state = chains.get(level.chain_id)
@@ -235,7 +239,7 @@ class LocalLedger:
                 states.append(state)
             for i, state in enumerate(states):
                 _charge(path[i], state, cost_nano, tokens, step, retry, signature)
-            return Reservation("", cost_nano, tokens)
+            return Reservation("", cost_nano, tokens, step, retry)
 
     def commit(
         self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
@@ -263,6 +267,9 @@ class LocalLedger:
                 state = self._state(level.chain_id)
                 state.reserved_nano -= reservation.cost_nano
                 state.reserved_tokens -= reservation.tokens
+                # Not sent: it was no step (or retry) after all.
+                state.steps -= reservation.step
+                state.retries -= reservation.retry
 
     def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
         with self._lock:

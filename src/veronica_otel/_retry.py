@@ -132,6 +132,7 @@ class RetryContainer:
             self.retries_made += 1
 
     def _delay(self, attempt: int) -> float:
-        delay = min(self.backoff_base * (2 ** (attempt - 1)), self.backoff_max)
+        delay = self.backoff_base * (2 ** min(attempt - 1, 64))
         spread = self.jitter * (2 * random.random() - 1)
-        return float(max(0.0, delay * (1.0 + spread)))
+        # Jitter first, cap last: backoff_max is the largest delay, full stop.
+        return float(min(self.backoff_max, max(0.0, delay * (1.0 + spread))))

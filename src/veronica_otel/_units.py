@@ -29,7 +29,9 @@ def check_usd(name: str, value: object) -> float:
 
     Rejects bools, strings, NaN, infinities, negatives and absurd amounts.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number of USD, not a bool ({value!r})")
+    if not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of USD, got {type(value).__name__} {value!r}")
     amount = float(value)
     if math.isnan(amount) or math.isinf(amount):
@@ -43,7 +45,11 @@ def check_usd(name: str, value: object) -> float:
 
 def check_count(name: str, value: object) -> int:
     """Return ``value`` as a non-negative int, or raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a whole number, not a bool ({value!r})")
+    if isinstance(value, float):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")

@@ -1,0 +1,512 @@
+"""Property tests for LocalLedger: bounds, stickiness, atomic denials, integer money.
+
+A hypothesis state machine drives random reserve / commit / release / trip
+sequences over a small tree of chains and compares the ledger, step by step,
+with a plain reference model written from the ``Ledger`` protocol's contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from veronica_otel._errors import TripEvent
+from veronica_otel._ledger import (
+    SIGNATURE_MEMORY,
+    LedgerState,
+    Level,
+    Limits,
+    LocalLedger,
+    Reservation,
+)
+from veronica_otel._units import NANO_PER_USD, nano_to_usd, usd_to_nano
+
+# A small tree of chains; every path is root first, as ExecutionContext builds it.
+CHAINS = ("root", "root.1", "root.2", "root.1.1", "solo")
+PATHS: tuple[tuple[str, ...], ...] = (
+    ("root",),
+    ("root", "root.1"),
+    ("root", "root.2"),
+    ("root", "root.1", "root.1.1"),
+    ("solo",),
+)
+SIGNATURES = (None, "sig-a", "sig-b", "sig-c")
+
+optional_limit = st.one_of(st.none(), st.integers(0, 8))
+limits_strategy = st.builds(
+    Limits,
+    cost_nano=st.one_of(st.none(), st.integers(0, 20_000)),
+    steps=optional_limit,
+    retries=st.one_of(st.none(), st.integers(0, 5)),
+    tokens=st.one_of(st.none(), st.integers(0, 3_000)),
+    repeats=st.one_of(st.none(), st.integers(1, 3)),
+)
+
+STATE_FIELDS = ("cost_nano", "reserved_nano", "steps", "retries", "tokens", "reserved_tokens")
+
+
+def _counters(state: LedgerState) -> LedgerState:
+    return dataclasses.replace(state, trip=None)
+
+
+def _trip_key(trip: TripEvent) -> tuple[str, str, float, float]:
+    return (trip.reason, trip.chain_id, trip.limit, trip.observed)
+
+
+class _ModelChain:
+    def __init__(self) -> None:
+        self.cost_nano = 0
+        self.reserved_nano = 0
+        self.steps = 0
+        self.retries = 0
+        self.tokens = 0
+        self.reserved_tokens = 0
+        self.trip: tuple[str, str, float, float] | None = None
+        self.seen: dict[str, int] = {}
+
+
+class ReferenceLedger:
+    """The ledger contract, written as plainly as possible (no locks, no speed)."""
+
+    def __init__(self) -> None:
+        self.chains: dict[str, _ModelChain] = {}
+
+    def chain(self, chain_id: str) -> _ModelChain:
+        return self.chains.setdefault(chain_id, _ModelChain())
+
+    def reserve(
+        self,
+        path: Sequence[Level],
+        cost: int,
+        tokens: int,
+        step: bool,
+        retry: bool,
+        signature: str | None,
+    ) -> tuple[str, str, float, float] | None:
+        for level in path:
+            chain = self.chain(level.chain_id)
+            if chain.trip is not None:
+                return chain.trip
+            denial = self._denial(level, chain, cost, tokens, step, retry, signature)
+            if denial is not None:
+                chain.trip = denial
+                return denial
+        for level in path:
+            chain = self.chain(level.chain_id)
+            chain.steps += int(step)
+            chain.retries += int(retry)
+            chain.reserved_nano += cost
+            chain.reserved_tokens += tokens
+            if signature is not None and level.limits.repeats is not None:
+                chain.seen[signature] = chain.seen.get(signature, 0) + 1
+        return None
+
+    @staticmethod
+    def _denial(
+        level: Level,
+        chain: _ModelChain,
+        cost: int,
+        tokens: int,
+        step: bool,
+        retry: bool,
+        signature: str | None,
+    ) -> tuple[str, str, float, float] | None:
+        lim = level.limits
+        cid = level.chain_id
+        if step and lim.steps is not None and chain.steps + 1 > lim.steps:
+            return ("steps", cid, float(lim.steps), float(chain.steps + 1))
+        if retry and lim.retries is not None and chain.retries + 1 > lim.retries:
+            return ("retries", cid, float(lim.retries), float(chain.retries + 1))
+        if lim.tokens is not None:
+            total = chain.tokens + chain.reserved_tokens + tokens
+            if total > lim.tokens:
+                return ("tokens", cid, float(lim.tokens), float(total))
+        if lim.cost_nano is not None:
+            total = chain.cost_nano + chain.reserved_nano + cost
+            if total > lim.cost_nano:
+                return ("cost", cid, nano_to_usd(lim.cost_nano), nano_to_usd(total))
+        if signature is not None and lim.repeats is not None:
+            seen = chain.seen.get(signature, 0)
+            if seen + 1 > lim.repeats:
+                return ("loop", cid, float(lim.repeats), float(seen + 1))
+        return None
+
+    def commit(
+        self, path: Sequence[Level], reserved: tuple[int, int], cost: int, tokens: int
+    ) -> tuple[str, str, float, float] | None:
+        first: tuple[str, str, float, float] | None = None
+        for level in path:
+            chain = self.chain(level.chain_id)
+            chain.reserved_nano -= reserved[0]
+            chain.reserved_tokens -= reserved[1]
+            chain.cost_nano += cost
+            chain.tokens += tokens
+            lim = level.limits
+            overrun: tuple[str, str, float, float] | None = None
+            if lim.cost_nano is not None and chain.cost_nano > lim.cost_nano:
+                overrun = (
+                    "cost",
+                    level.chain_id,
+                    nano_to_usd(lim.cost_nano),
+                    nano_to_usd(chain.cost_nano),
+                )
+            elif lim.tokens is not None and chain.tokens > lim.tokens:
+                overrun = ("tokens", level.chain_id, float(lim.tokens), float(chain.tokens))
+            if overrun is not None and chain.trip is None:
+                chain.trip = overrun
+                first = first or overrun
+        return first
+
+    def release(self, path: Sequence[Level], reserved: Reservation) -> None:
+        # A released call was never sent: its step and retry are given back.
+        for level in path:
+            chain = self.chain(level.chain_id)
+            chain.reserved_nano -= reserved.cost_nano
+            chain.reserved_tokens -= reserved.tokens
+            chain.steps -= reserved.step
+            chain.retries -= reserved.retry
+
+    def trip(self, chain_id: str, key: tuple[str, str, float, float]) -> None:
+        chain = self.chain(chain_id)
+        if chain.trip is None:
+            chain.trip = key
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Random reserve / commit / release / trip against LocalLedger and the model."""
+
+    # Whether commits may report more than was reserved (an over-reporting caller).
+    ALLOW_OVERRUN = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger = LocalLedger()
+        self.model = ReferenceLedger()
+        self.limits: dict[str, Limits] = {}
+        self.outstanding: list[tuple[tuple[Level, ...], Reservation]] = []
+        self.first_trip: dict[str, TripEvent] = {}
+        self.overrun = False
+
+    @initialize(limits=st.lists(limits_strategy, min_size=len(CHAINS), max_size=len(CHAINS)))
+    def set_limits(self, limits: list[Limits]) -> None:
+        self.limits = dict(zip(CHAINS, limits, strict=True))
+
+    def path(self, index: int) -> tuple[Level, ...]:
+        return tuple(Level(cid, self.limits[cid]) for cid in PATHS[index])
+
+    # -- rules ---------------------------------------------------------------
+
+    @rule(
+        path_index=st.integers(0, len(PATHS) - 1),
+        cost=st.integers(0, 6_000),
+        tokens=st.integers(0, 900),
+        step=st.booleans(),
+        retry=st.booleans(),
+        signature=st.sampled_from(SIGNATURES),
+    )
+    def reserve(
+        self,
+        path_index: int,
+        cost: int,
+        tokens: int,
+        step: bool,
+        retry: bool,
+        signature: str | None,
+    ) -> None:
+        path = self.path(path_index)
+        before = {level.chain_id: self.ledger.snapshot(level.chain_id) for level in path}
+        expected = self.model.reserve(path, cost, tokens, step, retry, signature)
+        result = self.ledger.reserve(
+            path, cost, tokens, step=step, retry=retry, signature=signature
+        )
+        after = {level.chain_id: self.ledger.snapshot(level.chain_id) for level in path}
+        if isinstance(result, TripEvent):
+            assert expected is not None, f"ledger denied {result} but the model allows"
+            assert _trip_key(result) == expected
+            # A denial charges nothing anywhere on the path.
+            for cid, snap in before.items():
+                assert _counters(after[cid]) == _counters(snap)
+            # Sticky: a chain that had tripped keeps its first trip; the denial is
+            # either that trip or a new trip of a level checked before it.
+            tripped = [i for i, level in enumerate(path) if before[level.chain_id].trip]
+            if tripped:
+                first = path[tripped[0]].chain_id
+                if result.chain_id == first:
+                    assert result is before[first].trip
+                else:
+                    assert [lvl.chain_id for lvl in path].index(result.chain_id) < tripped[0]
+        else:
+            assert isinstance(result, Reservation)
+            assert expected is None, f"model denies {expected} but the ledger allowed"
+            assert all(not before[cid].trip for cid in before)
+            assert (result.cost_nano, result.tokens) == (cost, tokens)
+            self.outstanding.append((path, result))
+
+    @precondition(lambda self: bool(self.outstanding))
+    @rule(pick=st.integers(0, 10**6), percent=st.integers(0, 100), over=st.integers(0, 9))
+    def commit(self, pick: int, percent: int, over: int) -> None:
+        path, reservation = self.outstanding.pop(pick % len(self.outstanding))
+        cost = reservation.cost_nano * percent // 100
+        tokens = reservation.tokens * percent // 100
+        if self.ALLOW_OVERRUN and over == 0:
+            cost += 1 + reservation.cost_nano
+            tokens += 1 + reservation.tokens
+            self.overrun = True
+        expected = self.model.commit(
+            path, (reservation.cost_nano, reservation.tokens), cost, tokens
+        )
+        overrun = self.ledger.commit(path, reservation, cost, tokens)
+        if expected is None:
+            assert overrun is None
+        else:
+            assert overrun is not None
+            assert _trip_key(overrun) == expected
+        if cost <= reservation.cost_nano and tokens <= reservation.tokens:
+            assert overrun is None, "a commit within its reservation can never overrun"
+
+    @precondition(lambda self: bool(self.outstanding))
+    @rule(pick=st.integers(0, 10**6))
+    def release(self, pick: int) -> None:
+        path, reservation = self.outstanding.pop(pick % len(self.outstanding))
+        self.model.release(path, reservation)
+        self.ledger.release(path, reservation)
+
+    @rule(
+        chain_id=st.sampled_from(CHAINS),
+        reason=st.sampled_from(["timeout", "circuit_open", "depth", "cost"]),
+    )
+    def trip(self, chain_id: str, reason: str) -> None:
+        previous = self.ledger.snapshot(chain_id).trip
+        event = TripEvent(reason, 1.0, 2.0, chain_id, "manual")  # type: ignore[arg-type]
+        returned = self.ledger.trip(chain_id, event)
+        self.model.trip(chain_id, _trip_key(event))
+        if previous is None:
+            assert returned is event
+        else:
+            assert returned is previous, "the first trip wins"
+
+    @rule()
+    def settle_everything(self) -> None:
+        while self.outstanding:
+            path, reservation = self.outstanding.pop()
+            self.model.release(path, reservation)
+            self.ledger.release(path, reservation)
+        for cid in CHAINS:
+            snap = self.ledger.snapshot(cid)
+            assert snap.reserved_nano == 0
+            assert snap.reserved_tokens == 0
+
+    # -- invariants ------------------------------------------------------------
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        for cid in CHAINS:
+            snap = self.ledger.snapshot(cid)
+            chain = self.model.chain(cid)
+            for name in STATE_FIELDS:
+                assert getattr(snap, name) == getattr(chain, name), (cid, name)
+            assert (None if snap.trip is None else _trip_key(snap.trip)) == chain.trip
+
+    @invariant()
+    def money_and_counts_are_integers(self) -> None:
+        for cid in CHAINS:
+            snap = self.ledger.snapshot(cid)
+            for name in STATE_FIELDS:
+                assert type(getattr(snap, name)) is int, (cid, name, getattr(snap, name))
+
+    @invariant()
+    def counted_limits_never_exceeded(self) -> None:
+        for cid, limits in self.limits.items():
+            snap = self.ledger.snapshot(cid)
+            if limits.steps is not None:
+                assert snap.steps <= limits.steps
+            if limits.retries is not None:
+                assert snap.retries <= limits.retries
+            assert snap.reserved_nano >= 0
+            assert snap.reserved_tokens >= 0
+
+    @invariant()
+    def cost_and_tokens_bounded_without_overrun(self) -> None:
+        if self.overrun:
+            return
+        for cid, limits in self.limits.items():
+            snap = self.ledger.snapshot(cid)
+            if limits.cost_nano is not None:
+                assert snap.cost_nano + snap.reserved_nano <= limits.cost_nano
+            if limits.tokens is not None:
+                assert snap.tokens + snap.reserved_tokens <= limits.tokens
+
+    @invariant()
+    def trips_are_sticky(self) -> None:
+        for cid in CHAINS:
+            trip = self.ledger.snapshot(cid).trip
+            if cid in self.first_trip:
+                assert trip is self.first_trip[cid]
+            elif trip is not None:
+                self.first_trip[cid] = trip
+
+    def teardown(self) -> None:
+        self.settle_everything()
+
+
+class LedgerMachineWithinReservations(LedgerMachine):
+    """Every commit reports at most what it reserved: the ceilings must hold."""
+
+    ALLOW_OVERRUN = False
+
+
+_MACHINE_SETTINGS = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestLedgerMachine = LedgerMachine.TestCase
+TestLedgerMachine.settings = _MACHINE_SETTINGS
+TestLedgerMachineWithinReservations = LedgerMachineWithinReservations.TestCase
+TestLedgerMachineWithinReservations.settings = _MACHINE_SETTINGS
+
+
+# -- targeted examples ---------------------------------------------------------
+
+
+@pytest.fixture
+def ledger() -> LocalLedger:
+    return LocalLedger()
+
+
+@pytest.fixture
+def family() -> dict[str, tuple[Level, ...]]:
+    root = Level("root", Limits(cost_nano=10 * NANO_PER_USD, steps=100))
+    child_a = Level("root.1", Limits(steps=50))
+    child_b = Level("root.2", Limits(cost_nano=NANO_PER_USD))
+    grandchild = Level("root.1.1", Limits())
+    return {
+        "root": (root,),
+        "a": (root, child_a),
+        "b": (root, child_b),
+        "aa": (root, child_a, grandchild),
+    }
+
+
+def test_parent_trip_denies_every_child_path(
+    ledger: LocalLedger, family: dict[str, tuple[Level, ...]]
+) -> None:
+    assert isinstance(ledger.reserve(family["aa"], 5, 5), Reservation)
+    event = TripEvent("timeout", 1.0, 2.0, "root", "deadline")
+    assert ledger.trip("root", event) is event
+    before = {cid: ledger.snapshot(cid) for cid in ("root", "root.1", "root.2", "root.1.1")}
+    for name in ("root", "a", "b", "aa"):
+        assert ledger.reserve(family[name], 0, 0) is event
+        assert ledger.reserve(family[name], 0, 0, step=False, retry=True) is event
+    for cid, snap in before.items():
+        assert ledger.snapshot(cid) == snap
+    # The children themselves carry no trip of their own: the parent's denies them.
+    assert ledger.snapshot("root.1").trip is None
+
+
+def test_child_trip_does_not_stop_parent_or_sibling(
+    ledger: LocalLedger, family: dict[str, tuple[Level, ...]]
+) -> None:
+    denied = ledger.reserve(family["b"], 2 * NANO_PER_USD, 0)
+    assert isinstance(denied, TripEvent)
+    assert (denied.reason, denied.chain_id) == ("cost", "root.2")
+    assert ledger.reserve(family["b"], 0, 0) is denied
+    assert isinstance(ledger.reserve(family["a"], NANO_PER_USD, 0), Reservation)
+    assert isinstance(ledger.reserve(family["root"], NANO_PER_USD, 0), Reservation)
+
+
+def test_steps_never_reach_limit_plus_one(ledger: LocalLedger) -> None:
+    path = (Level("c", Limits(steps=3, retries=2)),)
+    results = [ledger.reserve(path, 0, 0) for _ in range(5)]
+    assert [isinstance(r, Reservation) for r in results] == [True, True, True, False, False]
+    denied = results[3]
+    assert isinstance(denied, TripEvent)
+    assert (denied.reason, denied.limit, denied.observed) == ("steps", 3.0, 4.0)
+    assert results[4] is denied
+    assert ledger.snapshot("c").steps == 3
+
+
+def test_retries_never_reach_limit_plus_one(ledger: LocalLedger) -> None:
+    path = (Level("c", Limits(retries=2)),)
+    results = [ledger.reserve(path, 0, 0, step=False, retry=True) for _ in range(4)]
+    assert [isinstance(r, Reservation) for r in results] == [True, True, False, False]
+    snap = ledger.snapshot("c")
+    assert (snap.retries, snap.steps) == (2, 0)
+    assert results[2].reason == "retries"  # type: ignore[union-attr]
+
+
+def test_tenth_of_a_dollar_adds_up_exactly(ledger: LocalLedger) -> None:
+    limit = usd_to_nano(0.3)
+    path = (Level("c", Limits(cost_nano=limit)),)
+    for _ in range(3):
+        reservation = ledger.reserve(path, usd_to_nano(0.1), 0)
+        assert isinstance(reservation, Reservation)
+        assert ledger.commit(path, reservation, usd_to_nano(0.1), 0) is None
+    snap = ledger.snapshot("c")
+    assert snap.cost_nano == limit == 300_000_000
+    assert type(snap.cost_nano) is int
+    fourth = ledger.reserve(path, 1, 0)
+    assert isinstance(fourth, TripEvent)
+    assert fourth.reason == "cost"
+
+
+def test_commit_over_reservation_trips_once(ledger: LocalLedger) -> None:
+    path = (Level("c", Limits(cost_nano=100, tokens=10)),)
+    reservation = ledger.reserve(path, 50, 5)
+    assert isinstance(reservation, Reservation)
+    overrun = ledger.commit(path, reservation, 150, 5)
+    assert overrun is not None
+    assert overrun.reason == "cost"
+    assert ledger.snapshot("c").trip is overrun
+    assert ledger.reserve(path, 0, 0) is overrun
+
+
+def test_release_gives_back_cost_tokens_and_the_step(ledger: LocalLedger) -> None:
+    path = (Level("p", Limits(cost_nano=100, tokens=100)), Level("c", Limits()))
+    reservations = [ledger.reserve(path, 30, 30) for _ in range(3)]
+    assert all(isinstance(r, Reservation) for r in reservations)
+    assert isinstance(ledger.reserve(path, 30, 0), TripEvent)  # 120 > 100: trips p
+    for reservation in reservations:
+        ledger.release(path, reservation)  # type: ignore[arg-type]
+    for cid in ("p", "c"):
+        snap = ledger.snapshot(cid)
+        assert (snap.reserved_nano, snap.reserved_tokens, snap.cost_nano) == (0, 0, 0)
+        assert snap.steps == 0  # nothing was sent
+
+
+def test_repeat_limit_counts_per_signature(ledger: LocalLedger) -> None:
+    path = (Level("c", Limits(repeats=2)),)
+    assert isinstance(ledger.reserve(path, 0, 0, signature="x"), Reservation)
+    assert isinstance(ledger.reserve(path, 0, 0, signature="y"), Reservation)
+    assert isinstance(ledger.reserve(path, 0, 0, signature="x"), Reservation)
+    denied = ledger.reserve(path, 0, 0, signature="x")
+    assert isinstance(denied, TripEvent)
+    assert (denied.reason, denied.limit, denied.observed) == ("loop", 2.0, 3.0)
+
+
+def test_signature_memory_is_bounded(ledger: LocalLedger) -> None:
+    path = (Level("c", Limits(repeats=1)),)
+    for i in range(SIGNATURE_MEMORY + 500):
+        assert isinstance(ledger.reserve(path, 0, 0, signature=f"s{i}"), Reservation)
+    memory = ledger._chains["c"].signatures
+    assert memory is not None
+    assert len(memory) == SIGNATURE_MEMORY
+    # The most recent signatures are the ones remembered.
+    assert f"s{SIGNATURE_MEMORY + 499}" in memory
+    assert "s0" not in memory
+
+
+def test_unknown_chain_snapshot_is_zero(ledger: LocalLedger) -> None:
+    assert ledger.snapshot("nobody") == LedgerState()
