@@ -27,6 +27,7 @@ from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._options import WrapOptions
 from veronica_otel._pricing import UnitPrices, estimate_input_tokens_from_bytes
+from veronica_otel._trips import trip_attributes
 from veronica_otel._units import nano_to_usd
 from veronica_otel._version import __version__
 
@@ -205,6 +206,7 @@ class ContainedCall:
                     span.set_attribute("error.type", type(error).__qualname__)
                     if not isinstance(error, BudgetExceededError):
                         span.record_exception(error)
+                    _note_trip(span, error)
                     span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
         except Exception:
             _logger.exception("recording the call on its span failed")
@@ -276,17 +278,26 @@ def admit(
             signature=signature,
         )
         handle = ctx.begin_call("llm", options, cost_nano=cost)
-    except BudgetExceededError:
-        _mark_denied(span, owns_span, ctx)
+    except BudgetExceededError as exc:
+        _mark_denied(span, owns_span, ctx, exc)
         raise
+    handle.metrics = True  # an instrumented call: telemetry is worth its cost here
+    handle.model = model
     fallback = handle.decision.fallback_model
     if handle.decision.max_tokens is not None and clampable:
         cap = handle.decision.max_tokens if cap is None else min(cap, handle.decision.max_tokens)
         clamped = cap
-    call = ContainedCall(ctx, handle, span, owns_span, provider, model, prices, bound, cap)
+    call_prices = prices
+    if fallback is not None and fallback != model:
+        try:
+            call_prices = ctx.prices_for(provider, fallback) or prices
+        except BudgetExceededError as exc:  # a fallback with no price: not sent
+            handle.finish(exc, sent=False)
+            _mark_denied(span, owns_span, ctx, exc)
+            raise
+    call = ContainedCall(ctx, handle, span, owns_span, provider, model, call_prices, bound, cap)
     if fallback is not None and fallback != model:
         call.model = fallback
-        call.prices = ctx.prices_for(provider, fallback) or prices
     try:
         if span.is_recording():
             span.set_attribute("veronica.chain.id", ctx.chain_id)
@@ -320,17 +331,36 @@ def _affordable_output(ctx: ExecutionContext, prices: UnitPrices | None, bound: 
     return affordable
 
 
-def _mark_denied(span: Span, owns_span: bool, ctx: ExecutionContext) -> None:
+def _mark_denied(
+    span: Span, owns_span: bool, ctx: ExecutionContext, error: BaseException | None = None
+) -> None:
     try:
         if span.is_recording():
             span.set_attribute("veronica.chain.id", ctx.chain_id)
             span.set_attribute("veronica.decision", "HALT")
             span.set_attribute("error.type", "BudgetExceededError")
+            _note_trip(span, error)
     except Exception:
         _logger.exception("recording the denial on its span failed")
     finally:
         if owns_span:
             span.end()
+
+
+def _note_trip(span: Span, error: BaseException | None) -> None:
+    """Put the trip on the call's span if it is not there yet.
+
+    A fresh trip is announced on the current span when it happens; a sticky
+    one denies later calls without being announced again, and a deadline or a
+    ``cancel()`` trips the chain outside any call.
+    """
+    if not isinstance(error, BudgetExceededError) or not span.is_recording():
+        return
+    events = getattr(span, "events", None)  # the SDK's spans expose their events
+    if events is not None and any(event.name == "veronica.trip" for event in events):
+        return
+    span.add_event("veronica.trip", trip_attributes(error.trip))
+    span.set_status(Status(StatusCode.ERROR, f"veronica trip: {error.reason}"))
 
 
 def strip_veronica_baggage() -> object | None:
@@ -377,17 +407,19 @@ class ContainedStream(wrapt.BaseObjectProxy[Any]):
             raise
         return item
 
+    # Settle first, then close: closing may end a span the SDK owns (anthropic),
+    # and the call's attributes must land on it before it ends.
     def _self_cut(self, exc: BudgetExceededError) -> None:
         try:
-            self.__wrapped__.close()
-        finally:
             self._self_call.finish(exc)
+        finally:
+            self.__wrapped__.close()
 
     def close(self) -> None:
         try:
-            self.__wrapped__.close()
-        finally:
             self._self_call.finish()
+        finally:
+            self.__wrapped__.close()
 
     def __enter__(self) -> ContainedStream:
         return self
@@ -423,9 +455,9 @@ class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
             raise
         except BudgetExceededError as exc:
             try:
-                await self.__wrapped__.close()
-            finally:
                 call.finish(exc)
+            finally:
+                await self.__wrapped__.close()
             raise
         except BaseException as exc:
             call.finish(exc)
@@ -434,9 +466,9 @@ class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
 
     async def close(self) -> None:
         try:
-            await self.__wrapped__.close()
-        finally:
             self._self_call.finish()
+        finally:
+            await self.__wrapped__.close()
 
     async def aclose(self) -> None:
         await self.close()

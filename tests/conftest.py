@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import _logs, metrics, trace
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -30,3 +34,27 @@ def span_exporter(tracer_provider: TracerProvider) -> Iterator[InMemorySpanExpor
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
+
+
+_METRIC_READER = InMemoryMetricReader()
+_LOG_EXPORTER = InMemoryLogRecordExporter()
+
+
+@pytest.fixture(scope="session")
+def metric_reader() -> InMemoryMetricReader:
+    """The global SDK meter provider's reader (set once per session)."""
+    if not isinstance(metrics.get_meter_provider(), MeterProvider):
+        metrics.set_meter_provider(MeterProvider(metric_readers=[_METRIC_READER]))
+    return _METRIC_READER
+
+
+@pytest.fixture
+def log_exporter() -> Iterator[InMemoryLogRecordExporter]:
+    """OpenTelemetry log records emitted during this test."""
+    if not isinstance(_logs.get_logger_provider(), LoggerProvider):
+        provider = LoggerProvider()
+        provider.add_log_record_processor(SimpleLogRecordProcessor(_LOG_EXPORTER))
+        _logs.set_logger_provider(provider)
+    _LOG_EXPORTER.clear()
+    yield _LOG_EXPORTER
+    _LOG_EXPORTER.clear()

@@ -28,6 +28,9 @@ class CallHandle:
         "context",
         "cost_nano",
         "decision",
+        "kind",
+        "metrics",
+        "model",
         "policy_context",
         "reservation",
         "tokens",
@@ -47,6 +50,11 @@ class CallHandle:
         self.cost_nano = -1
         self.tokens = -1
         self._done = False
+        self.kind = "llm"
+        self.model: str | None = None
+        # Per-call metrics only where telemetry is live (a recording chain span
+        # or an instrumented client call): the bare wrap path stays lean.
+        self.metrics = False
 
     @property
     def reserved_usd(self) -> float:

@@ -31,6 +31,7 @@ from ._options import ChainSnapshot, Decision, WrapOptions
 from ._policy import ALLOW, PolicyContext, PolicyDecision, PolicyPipeline
 from ._pricing import PriceTable, UnitPrices, default_price_table
 from ._propagation import CONTEXT_KEY
+from ._telemetry import record_call, track_chain
 from ._timer import CancellationToken, TimerHandle, schedule
 from ._trips import emit_trip
 from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
@@ -96,6 +97,7 @@ class ExecutionContext:
         self._token = CancellationToken()
         self._otel_tokens: list[tuple[object, trace.Span | None]] = []
         self._span: trace.Span | None = None
+        self._metrics = False
         limits = self.config
         self._path: tuple[Level, ...] = (
             *(_parent._path if _parent is not None else ()),
@@ -125,6 +127,8 @@ class ExecutionContext:
             self._timer = schedule(self._deadline, weak_deadline(self))
         if _parent is not None:
             _parent._token.add_callback(weak_cancel(self))
+        if self._priced:
+            track_chain(self)
         if isinstance(self._ledger, LocalLedger):
             self._ledger.acquire(self.chain_id)
             weakref.finalize(self, self._ledger.discard, self.chain_id)
@@ -139,6 +143,8 @@ class ExecutionContext:
     def __enter__(self) -> ExecutionContext:
         span = open_chain_span(self)
         self._span = span
+        if span is not None and span.is_recording():
+            self._metrics = True
         ctx = otel_context.set_value(CONTEXT_KEY, self)
         if span is not None:
             ctx = trace.set_span_in_context(span, ctx)
@@ -310,7 +316,12 @@ class ExecutionContext:
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
             self._tripped(reservation)  # type: ignore[arg-type]
-        return CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
+        call = CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
+        if self._metrics:
+            call.metrics = True
+            call.kind = kind
+            call.model = options.model
+        return call
 
     def ensure_active(self) -> None:
         """Raise BudgetExceededError if the chain has tripped or its deadline passed.
@@ -396,6 +407,8 @@ class ExecutionContext:
         else:
             cost, tokens = 0, 0
         overrun = self._ledger.commit(self._path, reservation, cost, tokens)
+        if call.metrics:
+            record_call(call.kind, nano_to_usd(cost), error is not None, call.model)
         if call.policy_context is not None:
             call.policy_context.actual_cost_usd = nano_to_usd(cost)
             if error is None or isinstance(error, BudgetExceededError):

@@ -59,6 +59,7 @@ def contained_tool(
                 ) as span:
                     span.set_attribute("veronica.chain.id", ctx.chain_id)
                     call = ctx.begin_call("tool", options)
+                    call.metrics, call.kind = True, "tool"
                     try:
                         result = await func(*args, **kwargs)
                     except BaseException as exc:
@@ -79,6 +80,7 @@ def contained_tool(
             ) as span:
                 span.set_attribute("veronica.chain.id", ctx.chain_id)
                 call = ctx.begin_call("tool", options)
+                call.metrics, call.kind = True, "tool"
                 try:
                     result = func(*args, **kwargs)
                 except BaseException as exc:

@@ -1,7 +1,8 @@
 """The trip channel: where a denial is announced, apart from ordinary errors.
 
-Every trip becomes a line on the ``veronica_otel.trips`` logger and, when a
-span is recording, a ``veronica.trip`` span event with an error status.
+Every trip becomes a line on the ``veronica_otel.trips`` logger, an
+OpenTelemetry log record, a ``veronica.trips`` count and, when a span is
+recording, a ``veronica.trip`` span event with an error status.
 Exporters add their own sinks with :func:`add_trip_listener`. Nothing here
 may raise into the caller: a broken sink is logged and skipped.
 """
@@ -15,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from ._errors import TripEvent
+from ._telemetry import record_trip
 
 __all__ = ["add_trip_listener", "emit_trip", "remove_trip_listener", "trip_attributes"]
 
@@ -53,6 +55,7 @@ def emit_trip(trip: TripEvent, span: Span | None = None) -> None:
         if target.is_recording():
             target.add_event("veronica.trip", trip_attributes(trip))
             target.set_status(Status(StatusCode.ERROR, f"veronica trip: {trip.reason}"))
+        record_trip(trip)
         trip_logger.warning(
             "trip chain=%s reason=%s limit=%g observed=%g: %s",
             trip.chain_id,
