@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import time
 import uuid
 import weakref
@@ -39,6 +40,8 @@ from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
 __all__ = ["CallHandle", "ExecutionContext"]
 
 _DEFAULT_LEDGER = LocalLedger()
+_MAX_OVERRIDE_S = 7 * 24 * 3600.0
+_override_logger = logging.getLogger("veronica_otel.overrides")
 _DEFAULT_OPTIONS = WrapOptions()
 _NO_RESERVATION = Reservation("", 0, 0)
 _monotonic = time.monotonic
@@ -280,7 +283,7 @@ class ExecutionContext:
         """
         if options is None:
             options = _DEFAULT_OPTIONS
-        if self._trip is not None:
+        if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
         if self._deadline is not None and _monotonic() >= self._deadline:
             self._deny_timeout()
@@ -322,6 +325,79 @@ class ExecutionContext:
             call.kind = kind
             call.model = options.model
         return call
+
+    def _trip_lifted(self) -> bool:
+        """Whether a logged override (maybe from another process) lifted our trip."""
+        trip = self._trip
+        if trip is None or trip.reason == "timeout":
+            return trip is None  # a deadline is not lifted by a budget override
+        if self._ledger.snapshot(trip.chain_id).trip is not None:
+            return False
+        self._trip = None
+        try:
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(
+                    "veronica.override.applied",
+                    {"veronica.chain.id": trip.chain_id, "veronica.trip.reason": trip.reason},
+                )
+        except Exception:
+            _override_logger.exception("recording an override on the span failed")
+        return True
+
+    def override(
+        self,
+        reason: str,
+        duration_s: float,
+        *,
+        add_usd: float = 0.0,
+        add_steps: int = 0,
+    ) -> TripEvent | None:
+        """Lift this chain's sticky trip for ``duration_s`` seconds: the only way past one.
+
+        Requires a reason; is logged on ``veronica_otel.overrides`` and shown
+        as a ``veronica.override`` span event; widens the cost or step ceiling
+        by ``add_usd`` / ``add_steps`` until it expires by itself.
+        Returns the trip that was lifted, if any.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError("override needs a reason (a non-empty string)")
+        duration = check_usd("duration_s", duration_s)  # finite, >= 0, not absurd
+        if duration <= 0 or duration > _MAX_OVERRIDE_S:
+            raise ValueError(
+                f"duration_s must be in (0, {_MAX_OVERRIDE_S}] seconds, got {duration_s!r}"
+            )
+        extra_cost = usd_to_nano(check_usd("add_usd", add_usd))
+        extra_steps = check_count("add_steps", add_steps)
+        apply = getattr(self._ledger, "override", None)
+        if apply is None:
+            raise TypeError(f"ledger {self._ledger!r} does not support overrides")
+        expires_at = time.time() + duration
+        lifted: TripEvent | None = apply(
+            self.chain_id, expires_at=expires_at, add_cost_nano=extra_cost, add_steps=extra_steps
+        )
+        self._trip = None
+        attributes: dict[str, str | float | int] = {
+            "veronica.chain.id": self.chain_id,
+            "veronica.override.reason": reason,
+            "veronica.override.duration_s": duration,
+            "veronica.override.add_usd": nano_to_usd(extra_cost),
+            "veronica.override.add_steps": extra_steps,
+            "veronica.trip.reason": lifted.reason if lifted else "",
+        }
+        _override_logger.warning(
+            "override chain=%s reason=%r duration=%gs add_usd=%g add_steps=%d lifted=%s",
+            self.chain_id,
+            reason,
+            duration,
+            nano_to_usd(extra_cost),
+            extra_steps,
+            lifted.reason if lifted else "none",
+        )
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event("veronica.override", attributes)
+        return lifted
 
     def ensure_active(self) -> None:
         """Raise BudgetExceededError if the chain has tripped or its deadline passed.

@@ -12,6 +12,7 @@ Money is integer nano-USD; there is no float arithmetic in here.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,6 +137,7 @@ class Ledger(Protocol):
 class _ChainState:
     __slots__ = (
         "cost_nano",
+        "override",
         "refs",
         "reserved_nano",
         "reserved_tokens",
@@ -156,6 +158,8 @@ class _ChainState:
         self.trip: TripEvent | None = None
         self.signatures: OrderedDict[str, int] | None = None
         self.refs = 0
+        # (expires_at wall time, extra cost_nano, extra steps) from an override
+        self.override: tuple[float, int, int] | None = None
 
 
 class LocalLedger:
@@ -287,6 +291,21 @@ class LocalLedger:
             trip, state.trip = state.trip, None
             return trip
 
+    def override(
+        self, chain_id: str, *, expires_at: float, add_cost_nano: int = 0, add_steps: int = 0
+    ) -> TripEvent | None:
+        """Lift a sticky trip and widen the limits until ``expires_at`` (wall time).
+
+        Returns the trip that was lifted. When the override expires the extra
+        allowance goes away by itself; a chain past its own limits then trips
+        again at its next call.
+        """
+        with self._lock:
+            state = self._state(chain_id)
+            trip, state.trip = state.trip, None
+            state.override = (expires_at, add_cost_nano, add_steps)
+            return trip
+
     def snapshot(self, chain_id: str) -> LedgerState:
         with self._lock:
             state = self._chains.get(chain_id)
@@ -313,8 +332,14 @@ def _check(
     signature: str | None,
 ) -> TripEvent | None:
     limits = level.limits
-    if step and limits.steps is not None and state.steps + 1 > limits.steps:
-        return _trip(level, "steps", limits.steps, state.steps + 1)
+    extra_cost = extra_steps = 0
+    if state.override is not None:  # rare: only after a logged override
+        if time.time() < state.override[0]:
+            _, extra_cost, extra_steps = state.override
+        else:
+            state.override = None
+    if step and limits.steps is not None and state.steps + 1 > limits.steps + extra_steps:
+        return _trip(level, "steps", limits.steps + extra_steps, state.steps + 1)
     if retry and limits.retries is not None and state.retries + 1 > limits.retries:
         return _trip(level, "retries", limits.retries, state.retries + 1)
     if limits.tokens is not None:
@@ -323,8 +348,10 @@ def _check(
             return _trip(level, "tokens", limits.tokens, total)
     if limits.cost_nano is not None:
         total = state.cost_nano + state.reserved_nano + cost_nano
-        if total > limits.cost_nano:
-            return _trip(level, "cost", nano_to_usd(limits.cost_nano), nano_to_usd(total))
+        if total > limits.cost_nano + extra_cost:
+            return _trip(
+                level, "cost", nano_to_usd(limits.cost_nano + extra_cost), nano_to_usd(total)
+            )
     if signature is not None and limits.repeats is not None and state.signatures is not None:
         seen = state.signatures.get(signature, 0)
         if seen + 1 > limits.repeats:
