@@ -23,13 +23,16 @@ from opentelemetry import context as otel_context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._context import CallHandle, ExecutionContext
-from veronica_otel._errors import BudgetExceededError
+from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._options import WrapOptions
 from veronica_otel._pricing import UnitPrices, estimate_input_tokens_from_bytes
-from veronica_otel._trips import trip_attributes
+from veronica_otel._trips import emit_trip, trip_attributes
 from veronica_otel._units import nano_to_usd
 from veronica_otel._version import __version__
+
+from ._breakers import classify_outcome, endpoint_breaker, is_timeout
 
 __all__ = [
     "AsyncContainedStream",
@@ -72,6 +75,7 @@ class ContainedCall:
 
     __slots__ = (
         "_done",
+        "breaker",
         "cache_write_tokens",
         "cached_tokens",
         "ctx",
@@ -83,6 +87,7 @@ class ContainedCall:
         "output_tokens",
         "owns_span",
         "prices",
+        "probe",
         "provider",
         "reasoning_tokens",
         "span",
@@ -117,6 +122,8 @@ class ContainedCall:
         self.cached_tokens = 0
         self.cache_write_tokens = 0
         self.reasoning_tokens = 0
+        self.breaker: CircuitBreaker | None = None
+        self.probe: object | None = None
         self.usage_seen = False
         self.text: list[str] = []
         self.text_bytes = 0
@@ -161,7 +168,9 @@ class ContainedCall:
         try:
             if self.usage_seen:
                 inp, out = self.input_tokens, self.output_tokens
-            elif self.text_bytes or error is None:
+            elif self.text_bytes or error is None or is_timeout(error):
+                # A timed-out request may have been generated and billed in
+                # full: without a usage report, charge its worst case.
                 # No usage reported (stream cut, or no usage chunk): bound it.
                 inp = self.input_bound
                 out = self.text_bytes
@@ -182,7 +191,23 @@ class ContainedCall:
                 self.handle.add_usage(cost, inp + out)
             self.handle.finish(error)
         finally:
+            self._feed_breaker(error)
             self._end_span(error)
+
+    def _feed_breaker(self, error: BaseException | None) -> None:
+        breaker = self.breaker
+        if breaker is None:
+            return
+        try:
+            outcome = classify_outcome(error)
+            if outcome == "success":
+                breaker.record_success(self.probe)
+            elif outcome == "failure":
+                breaker.record_failure(self.probe)
+            else:
+                breaker.release_probe(self.probe)
+        except Exception:
+            _logger.exception("feeding the endpoint breaker failed")
 
     def _end_span(self, error: BaseException | None) -> None:
         span = self.span
@@ -256,7 +281,12 @@ def admit(
     BudgetExceededError (after marking ``span``) when the call may not run.
     """
     bound = input_bound(input_parts, n_messages)
+    breaker = endpoint_breaker(provider, model)
+    probe = object()  # identifies this call if it becomes the half-open probe
     try:
+        verdict = breaker.check(probe)
+        if not verdict.allowed:
+            _deny_endpoint(ctx, provider, model, verdict.reason)
         prices = ctx.prices_for(provider, model)
         cap = requested_cap
         clamped: int | None = None
@@ -279,6 +309,7 @@ def admit(
         )
         handle = ctx.begin_call("llm", options, cost_nano=cost)
     except BudgetExceededError as exc:
+        breaker.release_probe(probe)
         _mark_denied(span, owns_span, ctx, exc)
         raise
     handle.metrics = True  # an instrumented call: telemetry is worth its cost here
@@ -292,12 +323,31 @@ def admit(
         try:
             call_prices = ctx.prices_for(provider, fallback) or prices
         except BudgetExceededError as exc:  # a fallback with no price: not sent
+            breaker.release_probe(probe)
             handle.finish(exc, sent=False)
             _mark_denied(span, owns_span, ctx, exc)
             raise
     call = ContainedCall(ctx, handle, span, owns_span, provider, model, call_prices, bound, cap)
+    call.breaker, call.probe = breaker, probe
     if fallback is not None and fallback != model:
         call.model = fallback
+    _record_admission(span, ctx, handle, cap, clamped, model, fallback)
+    return (
+        call,
+        (clamped if clamped is not None else None),
+        (fallback if fallback != model else None),
+    )
+
+
+def _record_admission(
+    span: Span,
+    ctx: ExecutionContext,
+    handle: CallHandle,
+    cap: int | None,
+    clamped: int | None,
+    model: str,
+    fallback: str | None,
+) -> None:
     try:
         if span.is_recording():
             span.set_attribute("veronica.chain.id", ctx.chain_id)
@@ -312,11 +362,18 @@ def admit(
                 span.set_attribute("gen_ai.request.model", fallback)
     except Exception:
         _logger.exception("recording the admission on its span failed")
-    return (
-        call,
-        (clamped if clamped is not None else None),
-        (fallback if fallback != model else None),
+
+
+def _deny_endpoint(ctx: ExecutionContext, provider: str, model: str, why: str) -> None:
+    trip = TripEvent(
+        "circuit_open",
+        0.0,
+        0.0,
+        ctx.chain_id,
+        f"chain {ctx.chain_id}: endpoint {provider}/{model} is failing; {why}",
     )
+    emit_trip(trip)
+    raise BudgetExceededError(trip)
 
 
 def _affordable_output(ctx: ExecutionContext, prices: UnitPrices | None, bound: int) -> int | None:

@@ -58,3 +58,13 @@ def log_exporter() -> Iterator[InMemoryLogRecordExporter]:
     _LOG_EXPORTER.clear()
     yield _LOG_EXPORTER
     _LOG_EXPORTER.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_endpoint_breakers() -> Iterator[None]:
+    """Endpoint breakers are process-wide: no test inherits another's open circuit."""
+    from veronica_otel.instrumentors._breakers import reset_endpoint_breakers
+
+    reset_endpoint_breakers()
+    yield
+    reset_endpoint_breakers()

@@ -80,8 +80,13 @@ class CircuitBreaker:
     def failure_count(self) -> int:
         return self._failures
 
-    def check(self, context: PolicyContext | None = None) -> PolicyDecision:
-        """Allow, or deny while OPEN or while the half-open probe is out."""
+    def check(self, context: PolicyContext | object | None = None) -> PolicyDecision:
+        """Allow, or deny while OPEN or while the half-open probe is out.
+
+        Args:
+            context: Identifies the caller; in HALF_OPEN the allowed caller owns
+                the probe slot, and only its outcome (or abandonment) counts.
+        """
         with self._lock:
             self._advance()
             if self._state is CircuitState.CLOSED:

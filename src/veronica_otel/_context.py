@@ -487,8 +487,11 @@ class ExecutionContext:
             record_call(call.kind, nano_to_usd(cost), error is not None, call.model)
         if call.policy_context is not None:
             call.policy_context.actual_cost_usd = nano_to_usd(cost)
-            if error is None or isinstance(error, BudgetExceededError):
+            if error is None:
                 self.pipeline.record_success(call.policy_context)
+            elif isinstance(error, BudgetExceededError):
+                # Our own denial says nothing about the endpoint's health.
+                self.pipeline.abandon(call.policy_context)
             else:
                 self.pipeline.record_failure(call.policy_context, error)
         if overrun is not None:
