@@ -53,16 +53,28 @@ PayloadHandler = Callable[["ContainedCall", Any], None]
 
 
 def input_bound(parts: object, n_messages: int) -> int:
-    """A conservative bound on input tokens: UTF-8 bytes of the serialised input.
+    """A conservative bound on input tokens: UTF-8 bytes of every string in the input.
 
-    JSON adds quotes and punctuation to the text, so its byte length is at
-    least the text's, and no byte-level BPE token is shorter than one byte.
+    Keys, roles and punctuation are counted too, so the sum is at least the
+    bytes of the text the provider tokenises, and no byte-level BPE token is
+    shorter than one byte. Walking the strings is linear in their number,
+    not their size (``len`` of an ASCII str is O(1) and exact in bytes).
     """
-    try:
-        text = json.dumps(parts, ensure_ascii=False, default=str, separators=(",", ":"))
-    except (TypeError, ValueError):
-        text = str(parts)
-    return estimate_input_tokens_from_bytes(len(text.encode("utf-8")), max(1, n_messages))
+    return estimate_input_tokens_from_bytes(_utf8_bytes(parts), max(1, n_messages))
+
+
+def _utf8_bytes(value: object) -> int:
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8"))
+    if isinstance(value, Mapping):
+        return sum(_utf8_bytes(k) + _utf8_bytes(v) + 2 for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_utf8_bytes(item) + 1 for item in value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return len(str(value))
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    return len(str(value).encode("utf-8"))  # pydantic params and the like
 
 
 def _signature(model: str, parts: object) -> str:
@@ -213,20 +225,18 @@ class ContainedCall:
         span = self.span
         try:
             if span.is_recording():
+                attributes: dict[str, str | int | float] = {
+                    "veronica.cost_usd": nano_to_usd(max(self.handle.cost_nano, 0)),
+                }
                 if self.usage_seen:
-                    span.set_attribute("gen_ai.usage.input_tokens", self.input_tokens)
-                    span.set_attribute("gen_ai.usage.output_tokens", self.output_tokens)
-                cost = self.handle.cost_nano
-                span.set_attribute("veronica.cost_usd", nano_to_usd(max(cost, 0)))
-                remaining = self.ctx.remaining_cost_nano()
-                if remaining is not None:
-                    span.set_attribute("veronica.remaining.cost_usd", nano_to_usd(remaining))
-                steps_left = self.ctx.config.max_steps
+                    attributes["gen_ai.usage.input_tokens"] = self.input_tokens
+                    attributes["gen_ai.usage.output_tokens"] = self.output_tokens
+                cost_left, steps_left = self.ctx.remaining_cost_and_steps()
+                if cost_left is not None:
+                    attributes["veronica.remaining.cost_usd"] = nano_to_usd(cost_left)
                 if steps_left is not None:
-                    span.set_attribute(
-                        "veronica.remaining.steps",
-                        max(0, steps_left - self.ctx.snapshot().steps),
-                    )
+                    attributes["veronica.remaining.steps"] = steps_left
+                span.set_attributes(attributes)
                 if error is not None:
                     span.set_attribute("error.type", type(error).__qualname__)
                     if not isinstance(error, BudgetExceededError):
@@ -350,16 +360,19 @@ def _record_admission(
 ) -> None:
     try:
         if span.is_recording():
-            span.set_attribute("veronica.chain.id", ctx.chain_id)
-            span.set_attribute("veronica.decision", "ALLOW")
-            span.set_attribute("veronica.reserved_usd", handle.reserved_usd)
+            attributes: dict[str, str | int | float] = {
+                "veronica.chain.id": ctx.chain_id,
+                "veronica.decision": "ALLOW",
+                "veronica.reserved_usd": handle.reserved_usd,
+            }
             if cap is not None:
-                span.set_attribute("gen_ai.request.max_tokens", cap)
+                attributes["gen_ai.request.max_tokens"] = cap
             if clamped is not None:
-                span.set_attribute("veronica.clamped.max_tokens", clamped)
+                attributes["veronica.clamped.max_tokens"] = clamped
             if fallback is not None and fallback != model:
-                span.set_attribute("veronica.fallback_model", fallback)
-                span.set_attribute("gen_ai.request.model", fallback)
+                attributes["veronica.fallback_model"] = fallback
+                attributes["gen_ai.request.model"] = fallback
+            span.set_attributes(attributes)  # one call: one lock in the SDK
     except Exception:
         _logger.exception("recording the admission on its span failed")
 

@@ -43,12 +43,14 @@ from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from typing import Any
 
 import httpx2
+from openai import AsyncStream, Stream
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
     BaseInstrumentor,
 )
 from opentelemetry.instrumentation.utils import unwrap
+from pydantic import BaseModel
 from wrapt import wrap_function_wrapper
 
 from veronica_otel._errors import BudgetExceededError
@@ -271,9 +273,6 @@ def _settle_on_close(call: ContainedCall, response: Any) -> None:
 
 
 def _settle(state: _CallState, result: Any) -> Any:
-    from openai import AsyncStream, Stream
-    from pydantic import BaseModel
-
     call = state.call
     if isinstance(result, Stream):
         _settle_on_close(call, result.response)
@@ -499,26 +498,18 @@ def _add_output_bytes(call: ContainedCall, text: Any) -> None:
 def _usage(call: ContainedCall, usage: Any) -> None:
     if not isinstance(usage, Mapping) or not usage:
         return
-    if "prompt_tokens" in usage:  # chat, completions, embeddings
-        details_in = get_field(usage, "prompt_tokens_details") or {}
-        details_out = get_field(usage, "completion_tokens_details") or {}
-        call.set_usage(
-            get_field(usage, "prompt_tokens") or 0,
-            get_field(usage, "completion_tokens") or 0,
-            cached=get_field(details_in, "cached_tokens") or 0,
-            reasoning=get_field(details_out, "reasoning_tokens") or 0,
-            cache_write=get_field(details_in, "cache_write_tokens") or 0,
-        )
-    else:  # responses
-        details_in = get_field(usage, "input_tokens_details") or {}
-        details_out = get_field(usage, "output_tokens_details") or {}
-        call.set_usage(
-            get_field(usage, "input_tokens") or 0,
-            get_field(usage, "output_tokens") or 0,
-            cached=get_field(details_in, "cached_tokens") or 0,
-            reasoning=get_field(details_out, "reasoning_tokens") or 0,
-            cache_write=get_field(details_in, "cache_write_tokens") or 0,
-        )
+    chat_style = "prompt_tokens" in usage  # chat, completions, embeddings; else responses
+    details_in = usage.get("prompt_tokens_details" if chat_style else "input_tokens_details")
+    details_out = usage.get("completion_tokens_details" if chat_style else "output_tokens_details")
+    details_in = details_in if isinstance(details_in, Mapping) else {}
+    details_out = details_out if isinstance(details_out, Mapping) else {}
+    call.set_usage(
+        usage.get("prompt_tokens" if chat_style else "input_tokens") or 0,
+        usage.get("completion_tokens" if chat_style else "output_tokens") or 0,
+        cached=details_in.get("cached_tokens") or 0,
+        reasoning=details_out.get("reasoning_tokens") or 0,
+        cache_write=details_in.get("cache_write_tokens") or 0,
+    )
 
 
 _PATCHES = (

@@ -658,6 +658,23 @@ class ExecutionContext:
             depth=self.depth,
         )
 
+    def remaining_cost_and_steps(self) -> tuple[int | None, int | None]:
+        """What the tightest cost and step ceilings have left (one ledger read a level)."""
+        cost_left: int | None = None
+        steps_left: int | None = None
+        for level in self._path:
+            limits = level.limits
+            if limits.cost_nano is None and limits.steps is None:
+                continue
+            state = self._ledger.snapshot(level.chain_id)
+            if limits.cost_nano is not None:
+                left = max(0, limits.cost_nano - state.cost_nano - state.reserved_nano)
+                cost_left = left if cost_left is None else min(cost_left, left)
+            if limits.steps is not None:
+                steps = max(0, limits.steps - state.steps)
+                steps_left = steps if steps_left is None else min(steps_left, steps)
+        return cost_left, steps_left
+
     def remaining_cost_nano(self) -> int | None:
         """What the tightest cost ceiling on the path has left, or None."""
         remaining: int | None = None

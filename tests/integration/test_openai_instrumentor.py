@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -185,9 +184,18 @@ def responses_usage(usage: ResponseUsage | None) -> Usage:
 
 
 def input_bound(parts: object, n_messages: int) -> int:
-    """The documented input bound: UTF-8 bytes of the input, plus framing."""
-    raw = json.dumps(parts, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return len(raw) + TOKENS_PER_MESSAGE * n_messages + TOKENS_PER_REQUEST
+    """The documented input bound: UTF-8 bytes of every string, plus framing."""
+
+    def text_bytes(value: object) -> int:
+        if isinstance(value, str):
+            return len(value.encode("utf-8"))
+        if isinstance(value, dict):
+            return sum(text_bytes(k) + text_bytes(v) + 2 for k, v in value.items())
+        if isinstance(value, (list, tuple)):
+            return sum(text_bytes(v) + 1 for v in value)
+        return len(str(value))
+
+    return text_bytes(parts) + TOKENS_PER_MESSAGE * n_messages + TOKENS_PER_REQUEST
 
 
 def reported_by_server(server: FakeLLMServer) -> int:

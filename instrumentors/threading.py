@@ -1,0 +1,121 @@
+"""The active chain (and the whole OpenTelemetry context) follows into threads.
+
+Usage::
+
+    from veronica_otel.instrumentors.threading import ThreadingInstrumentor
+
+    ThreadingInstrumentor().instrument()
+    with ExecutionContext(ExecutionConfig(max_steps=10)):
+        pool.submit(agent_step)                    # runs in the chain
+        threading.Thread(target=agent_step).start()  # so does this
+
+Without it, a thread starts with an empty context: calls made there would
+fall back to the process default chain (or none) and escape the chain's
+limits. ``opentelemetry-instrumentation-threading`` does the same job, but
+its releases pin the exact ``opentelemetry-instrumentation`` version of
+their own release train (0.66b1 pins ``==0.66b1``), which conflicts with the
+one installed alongside ``opentelemetry-instrumentation-httpx``; so this
+small equivalent ships here.
+
+Where it hooks:
+
+- ``threading.Thread.start``: captures the caller's context and runs the
+  thread's ``run`` inside it -- subclasses that override ``run`` included
+  (``threading.Timer`` too).
+- ``concurrent.futures.ThreadPoolExecutor.submit``: each task runs in the
+  context of the code that submitted it (``map`` goes through ``submit``).
+
+A pool's worker threads, and veronica-otel's own timer thread, keep no
+context of their own: they outlive the chain that happened to start them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection
+from concurrent import futures
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+    BaseInstrumentor,
+)
+from wrapt import wrap_function_wrapper
+
+from ._outbound import unwrap_ours
+
+__all__ = ["ThreadingInstrumentor"]
+
+_POOL_WORKER = getattr(futures.thread, "_worker", None)
+
+
+def _in_context(ctx: otel_context.Context, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = otel_context.attach(ctx)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            otel_context.detach(token)
+
+    return run
+
+
+def _skip(thread: Any) -> bool:
+    # Pool workers outlive any one task (each task brings its own context),
+    # and our own timer thread serves every chain: neither keeps a context.
+    return getattr(thread, "_target", None) is _POOL_WORKER or str(
+        getattr(thread, "name", "")
+    ).startswith("veronica-otel-")
+
+
+def _start(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if _skip(instance):
+        return wrapped(*args, **kwargs)
+    run = instance.run
+    ctx = otel_context.get_current()
+
+    def run_in_context() -> None:
+        token = otel_context.attach(ctx)
+        try:
+            run()
+        finally:
+            otel_context.detach(token)
+            instance.__dict__.pop("run", None)  # no cycle once the thread is done
+
+    try:
+        instance.run = run_in_context
+    except AttributeError:  # a Thread subclass without a __dict__: leave it be
+        return wrapped(*args, **kwargs)
+    try:
+        return wrapped(*args, **kwargs)
+    except BaseException:
+        instance.__dict__.pop("run", None)
+        raise
+
+
+def _submit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not args:
+        return wrapped(*args, **kwargs)
+    fn, *rest = args
+    return wrapped(_in_context(otel_context.get_current(), fn), *rest, **kwargs)
+
+
+_PATCHES: tuple[tuple[type, str, Callable[..., Any]], ...] = (
+    (threading.Thread, "start", _start),
+    (futures.ThreadPoolExecutor, "submit", _submit),
+)
+
+
+class ThreadingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Carries the OpenTelemetry context (and so the chain) into threads."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ()
+
+    def _instrument(self, **kwargs: Any) -> None:
+        for owner, method, wrapper in _PATCHES:
+            wrap_function_wrapper(owner, method, wrapper)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        for owner, method, wrapper in _PATCHES:
+            unwrap_ours(owner, method, wrapper)

@@ -1,0 +1,36 @@
+"""The input-token bound used for reservations is an upper bound (property test)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
+from veronica_otel.instrumentors._common import input_bound
+
+roles = st.sampled_from(["system", "user", "assistant", "tool"])
+messages = st.lists(
+    st.fixed_dictionaries({"role": roles, "content": st.text(max_size=300)}),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(messages)
+def test_bound_covers_every_byte_of_text_and_the_framing(msgs: list[dict[str, str]]) -> None:
+    text_bytes = sum(len(m["content"].encode("utf-8")) + len(m["role"]) for m in msgs)
+    framing = TOKENS_PER_MESSAGE * len(msgs) + TOKENS_PER_REQUEST
+    # No byte-level BPE token is shorter than one byte: tokens <= bytes.
+    assert input_bound([msgs], len(msgs)) >= text_bytes + framing
+
+
+@given(st.text(min_size=1, max_size=200), st.integers(1, 5))
+def test_bound_grows_with_the_text(text: str, repeat: int) -> None:
+    one = input_bound([[{"role": "user", "content": text}]], 1)
+    more = input_bound([[{"role": "user", "content": text * (repeat + 1)}]], 1)
+    assert more > one
+
+
+def test_non_ascii_counts_bytes_not_characters() -> None:
+    emoji = "\U0001f600" * 10  # 4 bytes each
+    assert input_bound([emoji], 1) >= 40
