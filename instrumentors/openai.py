@@ -43,14 +43,12 @@ from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from typing import Any
 
 import httpx2
-from openai import AsyncStream, Stream
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
     BaseInstrumentor,
 )
 from opentelemetry.instrumentation.utils import unwrap
-from pydantic import BaseModel
 from wrapt import wrap_function_wrapper
 
 from veronica_otel._errors import BudgetExceededError
@@ -273,6 +271,11 @@ def _settle_on_close(call: ContainedCall, response: Any) -> None:
 
 
 def _settle(state: _CallState, result: Any) -> Any:
+    # Imported here, not at module level: the zero-code hook instruments while
+    # `openai` itself is still being imported (these names are not bound yet).
+    from openai import AsyncStream, Stream
+    from pydantic import BaseModel
+
     call = state.call
     if isinstance(result, Stream):
         _settle_on_close(call, result.response)

@@ -1,0 +1,445 @@
+"""The execution graph of one chain: nodes from finished spans, totals and loop flags.
+
+A chain's spans become flat *nodes* (one per span, with a ``parent`` pointer)
+that :func:`build_graph` turns into a graph document: the nodes in tree order
+with their ``children`` and ``depth``, the chain's totals and the loops it
+found. The document is plain JSON; :func:`build_graph` also accepts the nodes
+of a document written earlier, so a chain flushed in pieces is merged.
+
+Node kinds follow the GenAI ``gen_ai.operation.name``: ``invoke_agent`` /
+``invoke_workflow`` / ``create_agent`` are ``agent``, ``execute_tool`` is
+``tool``, model operations (or a span with ``gen_ai.request.model``) are
+``llm``, anything else is ``other``.
+
+Loops flagged (heuristics, shown beside the graph; they never stop a chain):
+
+- ``repeated_signature``: three or more children of one parent with the same
+  (kind, name, model, input digest). The digest is the span's
+  ``veronica.signature`` attribute when present; without it the flag is
+  marked ``"exact": false`` (same call shape, inputs unknown).
+- ``ping_pong``: two sibling agents alternating A, B, A, B ... four or more
+  times in start order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, TypedDict
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import StatusCode
+
+__all__ = [
+    "GRAPH_VERSION",
+    "GraphDict",
+    "LoopDict",
+    "NodeDict",
+    "TripDict",
+    "build_graph",
+    "chain_key",
+    "describe_trip",
+    "node_from_json",
+    "node_from_span",
+]
+
+GRAPH_VERSION = 1
+REPEAT_THRESHOLD = 3
+PING_PONG_THRESHOLD = 4
+_MAX_LOOPS = 100
+_AGENT_OPS = frozenset({"invoke_agent", "invoke_workflow", "create_agent"})
+_LLM_OPS = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
+_KINDS = frozenset({"agent", "llm", "tool", "other"})
+_STATUS = {StatusCode.OK: "ok", StatusCode.ERROR: "error", StatusCode.UNSET: "unset"}
+_NS = 1_000_000_000
+
+
+class TripDict(TypedDict):
+    """A ``veronica.trip`` on a node: what tripped, the limit and what was seen."""
+
+    reason: str
+    limit: float | None
+    observed: float | None
+
+
+class NodeDict(TypedDict):
+    """One span of the chain.
+
+    ``id``/``parent``/``trace_id`` are lowercase hex; ``start``/``end`` are Unix
+    seconds. ``total_cost_usd``, ``children``, ``depth`` (in the tree) and
+    ``loops`` (indexes into the graph's loops) are filled in by build_graph.
+    """
+
+    id: str
+    parent: str | None
+    trace_id: str
+    kind: str
+    name: str
+    chain_id: str | None
+    model: str | None
+    start: float
+    end: float
+    duration_ms: float
+    status: str
+    status_message: str | None
+    cost_usd: float | None
+    total_cost_usd: float
+    input_tokens: int | None
+    output_tokens: int | None
+    tokens: int | None
+    steps: int | None
+    decision: str | None
+    trip: TripDict | None
+    digest: str | None
+    children: list[str]
+    depth: int
+    loops: list[int]
+
+
+class LoopDict(TypedDict):
+    """One loop flag: its type, where it is and the nodes that make it."""
+
+    type: str
+    parent: str | None
+    label: str
+    count: int
+    exact: bool
+    nodes: list[str]
+
+
+class GraphDict(TypedDict):
+    """The graph document written per chain."""
+
+    version: int
+    chain_id: str
+    complete: bool
+    trace_ids: list[str]
+    start: float
+    end: float
+    duration_ms: float
+    totals: dict[str, Any]
+    roots: list[str]
+    nodes: list[NodeDict]
+    loops: list[LoopDict]
+    dropped_spans: int
+
+
+def chain_key(chain_id: str) -> str:
+    """The root chain of ``chain_id``: child chains are ``root.1``, ``root.1.2`` ..."""
+    return chain_id.split(".", 1)[0]
+
+
+def describe_trip(trip: TripDict) -> str:
+    """``steps (limit 9, observed 10)``: a trip in words."""
+    text = trip["reason"]
+    if trip["limit"] is not None or trip["observed"] is not None:
+        limit = "?" if trip["limit"] is None else f"{trip['limit']:g}"
+        observed = "?" if trip["observed"] is None else f"{trip['observed']:g}"
+        text += f" (limit {limit}, observed {observed})"
+    return text
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return max(0, int(value))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _kind(attributes: Mapping[str, object]) -> str:
+    operation = attributes.get("gen_ai.operation.name")
+    if operation in _AGENT_OPS:
+        return "agent"
+    if operation == "execute_tool":
+        return "tool"
+    if operation in _LLM_OPS or "gen_ai.request.model" in attributes:
+        return "llm"
+    return "other"
+
+
+def _trip(span: ReadableSpan, attributes: Mapping[str, object]) -> TripDict | None:
+    for event in span.events:
+        if event.name == "veronica.trip":
+            found = event.attributes or {}
+            return {
+                "reason": str(found.get("veronica.trip.reason", "unknown")),
+                "limit": _finite(found.get("veronica.trip.limit")),
+                "observed": _finite(found.get("veronica.trip.observed")),
+            }
+    reason = attributes.get("veronica.trip.reason")
+    if isinstance(reason, str):
+        return {"reason": reason, "limit": None, "observed": None}
+    return None
+
+
+def node_from_span(span: ReadableSpan) -> NodeDict | None:
+    """The node for one finished span (None for a span with no context)."""
+    context = span.context
+    if context is None:
+        return None
+    attributes: Mapping[str, object] = span.attributes or {}
+    start_ns = span.start_time or 0
+    end_ns = span.end_time if span.end_time is not None else start_ns
+    input_tokens = _count(attributes.get("gen_ai.usage.input_tokens"))
+    output_tokens = _count(attributes.get("gen_ai.usage.output_tokens"))
+    tokens = _count(attributes.get("veronica.tokens"))
+    if tokens is None and (input_tokens is not None or output_tokens is not None):
+        tokens = (input_tokens or 0) + (output_tokens or 0)
+    parent = span.parent
+    return {
+        "id": f"{context.span_id:016x}",
+        "parent": f"{parent.span_id:016x}" if parent is not None else None,
+        "trace_id": f"{context.trace_id:032x}",
+        "kind": _kind(attributes),
+        "name": span.name,
+        "chain_id": _text(attributes.get("veronica.chain.id")),
+        "model": _text(attributes.get("gen_ai.request.model")),
+        "start": round(start_ns / _NS, 6),
+        "end": round(end_ns / _NS, 6),
+        "duration_ms": round(max(0, end_ns - start_ns) / 1e6, 3),
+        "status": _STATUS.get(span.status.status_code, "unset"),
+        "status_message": span.status.description,
+        "cost_usd": _finite(attributes.get("veronica.cost_usd")),
+        "total_cost_usd": 0.0,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "tokens": tokens,
+        "steps": _count(attributes.get("veronica.steps")),
+        "decision": _text(attributes.get("veronica.decision")),
+        "trip": _trip(span, attributes),
+        "digest": _text(attributes.get("veronica.signature")),
+        "children": [],
+        "depth": 0,
+        "loops": [],
+    }
+
+
+def node_from_json(obj: object) -> NodeDict | None:
+    """A node read back from a graph document (None when it is not one)."""
+    if not isinstance(obj, dict):
+        return None
+    node_id, name = obj.get("id"), obj.get("name")
+    if not isinstance(node_id, str) or not isinstance(name, str):
+        return None
+    trip = obj.get("trip")
+    kind = obj.get("kind")
+    return {
+        "id": node_id,
+        "parent": _text(obj.get("parent")),
+        "trace_id": _text(obj.get("trace_id")) or "",
+        "kind": kind if isinstance(kind, str) and kind in _KINDS else "other",
+        "name": name,
+        "chain_id": _text(obj.get("chain_id")),
+        "model": _text(obj.get("model")),
+        "start": _finite(obj.get("start")) or 0.0,
+        "end": _finite(obj.get("end")) or 0.0,
+        "duration_ms": _finite(obj.get("duration_ms")) or 0.0,
+        "status": _text(obj.get("status")) or "unset",
+        "status_message": _text(obj.get("status_message")),
+        "cost_usd": _finite(obj.get("cost_usd")),
+        "total_cost_usd": 0.0,
+        "input_tokens": _count(obj.get("input_tokens")),
+        "output_tokens": _count(obj.get("output_tokens")),
+        "tokens": _count(obj.get("tokens")),
+        "steps": _count(obj.get("steps")),
+        "decision": _text(obj.get("decision")),
+        "trip": (
+            {
+                "reason": str(trip.get("reason", "unknown")),
+                "limit": _finite(trip.get("limit")),
+                "observed": _finite(trip.get("observed")),
+            }
+            if isinstance(trip, dict)
+            else None
+        ),
+        "digest": _text(obj.get("digest")),
+        "children": [],
+        "depth": 0,
+        "loops": [],
+    }
+
+
+def build_graph(
+    chain_id: str,
+    nodes: Iterable[NodeDict],
+    *,
+    complete: bool,
+    dropped_spans: int = 0,
+) -> GraphDict:
+    """Build the graph document of one chain from its nodes (later duplicates win).
+
+    The nodes' computed fields (children, depth, loops, total cost) are filled in place.
+    """
+    by_id: dict[str, NodeDict] = {}
+    for node in nodes:
+        node["children"], node["depth"], node["loops"] = [], 0, []
+        by_id[node["id"]] = node
+    ordered, roots = _tree_order(by_id)
+    loops = _find_loops(ordered, roots)
+    for index, loop in enumerate(loops):
+        for node_id in loop["nodes"]:
+            by_id[node_id]["loops"].append(index)
+    _total_costs(ordered, by_id)
+    start = min((n["start"] for n in ordered), default=0.0)
+    end = max((n["end"] for n in ordered), default=0.0)
+    return {
+        "version": GRAPH_VERSION,
+        "chain_id": chain_id,
+        "complete": complete,
+        "trace_ids": sorted({n["trace_id"] for n in ordered if n["trace_id"]}),
+        "start": start,
+        "end": end,
+        "duration_ms": round(max(0.0, end - start) * 1000, 3),
+        "totals": _totals(ordered, roots, by_id),
+        "roots": roots,
+        "nodes": ordered,
+        "loops": loops,
+        "dropped_spans": dropped_spans,
+    }
+
+
+def _tree_order(by_id: dict[str, NodeDict]) -> tuple[list[NodeDict], list[str]]:
+    """Depth-first order (children by start time); iterative, cycle-safe."""
+    by_start = sorted(by_id.values(), key=lambda n: (n["start"], n["id"]))
+    for node in by_start:
+        parent = node["parent"]
+        if parent is not None and parent in by_id and parent != node["id"]:
+            by_id[parent]["children"].append(node["id"])
+    candidates = [node["id"] for node in by_start if node["parent"] not in by_id]
+    # Nodes caught in a parent cycle (only in a hand-edited file) become roots.
+    leftovers = [node["id"] for node in by_start]
+    ordered: list[NodeDict] = []
+    roots: list[str] = []
+    seen: set[str] = set()
+    for root in [*candidates, *leftovers]:
+        if root in seen:
+            continue
+        roots.append(root)
+        stack = [(root, 0)]
+        while stack:
+            node_id, depth = stack.pop()
+            if node_id in seen:
+                continue
+            seen.add(node_id)
+            node = by_id[node_id]
+            node["depth"] = depth
+            ordered.append(node)
+            stack.extend((child, depth + 1) for child in reversed(node["children"]))
+    for node in ordered:  # a cycle's back edge is not a child
+        node["children"] = [c for c in node["children"] if by_id[c]["depth"] == node["depth"] + 1]
+    return ordered, roots
+
+
+def _signature(node: NodeDict) -> tuple[str, str, str | None, str | None]:
+    return (node["kind"], node["name"], node["model"], node["digest"])
+
+
+def _find_loops(ordered: list[NodeDict], roots: list[str]) -> list[LoopDict]:
+    by_id = {node["id"]: node for node in ordered}
+    loops: list[LoopDict] = []
+    groups: list[tuple[str | None, list[str]]] = [(None, roots)]
+    groups.extend((node["id"], node["children"]) for node in ordered if node["children"])
+    for parent, sibling_ids in groups:
+        if len(loops) >= _MAX_LOOPS:
+            break
+        siblings = [by_id[s] for s in sibling_ids]
+        loops.extend(_repeats(parent, siblings))
+        loops.extend(_ping_pongs(parent, [n for n in siblings if n["kind"] == "agent"]))
+    return loops[:_MAX_LOOPS]
+
+
+def _repeats(parent: str | None, siblings: list[NodeDict]) -> list[LoopDict]:
+    same: dict[tuple[str, str, str | None, str | None], list[str]] = {}
+    for node in siblings:
+        if node["kind"] != "other":
+            same.setdefault(_signature(node), []).append(node["id"])
+    found: list[LoopDict] = []
+    for (kind, name, model, digest), ids in same.items():
+        if len(ids) >= REPEAT_THRESHOLD:
+            what = f"{kind} {name!r}" + (f" ({model})" if model else "")
+            found.append(
+                {
+                    "type": "repeated_signature",
+                    "parent": parent,
+                    "label": f"{what} repeated {len(ids)} times",
+                    "count": len(ids),
+                    "exact": digest is not None,
+                    "nodes": ids,
+                }
+            )
+    return found
+
+
+def _ping_pongs(parent: str | None, agents: list[NodeDict]) -> list[LoopDict]:
+    """Maximal runs A, B, A, B ... of two alternating agent names."""
+    names = [agent["name"] for agent in agents]
+    found: list[LoopDict] = []
+    start = 0
+    for i in range(1, len(names) + 1):
+        if (
+            i < len(names)
+            and names[i] != names[i - 1]
+            and (i - start < 2 or names[i] == names[i - 2])
+        ):
+            continue
+        if i - start >= PING_PONG_THRESHOLD:
+            a, b = names[start], names[start + 1]
+            found.append(
+                {
+                    "type": "ping_pong",
+                    "parent": parent,
+                    "label": f"agents {a!r} and {b!r} alternate {i - start} times",
+                    "count": i - start,
+                    "exact": True,
+                    "nodes": [agent["id"] for agent in agents[start:i]],
+                }
+            )
+        if i < len(names):  # the next run may begin one step back: A,B,A,C,A,C
+            start = i - 1 if names[i] != names[i - 1] else i
+    return found
+
+
+def _total_costs(ordered: list[NodeDict], by_id: dict[str, NodeDict]) -> None:
+    """``total_cost_usd``: an agent's own chain total, a call's cost, else its children's sum."""
+    for node in reversed(ordered):  # children before parents
+        own = node["cost_usd"]
+        if node["kind"] != "other" and own is not None:
+            node["total_cost_usd"] = own
+        else:
+            node["total_cost_usd"] = round(
+                sum(by_id[child]["total_cost_usd"] for child in node["children"]), 12
+            )
+
+
+def _totals(
+    ordered: list[NodeDict], roots: list[str], by_id: dict[str, NodeDict]
+) -> dict[str, Any]:
+    llm = [n for n in ordered if n["kind"] == "llm"]
+    tripped = [n for n in ordered if n["trip"] is not None]
+    return {
+        "cost_usd": round(sum(by_id[r]["total_cost_usd"] for r in roots), 12),
+        "input_tokens": sum(n["input_tokens"] or 0 for n in llm),
+        "output_tokens": sum(n["output_tokens"] or 0 for n in llm),
+        "nodes": len(ordered),
+        "agents": sum(1 for n in ordered if n["kind"] == "agent"),
+        "llm_calls": len(llm),
+        "tool_calls": sum(1 for n in ordered if n["kind"] == "tool"),
+        "denied_calls": sum(
+            1 for n in ordered if n["kind"] in ("llm", "tool") and n["decision"] == "HALT"
+        ),
+        "errors": sum(1 for n in ordered if n["status"] == "error"),
+        "tripped_nodes": len(tripped),
+        "trip_reasons": sorted({n["trip"]["reason"] for n in tripped if n["trip"] is not None}),
+    }

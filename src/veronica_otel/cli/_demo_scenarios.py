@@ -1,0 +1,124 @@
+"""The runaway scenarios of the VERONICA paper, run through the real ``openai`` SDK.
+
+Each scenario is a small agent program written the way frameworks write them
+(retries per layer, tools that call the model, agents that argue). It knows
+nothing about containment: the same function runs uncontained and inside an
+:class:`ExecutionContext`, and the embedded fake LLM server counts what was
+actually sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from veronica_otel._config import ExecutionConfig
+from veronica_otel._propagation import current_context
+from veronica_otel._retry import RetryContainer
+
+__all__ = ["SCENARIOS", "Scenario"]
+
+MODEL = "gpt-4o"
+# Loops that would run "for days" are stopped by the demo itself after this
+# many rounds when uncontained, so the demo ends; the table says so.
+DEMO_ROUND_CAP = 40
+
+
+class InvalidAnswer(Exception):
+    """The model's answer failed the caller's validation, so the caller retries."""
+
+
+def _ask(client: Any, prompt: str) -> str:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=60
+    )
+    return str(reply.choices[0].message.content or "")
+
+
+def retry_amplification(client: Any) -> None:
+    """Three nested layers (agent, tool, client) each retry 3 times: (1+3)^3 = 64 calls."""
+
+    def model_call() -> str:
+        answer = _ask(client, "Return the invoice total as JSON.")
+        if not answer.startswith("{"):
+            raise InvalidAnswer(answer[:40])
+        return answer
+
+    def layer(depth: int) -> str:
+        retry = RetryContainer(max_retries=3, backoff_base=0.0, sleep=lambda _s: None)
+        if depth == 3:
+            return retry.execute(model_call)
+        return retry.execute(layer, depth + 1)
+
+    with contextlib.suppress(InvalidAnswer):  # every layer gave up: the uncontained end
+        layer(1)
+
+
+def recursive_tools(client: Any) -> None:
+    """A tool whose output makes the agent call the same tool again, forever."""
+
+    def search(query: str, depth: int) -> str:
+        if depth >= DEMO_ROUND_CAP:
+            return "demo cap"
+        answer = _ask(client, f"search: {query}")
+        # The model "decides" it needs to search the same thing once more.
+        return search(query, depth + 1) if answer else answer
+
+    search("latest quarterly revenue", 0)
+
+
+def _agent_turn(client: Any, agent: str, prompt: str) -> str:
+    # What an agent-framework adapter does: each agent turn is a sub-agent of
+    # the chain, so the graph shows who called whom.
+    parent = current_context()
+    if parent is None:
+        return _ask(client, prompt)
+    with parent.spawn_child(name=agent):
+        return _ask(client, prompt)
+
+
+def planner_critic(client: Any) -> None:
+    """A planner and a critic that never agree (each round is two model calls)."""
+    for _round in range(DEMO_ROUND_CAP):
+        plan = _agent_turn(client, "planner", "Planner: propose a plan for the migration.")
+        verdict = _agent_turn(client, "critic", f"Critic: review this plan: {plan[:80]}")
+        if "APPROVED" in verdict:  # the fake model never approves
+            return
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One runaway pattern and the ceiling that contains it."""
+
+    key: str
+    title: str
+    run: Callable[[Any], None]
+    config: ExecutionConfig
+    uncontained_note: str
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "retries",
+        "Retry amplification (3 layers x 3 retries)",
+        retry_amplification,
+        ExecutionConfig(max_retries_total=5, max_cost_usd=0.50),
+        "every layer retried: (1+3)^3 calls",
+    ),
+    Scenario(
+        "recursive-tools",
+        "Recursive tool calls",
+        recursive_tools,
+        ExecutionConfig(max_repeats=3, max_steps=50, max_cost_usd=0.50),
+        f"stopped by the demo after {DEMO_ROUND_CAP} calls",
+    ),
+    Scenario(
+        "planner-critic",
+        "Planner/critic loop that never converges",
+        planner_critic,
+        ExecutionConfig(max_steps=12, max_cost_usd=0.50),
+        f"stopped by the demo after {DEMO_ROUND_CAP} rounds",
+    ),
+)
