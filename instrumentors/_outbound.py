@@ -24,6 +24,9 @@ written directly and set in the context, so it goes out whether or not an
 OpenTelemetry HTTP instrumentation injects baggage, and matches what one
 injects. The ``veronica-spent`` header of the answer, when signed with the
 same key and bound to the grant's nonce, is committed into the chain.
+
+The chain propagated is the active one (:func:`~veronica_otel.current_context`),
+else the process default chain of zero-code instrumentation.
 """
 
 from __future__ import annotations
@@ -33,10 +36,8 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import quote, unquote
 
-import wrapt
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
@@ -61,7 +62,6 @@ __all__ = [
     "Plan",
     "Propagation",
     "rewrite_baggage",
-    "unwrap_ours",
 ]
 
 _logger = logging.getLogger("veronica_otel.instrumentors")
@@ -283,17 +283,6 @@ def rewrite_baggage(values: Sequence[str], entries: Mapping[str, str]) -> str | 
     ]
     members.extend(f"{quote(key)}={quote(value, safe='')}" for key, value in entries.items())
     return ",".join(members) or None
-
-
-def unwrap_ours(owner: Any, method: str, wrapper: object) -> None:
-    """Remove our wrapper from ``owner.method`` if it is the outermost one.
-
-    Another instrumentation wrapped over ours stays in place (its unwrap
-    would otherwise remove ours with it); ours then passes through, inactive.
-    """
-    current = owner.__dict__.get(method)
-    if isinstance(current, wrapt.FunctionWrapper) and current._self_wrapper is wrapper:
-        setattr(owner, method, current.__wrapped__)
 
 
 def log_failure(what: str) -> None:

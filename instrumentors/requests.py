@@ -43,8 +43,8 @@ from ._outbound import (
     context_for,
     log_failure,
     rewrite_baggage,
-    unwrap_ours,
 )
+from ._unwrap import unwrap_ours
 
 __all__ = ["RequestsInstrumentor"]
 

@@ -42,7 +42,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 from wrapt import wrap_function_wrapper
 
-from ._outbound import unwrap_ours
+from ._unwrap import unwrap_ours
 
 __all__ = ["ThreadingInstrumentor"]
 

@@ -8,9 +8,11 @@ path, so :class:`VeronicaDistro` installs the enforcement wrappers itself,
 first: as post-import hooks on the client libraries, so nothing is imported
 that the app does not import.
 
-The process default chain comes from the ``VERONICA_*`` variables. A
-malformed value is not silently ignored: it is logged loudly and every
-contained call then raises a ``ValueError`` naming the variable (fail closed).
+The process default chain comes from the ``VERONICA_*`` variables, and from
+the policy file named by ``VERONICA_POLICY_FILE`` when it is set. A
+malformed value or file is not silently ignored: it is logged loudly and
+every contained call then raises a ``ValueError`` naming the variable or the
+file (fail closed).
 
 Several distros installed? Select ours with ``OTEL_PYTHON_DISTRO=veronica``.
 """
@@ -29,6 +31,7 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from ._config import ExecutionConfig
 from ._context import ExecutionContext
 from ._propagation import set_default_context, set_default_context_error
+from .policy_file import PolicyFile, install_default_chain
 
 __all__ = ["VeronicaConfigurator", "VeronicaDistro", "install_zero_code"]
 
@@ -38,8 +41,21 @@ _logger = logging.getLogger(__name__)
 _INSTRUMENTORS = (
     ("openai._base_client", "veronica_otel.instrumentors.openai", "OpenAIInstrumentor"),
     ("anthropic._base_client", "veronica_otel.instrumentors.anthropic", "AnthropicInstrumentor"),
+    # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS); these
+    # also enable OpenTelemetry's httpx / requests instrumentations when installed.
+    ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
+    ("httpx", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
+    ("requests", "veronica_otel.instrumentors.requests", "RequestsInstrumentor"),
 )
-_OUR_ENTRY_POINTS = frozenset({"veronica_openai", "veronica_anthropic"})
+_OUR_ENTRY_POINTS = frozenset(
+    {
+        "veronica_openai",
+        "veronica_anthropic",
+        "veronica_httpx",
+        "veronica_requests",
+        "veronica_threading",
+    }
+)
 _installed = False
 
 
@@ -65,15 +81,24 @@ def _instrument(instrumentor_module: str, class_name: str) -> Any:
 def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext | None:
     """Install enforcement wrappers and the default chain from ``VERONICA_*``.
 
-    Idempotent. Returns the default chain, or None when the configuration is
-    malformed (calls then fail closed with an error naming the variable).
+    With ``VERONICA_POLICY_FILE`` set, the chain follows that file
+    (:func:`~veronica_otel.policy_file.install_default_chain`). Idempotent.
+    Returns the default chain, or None when the configuration is malformed
+    (calls then fail closed with an error naming the variable or the file).
     """
     global _installed
     if not _installed:
         for trigger, module, name in _INSTRUMENTORS:
             wrapt.register_post_import_hook(_instrument(module, name), trigger)
+        # threading is always imported: the chain follows into threads and pools.
+        _instrument("veronica_otel.instrumentors.threading", "ThreadingInstrumentor")(None)
         _installed = True
     try:
+        policy = PolicyFile.from_env(environ)
+        if policy is not None:  # VERONICA_POLICY_FILE: the chain follows the file
+            ctx = install_default_chain(policy, environ)
+            _logger.info("veronica-otel: default chain %s from %s", ctx.chain_id, policy.path)
+            return ctx
         config = ExecutionConfig.from_env(environ)
     except ValueError as exc:
         set_default_context_error(exc)
@@ -99,6 +124,8 @@ class VeronicaDistro(BaseDistro):  # type: ignore[misc]
         if entry_point.name in _OUR_ENTRY_POINTS:
             return
         try:
+            if getattr(entry_point.load()(), "is_instrumented_by_opentelemetry", False):
+                return  # already on: ours enable OpenTelemetry's httpx / requests ones
             super().load_instrumentor(entry_point, **kwargs)
         except Exception:
             _logger.exception("instrumentor %s failed to load", entry_point.name)

@@ -1,0 +1,325 @@
+"""``VeronicaASGIMiddleware``: one chain per HTTP request or WebSocket session.
+
+HTTP: the request joins the caller's chain (or starts one from the local
+configuration), is refused with 429 before the application runs when the
+pre-flight check fails, and runs inside the chain, so instrumented calls in
+handlers find it. A ``BudgetExceededError`` escaping the application becomes
+a 429 JSON answer when no response has started. Frameworks that turn an
+unhandled error into a 500 before re-raising it (Starlette's
+``ServerErrorMiddleware``) are covered: a 500 is held back until the
+application returns, and replaced by the 429 if the error was a budget trip.
+If the response had already started, the error is re-raised and the server
+aborts the connection: the client sees an incomplete response, never a
+complete-looking one.
+
+WebSocket: each data message is one step of the session's chain
+(``websocket.receive`` delivered to the application, ``websocket.send``
+sent); the handshake and close messages are free. When a step is denied, or
+the chain trips or passes its deadline mid-session, the socket is closed at
+once with code 1008, and every later ``send`` or ``receive`` of the
+application raises ``BudgetExceededError``, so an application looping on
+``send`` cannot spin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from veronica_otel._call import CallHandle
+from veronica_otel._config import ExecutionConfig
+from veronica_otel._context import ExecutionContext
+from veronica_otel._errors import BudgetExceededError, TripEvent
+from veronica_otel._grants import MAX_GRANT_BYTES, NonceCache
+from veronica_otel._ledger import Ledger
+from veronica_otel._options import WrapOptions
+from veronica_otel._policy import PolicyPipeline
+
+from ._core import MAX_BAGGAGE_BYTES, Gate, budget_error, denial_body
+
+__all__ = ["VeronicaASGIMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_logger = logging.getLogger("veronica_otel.middleware")
+_RECEIVE = WrapOptions(operation_name="websocket.receive")
+_SEND = WrapOptions(operation_name="websocket.send")
+_POLICY_VIOLATION = 1008
+
+
+class VeronicaASGIMiddleware:
+    """Contain every HTTP request and WebSocket session of an ASGI app in a chain.
+
+    Usage::
+
+        app = VeronicaASGIMiddleware(app, ExecutionConfig(max_cost_usd=0.5, max_steps=20))
+        # or, in Starlette / FastAPI:
+        app.add_middleware(VeronicaASGIMiddleware, config=ExecutionConfig(...))
+
+    Args:
+        app: The ASGI application.
+        config: Local limits per request (``ExecutionConfig.from_env()`` when omitted).
+        ledger: Where request chains are counted (in-process by default).
+        grant_key: HMAC key for caller grants (``VERONICA_GRANT_KEY`` when omitted).
+        pipeline: Policies run before every call (shared by all requests).
+        max_baggage_bytes: Longest ``baggage`` header read (longer: ignored, counted).
+        max_grant_bytes: Longest grant accepted.
+        replay_cache: Accepted grant nonces (process-wide by default).
+        clock: Wall clock in unix seconds.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        config: ExecutionConfig | None = None,
+        *,
+        ledger: Ledger | None = None,
+        grant_key: bytes | str | None = None,
+        pipeline: PolicyPipeline | None = None,
+        max_baggage_bytes: int = MAX_BAGGAGE_BYTES,
+        max_grant_bytes: int = MAX_GRANT_BYTES,
+        replay_cache: NonceCache | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.app = app
+        self.gate = Gate(
+            config,
+            ledger=ledger,
+            grant_key=grant_key,
+            pipeline=pipeline,
+            max_baggage_bytes=max_baggage_bytes,
+            max_grant_bytes=max_grant_bytes,
+            replay_cache=replay_cache,
+            clock=clock,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope.get("type")
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        admission = self.gate.admit(_headers(scope))
+        key = self.gate.key
+        if admission.denial is not None:
+            await _send_denial(send, admission.denial, admission.spent_header(key))
+            return
+        responder = _Responder(send, lambda: admission.spent_header(key))
+        token = otel_context.attach(admission.otel_context)
+        try:
+            with admission.ctx:
+                await self.app(scope, receive, responder.send)
+        except BaseException as exc:
+            error = budget_error(exc)
+            if error is None or responder.started:
+                if isinstance(exc, Exception):
+                    await responder.flush()
+                raise
+            responder.discard()
+            await _send_denial(send, error.trip, admission.spent_header(key))
+        else:
+            await responder.flush()
+        finally:
+            otel_context.detach(token)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        admission = self.gate.admit(_headers(scope))
+        if admission.denial is not None:
+            await _deny_websocket(scope, receive, send, admission.denial)
+            return
+        guard = _WebSocketGuard(admission.ctx, receive, send)
+        token = otel_context.attach(admission.otel_context)
+        try:
+            with admission.ctx:
+                guard.watch()
+                await self.app(scope, guard.receive, guard.send)
+        except BaseException as exc:
+            error = budget_error(exc)
+            if error is None:
+                raise
+            await guard.close(error.trip)
+        finally:
+            guard.done = True
+            otel_context.detach(token)
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers") or ():
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]},{value}" if name in headers else value
+    return headers
+
+
+def _denial_headers(body: bytes, extra: tuple[str, str] | None) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode("ascii")),
+    ]
+    if extra is not None:
+        headers.append((extra[0].encode("latin-1"), extra[1].encode("latin-1")))
+    return headers
+
+
+async def _send_denial(send: Send, trip: TripEvent, extra: tuple[str, str] | None) -> None:
+    body = denial_body(trip)
+    await send(
+        {"type": "http.response.start", "status": 429, "headers": _denial_headers(body, extra)}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _deny_websocket(scope: Scope, receive: Receive, send: Send, trip: TripEvent) -> None:
+    message = await receive()
+    if message.get("type") != "websocket.connect":
+        return
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        body = denial_body(trip)
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": 429,
+                "headers": _denial_headers(body, None),
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": _POLICY_VIOLATION, "reason": _reason(trip)})
+
+
+def _reason(trip: TripEvent) -> str:
+    return f"budget_exceeded: {trip.reason}"
+
+
+class _Responder:
+    """Forwards the application's messages, adding the spent header; holds a 500 back."""
+
+    def __init__(self, send: Send, spent_header: Callable[[], tuple[str, str] | None]) -> None:
+        self._send = send
+        self._spent_header = spent_header
+        self._held: list[Message] | None = None
+        self.started = False
+
+    async def send(self, message: Message) -> None:
+        if self._held is not None:
+            self._held.append(message)
+            return
+        if message.get("type") == "http.response.start":
+            extra = self._spent_header()
+            if extra is not None:
+                headers = list(message.get("headers") or ())
+                headers.append((extra[0].encode("latin-1"), extra[1].encode("latin-1")))
+                message = {**message, "headers": headers}
+            if message.get("status") == 500:
+                # Maybe a framework's answer to a BudgetExceededError it re-raises next.
+                self._held = [message]
+                return
+            self.started = True
+        await self._send(message)
+
+    async def flush(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.started = True
+            for message in held:
+                await self._send(message)
+
+    def discard(self) -> None:
+        self._held = None
+
+
+class _WebSocketGuard:
+    """Wraps a session's ``receive`` and ``send``: one step per data message."""
+
+    def __init__(self, ctx: ExecutionContext, receive: Receive, send: Send) -> None:
+        self._ctx = ctx
+        self._receive = receive
+        self._send = send
+        self._trip: TripEvent | None = None
+        self._closed = False
+        self._closer: asyncio.Task[None] | None = None
+        self.done = False
+
+    def watch(self) -> None:
+        """Close at once when the chain is cancelled or its deadline passes."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+
+        def fire() -> None:
+            if not self.done and not loop.is_closed():
+                loop.call_soon_threadsafe(self._on_cancel)
+
+        self._ctx.cancellation.add_callback(fire)
+
+    def _on_cancel(self) -> None:
+        if self.done or self._trip is not None:
+            return
+        trip = self._ctx.trip or TripEvent(
+            "timeout", 0.0, 0.0, self._ctx.chain_id, f"chain {self._ctx.chain_id} cancelled"
+        )
+        self._closer = asyncio.ensure_future(self.close(trip))
+
+    async def receive(self) -> Message:
+        self._check()
+        message = await self._receive()
+        self._check()  # closed while waiting
+        if message.get("type") == "websocket.receive":
+            (await self._step(_RECEIVE)).finish()
+        return message
+
+    async def send(self, message: Message) -> None:
+        self._check()
+        kind = message.get("type")
+        if kind != "websocket.send":
+            if kind == "websocket.close":
+                self._closed = True
+            await self._send(message)
+            return
+        call = await self._step(_SEND)
+        try:
+            await self._send(message)
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        call.finish()
+
+    def _check(self) -> None:
+        if self._trip is not None:
+            raise BudgetExceededError(self._trip)
+
+    async def _step(self, options: WrapOptions) -> CallHandle:
+        try:
+            return self._ctx.begin_call("tool", options)
+        except BudgetExceededError as exc:
+            await self.close(exc.trip)
+            raise
+
+    async def close(self, trip: TripEvent) -> None:
+        """Close with 1008 (once); every later send or receive raises."""
+        if self._trip is None:
+            self._trip = trip
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._send(
+                {"type": "websocket.close", "code": _POLICY_VIOLATION, "reason": _reason(trip)}
+            )
+        except Exception:
+            _logger.debug("closing the websocket after a trip failed", exc_info=True)

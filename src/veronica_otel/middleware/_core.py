@@ -1,0 +1,255 @@
+"""What both middlewares share: admitting one request into a chain.
+
+:class:`Gate` reads the request's W3C ``baggage`` header, verifies the
+caller's grant and builds the request's :class:`ExecutionContext`: joined to
+the caller's chain (limits = the lower of local configuration and grant,
+depth + 1) when the grant is trusted, else a fresh chain from the local
+configuration at depth 0. It then runs the pre-flight check: a chain that is
+already stopped -- too deep, past its deadline, tripped in the caller, or
+with nothing left of a granted budget -- is refused before the application
+runs, with HTTP 429 and a JSON body naming the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import cast
+
+from opentelemetry import baggage, propagate, trace
+from opentelemetry import context as otel_context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+
+from veronica_otel._config import ExecutionConfig
+from veronica_otel._context import ExecutionContext
+from veronica_otel._errors import BudgetExceededError, TripEvent, TripReason
+from veronica_otel._grants import (
+    MAX_GRANT_BYTES,
+    SPENT_HEADER,
+    Grant,
+    NonceCache,
+    coerce_key,
+    grant_key_from_env,
+    record_rejection,
+    sign_spent,
+    verify_grant,
+)
+from veronica_otel._ledger import Ledger
+from veronica_otel._policy import PolicyPipeline
+from veronica_otel._remote import join_chain, ledger_shared_id, spent
+from veronica_otel._trips import emit_trip
+
+__all__ = [
+    "BAGGAGE_PREFIX",
+    "MAX_BAGGAGE_BYTES",
+    "Admission",
+    "Gate",
+    "budget_error",
+    "denial_body",
+]
+
+_logger = logging.getLogger("veronica_otel.middleware")
+BAGGAGE_PREFIX = "veronica."
+GRANT_ENTRY = "veronica.grant"
+# The W3C baggage limit; a longer header is ignored (and counted) as a whole.
+MAX_BAGGAGE_BYTES = 8192
+_BAGGAGE = W3CBaggagePropagator()
+
+
+@dataclass(slots=True)
+class Admission:
+    """One request's chain and what the pre-flight check said.
+
+    Attributes:
+        ctx: The request's chain (not entered).
+        grant: The caller's trusted grant, if any.
+        denial: Why the request is refused before the application runs.
+        shared: The chain charges a ledger shared with the caller.
+        otel_context: The OpenTelemetry context to run the request in
+            (the caller's trace when no server span is active, and no
+            ``veronica.*`` baggage).
+    """
+
+    ctx: ExecutionContext
+    grant: Grant | None
+    denial: TripEvent | None
+    shared: bool
+    otel_context: otel_context.Context
+
+    def spent_header(self, key: bytes | None) -> tuple[str, str] | None:
+        """The signed ``veronica-spent`` header to answer with, if the caller sent a grant."""
+        if self.grant is None or key is None:
+            return None
+        try:
+            value = sign_spent(spent(self.ctx, shared=self.shared), self.grant.nonce, key)
+        except Exception:
+            _logger.exception("building the veronica-spent header failed")
+            return None
+        return SPENT_HEADER, value
+
+
+class Gate:
+    """Admits requests into chains (shared by the ASGI and WSGI middlewares).
+
+    Args:
+        config: Local limits per request (``ExecutionConfig.from_env()`` when omitted).
+        ledger: Where request chains are counted (in-process by default; a
+            shared Redis ledger makes the caller's chain count directly).
+        grant_key: HMAC key for grants (``VERONICA_GRANT_KEY`` when omitted).
+        pipeline: Policies run before every call of every request.
+        max_baggage_bytes: Longest ``baggage`` header read.
+        max_grant_bytes: Longest grant accepted.
+        replay_cache: Nonces already accepted (the process-wide cache by default).
+        clock: Wall clock, unix seconds (for grant expiry and deadlines).
+    """
+
+    def __init__(
+        self,
+        config: ExecutionConfig | None = None,
+        *,
+        ledger: Ledger | None = None,
+        grant_key: bytes | str | None = None,
+        pipeline: PolicyPipeline | None = None,
+        max_baggage_bytes: int = MAX_BAGGAGE_BYTES,
+        max_grant_bytes: int = MAX_GRANT_BYTES,
+        replay_cache: NonceCache | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if config is not None and not isinstance(config, ExecutionConfig):
+            raise TypeError(f"config must be an ExecutionConfig, got {config!r}")
+        for name, value in (
+            ("max_baggage_bytes", max_baggage_bytes),
+            ("max_grant_bytes", max_grant_bytes),
+        ):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.config = config if config is not None else ExecutionConfig.from_env()
+        self.ledger = ledger
+        self.key = coerce_key(grant_key) if grant_key is not None else grant_key_from_env()
+        self.pipeline = pipeline
+        self.max_baggage_bytes = max_baggage_bytes
+        self.max_grant_bytes = max_grant_bytes
+        self.replay_cache = replay_cache
+        self.clock = clock
+        self._shared_id = ledger_shared_id(ledger)
+
+    def admit(self, headers: Mapping[str, str]) -> Admission:
+        """Build the chain for a request with these (lower-case) headers."""
+        header = headers.get("baggage")
+        if header is not None and len(header.encode("utf-8", "replace")) > self.max_baggage_bytes:
+            record_rejection("oversized")
+            headers = {k: v for k, v in headers.items() if k != "baggage"}
+            header = None
+        carrier_context = _request_context(headers)
+        grant = self._grant(header) if header else None
+        now = self.clock()
+        shared = (
+            grant is not None and self._shared_id is not None and grant.ledger_id == self._shared_id
+        )
+        if grant is not None:
+            ctx = join_chain(
+                self.config,
+                grant,
+                ledger=self.ledger,
+                pipeline=self.pipeline,
+                now=now,
+                shared=shared,
+            )
+        else:
+            ctx = ExecutionContext(self.config, self.pipeline, ledger=self.ledger, name="request")
+        return Admission(ctx, grant, _preflight(ctx, grant), shared, carrier_context)
+
+    def _grant(self, header: str) -> Grant | None:
+        entries = {
+            key: str(value)
+            for key, value in baggage.get_all(
+                _BAGGAGE.extract({"baggage": header}, otel_context.Context())
+            ).items()
+            if key.startswith(BAGGAGE_PREFIX)
+        }
+        if not entries:
+            return None
+        raw = entries.get(GRANT_ENTRY)
+        if raw is None:
+            record_rejection("unsigned", entries.get("veronica.chain"))
+            return None
+        return verify_grant(
+            raw,
+            self.key,
+            now=self.clock(),
+            max_bytes=self.max_grant_bytes,
+            replay_cache=self.replay_cache,
+        )
+
+
+def _request_context(headers: Mapping[str, str]) -> otel_context.Context:
+    """The context to run the request in: the caller's trace, minus ``veronica.*`` baggage."""
+    current = otel_context.get_current()
+    if not trace.get_current_span(current).get_span_context().is_valid:
+        # No server instrumentation ran: continue the caller's trace ourselves.
+        current = propagate.extract(headers, context=current)
+    for key in baggage.get_all(current):
+        if key.startswith(BAGGAGE_PREFIX):
+            current = baggage.remove_baggage(key, current)
+    return current
+
+
+def _preflight(ctx: ExecutionContext, grant: Grant | None) -> TripEvent | None:
+    trip = ctx.trip
+    if trip is not None:
+        return trip
+    if grant is not None and grant.trip_reason is not None:
+        reason = cast(TripReason, grant.trip_reason)  # checked against REASONS on decode
+        return _deny(ctx, reason, 0, 0, f"caller's chain {grant.chain_id} stopped")
+    try:
+        ctx.ensure_active()
+    except BudgetExceededError as exc:
+        return exc.trip
+    if grant is None:
+        return None
+    # The caller's budget is spent: refuse now rather than fail on the first call.
+    if grant.steps == 0:
+        return _deny(ctx, "steps", 0, 1, "no steps left in the caller's chain")
+    if grant.tokens == 0:
+        return _deny(ctx, "tokens", 0, 1, "no tokens left in the caller's chain")
+    if grant.cost_nano == 0:
+        return _deny(ctx, "cost", 0, 0, "no budget left in the caller's chain")
+    return None
+
+
+def _deny(
+    ctx: ExecutionContext, reason: TripReason, limit: float, observed: float, what: str
+) -> TripEvent:
+    trip = TripEvent(reason, float(limit), float(observed), ctx.chain_id, f"{what} (pre-flight)")
+    emit_trip(trip)
+    return trip
+
+
+def denial_body(trip: TripEvent) -> bytes:
+    """The JSON body of a 429 answer."""
+    return json.dumps(
+        {
+            "error": "budget_exceeded",
+            "reason": trip.reason,
+            "limit": trip.limit,
+            "observed": trip.observed,
+            "chain_id": trip.chain_id,
+            "message": trip.message,
+        },
+        separators=(",", ":"),
+    ).encode("utf-8")
+
+
+def budget_error(exc: BaseException) -> BudgetExceededError | None:
+    """The BudgetExceededError in ``exc`` (or in an exception group), if any."""
+    if isinstance(exc, BudgetExceededError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = budget_error(inner)
+            if found is not None:
+                return found
+    return None
