@@ -57,7 +57,7 @@ def test_demo_prints_the_table_with_honest_counts() -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     rows = [line for line in lines if "contained" in line]
-    assert len(rows) >= 6
+    assert len(rows) >= 8
     retry = [line for line in rows if line.startswith("Retry amplification")]
     calls = [int(re.search(r"contained\s+(\d+)", line).group(1)) for line in retry]  # type: ignore[union-attr]
     assert calls == [64, 6]  # (1+3)^3 requests reached the server; contained: 1 + 5 retries
@@ -65,6 +65,8 @@ def test_demo_prints_the_table_with_honest_counts() -> None:
     for line in rows:
         if " contained " in line:
             assert "fewer calls" in line
+    websocket = [line for line in rows if line.startswith("WebSocket")]
+    assert "ws 1008" in websocket[1]
 
 
 def test_run_kills_the_whole_process_group(tmp_path: Path) -> None:

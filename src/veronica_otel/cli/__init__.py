@@ -19,10 +19,17 @@ EXIT_TIMEOUT = 3
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ._demo import run_demo
+    from ._demo import run_demo, trace_to_graph
 
     print("veronica-otel demo: runaway agent chains against an embedded fake LLM server\n")
+    finish = trace_to_graph(args.out)
     run_demo()
+    written = finish()
+    if written:
+        print(f"\nexecution graphs, one per chain, in {args.out}/ (open the .html in a browser):")
+        for name, path in written:
+            print(f"  {name:<34} {path}")
+        print(f"in a terminal: veronica-otel graph {written[-1][1].with_suffix('.json')}")
     return EXIT_OK
 
 
@@ -83,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the VERONICA runaway scenarios through the real openai SDK against "
         "an embedded fake LLM server, uncontained and contained, and print the table.",
     )
+    demo.add_argument(
+        "--out", default="veronica-demo", help="where to write the graph files (veronica-demo)"
+    )
     demo.set_defaults(handler=_demo)
 
     run = sub.add_parser(
@@ -142,7 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return EXIT_USAGE
-    return int(handler(args))
+    try:
+        return int(handler(args))
+    except BrokenPipeError:  # `veronica-otel graph FILE | head`: not an error
+        sys.stderr.close()
+        return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
-from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError
+from veronica_otel._pricing import default_price_table
+from veronica_otel._units import nano_to_usd
 from veronica_otel.testing import FakeLLMServer
 
 from ._demo_scenarios import SCENARIOS, Scenario
 
-__all__ = ["DemoRow", "run_demo"]
+__all__ = ["DemoRow", "run_demo", "trace_to_graph"]
 
 
 @dataclass(frozen=True)
@@ -36,25 +39,39 @@ class DemoRow:
     note: str = ""
 
 
+def _billed_usd(server: FakeLLMServer) -> float:
+    """What the replies the server sent would cost at list price."""
+    table = default_price_table()
+    total = 0
+    for bill in server.billed:
+        prices = table.lookup("openai", bill.model)
+        if prices is not None:
+            total += prices.cost_nano(
+                bill.input_tokens, bill.output_tokens, bill.cached_tokens, bill.reasoning_tokens
+            )
+    return nano_to_usd(total)
+
+
 def _run_one(scenario: Scenario, client: Any, server: FakeLLMServer, contained: bool) -> DemoRow:
     server.reset()
-    config = scenario.config if contained else ExecutionConfig()
+    config = scenario.config if contained else None
     trip = "-"
+    name = f"{scenario.key}-{'contained' if contained else 'uncontained'}"
     started = time.perf_counter()
-    with ExecutionContext(
-        config, name=f"{scenario.key}-{'contained' if contained else 'uncontained'}"
-    ) as ctx:
-        try:
-            scenario.run(client)
-        except BudgetExceededError as exc:
-            trip = exc.reason
-        usd = ctx.snapshot().cost_usd
+    if scenario.serves:
+        trip = str(scenario.run(client, config))
+    else:
+        with ExecutionContext(config, name=name):
+            try:
+                scenario.run(client)
+            except BudgetExceededError as exc:
+                trip = exc.reason
     seconds = time.perf_counter() - started
     return DemoRow(
         scenario.title,
         "contained" if contained else "uncontained",
         server.request_count,
-        usd,
+        _billed_usd(server),
         trip,
         seconds,
         "" if contained else scenario.uncontained_note,
@@ -114,3 +131,41 @@ def _print_table(rows: list[DemoRow], out: TextIO) -> None:
             f"{row.trip:<13}{row.seconds * 1000:>6.0f}ms  {reduction}",
             file=out,
         )
+
+
+def trace_to_graph(out_dir: str) -> Callable[[], list[tuple[str, Path]]]:
+    """Send this process's spans to the graph exporter; returns a function that
+    flushes and lists the HTML files written.
+
+    The demo is an application, so it may install the SDK tracer provider,
+    but only when nothing else has.
+    """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from veronica_otel.exporters.graph import ExecutionGraphExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = ExecutionGraphExporter(out_dir)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    started = time.time()
+
+    def finish() -> list[tuple[str, Path]]:
+        from veronica_otel.exporters.graph import load_graph
+
+        exporter.force_flush()
+        found = []
+        for html in Path(out_dir).glob("*.html"):
+            if html.stat().st_mtime < started - 1:
+                continue  # an earlier run's
+            graph = load_graph(html.with_suffix(".json"))
+            roots = [n for n in graph["nodes"] if n["id"] in graph["roots"]]
+            name = roots[0]["name"].split(" ", 1)[-1] if roots else graph["chain_id"]
+            found.append((html.stat().st_mtime, name, html))
+        return [(name, path) for _, name, path in sorted(found)]
+
+    return finish

@@ -9,12 +9,14 @@ actually sent.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from veronica_otel._config import ExecutionConfig
+from veronica_otel._errors import BudgetExceededError
 from veronica_otel._propagation import current_context
 from veronica_otel._retry import RetryContainer
 
@@ -88,15 +90,91 @@ def planner_critic(client: Any) -> None:
             return
 
 
+def websocket_runaway(client: Any, config: ExecutionConfig | None) -> str:
+    """A WebSocket session that streams model output to the client without end.
+
+    The ASGI app is driven in-process; contained, it sits behind
+    :class:`VeronicaASGIMiddleware`, where every message sent is a step.
+    Returns how the session ended.
+    """
+    return asyncio.run(_websocket_session(str(client.base_url), config))
+
+
+async def _stream_forever(base_url: str, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    import openai
+
+    aclient = openai.AsyncOpenAI(base_url=base_url, api_key="demo", max_retries=0)
+    try:
+        for turn in range(DEMO_ROUND_CAP):
+            stream = await aclient.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": f"Keep talking (turn {turn})."}],
+                max_tokens=20,
+                stream=True,
+            )
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    await send({"type": "websocket.send", "text": chunk.choices[0].delta.content})
+    finally:
+        await aclient.close()
+
+
+async def _websocket_session(base_url: str, config: ExecutionConfig | None) -> str:
+    from veronica_otel.middleware import VeronicaASGIMiddleware
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        await _stream_forever(base_url, send)
+        await send({"type": "websocket.close", "code": 1000})
+
+    asgi: Any = app if config is None else VeronicaASGIMiddleware(cast(Any, app), config)
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "websocket.connect"})
+    closes: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return await inbox.get()
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "websocket.close":
+            closes.append(int(message.get("code", 1000)))
+
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "path": "/session",
+        "raw_path": b"/session",
+        "query_string": b"",
+        "headers": [(b"host", b"demo.local")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 80),
+        "subprotocols": [],
+    }
+    try:
+        await asgi(scope, receive, send)
+    except BudgetExceededError as exc:
+        return f"{exc.reason}, ws 1008" if 1008 in closes else exc.reason
+    if 1008 in closes:
+        return "steps, ws 1008"  # the middleware closed the session: policy violation
+    return "-"
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """One runaway pattern and the ceiling that contains it."""
+    """One runaway pattern and the ceiling that contains it.
+
+    ``run(client)`` runs inside a chain opened by the demo; a scenario with
+    ``serves`` runs as ``run(client, config)`` and applies the containment
+    itself (middleware), returning how it ended.
+    """
 
     key: str
     title: str
-    run: Callable[[Any], None]
+    run: Callable[..., Any]
     config: ExecutionConfig
     uncontained_note: str
+    serves: bool = False
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -120,5 +198,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         planner_critic,
         ExecutionConfig(max_steps=12, max_cost_usd=0.50),
         f"stopped by the demo after {DEMO_ROUND_CAP} rounds",
+    ),
+    Scenario(
+        "websocket",
+        "WebSocket session streaming without end",
+        websocket_runaway,
+        ExecutionConfig(max_steps=30, max_cost_usd=0.50),
+        f"stopped by the demo after {DEMO_ROUND_CAP} turns",
+        serves=True,
     ),
 )

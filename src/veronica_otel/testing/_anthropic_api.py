@@ -96,7 +96,7 @@ def _messages(call: ApiCall) -> JSONReply | StreamReply:
     cap = read_cap(body, "max_tokens")
     if cap is None:
         raise ApiError(400, "max_tokens: Field required")
-    usage = plan_usage(call.settings, call.body_size, cap)
+    usage = call.plan_usage(cap)
     pieces = text_pieces(usage.text_tokens, _json_schema(body))
     stop_reason = "max_tokens" if usage.truncated else "end_turn"
     message: dict[str, Any] = {
@@ -153,7 +153,7 @@ def _messages(call: ApiCall) -> JSONReply | StreamReply:
 
 def _count_tokens(call: ApiCall) -> JSONReply:
     _require(call.body)
-    usage = plan_usage(call.settings, call.body_size, None)
+    usage = plan_usage(call.settings, call.body_size, None)  # counting is free
     return JSONReply({"input_tokens": usage.input_tokens})
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,14 @@ class ApiCall:
     settings: TokenSettings
     serial: int
     created: int
+    bill: Callable[[str, Usage], None] | None = None
+
+    def plan_usage(self, cap: int | None) -> Usage:
+        """The usage of this reply; recorded as billed to the model named in the body."""
+        usage = plan_usage(self.settings, self.body_size, cap)
+        if self.bill is not None:
+            self.bill(str(self.body.get("model", "")), usage)
+        return usage
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from ._common import (
     JSONReply,
     StreamReply,
     Usage,
-    plan_usage,
     read_cap,
     sse,
     text_pieces,
@@ -103,9 +102,7 @@ def _chat_completions(call: ApiCall) -> JSONReply | StreamReply:
     model = _require_model(body)
     if not isinstance(body.get("messages"), list):
         raise ApiError(400, "'messages' is a required property")
-    usage = plan_usage(
-        call.settings, call.body_size, read_cap(body, "max_completion_tokens", "max_tokens")
-    )
+    usage = call.plan_usage(read_cap(body, "max_completion_tokens", "max_tokens"))
     pieces = text_pieces(usage.text_tokens, _json_schema(body.get("response_format")))
     finish = "length" if usage.truncated else "stop"
     head = {
@@ -157,7 +154,7 @@ def _legacy_completions(call: ApiCall) -> JSONReply | StreamReply:
     model = _require_model(body)
     if "prompt" not in body:
         raise ApiError(400, "'prompt' is a required property")
-    usage = plan_usage(call.settings, call.body_size, read_cap(body, "max_tokens"))
+    usage = call.plan_usage(read_cap(body, "max_tokens"))
     pieces = text_pieces(usage.text_tokens)
     finish = "length" if usage.truncated else "stop"
     head = {
@@ -208,7 +205,7 @@ def _embeddings(call: ApiCall) -> JSONReply:
             packed = struct.pack(f"<{dimensions}f", *vector)
             embedding = base64.b64encode(packed).decode("ascii")
         data.append({"object": "embedding", "index": index, "embedding": embedding})
-    usage = plan_usage(call.settings, call.body_size, None)
+    usage = call.plan_usage(None)
     return JSONReply(
         {
             "object": "list",
@@ -268,7 +265,7 @@ def _response_object(
 def _responses(call: ApiCall) -> JSONReply | StreamReply:
     body = call.body
     _require_model(body)
-    usage = plan_usage(call.settings, call.body_size, read_cap(body, "max_output_tokens"))
+    usage = call.plan_usage(read_cap(body, "max_output_tokens"))
     text_config = body.get("text")
     schema = _json_schema(text_config.get("format")) if isinstance(text_config, Mapping) else None
     pieces = text_pieces(usage.text_tokens, schema)

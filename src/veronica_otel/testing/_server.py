@@ -20,10 +20,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import _anthropic_api, _openai_api
-from ._common import ApiCall, ApiError, JSONReply, StreamReply, TokenSettings, dumps
+from ._common import ApiCall, ApiError, JSONReply, StreamReply, TokenSettings, Usage, dumps
 from ._http import HTTPServer, Reply
 
-__all__ = ["FakeLLMServer", "RecordedRequest"]
+__all__ = ["BilledUsage", "FakeLLMServer", "RecordedRequest"]
 
 _logger = logging.getLogger("veronica_otel.testing")
 
@@ -49,6 +49,17 @@ class RecordedRequest:
     headers: Mapping[str, str]
     body: Any
     received_at: float
+
+
+@dataclass(frozen=True)
+class BilledUsage:
+    """The usage one model reply reported (input includes cached; output, reasoning)."""
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,7 @@ class FakeLLMServer:
         self._chunk_delay_s = _check_seconds("chunk_delay_s", chunk_delay_s)
         self._lock = threading.Lock()
         self._recorded: deque[RecordedRequest] = deque(maxlen=max_recorded)
+        self._billed: deque[BilledUsage] = deque(maxlen=max_recorded)
         self._counts: Counter[str] = Counter()
         self._total = 0
         self._serial = 0
@@ -258,6 +270,7 @@ class FakeLLMServer:
         """Forget recorded requests and counts, clear failures and restore the latency."""
         with self._lock:
             self._recorded.clear()
+            self._billed.clear()
             self._counts.clear()
             self._total = 0
             self._pending_failures.clear()
@@ -332,6 +345,23 @@ class FakeLLMServer:
         with self._lock:
             self._chunk_delay_s = value
 
+    @property
+    def billed(self) -> list[BilledUsage]:
+        """Usage of every model reply sent (what a real provider would bill), oldest first."""
+        with self._lock:
+            return list(self._billed)
+
+    def _bill(self, model: str, usage: Usage) -> None:
+        billed = BilledUsage(
+            model,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cached_tokens,
+            usage.reasoning_tokens,
+        )
+        with self._lock:
+            self._billed.append(billed)
+
     # -- request handling (called on handler threads) ----------------------
 
     def _handle(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
@@ -393,7 +423,7 @@ class FakeLLMServer:
             raise ApiError(405, f"Method {method} not allowed on {path}")
         if not isinstance(body, dict):
             raise ApiError(400, "The request body must be a JSON object")
-        call = ApiCall(path, body, size, self._settings, serial, int(time.time()))
+        call = ApiCall(path, body, size, self._settings, serial, int(time.time()), self._bill)
         return builder(call)
 
     def _chunk_delay(self) -> float:
