@@ -1,0 +1,370 @@
+"""Declarative policy: default limits, per-model and per-tool rules, and prices in one file.
+
+Usage::
+
+    from veronica_otel import ExecutionContext, PolicyPipeline
+    from veronica_otel.policy_file import FilePolicy, PolicyFile
+
+    policy = PolicyFile("policy.toml")
+    ctx = ExecutionContext(
+        policy.default_config(),
+        PolicyPipeline([FilePolicy(policy)]),
+        price_table=policy.price_table(),
+    )
+
+Under ``opentelemetry-instrument`` nothing is written: set
+``VERONICA_POLICY_FILE=policy.toml`` and the process default chain follows the
+file (:func:`install_default_chain`).
+
+Configuration (TOML; the same tree in a ``.yaml`` / ``.yml`` file when PyYAML
+is installed)::
+
+    unknown_model_price_usd_per_mtok = 5.0  # models nobody prices
+
+    [limits]                 # default chain limits: ExecutionConfig's fields
+    max_cost_usd = 2.0       # VERONICA_* variables take precedence
+    max_steps = 100
+
+    [prices."openai:my-finetune"]  # USD per 1M tokens; "provider:model" or "model"
+    input = 3.0
+    output = 12.0
+    cached_input = 1.5       # optional, as are reasoning and cache_write
+
+    [models."gpt-4o"]        # "model" or "provider:model", case-insensitive
+    fallback = "gpt-4o-mini" # send this model instead
+    max_tokens = 1000        # clamp each call's output tokens
+    max_calls = 50           # per chain
+
+    [tools."web_search"]     # a tool call's name, exactly
+    max_calls = 10           # per chain
+
+Every rule is enforced or the file is rejected (:class:`PolicyFileError`
+names the file, the key path and the value). The file is re-read when its
+modification time, size or inode changes, checked at most once per
+``check_interval_s`` by the calls that read it: no thread. A malformed new
+version keeps the last good policy and logs an ERROR once; the first version
+must be valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import fields, replace
+from pathlib import Path
+
+from . import _propagation
+from ._config import ExecutionConfig
+from ._context import ExecutionContext
+from ._policy import PolicyPipeline
+from ._policy_rules import FilePolicy
+from ._policy_schema import ModelRule, PolicyFileError, PolicySpec, ToolRule, load_policy
+from ._pricing import UNKNOWN_MODEL_PRICE_ENV, PriceTable, UnitPrices
+from ._units import check_usd
+
+__all__ = [
+    "POLICY_FILE_ENV",
+    "FilePolicy",
+    "ModelRule",
+    "PolicyFile",
+    "PolicyFileError",
+    "PolicyFileListener",
+    "PolicySpec",
+    "ToolRule",
+    "install_default_chain",
+]
+
+POLICY_FILE_ENV = "VERONICA_POLICY_FILE"
+_logger = logging.getLogger(__name__)
+_Stamp = tuple[int, int, int, int]  # (mtime_ns, size, inode, device)
+_GONE: _Stamp = (-1, -1, -1, -1)
+
+
+class PolicyFileListener:
+    """Hears about a policy file's new versions; every method is a no-op by default."""
+
+    def on_reload(self, policy_file: PolicyFile, spec: PolicySpec) -> None:
+        """A new valid version is now current."""
+
+    def on_error(self, policy_file: PolicyFile, error: PolicyFileError) -> None:
+        """A new version was rejected (or the file vanished); the last good one stays."""
+
+
+class PolicyFile:
+    """A policy file, re-read when it changes.
+
+    Args:
+        path: A ``.toml``, ``.yaml`` or ``.yml`` file.
+        check_interval_s: Look at the file at most this often (0: on every read).
+        clock: Monotonic seconds; injectable for tests.
+
+    Raises:
+        PolicyFileError: The file cannot be read or is not a valid policy: at
+            start-up nothing runs with half a policy.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        check_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise TypeError(f"path must be a non-empty str or os.PathLike, got {path!r}")
+        if (
+            isinstance(check_interval_s, bool)
+            or not isinstance(check_interval_s, (int, float))
+            or not math.isfinite(check_interval_s)
+            or check_interval_s < 0
+        ):
+            raise ValueError(f"check_interval_s must be finite and >= 0, got {check_interval_s!r}")
+        if not callable(clock):
+            raise TypeError(f"clock must be callable, got {clock!r}")
+        self._path = Path(path)
+        self._interval = float(check_interval_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._listeners: list[PolicyFileListener] = []
+        stamp = _stat(self._path)
+        self._state: tuple[int, PolicySpec] = (1, load_policy(self._path))
+        self._stamp: _Stamp = stamp
+        self._rejected: _Stamp | None = None
+        self._next_check = clock() + self._interval
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        check_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> PolicyFile | None:
+        """The file named by ``VERONICA_POLICY_FILE``, or None when it is unset.
+
+        Raises:
+            PolicyFileError: The file named is missing or invalid.
+        """
+        env = os.environ if environ is None else environ
+        path = env.get(POLICY_FILE_ENV, "").strip()
+        if not path:
+            return None
+        return cls(path, check_interval_s=check_interval_s, clock=clock)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def version(self) -> int:
+        """1 for the first load, +1 for each reload that changed the rules."""
+        return self.snapshot()[0]
+
+    def current(self) -> PolicySpec:
+        """The rules now in force (re-reading the file if it is time to look)."""
+        return self.snapshot()[1]
+
+    def snapshot(self) -> tuple[int, PolicySpec]:
+        """The version number and the rules now in force."""
+        if self._clock() < self._next_check:
+            return self._state
+        return self._check(force=False)[0]
+
+    def refresh(self) -> bool:
+        """Look at the file now; True when a new version became current."""
+        return self._check(force=True)[1]
+
+    def add_listener(self, listener: PolicyFileListener) -> None:
+        """Call ``listener`` on each reload and each rejected version."""
+        if not isinstance(listener, PolicyFileListener):
+            raise TypeError(f"listener must be a PolicyFileListener, got {listener!r}")
+        with self._lock:
+            self._listeners.append(listener)
+
+    def default_config(self, environ: Mapping[str, str] | None = None) -> ExecutionConfig:
+        """Chain limits: each ``VERONICA_*`` variable that is set, else the file's ``[limits]``.
+
+        Raises:
+            ValueError: A ``VERONICA_*`` variable is malformed (named in the message).
+        """
+        env = ExecutionConfig.from_env(environ)
+        file = self.current().limits
+        values = {
+            f.name: getattr(file, f.name) if getattr(env, f.name) is None else getattr(env, f.name)
+            for f in fields(ExecutionConfig)
+        }
+        return ExecutionConfig(**values)
+
+    def price_table(self, environ: Mapping[str, str] | None = None) -> PriceTable:
+        """A :class:`PriceTable` that always prices with the current version's ``[prices]``.
+
+        ``VERONICA_UNKNOWN_MODEL_PRICE``, when set, takes precedence over the
+        file's ``unknown_model_price_usd_per_mtok``.
+
+        Raises:
+            ValueError: ``VERONICA_UNKNOWN_MODEL_PRICE`` is malformed.
+        """
+        return _FilePriceTable(self, _env_unknown_price(environ))
+
+    def _check(self, *, force: bool) -> tuple[tuple[int, PolicySpec], bool]:
+        with self._lock:
+            now = self._clock()
+            if not force and now < self._next_check:
+                return self._state, False
+            self._next_check = now + self._interval
+            event = self._reload()
+            listeners = list(self._listeners)
+            state = self._state
+        for listener in listeners:  # outside the lock: a listener may read the file
+            try:
+                if isinstance(event, PolicyFileError):
+                    listener.on_error(self, event)
+                elif event is not None:
+                    listener.on_reload(self, event)
+            except Exception:
+                _logger.exception("policy file listener %r failed", listener)
+        return state, isinstance(event, PolicySpec)
+
+    def _reload(self) -> PolicySpec | PolicyFileError | None:
+        error: PolicyFileError | None = None
+        try:
+            stamp = _stat(self._path)
+        except PolicyFileError as exc:
+            stamp, error = _GONE, exc
+        if stamp == self._stamp:
+            self._rejected = None
+            return None
+        if stamp == self._rejected:
+            return None  # this bad version was reported already
+        version, current = self._state
+        if error is None:
+            try:
+                spec = load_policy(self._path)
+            except PolicyFileError as exc:
+                error = exc
+        if error is not None:
+            self._rejected = stamp
+            _logger.error(
+                "veronica-otel: %s; keeping the last good policy (version %d)", error, version
+            )
+            return error
+        self._stamp, self._rejected = stamp, None
+        if spec == current:
+            return None
+        self._state = (version + 1, spec)
+        _logger.info("veronica-otel: policy file %s reloaded (version %d)", self._path, version + 1)
+        return spec
+
+    def __repr__(self) -> str:
+        return f"PolicyFile({str(self._path)!r}, version={self._state[0]})"
+
+
+def _stat(path: Path) -> _Stamp:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise PolicyFileError(str(path), f"cannot be read ({exc.strerror or exc})") from None
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+
+
+class _FilePriceTable(PriceTable):
+    """Delegates to a table built once per version of the file."""
+
+    def __init__(self, source: PolicyFile, unknown_usd: float | None) -> None:
+        super().__init__()
+        self._source = source
+        self._unknown_usd = unknown_usd
+        self._table: tuple[int, PriceTable] = (0, PriceTable())  # versions start at 1
+
+    def lookup(
+        self, provider: str | None, model: str, *, price_context: Mapping[str, str] | None = None
+    ) -> UnitPrices | None:
+        version, spec = self._source.snapshot()
+        built = self._table
+        if built[0] != version:
+            unknown = self._unknown_usd
+            if unknown is None:
+                unknown = spec.unknown_model_price_usd_per_mtok
+            built = self._table = (
+                version,
+                PriceTable(spec.prices, unknown_model_price_usd_per_mtok=unknown),
+            )
+        return built[1].lookup(provider, model, price_context=price_context)
+
+
+def _env_unknown_price(environ: Mapping[str, str] | None) -> float | None:
+    env = os.environ if environ is None else environ
+    raw = env.get(UNKNOWN_MODEL_PRICE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return check_usd(UNKNOWN_MODEL_PRICE_ENV, float(raw))
+    except ValueError as exc:
+        raise ValueError(
+            f"{UNKNOWN_MODEL_PRICE_ENV}={raw!r} is not USD per 1M tokens ({exc})"
+        ) from None
+
+
+def install_default_chain(
+    policy_file: PolicyFile, environ: Mapping[str, str] | None = None
+) -> ExecutionContext:
+    """Make the process default chain follow ``policy_file``; return it.
+
+    The chain gets :meth:`PolicyFile.default_config`, a :class:`FilePolicy`
+    and :meth:`PolicyFile.price_table`. When a reload changes the limits, the
+    default chain is rebuilt under the same chain id, so what it has spent
+    and any trip carry over; the call that notices the change still runs
+    under the old limits, later ones under the new. A deadline keeps
+    counting from the first chain's start. A rejected version
+    is also reported on stderr, where a person running the app looks.
+
+    Raises:
+        ValueError: A ``VERONICA_*`` variable is malformed.
+    """
+    keeper = _DefaultChain(policy_file, environ)
+    policy_file.add_listener(keeper)
+    _propagation.set_default_context(keeper.context)
+    return keeper.context
+
+
+class _DefaultChain(PolicyFileListener):
+    def __init__(self, policy_file: PolicyFile, environ: Mapping[str, str] | None) -> None:
+        self._environ = environ
+        self._started = time.monotonic()
+        self._config = policy_file.default_config(environ)
+        self._pipeline = PolicyPipeline([FilePolicy(policy_file)])
+        self._prices = policy_file.price_table(environ)
+        self._lock = threading.Lock()
+        self.context = ExecutionContext(
+            self._config, self._pipeline, price_table=self._prices, name="default"
+        )
+
+    def on_reload(self, policy_file: PolicyFile, spec: PolicySpec) -> None:
+        config = policy_file.default_config(self._environ)
+        with self._lock:
+            if config == self._config:
+                return
+            old = self.context
+            timeout = config.timeout_ms
+            if timeout is not None:  # the deadline runs from the first chain's start
+                elapsed_ms = int((time.monotonic() - self._started) * 1000)
+                timeout = max(0, timeout - elapsed_ms)
+            self.context = ExecutionContext(
+                replace(config, timeout_ms=timeout),
+                self._pipeline,
+                chain_id=old.chain_id,
+                price_table=self._prices,
+                name="default",
+            )
+            self._config = config
+            if _propagation._default is old:  # unless someone else replaced it since
+                _propagation.set_default_context(self.context)
+        _logger.info("veronica-otel: default chain %s now has %s", old.chain_id, config)
+
+    def on_error(self, policy_file: PolicyFile, error: PolicyFileError) -> None:
+        print(f"veronica-otel: ERROR: {error}; keeping the last good policy", file=sys.stderr)
