@@ -96,7 +96,13 @@ SCHEMA_MODELS = [Plan, Node, Constrained]
 
 
 def test_exported_names() -> None:
-    assert veronica_otel.testing.__all__ == ["FakeLLMServer", "RecordedRequest"]
+    assert veronica_otel.testing.__all__ == [
+        "BilledUsage",
+        "FakeLLMServer",
+        "RecordedRequest",
+        "RedisServerProcess",
+        "find_redis_server",
+    ]
 
 
 def test_urls_and_lifecycle() -> None:
@@ -647,3 +653,24 @@ def test_cli_serves_until_terminated() -> None:
             process.terminate()
             _, stderr = process.communicate(timeout=10)
     assert process.returncode == 0, stderr
+
+
+def test_billed_usage_matches_what_the_replies_reported(
+    server: FakeLLMServer, oai: openai.OpenAI, claude: anthropic.Anthropic
+) -> None:
+    claude.messages.count_tokens(
+        model="claude-3-5-haiku-latest", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert server.billed == []  # counting tokens is free
+    reply = oai.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert reply.usage is not None
+    (billed,) = server.billed
+    assert billed.model == "gpt-4o-mini"
+    assert (billed.input_tokens, billed.output_tokens) == (
+        reply.usage.prompt_tokens,
+        reply.usage.completion_tokens,
+    )
+    server.reset()
+    assert server.billed == []

