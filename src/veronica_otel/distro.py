@@ -20,7 +20,9 @@ Several distros installed? Select ours with ``OTEL_PYTHON_DISTRO=veronica``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint
 from typing import Any
 
@@ -30,6 +32,8 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
 from ._config import ExecutionConfig
 from ._context import ExecutionContext
+from ._context import _valid_id as valid_chain_id
+from ._ledger import Ledger
 from ._propagation import set_default_context, set_default_context_error
 from .policy_file import PolicyFile, install_default_chain
 
@@ -94,9 +98,10 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
         _instrument("veronica_otel.instrumentors.threading", "ThreadingInstrumentor")(None)
         _installed = True
     try:
+        ledger, chain_id = _shared_store(os.environ if environ is None else environ)
         policy = PolicyFile.from_env(environ)
         if policy is not None:  # VERONICA_POLICY_FILE: the chain follows the file
-            ctx = install_default_chain(policy, environ)
+            ctx = install_default_chain(policy, environ, ledger=ledger, chain_id=chain_id)
             _logger.info("veronica-otel: default chain %s from %s", ctx.chain_id, policy.path)
             return ctx
         config = ExecutionConfig.from_env(environ)
@@ -105,10 +110,47 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
         _logger.error("veronica-otel: %s; every LLM call will be refused until it is fixed", exc)
         print(f"veronica-otel: ERROR: {exc}; LLM calls will be refused", file=sys.stderr)
         return None
-    ctx = ExecutionContext(config, name="default")
+    ctx = ExecutionContext(config, name="default", ledger=ledger, chain_id=chain_id)
     set_default_context(ctx)
     _logger.info("veronica-otel: default chain %s with %s", ctx.chain_id, config)
     return ctx
+
+
+def _shared_store(environ: Mapping[str, str]) -> tuple[Ledger | None, str | None]:
+    """The shared ledger and endpoint breakers from ``VERONICA_REDIS_URL``.
+
+    ``VERONICA_CHAIN_ID`` names the default chain, so processes that share
+    the store and the id share one budget; without it each process has a
+    chain of its own (the endpoint breakers are shared either way).
+    ``VERONICA_REDIS_PREFIX`` namespaces the keys (default ``veronica:``).
+    """
+    chain_id = environ.get("VERONICA_CHAIN_ID", "").strip() or None
+    if chain_id is not None and not valid_chain_id(chain_id):
+        raise ValueError(
+            f"VERONICA_CHAIN_ID={chain_id!r} must be 1-128 characters of letters, "
+            "digits and -_.:"
+        )
+    url = environ.get("VERONICA_REDIS_URL", "").strip()
+    if not url:
+        return None, chain_id
+    prefix = environ.get("VERONICA_REDIS_PREFIX", "").strip() or "veronica:"
+    try:
+        from veronica_otel.distributed import RedisCircuitBreaker, RedisLedger
+        from veronica_otel.instrumentors._breakers import configure_endpoint_breakers
+    except ImportError as exc:
+        raise ValueError(
+            f"VERONICA_REDIS_URL is set but the redis extra is not installed ({exc})"
+        ) from None
+    try:
+        ledger = RedisLedger.from_url(url, key_prefix=prefix)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"VERONICA_REDIS_URL: {exc}") from None
+
+    def breaker(provider: str, model: str) -> Any:
+        return RedisCircuitBreaker.from_url(url, f"{provider}/{model}", key_prefix=prefix)
+
+    configure_endpoint_breakers(breaker)
+    return ledger, chain_id
 
 
 class VeronicaDistro(BaseDistro):  # type: ignore[misc]

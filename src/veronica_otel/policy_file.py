@@ -61,6 +61,7 @@ from pathlib import Path
 from . import _propagation
 from ._config import ExecutionConfig
 from ._context import ExecutionContext
+from ._ledger import Ledger
 from ._policy import PolicyPipeline
 from ._policy_rules import FilePolicy
 from ._policy_schema import ModelRule, PolicyFileError, PolicySpec, ToolRule, load_policy
@@ -311,7 +312,11 @@ def _env_unknown_price(environ: Mapping[str, str] | None) -> float | None:
 
 
 def install_default_chain(
-    policy_file: PolicyFile, environ: Mapping[str, str] | None = None
+    policy_file: PolicyFile,
+    environ: Mapping[str, str] | None = None,
+    *,
+    ledger: Ledger | None = None,
+    chain_id: str | None = None,
 ) -> ExecutionContext:
     """Make the process default chain follow ``policy_file``; return it.
 
@@ -326,22 +331,34 @@ def install_default_chain(
     Raises:
         ValueError: A ``VERONICA_*`` variable is malformed.
     """
-    keeper = _DefaultChain(policy_file, environ)
+    keeper = _DefaultChain(policy_file, environ, ledger, chain_id)
     policy_file.add_listener(keeper)
     _propagation.set_default_context(keeper.context)
     return keeper.context
 
 
 class _DefaultChain(PolicyFileListener):
-    def __init__(self, policy_file: PolicyFile, environ: Mapping[str, str] | None) -> None:
+    def __init__(
+        self,
+        policy_file: PolicyFile,
+        environ: Mapping[str, str] | None,
+        ledger: Ledger | None = None,
+        chain_id: str | None = None,
+    ) -> None:
         self._environ = environ
+        self._ledger = ledger
         self._started = time.monotonic()
         self._config = policy_file.default_config(environ)
         self._pipeline = PolicyPipeline([FilePolicy(policy_file)])
         self._prices = policy_file.price_table(environ)
         self._lock = threading.Lock()
         self.context = ExecutionContext(
-            self._config, self._pipeline, price_table=self._prices, name="default"
+            self._config,
+            self._pipeline,
+            chain_id=chain_id,
+            ledger=ledger,
+            price_table=self._prices,
+            name="default",
         )
 
     def on_reload(self, policy_file: PolicyFile, spec: PolicySpec) -> None:
@@ -358,6 +375,7 @@ class _DefaultChain(PolicyFileListener):
                 replace(config, timeout_ms=timeout),
                 self._pipeline,
                 chain_id=old.chain_id,
+                ledger=self._ledger,
                 price_table=self._prices,
                 name="default",
             )

@@ -31,7 +31,8 @@ def apply_override(args: argparse.Namespace) -> int:
         return 1
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
-        ledger = RedisLedger.from_url(url, fail_open=False)
+        prefix = os.environ.get("VERONICA_REDIS_PREFIX", "").strip() or "veronica:"
+        ledger = RedisLedger.from_url(url, key_prefix=prefix, fail_open=False)
         ctx = ExecutionContext(ExecutionConfig(), chain_id=args.chain, ledger=ledger)
         lifted = ctx.override(
             args.reason, args.duration, add_usd=args.add_usd, add_steps=args.add_steps

@@ -48,6 +48,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -161,6 +162,7 @@ class RedisLedger:
         self._release = client.register_script(_scripts.RELEASE)
         self._trip = client.register_script(_scripts.TRIP)
         self._clear_trip = client.register_script(_scripts.CLEAR_TRIP)
+        self._override = client.register_script(_scripts.OVERRIDE)
         self._codec = TripCodec()
         self._space = space
         self._pending: deque[_Pending] = deque()
@@ -375,6 +377,30 @@ class RedisLedger:
         reply = self._call(chain_id, self._clear_trip, [key], [])
         if reply is _LOCAL:
             return self.clear_trip(chain_id)
+        return None if reply is None else self._codec.decode(reply, key)
+
+    def override(
+        self, chain_id: str, *, expires_at: float, add_cost_nano: int = 0, add_steps: int = 0
+    ) -> TripEvent | None:
+        """Lift the chain's sticky trip and widen its ceilings until ``expires_at``.
+
+        ``expires_at`` is wall time here; the store keeps it on its own clock
+        (now + the remaining duration), so every process agrees when it ends.
+        One round trip. Returns the lifted trip, or None.
+        """
+        local = self._local
+        if local is not None:
+            return local.override(
+                chain_id, expires_at=expires_at, add_cost_nano=add_cost_nano, add_steps=add_steps
+            )
+        duration_us = max(0, int((expires_at - time.time()) * 1_000_000))
+        key = self._space.chain(chain_id).chain
+        args = [str(duration_us), str(int(add_cost_nano)), str(int(add_steps)), self._chain_ttl]
+        reply = self._call(chain_id, self._override, [key], args)
+        if reply is _LOCAL:
+            return self.override(
+                chain_id, expires_at=expires_at, add_cost_nano=add_cost_nano, add_steps=add_steps
+            )
         return None if reply is None else self._codec.decode(reply, key)
 
     def snapshot(self, chain_id: str) -> LedgerState:

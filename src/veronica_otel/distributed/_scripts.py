@@ -32,6 +32,7 @@ __all__ = [
     "CLEAR_TRIP",
     "COMMIT",
     "CORRUPT_TAG",
+    "OVERRIDE",
     "RELEASE",
     "RESERVE",
     "TRIP",
@@ -65,11 +66,12 @@ local function probe(cmd, key, ...)
   return r
 end
 local function state(key)
-  local v = read(key, 'trip', 'c', 'rc', 's', 'r', 't', 'rt', 'q')
+  local v = read(key, 'trip', 'c', 'rc', 's', 'r', 't', 'rt', 'q', 'oe', 'oc', 'os')
   return {
     trip = v[1], c = int(key, 'c', v[2]), rc = int(key, 'rc', v[3]), s = int(key, 's', v[4]),
     r = int(key, 'r', v[5]), t = int(key, 't', v[6]), rt = int(key, 'rt', v[7]),
-    q = int(key, 'q', v[8]),
+    q = int(key, 'q', v[8]), oe = int(key, 'oe', v[9]), oc = int(key, 'oc', v[10]),
+    os = int(key, 'os', v[11]),
   }
 end
 local function fmt(n) return string.format('%d', n) end
@@ -155,6 +157,11 @@ for i = 1, n do
   local lsteps, lretries = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local ltokens, lcost = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local lrepeats = tonumber(ARGV[a + 6])
+  -- A logged override widens the cost and step ceilings until it expires.
+  if st.oe > now then
+    if lsteps >= 0 then lsteps = lsteps + st.os end
+    if lcost >= 0 then lcost = lcost + st.oc end
+  end
   local denial = nil
   if step and lsteps >= 0 and s + 1 > lsteps then
     denial = limit_trip('steps', lsteps, s + 1, chain, now)
@@ -317,6 +324,21 @@ if v[1] then return v[1] end
 redis.call('HSET', KEYS[1], 'trip', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return false
+"""
+)
+
+# KEYS: the chain hash. ARGV: duration_us add_cost_nano add_steps chain_ttl_ms.
+# Lifts the sticky trip and widens the ceilings until now + duration (server
+# clock). Returns the lifted trip, or nil.
+OVERRIDE = (
+    _PRELUDE
+    + r"""
+local st = state(KEYS[1])
+local now = now_us()
+redis.call('HDEL', KEYS[1], 'trip')
+redis.call('HSET', KEYS[1], 'oe', fmt(now + tonumber(ARGV[1])), 'oc', ARGV[2], 'os', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return st.trip
 """
 )
 

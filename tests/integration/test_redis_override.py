@@ -1,0 +1,75 @@
+"""The override across processes: the CLI lifts a trip in the shared ledger."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from veronica_otel import Decision, ExecutionConfig, ExecutionContext
+from veronica_otel.distributed import RedisLedger
+
+CLI = Path(sys.executable).parent / "veronica-otel"
+
+
+def test_cli_override_lifts_a_trip_seen_by_another_process(
+    redis_url: str, redis_prefix: str
+) -> None:
+    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)
+    ctx = ExecutionContext(ExecutionConfig(max_steps=2), chain_id="ov-shared", ledger=ledger)
+    assert [ctx.wrap_llm_call(lambda: None) for _ in range(3)] == [
+        Decision.ALLOW,
+        Decision.ALLOW,
+        Decision.HALT,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERONICA_")}
+    result = subprocess.run(
+        [
+            str(CLI),
+            "override",
+            "--chain",
+            "ov-shared",
+            "--reason",
+            "INC-7: let the report finish",
+            "--duration",
+            "10m",
+            "--add-steps",
+            "1",
+            "--redis-url",
+            redis_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "VERONICA_REDIS_PREFIX": redis_prefix},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "lifted a steps trip" in result.stdout
+    assert "INC-7" in result.stderr  # logged on veronica_otel.overrides
+    assert ctx.wrap_llm_call(lambda: None) is Decision.ALLOW  # this process sees it
+    assert ctx.wrap_llm_call(lambda: None) is Decision.HALT  # one extra step only
+
+
+def test_override_in_the_shared_ledger_widens_the_limit_for_everyone(
+    redis_url: str, redis_prefix: str
+) -> None:
+    a = ExecutionContext(
+        ExecutionConfig(max_steps=1),
+        chain_id="ov-2",
+        ledger=RedisLedger.from_url(redis_url, key_prefix=redis_prefix),
+    )
+    b = ExecutionContext(
+        ExecutionConfig(max_steps=1),
+        chain_id="ov-2",
+        ledger=RedisLedger.from_url(redis_url, key_prefix=redis_prefix),
+    )
+    assert a.wrap_llm_call(lambda: None) is Decision.ALLOW
+    assert b.wrap_llm_call(lambda: None) is Decision.HALT  # tripped: steps
+    lifted = b.override("approved by on-call", 300, add_steps=2)
+    assert lifted is not None and lifted.reason == "steps"
+    assert a.wrap_llm_call(lambda: None) is Decision.ALLOW  # a sees the lifted trip
+    assert b.wrap_llm_call(lambda: None) is Decision.ALLOW
+    assert a.wrap_llm_call(lambda: None) is Decision.HALT  # 1 + 2 used up
+    assert a.snapshot().steps == 3
