@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["end_chain_span", "open_chain_span"]
 
 _tracer = trace.get_tracer("veronica_otel", __version__)
+_logger = logging.getLogger(__name__)
 
 
 def open_chain_span(ctx: ExecutionContext) -> trace.Span | None:
@@ -38,18 +40,27 @@ def open_chain_span(ctx: ExecutionContext) -> trace.Span | None:
 
 
 def end_chain_span(ctx: ExecutionContext, span: trace.Span, exc: BaseException | None) -> None:
-    """Put the chain's totals on its span and end it."""
+    """Put the chain's totals on its span and end it.
+
+    Never raises: leaving a ``with`` block must not fail because the ledger
+    store is unreachable (the totals are then missing from the span).
+    """
     try:
         if span.is_recording():
-            snap = ctx.snapshot()
-            span.set_attribute("veronica.cost_usd", snap.cost_usd)
-            span.set_attribute("veronica.steps", snap.steps)
-            span.set_attribute("veronica.retries", snap.retries)
-            span.set_attribute("veronica.tokens", snap.tokens)
-            span.set_attribute("veronica.decision", "HALT" if snap.aborted else "ALLOW")
-            if snap.trip is not None:
-                span.set_attribute("veronica.trip.reason", snap.trip.reason)
             if exc is not None and not isinstance(exc, BudgetExceededError):
                 span.record_exception(exc)
+            snap = ctx.snapshot()
+            attributes: dict[str, str | float | int] = {
+                "veronica.cost_usd": snap.cost_usd,
+                "veronica.steps": snap.steps,
+                "veronica.retries": snap.retries,
+                "veronica.tokens": snap.tokens,
+                "veronica.decision": "HALT" if snap.aborted else "ALLOW",
+            }
+            if snap.trip is not None:
+                attributes["veronica.trip.reason"] = snap.trip.reason
+            span.set_attributes(attributes)
+    except Exception:
+        _logger.warning("chain %s: totals not recorded on its span", ctx.chain_id, exc_info=True)
     finally:
         span.end()

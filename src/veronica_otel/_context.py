@@ -308,13 +308,18 @@ class ExecutionContext:
             decision = self.pipeline.evaluate(policy_context)
             if not decision.allowed:
                 self._deny_policy(decision)
-        reservation = self._ledger.reserve(
-            self._path,
-            cost_nano,
-            options.reserved_tokens,
-            retry=options.retry,
-            signature=options.signature,
-        )
+        try:
+            reservation = self._ledger.reserve(
+                self._path,
+                cost_nano,
+                options.reserved_tokens,
+                retry=options.retry,
+                signature=options.signature,
+            )
+        except BaseException:  # the store failed: give back what policies took
+            if policy_context is not None:
+                self.pipeline.abandon(policy_context)
+            raise
         if type(reservation) is not Reservation:
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
@@ -717,11 +722,13 @@ class ExecutionContext:
         self._deny("timeout", limit, self._elapsed_ms(), "wall-clock deadline passed")
 
     def _on_deadline(self) -> None:
-        if self._trip is None:
-            self._trip_now(
-                "timeout", float(self.config.timeout_ms or 0), self._elapsed_ms(), "deadline"
-            )
-        self._token.cancel()
+        try:
+            if self._trip is None:
+                self._trip_now(
+                    "timeout", float(self.config.timeout_ms or 0), self._elapsed_ms(), "deadline"
+                )
+        finally:
+            self._token.cancel()  # streams are cut even if the store is unreachable
 
     def _trip_now(self, reason: TripReason, limit: float, observed: float, what: str) -> TripEvent:
         event = TripEvent(
