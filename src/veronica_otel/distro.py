@@ -127,8 +127,7 @@ def _shared_store(environ: Mapping[str, str]) -> tuple[Ledger | None, str | None
     chain_id = environ.get("VERONICA_CHAIN_ID", "").strip() or None
     if chain_id is not None and not valid_chain_id(chain_id):
         raise ValueError(
-            f"VERONICA_CHAIN_ID={chain_id!r} must be 1-128 characters of letters, "
-            "digits and -_.:"
+            f"VERONICA_CHAIN_ID={chain_id!r} must be 1-128 characters of letters, digits and -_.:"
         )
     url = environ.get("VERONICA_REDIS_URL", "").strip()
     if not url:
