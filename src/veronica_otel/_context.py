@@ -132,9 +132,13 @@ class ExecutionContext:
             _parent._token.add_callback(weak_cancel(self))
         if self._priced:
             track_chain(self)
+        self._fast: tuple[LocalLedger, Level, Any] | None = None
         if isinstance(self._ledger, LocalLedger):
             self._ledger.acquire(self.chain_id)
             weakref.finalize(self, self._ledger.discard, self.chain_id)
+            if _parent is None and not self._has_policies:
+                # Held by acquire(): the live counters outlast nothing we use.
+                self._fast = (self._ledger, self._path[0], self._ledger.state_of(self.chain_id))
         if limits.max_depth is not None and self.depth > limits.max_depth:
             # A joined chain too deep is born tripped: every call is denied.
             self._deny(
@@ -211,6 +215,16 @@ class ExecutionContext:
             raise TypeError(
                 f"wrap_{kind}_call got a coroutine function {fn!r}; use awrap_{kind}_call"
             )
+        fast = self._fast
+        if (
+            fast is not None
+            and self._trip is None
+            and (options is None or options.plain)
+            and (self._deadline is None or _monotonic() < self._deadline)
+            and not self._token.cancelled
+            and not self._metrics
+        ):
+            return self._wrap_fast(fast, fn, options)
         try:
             call = self.begin_call(kind, options)
         except BudgetExceededError:
@@ -235,6 +249,54 @@ class ExecutionContext:
         self._partial = result
         call._done = True  # settle directly: one frame less on the hot path
         self._finish(call, None, True)
+        return Decision.ALLOW
+
+    def _wrap_fast(
+        self,
+        fast: tuple[LocalLedger, Level, Any],
+        fn: Callable[[], Any],
+        options: WrapOptions | None,
+    ) -> Decision:
+        """The common case, kept short: an in-process root chain, no policies.
+
+        Same checks and settlement as ``begin_call`` + ``_finish``, without the
+        general machinery (pipeline, multi-level path, telemetry).
+        """
+        ledger, level, state = fast
+        if options is None:
+            cost = tokens = 0
+        else:
+            cost, tokens = options.hint_nano, options.reserved_tokens
+        reservation = ledger.reserve_one(level, state, cost, tokens)
+        if type(reservation) is not Reservation:
+            self._tripped(reservation, raise_error=False)  # type: ignore[arg-type]
+            return Decision.HALT
+        call = CallHandle(self, reservation, None, ALLOW)
+        active = ACTIVE_CALL.set(call)
+        try:
+            result = fn()
+        except BudgetExceededError as exc:
+            call.finish(exc)
+            return Decision.HALT
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        finally:
+            ACTIVE_CALL.reset(active)
+        if result is not None and inspect.isawaitable(result):
+            call.finish(TypeError("awaitable"), sent=False)
+            close_awaitable(result)
+            raise TypeError(f"wrap_*_call got an awaitable from {fn!r}; use awrap_*_call")
+        self._partial = result
+        call._done = True
+        if call.cost_nano >= 0 or call.tokens >= 0:
+            cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
+        else:
+            cost, tokens = reservation.cost_nano, reservation.tokens
+        overrun = ledger.commit_one(level, state, reservation, cost, tokens)
+        if overrun is not None:
+            self._trip = overrun
+            emit_trip(overrun)
         return Decision.ALLOW
 
     async def _awrap(

@@ -245,6 +245,63 @@ class LocalLedger:
                 _charge(path[i], state, cost_nano, tokens, step, retry, signature)
             return Reservation("", cost_nano, tokens, step, retry)
 
+    def state_of(self, chain_id: str) -> _ChainState:
+        """The live counters of ``chain_id`` (for :meth:`reserve_one`); hold it with acquire."""
+        with self._lock:
+            return self._state(chain_id)
+
+    def reserve_one(
+        self, level: Level, state: _ChainState, cost_nano: int, tokens: int
+    ) -> Reservation | TripEvent:
+        """:meth:`reserve` for the hot path: one root level, a plain step.
+
+        The checks are the same as ``_check``'s for a step with no retry and
+        no signature; anything unusual (a trip, an override, a denial) goes
+        the general way, which re-checks under the lock.
+        """
+        limits = level.limits
+        with self._lock:
+            if state.trip is None and state.override is None:
+                steps = state.steps + 1
+                if (
+                    (limits.steps is None or steps <= limits.steps)
+                    and (
+                        limits.tokens is None
+                        or state.tokens + state.reserved_tokens + tokens <= limits.tokens
+                    )
+                    and (
+                        limits.cost_nano is None
+                        or state.cost_nano + state.reserved_nano + cost_nano <= limits.cost_nano
+                    )
+                ):
+                    state.steps = steps
+                    state.reserved_nano += cost_nano
+                    state.reserved_tokens += tokens
+                    return Reservation("", cost_nano, tokens, True, False)
+        return self.reserve((level,), cost_nano, tokens)
+
+    def commit_one(
+        self,
+        level: Level,
+        state: _ChainState,
+        reservation: Reservation,
+        cost_nano: int,
+        tokens: int,
+    ) -> TripEvent | None:
+        """:meth:`commit` for the hot path (one root level)."""
+        with self._lock:
+            state.reserved_nano -= reservation.cost_nano
+            state.reserved_tokens -= reservation.tokens
+            state.cost_nano += cost_nano
+            state.tokens += tokens
+            if cost_nano <= reservation.cost_nano and tokens <= reservation.tokens:
+                return None
+            trip = _overrun(level, state)
+            if trip is not None and state.trip is None:
+                state.trip = trip
+                return trip
+            return None
+
     def commit(
         self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
     ) -> TripEvent | None:

@@ -48,6 +48,7 @@ class WrapOptions:
     retry: bool = False
     hint_nano: int = field(init=False, repr=False, compare=False)
     reserved_tokens: int = field(init=False, repr=False, compare=False)
+    plain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         hint = check_usd("cost_estimate_hint", self.cost_estimate_hint)
@@ -64,6 +65,9 @@ class WrapOptions:
                 raise TypeError(f"{name} must be a str, got {getattr(self, name)!r}")
         object.__setattr__(self, "hint_nano", usd_to_nano(hint))
         object.__setattr__(self, "reserved_tokens", input_tokens + output_tokens)
+        # No model to price, no signature to count, not a retry: the fast path.
+        plain = self.model is None and self.signature is None and not self.retry
+        object.__setattr__(self, "plain", plain)
 
 
 @dataclass(frozen=True, slots=True)
