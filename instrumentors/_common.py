@@ -26,7 +26,6 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
-from veronica_otel._options import WrapOptions
 from veronica_otel._pricing import UnitPrices, estimate_input_tokens_from_bytes
 from veronica_otel._trips import emit_trip, trip_attributes
 from veronica_otel._units import nano_to_usd
@@ -309,15 +308,15 @@ def admit(
         signature = _signature(model, input_parts) if ctx.tracks_repeats else None
         output = (cap or 0) * max(1, choices)  # n choices each up to the cap
         cost = prices.max_cost_nano(bound, output) if prices is not None else 0
-        options = WrapOptions(
-            operation_name=operation,
-            model=model,
-            provider=provider,
-            input_tokens=bound,
-            max_tokens=output if cap is not None else None,
+        handle = ctx.begin_priced_call(
+            "llm",
+            operation,
+            provider,
+            model,
+            cost,
+            bound + (output if cap is not None else 0),
             signature=signature,
         )
-        handle = ctx.begin_call("llm", options, cost_nano=cost)
     except BudgetExceededError as exc:
         breaker.release_probe(probe)
         _mark_denied(span, owns_span, ctx, exc)

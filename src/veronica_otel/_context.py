@@ -345,38 +345,63 @@ class ExecutionContext:
         """
         if options is None:
             options = _DEFAULT_OPTIONS
+        if cost_nano is None:
+            cost_nano = options.hint_nano
+            if options.model is not None and self._priced and cost_nano == 0:
+                cost_nano = self._worst_case(options)
+        return self.begin_priced_call(
+            kind,
+            options.operation_name,
+            options.provider,
+            options.model,
+            cost_nano,
+            options.reserved_tokens,
+            retry=options.retry,
+            signature=options.signature,
+        )
+
+    def begin_priced_call(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        tokens: int,
+        *,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> CallHandle:
+        """:meth:`begin_call` for instrumentors that already priced the call.
+
+        ``cost_nano`` and ``tokens`` are the call's worst case in ledger units
+        (non-negative ints, validated by the caller): no options object is
+        built on the hot path of every instrumented call.
+        """
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
         if self._deadline is not None and _monotonic() >= self._deadline:
             self._deny_timeout()
         if self._token.cancelled:
             self._deny_timeout()
-        if cost_nano is None:
-            cost_nano = options.hint_nano
-            if options.model is not None and self._priced and cost_nano == 0:
-                cost_nano = self._worst_case(options)
         policy_context: PolicyContext | None = None
         decision = ALLOW
         if self._has_policies:
             policy_context = PolicyContext(
                 chain_id=self.chain_id,
                 kind=kind,
-                operation_name=options.operation_name,
-                provider=options.provider,
-                model=options.model,
+                operation_name=operation_name,
+                provider=provider,
+                model=model,
                 estimated_cost_usd=nano_to_usd(cost_nano),
-                signature=options.signature,
+                signature=signature,
             )
             decision = self.pipeline.evaluate(policy_context)
             if not decision.allowed:
                 self._deny_policy(decision)
         try:
             reservation = self._ledger.reserve(
-                self._path,
-                cost_nano,
-                options.reserved_tokens,
-                retry=options.retry,
-                signature=options.signature,
+                self._path, cost_nano, tokens, retry=retry, signature=signature
             )
         except BaseException:  # the store failed: give back what policies took
             if policy_context is not None:
@@ -390,7 +415,7 @@ class ExecutionContext:
         if self._metrics:
             call.metrics = True
             call.kind = kind
-            call.model = options.model
+            call.model = model
         return call
 
     def _trip_lifted(self) -> bool:
