@@ -224,13 +224,26 @@ class ExecutionContext:
             and not self._token.cancelled
             and not self._metrics
         ):
-            return self._wrap_fast(fast, fn, options)
-        try:
-            call = self.begin_call(kind, options)
-        except BudgetExceededError:
-            return Decision.HALT
-        if call.decision.rate_limit_ms:
-            time.sleep(call.decision.rate_limit_ms / 1000)
+            # The common case, kept short: an in-process root chain with no
+            # policies. Same checks as begin_call; any denial re-checks the
+            # general way inside reserve_one.
+            ledger, level, state = fast
+            cost, tokens = (
+                (0, 0) if options is None else (options.hint_nano, options.reserved_tokens)
+            )
+            reservation = ledger.reserve_one(level, state, cost, tokens)
+            if type(reservation) is not Reservation:
+                self._tripped(reservation, raise_error=False)  # type: ignore[arg-type]
+                return Decision.HALT
+            call = CallHandle(self, reservation, None, ALLOW)
+        else:
+            fast = None
+            try:
+                call = self.begin_call(kind, options)
+            except BudgetExceededError:
+                return Decision.HALT
+            if call.decision.rate_limit_ms:
+                time.sleep(call.decision.rate_limit_ms / 1000)
         active = ACTIVE_CALL.set(call)
         try:
             result = fn()
@@ -247,53 +260,16 @@ class ExecutionContext:
             close_awaitable(result)
             raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
         self._partial = result
-        call._done = True  # settle directly: one frame less on the hot path
-        self._finish(call, None, True)
-        return Decision.ALLOW
-
-    def _wrap_fast(
-        self,
-        fast: tuple[LocalLedger, Level, Any],
-        fn: Callable[[], Any],
-        options: WrapOptions | None,
-    ) -> Decision:
-        """The common case, kept short: an in-process root chain, no policies.
-
-        Same checks and settlement as ``begin_call`` + ``_finish``, without the
-        general machinery (pipeline, multi-level path, telemetry).
-        """
-        ledger, level, state = fast
-        if options is None:
-            cost = tokens = 0
-        else:
-            cost, tokens = options.hint_nano, options.reserved_tokens
-        reservation = ledger.reserve_one(level, state, cost, tokens)
-        if type(reservation) is not Reservation:
-            self._tripped(reservation, raise_error=False)  # type: ignore[arg-type]
-            return Decision.HALT
-        call = CallHandle(self, reservation, None, ALLOW)
-        active = ACTIVE_CALL.set(call)
-        try:
-            result = fn()
-        except BudgetExceededError as exc:
-            call.finish(exc)
-            return Decision.HALT
-        except BaseException as exc:
-            call.finish(exc)
-            raise
-        finally:
-            ACTIVE_CALL.reset(active)
-        if result is not None and inspect.isawaitable(result):
-            call.finish(TypeError("awaitable"), sent=False)
-            close_awaitable(result)
-            raise TypeError(f"wrap_*_call got an awaitable from {fn!r}; use awrap_*_call")
-        self._partial = result
-        call._done = True
+        call._done = True  # settled here, one frame less on the hot path
+        if fast is None:
+            self._finish(call, None, True)
+            return Decision.ALLOW
+        reservation = call.reservation
         if call.cost_nano >= 0 or call.tokens >= 0:
             cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
         else:
             cost, tokens = reservation.cost_nano, reservation.tokens
-        overrun = ledger.commit_one(level, state, reservation, cost, tokens)
+        overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
         if overrun is not None:
             self._trip = overrun
             emit_trip(overrun)
