@@ -209,26 +209,6 @@ class LocalLedger:
     ) -> Reservation | TripEvent:
         chains = self._chains
         with self._lock:
-            if len(path) == 1:  # the common case, kept free of loops
-                level = path[0]
-                state = chains.get(level.chain_id)
-                if state is None:
-                    state = chains[level.chain_id] = _ChainState()
-                if state.trip is not None:
-                    return state.trip
-                denial = _check(level, state, cost_nano, tokens, step, retry, signature)
-                if denial is not None:
-                    state.trip = denial
-                    return denial
-                if step:
-                    state.steps += 1
-                if retry:
-                    state.retries += 1
-                state.reserved_nano += cost_nano
-                state.reserved_tokens += tokens
-                if signature is not None and level.limits.repeats is not None:
-                    _remember(state, signature)
-                return Reservation("", cost_nano, tokens, step, retry)
             states = []
             for level in path:
                 state = chains.get(level.chain_id)
