@@ -91,3 +91,35 @@ def test_no_limits_set_runs_everything(server: FakeLLMServer) -> None:
     result = run_app(server)
     assert result.returncode == 0, result.stderr
     assert server.count("/v1/chat/completions") == 5
+
+
+def test_the_zero_code_example_runs_as_its_readme_says(server: FakeLLMServer) -> None:
+    example = Path(__file__).parents[2] / "examples" / "zero_code" / "agent.py"
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_"))
+    }
+    environ.update(
+        OPENAI_BASE_URL=server.openai_base_url,
+        OPENAI_API_KEY="test",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        VERONICA_MAX_STEPS="5",
+        VERONICA_MAX_COST_USD="0.01",
+    )
+    result = subprocess.run(
+        [str(INSTRUMENT), sys.executable, str(example)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
+        f"round {i}" for i in range(5)
+    ]
+    assert "steps limit reached (limit 5, this call would make it 6)" in result.stderr
+    assert server.count("/v1/chat/completions") == 5
+    assert all("max_completion_tokens" in r.body for r in server.requests)  # clamped
