@@ -97,6 +97,7 @@ class ContainedCall:
         "output_cap",
         "output_tokens",
         "owns_span",
+        "pending_attributes",
         "prices",
         "probe",
         "provider",
@@ -135,6 +136,7 @@ class ContainedCall:
         self.reasoning_tokens = 0
         self.breaker: CircuitBreaker | None = None
         self.probe: object | None = None
+        self.pending_attributes: dict[str, str | int | float] | None = None
         self.usage_seen = False
         self.text: list[str] = []
         self.text_bytes = 0
@@ -224,9 +226,8 @@ class ContainedCall:
         span = self.span
         try:
             if span.is_recording():
-                attributes: dict[str, str | int | float] = {
-                    "veronica.cost_usd": nano_to_usd(max(self.handle.cost_nano, 0)),
-                }
+                attributes: dict[str, str | int | float] = self.pending_attributes or {}
+                attributes["veronica.cost_usd"] = nano_to_usd(max(self.handle.cost_nano, 0))
                 if self.usage_seen:
                     attributes["gen_ai.usage.input_tokens"] = self.input_tokens
                     attributes["gen_ai.usage.output_tokens"] = self.output_tokens
@@ -340,7 +341,11 @@ def admit(
     call.breaker, call.probe = breaker, probe
     if fallback is not None and fallback != model:
         call.model = fallback
-    _record_admission(span, ctx, handle, cap, clamped, model, fallback)
+    admission = _admission_attributes(span, ctx, handle, cap, clamped, model, fallback)
+    if owns_span:
+        call.pending_attributes = admission  # set with the end's, in one SDK call
+    elif admission:
+        _set_span_attributes(span, admission)  # the SDK's own span may end before us
     return (
         call,
         (clamped if clamped is not None else None),
@@ -348,7 +353,7 @@ def admit(
     )
 
 
-def _record_admission(
+def _admission_attributes(
     span: Span,
     ctx: ExecutionContext,
     handle: CallHandle,
@@ -356,24 +361,29 @@ def _record_admission(
     clamped: int | None,
     model: str,
     fallback: str | None,
-) -> None:
+) -> dict[str, str | int | float] | None:
+    if not span.is_recording():
+        return None
+    attributes: dict[str, str | int | float] = {
+        "veronica.chain.id": ctx.chain_id,
+        "veronica.decision": "ALLOW",
+        "veronica.reserved_usd": handle.reserved_usd,
+    }
+    if cap is not None:
+        attributes["gen_ai.request.max_tokens"] = cap
+    if clamped is not None:
+        attributes["veronica.clamped.max_tokens"] = clamped
+    if fallback is not None and fallback != model:
+        attributes["veronica.fallback_model"] = fallback
+        attributes["gen_ai.request.model"] = fallback
+    return attributes
+
+
+def _set_span_attributes(span: Span, attributes: dict[str, str | int | float]) -> None:
     try:
-        if span.is_recording():
-            attributes: dict[str, str | int | float] = {
-                "veronica.chain.id": ctx.chain_id,
-                "veronica.decision": "ALLOW",
-                "veronica.reserved_usd": handle.reserved_usd,
-            }
-            if cap is not None:
-                attributes["gen_ai.request.max_tokens"] = cap
-            if clamped is not None:
-                attributes["veronica.clamped.max_tokens"] = clamped
-            if fallback is not None and fallback != model:
-                attributes["veronica.fallback_model"] = fallback
-                attributes["gen_ai.request.model"] = fallback
-            span.set_attributes(attributes)  # one call: one lock in the SDK
+        span.set_attributes(attributes)
     except Exception:
-        _logger.exception("recording the admission on its span failed")
+        _logger.exception("recording the call on its span failed")
 
 
 def _deny_endpoint(ctx: ExecutionContext, provider: str, model: str, why: str) -> None:

@@ -99,12 +99,13 @@ _FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "respons
 class _CallState:
     """One contained API call, as the per-attempt and per-payload hooks see it."""
 
-    __slots__ = ("call", "retries", "streamed")
+    __slots__ = ("call", "retries", "span_token", "streamed")
 
-    def __init__(self, call: ContainedCall, streamed: bool) -> None:
+    def __init__(self, call: ContainedCall, streamed: bool, span_token: object) -> None:
         self.call = call
         self.streamed = streamed
         self.retries = 0  # highest retries_taken already drawn from the chain
+        self.span_token = span_token  # our span is current from admission to return
 
 
 _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
@@ -178,9 +179,10 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
     n_messages = len(messages) if isinstance(messages, list) else 1
     cap, cap_key = _requested_cap(body, cap_keys)
     span = start_span(operation, PROVIDER, model)
-    with trace.use_span(
-        span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-    ):
+    # Current from here until the request returns (one attach for both): a
+    # denial's trip event lands on this span, and HTTP spans nest under it.
+    span_token = otel_context.attach(trace.set_span_in_context(span))
+    try:
         call, clamp, fallback = admit(
             ctx,
             span,
@@ -194,12 +196,15 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
             clampable=bool(cap_keys),
             choices=_choices(body, operation),
         )
-    if clamp is not None:
-        # Into the key the caller used (chat has two names for it): never add the other.
-        _set_body(options, cap_key, clamp)
-    if fallback is not None:
-        _set_body(options, "model", fallback)
-    return _CallState(call, stream_kwarg or body.get("stream") is True)
+        if clamp is not None:
+            # Into the key the caller used (chat has two names for it): never add the other.
+            _set_body(options, cap_key, clamp)
+        if fallback is not None:
+            _set_body(options, "model", fallback)
+    except BaseException:
+        otel_context.detach(span_token)
+        raise
+    return _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
 
 
 # -- settlement ----------------------------------------------------------------------
@@ -326,7 +331,6 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if state is None:
         return wrapped(*args, **kwargs)
     call = state.call
-    span_token = otel_context.attach(trace.set_span_in_context(call.span))
     active = _ACTIVE.set(state)
     stripped = strip_veronica_baggage()
     try:
@@ -338,7 +342,7 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
-        otel_context.detach(span_token)
+        otel_context.detach(state.span_token)  # type: ignore[arg-type]
     return _settle(state, result)
 
 
@@ -349,7 +353,6 @@ async def _arequest(
     if state is None:
         return await wrapped(*args, **kwargs)
     call = state.call
-    span_token = otel_context.attach(trace.set_span_in_context(call.span))
     active = _ACTIVE.set(state)
     stripped = strip_veronica_baggage()
     try:
@@ -361,7 +364,7 @@ async def _arequest(
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
-        otel_context.detach(span_token)
+        otel_context.detach(state.span_token)  # type: ignore[arg-type]
     return _settle(state, result)
 
 
