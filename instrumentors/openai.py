@@ -275,12 +275,23 @@ def _settle_on_close(call: ContainedCall, response: Any) -> None:
         response.stream = _ASettleOnClose(body, call)
 
 
-def _settle(state: _CallState, result: Any) -> Any:
-    # Imported here, not at module level: the zero-code hook instruments while
-    # `openai` itself is still being imported (these names are not bound yet).
-    from openai import AsyncStream, Stream
-    from pydantic import BaseModel
+_RESULT_TYPES: tuple[Any, Any, Any] | None = None
 
+
+def _result_types() -> tuple[Any, Any, Any]:
+    # Looked up on first use, not at import: the zero-code hook instruments
+    # while `openai` itself is still being imported (these are not bound yet).
+    global _RESULT_TYPES
+    if _RESULT_TYPES is None:
+        from openai import AsyncStream, Stream
+        from pydantic import BaseModel
+
+        _RESULT_TYPES = (Stream, AsyncStream, BaseModel)
+    return _RESULT_TYPES
+
+
+def _settle(state: _CallState, result: Any) -> Any:
+    Stream, AsyncStream, BaseModel = _result_types()
     call = state.call
     if isinstance(result, Stream):
         _settle_on_close(call, result.response)
