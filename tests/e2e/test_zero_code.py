@@ -6,18 +6,14 @@ fake server, whose request count is the ground truth of what was sent.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests._zero_code import UNCHANGED_AGENT, run_instrumented
 from veronica_otel.testing import FakeLLMServer
-
-APP = Path(__file__).parent / "apps" / "unchanged_agent.py"
-INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 
 
 @pytest.fixture
@@ -27,27 +23,7 @@ def server() -> Iterator[FakeLLMServer]:
 
 
 def run_app(server: FakeLLMServer, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_"))
-    }
-    environ.update(
-        OPENAI_BASE_URL=server.openai_base_url,
-        OPENAI_API_KEY="test-key",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-    )
-    environ.update(env)
-    return subprocess.run(
-        [str(INSTRUMENT), sys.executable, str(APP)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_instrumented(UNCHANGED_AGENT, server, **env)
 
 
 def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None:
@@ -95,28 +71,7 @@ def test_no_limits_set_runs_everything(server: FakeLLMServer) -> None:
 
 def test_the_zero_code_example_runs_as_its_readme_says(server: FakeLLMServer) -> None:
     example = Path(__file__).parents[2] / "examples" / "zero_code" / "agent.py"
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_"))
-    }
-    environ.update(
-        OPENAI_BASE_URL=server.openai_base_url,
-        OPENAI_API_KEY="test",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        VERONICA_MAX_STEPS="5",
-        VERONICA_MAX_COST_USD="0.01",
-    )
-    result = subprocess.run(
-        [str(INSTRUMENT), sys.executable, str(example)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_instrumented(example, server, VERONICA_MAX_STEPS="5", VERONICA_MAX_COST_USD="0.01")
     assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
         f"round {i}" for i in range(5)
     ]

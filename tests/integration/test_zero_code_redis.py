@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests._zero_code import UNCHANGED_AGENT, run_instrumented
 from veronica_otel.distributed import RedisLedger
 from veronica_otel.testing import FakeLLMServer
-
-APP = Path(__file__).parents[1] / "e2e" / "apps" / "unchanged_agent.py"
-INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 
 
 @pytest.fixture
@@ -24,27 +19,7 @@ def llm() -> Iterator[FakeLLMServer]:
 
 
 def run_agent(llm: FakeLLMServer, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_"))
-    }
-    environ.update(
-        OPENAI_BASE_URL=llm.openai_base_url,
-        OPENAI_API_KEY="k",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        **env,
-    )
-    return subprocess.run(
-        [str(INSTRUMENT), sys.executable, str(APP)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_instrumented(UNCHANGED_AGENT, llm, **env)
 
 
 def test_two_unchanged_processes_share_one_chain(

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests._zero_code import UNCHANGED_AGENT, run_instrumented
 from veronica_otel import (
     BudgetExceededError,
     ExecutionConfig,
@@ -86,8 +87,6 @@ tools:
     max_calls: 10
 """
 
-APP = Path(__file__).parents[1] / "e2e" / "apps" / "unchanged_agent.py"
-INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 CHAT = "/v1/chat/completions"
 
 
@@ -665,27 +664,7 @@ def test_the_default_chain_takes_new_limits_and_keeps_what_it_spent(
 
 
 def run_app(server: FakeLLMServer, policy_path: Path) -> subprocess.CompletedProcess[str]:
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_"))
-    }
-    environ.update(
-        OPENAI_BASE_URL=server.openai_base_url,
-        OPENAI_API_KEY="test-key",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        VERONICA_POLICY_FILE=str(policy_path),
-    )
-    return subprocess.run(
-        [str(INSTRUMENT), sys.executable, str(APP)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_instrumented(UNCHANGED_AGENT, server, VERONICA_POLICY_FILE=str(policy_path))
 
 
 def test_zero_code_follows_the_policy_file(tmp_path: Path, server: FakeLLMServer) -> None:
