@@ -27,7 +27,7 @@ from ._policy import PolicyContext, PolicyDecision, PolicyPipeline, RuntimePolic
 from ._pricing import PriceTable, UnitPrices
 from ._propagation import current_context
 from ._retry import RetryContainer
-from ._tools import contained_tool
+from ._tools import ToolCall, contained_tool, set_tool_prices
 from ._version import __version__
 
 _logging.getLogger("veronica_otel").addHandler(_logging.NullHandler())
@@ -52,10 +52,12 @@ __all__ = [
     "PriceTable",
     "RetryContainer",
     "RuntimePolicy",
+    "ToolCall",
     "TripEvent",
     "UnitPrices",
     "WrapOptions",
     "__version__",
     "contained_tool",
     "current_context",
+    "set_tool_prices",
 ]

@@ -30,7 +30,9 @@ EXTRAS = {
     "Ledger",
     "LocalLedger",
     "PriceTable",
+    "ToolCall",
     "UnitPrices",
+    "set_tool_prices",
     "__version__",
 }
 
