@@ -250,8 +250,11 @@ class ContainedCall:
                 span.end()
 
 
-def start_span(operation: str, provider: str, model: str) -> Span:
+def start_span(operation: str, provider: str, model: str, agent: str | None = None) -> Span:
     """Open a GenAI client span (``{operation} {model}``).
+
+    ``agent`` (``gen_ai.agent.name``) names the agent making the call, so
+    the chain's handoff ceiling still sees it while this span is current.
 
     Under ``suppress_instrumentation()`` no span is recorded, but the call is
     still contained: suppression silences telemetry, it is not a way around
@@ -259,15 +262,14 @@ def start_span(operation: str, provider: str, model: str) -> Span:
     """
     if not is_instrumentation_enabled():
         return trace.INVALID_SPAN
-    return tracer.start_span(
-        f"{operation} {model}",
-        kind=SpanKind.CLIENT,
-        attributes={
-            "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": provider,
-            "gen_ai.request.model": model,
-        },
-    )
+    attributes = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.provider.name": provider,
+        "gen_ai.request.model": model,
+    }
+    if agent is not None:
+        attributes["gen_ai.agent.name"] = agent
+    return tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attributes)
 
 
 def admit(

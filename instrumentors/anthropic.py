@@ -56,6 +56,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
 from opentelemetry.trace import Span
 
+from veronica_otel._agents import current_agent
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._propagation import default_context
 
@@ -151,7 +152,8 @@ def _begin(options: Any, sdk_call: Any) -> _CallState | None:
     owns = span is None
     if span is None:
         # The SDK's tracing is off: our own span. Suppression hides it, never the check.
-        span = start_span("chat", PROVIDER, model) if is_instrumentation_enabled() else None
+        agent = current_agent() if ctx.tracks_handoffs else None
+        span = start_span("chat", PROVIDER, model, agent) if is_instrumentation_enabled() else None
         span = span if span is not None else trace.INVALID_SPAN
     # Else the SDK's span is already current: no second span, our attributes go on it.
     scope = (

@@ -51,6 +51,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
+from veronica_otel._agents import current_agent
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._propagation import default_context
 
@@ -178,7 +179,8 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
     messages = body.get("messages")
     n_messages = len(messages) if isinstance(messages, list) else 1
     cap, cap_key = _requested_cap(body, cap_keys)
-    span = start_span(operation, PROVIDER, model)
+    agent = current_agent() if ctx.tracks_handoffs else None
+    span = start_span(operation, PROVIDER, model, agent)
     # Current from here until the request returns (one attach for both): a
     # denial's trip event lands on this span, and HTTP spans nest under it.
     span_token = otel_context.attach(trace.set_span_in_context(span))

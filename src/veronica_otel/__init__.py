@@ -16,6 +16,7 @@ Usage::
 
 import logging as _logging
 
+from ._agents import agent
 from ._breaker import CircuitBreaker, CircuitState
 from ._config import ExecutionConfig
 from ._context import CallHandle, ExecutionContext
@@ -57,6 +58,7 @@ __all__ = [
     "UnitPrices",
     "WrapOptions",
     "__version__",
+    "agent",
     "contained_tool",
     "current_context",
     "set_tool_prices",

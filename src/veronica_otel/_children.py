@@ -49,6 +49,7 @@ def carve(child: ExecutionConfig, parent: ExecutionConfig, state: LedgerState) -
             child.max_tokens, left(parent.max_tokens, state.tokens + state.reserved_tokens)
         ),
         max_repeats=min_limit(child.max_repeats, parent.max_repeats),
+        max_handoffs=min_limit(child.max_handoffs, parent.max_handoffs),
     )
 
 

@@ -20,6 +20,7 @@ ENV_LIMITS: Mapping[str, str] = {
     "max_tokens": "VERONICA_MAX_TOKENS",
     "max_repeats": "VERONICA_MAX_REPEATS",
     "max_depth": "VERONICA_MAX_DEPTH",
+    "max_handoffs": "VERONICA_MAX_HANDOFFS",
 }
 
 
@@ -39,6 +40,9 @@ class ExecutionConfig:
         max_tokens: Ceiling on tokens (input + output) across the chain.
         max_repeats: How many times one call signature may be dispatched.
         max_depth: Deepest sub-agent or service hop (the root is depth 0).
+        max_handoffs: How many times control may pass between the same two
+            agents (see :func:`veronica_otel.agent`); the next handoff trips
+            with reason ``loop``.
     """
 
     max_cost_usd: float | None = None
@@ -48,6 +52,7 @@ class ExecutionConfig:
     max_tokens: int | None = None
     max_repeats: int | None = None
     max_depth: int | None = None
+    max_handoffs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_cost_usd is not None:

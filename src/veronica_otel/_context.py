@@ -22,9 +22,11 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from ._agents import HandoffCounter, current_agent
 from ._call import ACTIVE_CALL, CallHandle, close_awaitable, is_coroutine_function
 from ._chain_span import end_chain_span, open_chain_span
 from ._children import carve, min_limit, weak_cancel, weak_deadline
+from ._cm import AsyncFromSync
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._ledger import Ledger, Level, Limits, LocalLedger, Reservation
@@ -47,7 +49,7 @@ _NO_RESERVATION = Reservation("", 0, 0)
 _monotonic = time.monotonic
 
 
-class ExecutionContext:
+class ExecutionContext(AsyncFromSync):
     """The chain's limits, ledger entry, pipeline and deadline.
 
     Args:
@@ -132,11 +134,14 @@ class ExecutionContext:
             _parent._token.add_callback(weak_cancel(self))
         if self._priced:
             track_chain(self)
+        self._handoffs = (
+            HandoffCounter(limits.max_handoffs) if limits.max_handoffs is not None else None
+        )
         self._fast: tuple[LocalLedger, Level, Any] | None = None
         if isinstance(self._ledger, LocalLedger):
             self._ledger.acquire(self.chain_id)
             weakref.finalize(self, self._ledger.discard, self.chain_id)
-            if _parent is None and not self._has_policies:
+            if _parent is None and not self._has_policies and self._handoffs is None:
                 # Held by acquire(): the live counters outlast nothing we use.
                 self._fast = (self._ledger, self._path[0], self._ledger.state_of(self.chain_id))
         if limits.max_depth is not None and self.depth > limits.max_depth:
@@ -170,17 +175,6 @@ class ExecutionContext:
             self._timer.cancel()
         if span is not None:
             end_chain_span(self, span, exc)
-
-    async def __aenter__(self) -> ExecutionContext:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
     # -- paper-style wrappers --------------------------------------------
 
@@ -360,6 +354,8 @@ class ExecutionContext:
             self._deny_timeout()
         if self._token.cancelled:
             self._deny_timeout()
+        if self._handoffs is not None:
+            self._check_handoff(self._handoffs)
         policy_context: PolicyContext | None = None
         decision = ALLOW
         if self._has_policies:
@@ -393,6 +389,21 @@ class ExecutionContext:
             call.kind = kind
             call.model = model
         return call
+
+    def _check_handoff(self, counter: HandoffCounter) -> None:
+        name = current_agent()
+        if name is None:
+            return
+        over = counter.observe(name)
+        if over is not None:
+            last, now, count = over
+            self._deny(
+                "loop",
+                counter.limit,
+                count,
+                f"agents {last!r} and {now!r} handed control back and forth {count} times "
+                f"(max_handoffs={counter.limit})",
+            )
 
     def _trip_lifted(self) -> bool:
         """Whether a logged override (maybe from another process) lifted our trip."""
@@ -479,6 +490,11 @@ class ExecutionContext:
             self._token.cancelled
         ):
             self._deny_timeout()
+
+    @property
+    def tracks_handoffs(self) -> bool:
+        """Whether the chain limits handoffs between agents (``max_handoffs``)."""
+        return self._handoffs is not None
 
     @property
     def tracks_repeats(self) -> bool:
@@ -678,6 +694,7 @@ class ExecutionContext:
             max_tokens=carved.max_tokens,
             max_repeats=carved.max_repeats,
             max_depth=max_depth,
+            max_handoffs=carved.max_handoffs,
         )
         return ExecutionContext(
             carved,

@@ -136,6 +136,7 @@ def effective_config(local: ExecutionConfig, grant: Grant, now: float) -> Execut
         timeout_ms=timeout_ms,
         max_tokens=_min(local.max_tokens, grant.tokens),
         max_repeats=local.max_repeats,
+        max_handoffs=local.max_handoffs,
         max_depth=_min(local.max_depth, grant.max_depth),
     )
 

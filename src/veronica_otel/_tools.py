@@ -29,6 +29,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from ._call import ACTIVE_CALL
+from ._cm import AsyncFromSync
 from ._errors import BudgetExceededError, TripEvent
 from ._options import WrapOptions
 from ._propagation import current_context
@@ -92,7 +93,7 @@ def tool_signature(name: str, arguments: object = None) -> str:
     return f"tool:{name}:{digest.hexdigest()}"
 
 
-class ToolCall:
+class ToolCall(AsyncFromSync):
     """One contained tool call, as a (sync or async) context manager.
 
     Entering runs the check and raises :class:`BudgetExceededError` (after
@@ -244,17 +245,6 @@ class ToolCall:
             span.end()
             otel_context.detach(token)  # type: ignore[arg-type]
             self._span = self._token = None
-
-    async def __aenter__(self) -> ToolCall:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
     def _feed_breaker(self, error: BaseException | None) -> None:
         breaker = self._breaker

@@ -34,6 +34,7 @@ EXTRAS = {
     "UnitPrices",
     "set_tool_prices",
     "__version__",
+    "agent",
 }
 
 
