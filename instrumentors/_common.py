@@ -25,6 +25,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._context import CallHandle, ExecutionContext
+from veronica_otel._gc_safe import defer
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._pricing import UnitPrices, estimate_input_tokens_from_bytes
 from veronica_otel._trips import emit_trip, trip_attributes
@@ -63,6 +64,26 @@ def input_bound(parts: object, n_messages: int) -> int:
 
 
 def _utf8_bytes(value: object) -> int:
+    # Exact types first: the request bodies are plain dicts, lists and strs,
+    # and an ABC isinstance check costs more than the arithmetic.
+    kind = type(value)
+    if kind is str:
+        text: str = value  # type: ignore[assignment]
+        return len(text) if text.isascii() else len(text.encode("utf-8"))
+    if kind is dict:
+        total = 0
+        for key, item in value.items():  # type: ignore[attr-defined]
+            total += _utf8_bytes(key) + _utf8_bytes(item) + 2
+        return total
+    if kind is list or kind is tuple:
+        total = 0
+        for item in value:  # type: ignore[attr-defined]
+            total += _utf8_bytes(item) + 1
+        return total
+    return _other_utf8_bytes(value)
+
+
+def _other_utf8_bytes(value: object) -> int:
     if isinstance(value, str):
         return len(value) if value.isascii() else len(value.encode("utf-8"))
     if isinstance(value, Mapping):
@@ -511,7 +532,7 @@ class ContainedStream(wrapt.BaseObjectProxy[Any]):
     def __del__(self) -> None:
         call = self._self_call
         if not call.done:
-            call.finish()
+            defer(call.finish)  # a finaliser must not take the ledger's lock
 
 
 class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
@@ -563,7 +584,7 @@ class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
     def __del__(self) -> None:
         call = self._self_call
         if not call.done:
-            call.finish()
+            defer(call.finish)  # a finaliser must not take the ledger's lock
 
 
 def get_field(obj: Any, name: str, default: Any = None) -> Any:

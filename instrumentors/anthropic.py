@@ -57,6 +57,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwr
 from opentelemetry.trace import Span
 
 from veronica_otel._agents import current_agent
+from veronica_otel._gc_safe import defer
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._propagation import default_context
 
@@ -212,7 +213,7 @@ def _settle(state: _CallState, result: Any) -> Any:
     # A raw response (with_raw_response / with_streaming_response): its body is
     # parsed later; the payload hook settles it then, or collection does.
     try:
-        weakref.finalize(result, call.finish)
+        weakref.finalize(result, defer, call.finish)
     except TypeError:
         call.finish()
     return result

@@ -52,6 +52,7 @@ from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
 from veronica_otel._agents import current_agent
+from veronica_otel._gc_safe import defer
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._propagation import default_context
 
@@ -322,7 +323,7 @@ def _settle(state: _CallState, result: Any) -> Any:
     # Otherwise the payload hook settles it when its body is parsed, or
     # garbage collection does (committing the reservation's bound).
     try:
-        weakref.finalize(result, call.finish)
+        weakref.finalize(result, defer, call.finish)
     except TypeError:
         call.finish()
     return result

@@ -29,6 +29,7 @@ from ._children import carve, min_limit, weak_cancel, weak_deadline
 from ._cm import AsyncFromSync
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
+from ._gc_safe import drain, pending
 from ._ledger import Ledger, Level, Limits, LocalLedger, Reservation
 from ._options import ChainSnapshot, Decision, WrapOptions
 from ._policy import ALLOW, PolicyContext, PolicyDecision, PolicyPipeline
@@ -120,6 +121,7 @@ class ExecutionContext(AsyncFromSync):
             ),
         )
         self._priced = any(level.limits.cost_nano is not None for level in self._path)
+        self._repeats_limited = any(level.limits.repeats is not None for level in self._path)
         self._deadline: float | None = None
         self._timer: TimerHandle | None = None
         if limits.timeout_ms is not None:
@@ -217,6 +219,7 @@ class ExecutionContext(AsyncFromSync):
             and (self._deadline is None or _monotonic() < self._deadline)
             and not self._token.cancelled
             and not self._metrics
+            and not pending
         ):
             # The common case, kept short: an in-process root chain with no
             # policies. Same checks as begin_call; any denial re-checks the
@@ -348,6 +351,8 @@ class ExecutionContext(AsyncFromSync):
         (non-negative ints, validated by the caller): no options object is
         built on the hot path of every instrumented call.
         """
+        if pending:
+            drain()  # settle what garbage collection left, outside any lock
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
         if self._deadline is not None and _monotonic() >= self._deadline:
@@ -499,7 +504,7 @@ class ExecutionContext(AsyncFromSync):
     @property
     def tracks_repeats(self) -> bool:
         """Whether any level of the chain limits repeated call signatures."""
-        return any(level.limits.repeats is not None for level in self._path)
+        return self._repeats_limited
 
     def remaining_tokens(self) -> int | None:
         """What the tightest token ceiling on the path has left, or None."""
@@ -728,6 +733,8 @@ class ExecutionContext(AsyncFromSync):
 
     def snapshot(self) -> ChainSnapshot:
         """A frozen view of this chain's counters."""
+        if pending:
+            drain()
         state = self._ledger.snapshot(self.chain_id)
         trip = self.trip
         return ChainSnapshot(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -173,15 +173,32 @@ class LocalLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._chains: dict[str, _ChainState] = {}
+        self._discarded: deque[str] = deque()
 
     def acquire(self, chain_id: str) -> None:
         """Keep ``chain_id``'s state alive until a matching :meth:`discard`."""
         with self._lock:
+            if self._discarded:
+                self._drop_discarded()
             self._state(chain_id).refs += 1
 
     def discard(self, chain_id: str) -> None:
-        """Drop one hold on ``chain_id``; its state goes with the last one."""
-        with self._lock:
+        """Drop one hold on ``chain_id``; its state goes with the last one.
+
+        Called from a weakref finaliser, so possibly by the garbage collector
+        while this very thread holds the lock: it never blocks. The drop is
+        queued and applied now if the lock is free, else at the next acquire.
+        """
+        self._discarded.append(chain_id)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drop_discarded()
+            finally:
+                self._lock.release()
+
+    def _drop_discarded(self) -> None:
+        while self._discarded:
+            chain_id = self._discarded.popleft()
             state = self._chains.get(chain_id)
             if state is not None:
                 state.refs -= 1
