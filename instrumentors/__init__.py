@@ -2,7 +2,8 @@
 
 One module per patched library, each a ``BaseInstrumentor`` subclass named
 after it: :class:`~veronica_otel.instrumentors.openai.OpenAIInstrumentor`,
-:class:`~veronica_otel.instrumentors.anthropic.AnthropicInstrumentor`. Client
+:class:`~veronica_otel.instrumentors.anthropic.AnthropicInstrumentor`,
+:class:`~veronica_otel.instrumentors.mcp.MCPInstrumentor` (MCP tool calls). Client
 libraries are imported only inside their own module.
 """
 

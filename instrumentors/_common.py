@@ -11,6 +11,7 @@ the call on exhaustion, error, close or garbage collection.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -42,6 +43,7 @@ __all__ = [
     "input_bound",
     "strip_veronica_baggage",
     "tracer",
+    "without_veronica_baggage",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -479,6 +481,17 @@ def strip_veronica_baggage() -> object | None:
         if key.startswith(BAGGAGE_PREFIX):
             ctx = baggage.remove_baggage(key, ctx)
     return otel_context.attach(ctx)
+
+
+@contextlib.contextmanager
+def without_veronica_baggage() -> Iterator[None]:
+    """Run the block in a context without ``veronica.*`` baggage (what it sends carries none)."""
+    token = strip_veronica_baggage()
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
 
 
 class ContainedStream(wrapt.BaseObjectProxy[Any]):

@@ -6,7 +6,13 @@ from typing import Any
 
 import wrapt
 
-__all__ = ["unwrap_ours"]
+__all__ = ["is_ours", "unwrap_ours"]
+
+
+def is_ours(owner: Any, method: str, wrapper: object) -> bool:
+    """Whether ``owner.method`` is, outermost, our ``wrapper`` (so not to wrap it twice)."""
+    current = owner.__dict__.get(method)
+    return isinstance(current, wrapt.FunctionWrapper) and current._self_wrapper is wrapper
 
 
 def unwrap_ours(owner: Any, method: str, wrapper: object) -> None:
@@ -16,6 +22,5 @@ def unwrap_ours(owner: Any, method: str, wrapper: object) -> None:
     outermost, which may be another instrumentation's. A wrapper applied over
     ours stays in place here; ours must then pass through, inactive.
     """
-    current = owner.__dict__.get(method)
-    if isinstance(current, wrapt.FunctionWrapper) and current._self_wrapper is wrapper:
-        setattr(owner, method, current.__wrapped__)
+    if is_ours(owner, method, wrapper):
+        setattr(owner, method, owner.__dict__[method].__wrapped__)

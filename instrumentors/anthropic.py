@@ -68,7 +68,7 @@ from ._common import (
     admit,
     get_field,
     start_span,
-    strip_veronica_baggage,
+    without_veronica_baggage,
 )
 
 __all__ = ["AnthropicInstrumentor"]
@@ -309,12 +309,8 @@ def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     state = _ACTIVE.get()
     if state is not None:
         _before_send(state, kwargs.get("retries_taken", 0))
-    stripped = strip_veronica_baggage()  # the SDK injects all current baggage
-    try:
+    with without_veronica_baggage():  # the SDK injects all current baggage
         result = wrapped(*args, **kwargs)
-    finally:
-        if stripped is not None:
-            otel_context.detach(stripped)  # type: ignore[arg-type]
     if state is not None:
         _tag(result, state)
     return result
@@ -326,12 +322,8 @@ async def _aattempt(
     state = _ACTIVE.get()
     if state is not None:
         _before_send(state, kwargs.get("retries_taken", 0))
-    stripped = strip_veronica_baggage()
-    try:
+    with without_veronica_baggage():
         result = await wrapped(*args, **kwargs)
-    finally:
-        if stripped is not None:
-            otel_context.detach(stripped)  # type: ignore[arg-type]
     if state is not None:
         _tag(result, state)
     return result

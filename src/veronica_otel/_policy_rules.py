@@ -178,7 +178,7 @@ def _matching(models: Mapping[str, ModelRule], provider: str | None, model: str)
 def _plan(spec: PolicySpec, tool: str | None, provider: str | None, model: str | None) -> _Plan:
     limits: list[_Limit] = []
     tool_rule = spec.tools.get(tool) if tool is not None else None
-    if tool_rule is not None:
+    if tool_rule is not None and tool_rule.max_calls is not None:
         rule = f"{tool_rule.path}.max_calls"
         limits.append(_Limit(("tool", tool_rule.name), tool_rule.max_calls, rule))
     if model is None or not spec.models:

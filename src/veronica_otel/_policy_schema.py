@@ -37,7 +37,7 @@ _TOP_KEYS = ("unknown_model_price_usd_per_mtok", "limits", "prices", "models", "
 _LIMIT_KEYS = tuple(f.name for f in fields(ExecutionConfig))
 _PRICE_KEYS = ("input", "output", "cached_input", "reasoning", "cache_write")
 _MODEL_KEYS = ("fallback", "max_tokens", "max_calls")
-_TOOL_KEYS = ("max_calls",)
+_TOOL_KEYS = ("max_calls", "cost_usd")
 
 
 class PolicyFileError(ValueError):
@@ -93,17 +93,20 @@ class ModelRule:
 
 @dataclass(frozen=True, slots=True)
 class ToolRule:
-    """The rules of one ``[tools."name"]`` table.
+    """The rules of one ``[tools."name"]`` table (at least one is set).
 
     Attributes:
         name: The tool's name, exactly as the call reports it.
         path: Its key path in the file (``tools."web_search"``).
         max_calls: At most this many calls per chain.
+        cost_usd: What one call of the tool costs (finite, >= 0), reserved
+            before and committed after each call that gives no cost of its own.
     """
 
     name: str
     path: str
-    max_calls: int
+    max_calls: int | None = None
+    cost_usd: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +298,13 @@ def _tools(source: str, data: object) -> dict[str, ToolRule]:
     for name, body in _named_tables(source, "tools", data).items():
         path = f"tools.{_quote(name)}"
         table = _table(source, path, body, _TOOL_KEYS)
-        rules[name] = ToolRule(name, path, _count(source, f"{path}.max_calls", table["max_calls"]))
+        max_calls = None
+        if "max_calls" in table:
+            max_calls = _count(source, f"{path}.max_calls", table["max_calls"])
+        cost_usd = None
+        if "cost_usd" in table:
+            cost_usd = _usd(source, f"{path}.cost_usd", table["cost_usd"])
+        rules[name] = ToolRule(name, path, max_calls, cost_usd)
     return rules
 
 

@@ -111,6 +111,9 @@ class ToolCall(AsyncFromSync):
             fed its outcome (a raised error, or :meth:`mark_failed`).
         attributes: Extra span attributes (for example ``gen_ai.system``).
         context: The chain; the active one by default.
+        traced: Open the ``execute_tool`` span. Instrumentors pass False under
+            ``suppress_instrumentation()``: the call is still checked and
+            counted, only its span is not recorded.
     """
 
     __slots__ = (
@@ -124,6 +127,7 @@ class ToolCall(AsyncFromSync):
         "_probe",
         "_span",
         "_token",
+        "_traced",
         "arguments",
         "name",
     )
@@ -137,6 +141,7 @@ class ToolCall(AsyncFromSync):
         breaker: CircuitBreaker | None = None,
         attributes: Mapping[str, AttributeValue] | None = None,
         context: ExecutionContext | None = None,
+        traced: bool = True,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"tool name must be a non-empty string, got {name!r}")
@@ -146,6 +151,7 @@ class ToolCall(AsyncFromSync):
         self._breaker = breaker
         self._attributes = attributes
         self._context = context
+        self._traced = traced
         self._call: CallHandle | None = None
         self._span: Span | None = None
         self._token: object | None = None
@@ -176,17 +182,7 @@ class ToolCall(AsyncFromSync):
         options = WrapOptions(
             operation_name=self.name, cost_estimate_hint=cost, signature=signature
         )
-        attributes: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": self.name,
-            "veronica.chain.id": ctx.chain_id,
-        }
-        if self._attributes:
-            attributes.update(self._attributes)
-        span = _tracer.start_span(
-            f"execute_tool {self.name}", kind=trace.SpanKind.INTERNAL, attributes=attributes
-        )
-        token = otel_context.attach(trace.set_span_in_context(span))
+        span, token = self._start_span(ctx) if self._traced else (trace.INVALID_SPAN, None)
         probe = object()
         try:
             if self._breaker is not None:
@@ -198,13 +194,13 @@ class ToolCall(AsyncFromSync):
             if self._breaker is not None:
                 self._breaker.release_probe(probe)
             _end_denied(span, exc)
-            otel_context.detach(token)
+            _detach(token)
             raise
         except BaseException:
             if self._breaker is not None:
                 self._breaker.release_probe(probe)
             span.end()
-            otel_context.detach(token)
+            _detach(token)
             raise
         call.metrics, call.kind = True, "tool"
         if span.is_recording():
@@ -243,8 +239,21 @@ class ToolCall(AsyncFromSync):
             except Exception:
                 _logger.exception("recording the tool call on its span failed")
             span.end()
-            otel_context.detach(token)  # type: ignore[arg-type]
+            _detach(token)
             self._span = self._token = None
+
+    def _start_span(self, ctx: ExecutionContext) -> tuple[Span, object]:
+        attributes: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": self.name,
+            "veronica.chain.id": ctx.chain_id,
+        }
+        if self._attributes:
+            attributes.update(self._attributes)
+        span = _tracer.start_span(
+            f"execute_tool {self.name}", kind=trace.SpanKind.INTERNAL, attributes=attributes
+        )
+        return span, otel_context.attach(trace.set_span_in_context(span))
 
     def _feed_breaker(self, error: BaseException | None) -> None:
         breaker = self._breaker
@@ -259,6 +268,11 @@ class ToolCall(AsyncFromSync):
                 breaker.record_success(self._probe)
         except Exception:
             _logger.exception("feeding the tool's circuit breaker failed")
+
+
+def _detach(token: object | None) -> None:
+    if token is not None:  # None: the call opened no span (untraced)
+        otel_context.detach(token)  # type: ignore[arg-type]
 
 
 def _deny_breaker(ctx: ExecutionContext, tool: str, why: str) -> None:

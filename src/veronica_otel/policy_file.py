@@ -37,6 +37,14 @@ is installed)::
 
     [tools."web_search"]     # a tool call's name, exactly
     max_calls = 10           # per chain
+    cost_usd = 0.01          # USD per call, counted against max_cost_usd
+
+A tool's ``cost_usd`` goes into the process-wide tool price table
+(:func:`veronica_otel.set_tool_prices`), which every contained tool call
+reads (``contained_tool``, ``ToolCall``, the MCP instrumentor). A file that
+prices tools sets that table when it is loaded and again whenever a reload
+changes the prices (removing them all clears it); a file that prices no tool
+leaves prices set in code alone.
 
 Every rule is enforced or the file is rejected (:class:`PolicyFileError`
 names the file, the key path and the value). The file is re-read when its
@@ -66,6 +74,7 @@ from ._policy import PolicyPipeline
 from ._policy_rules import FilePolicy
 from ._policy_schema import ModelRule, PolicyFileError, PolicySpec, ToolRule, load_policy
 from ._pricing import UNKNOWN_MODEL_PRICE_ENV, PriceTable, UnitPrices
+from ._tools import set_tool_prices
 from ._units import check_usd
 
 __all__ = [
@@ -134,6 +143,7 @@ class PolicyFile:
         self._listeners: list[PolicyFileListener] = []
         stamp = _stat(self._path)
         self._state: tuple[int, PolicySpec] = (1, load_policy(self._path))
+        _apply_tool_prices(None, self._state[1])
         self._stamp: _Stamp = stamp
         self._rejected: _Stamp | None = None
         self._next_check = clock() + self._interval
@@ -258,11 +268,25 @@ class PolicyFile:
         if spec == current:
             return None
         self._state = (version + 1, spec)
+        _apply_tool_prices(current, spec)
         _logger.info("veronica-otel: policy file %s reloaded (version %d)", self._path, version + 1)
         return spec
 
     def __repr__(self) -> str:
         return f"PolicyFile({str(self._path)!r}, version={self._state[0]})"
+
+
+def _tool_prices(spec: PolicySpec | None) -> dict[str, float]:
+    if spec is None:
+        return {}
+    return {name: rule.cost_usd for name, rule in spec.tools.items() if rule.cost_usd is not None}
+
+
+def _apply_tool_prices(old: PolicySpec | None, new: PolicySpec) -> None:
+    """Set the tool price table from ``new`` when its prices differ from ``old``'s."""
+    prices = _tool_prices(new)
+    if prices != _tool_prices(old):
+        set_tool_prices(prices)
 
 
 def _stat(path: Path) -> _Stamp:

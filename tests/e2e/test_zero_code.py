@@ -35,6 +35,15 @@ def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None
     assert server.count("/v1/chat/completions") == 3
 
 
+def test_unchanged_mcp_agent_trips_at_exactly_max_steps(server: FakeLLMServer) -> None:
+    # The distro patches the mcp client when the app imports it: no code, no entry point.
+    agent = Path(__file__).parent / "apps" / "unchanged_mcp_agent.py"
+    result = run_instrumented(agent, server, VERONICA_MAX_STEPS="3")
+    assert result.returncode != 0
+    assert result.stdout.splitlines() == [f"step {i} ok" for i in range(3)]
+    assert "steps limit reached" in result.stderr
+
+
 def test_cost_ceiling_from_env(server: FakeLLMServer) -> None:
     # Each call reserves (clamped) the whole remaining budget, so a tiny ceiling
     # admits calls only while what is left can still buy an answer.

@@ -35,6 +35,7 @@ from veronica_otel import (
     _propagation,
 )
 from veronica_otel._policy_schema import parse_policy
+from veronica_otel._tools import ToolCall, set_tool_prices, tool_price_usd
 from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.policy_file import (
@@ -244,7 +245,14 @@ def test_yaml_without_pyyaml_says_what_is_missing(
             "falls back again",
         ),
         ('[tools."web_search"]\nmax_calls = -1', 'tools."web_search".max_calls = -1', ">= 0"),
-        ('[tools."web_search"]\ncost_usd = 0.1', 'tools."web_search".cost_usd', "known key"),
+        ('[tools."web_search"]\ncost = 0.1', 'tools."web_search".cost', "known key"),
+        ('[tools."web_search"]', 'tools."web_search"', "has no rules"),
+        ('[tools."web_search"]\ncost_usd = nan', 'tools."web_search".cost_usd = nan', "finite"),
+        ('[tools."web_search"]\ncost_usd = inf', 'tools."web_search".cost_usd = inf', "finite"),
+        ('[tools."web_search"]\ncost_usd = -0.5', 'tools."web_search".cost_usd = -0.5', ">= 0"),
+        ('[tools."s"]\ncost_usd = "0.1"', "tools.\"s\".cost_usd = '0.1'", "number of USD"),
+        ('[tools."s"]\ncost_usd = true', 'tools."s".cost_usd = True', "number of USD"),
+        ('[tools.""]\ncost_usd = 0.1', 'tools.""', "non-empty name"),
         ("[limits\nmax_steps = 1", "", "not valid TOML"),
     ],
 )
@@ -526,6 +534,53 @@ def test_counts_are_kept_for_a_bounded_number_of_chains(
     assert [file_policy.count(f"c{i}", "tool", "web_search") for i in (14, 15, 19)] == [0, 1, 1]
     file_policy.reset()
     assert file_policy.count("c19", "tool", "web_search") == 0
+
+
+@pytest.fixture
+def tool_prices() -> Iterator[None]:
+    """The process-wide tool price table, cleared after the test."""
+    set_tool_prices(None)
+    yield
+    set_tool_prices(None)
+
+
+@pytest.mark.usefixtures("tool_prices")
+def test_a_tool_priced_in_the_file_is_charged_per_call(tmp_path: Path) -> None:
+    policy = rules('[tools.search]\ncost_usd = 0.4\n[tools."fetch"]\nmax_calls = 3\n', tmp_path)
+    assert policy.current().tools["search"] == ToolRule("search", 'tools."search"', cost_usd=0.4)
+    assert (tool_price_usd("search"), tool_price_usd("fetch")) == (0.4, 0.0)
+    ran = 0
+    with chain(policy, ExecutionConfig(max_cost_usd=1.0)) as ctx:
+        for query in ("a", "b"):
+            with ToolCall("search", {"q": query}):
+                ran += 1
+        with pytest.raises(BudgetExceededError) as denial, ToolCall("search", {"q": "c"}):
+            ran += 1
+    assert ran == 2
+    assert denial.value.reason == "cost"
+    assert ctx.snapshot().cost_usd == pytest.approx(0.8)
+
+
+@pytest.mark.usefixtures("tool_prices")
+def test_tool_prices_follow_reloads_and_a_file_without_any_leaves_them_alone(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    set_tool_prices({"set_in_code": 1.0})
+    unpriced = PolicyFile(write(tmp_path / "plain.toml", GOOD_TOML), clock=clock)
+    assert tool_price_usd("set_in_code") == 1.0  # the file prices no tool: not its table
+    path = write(tmp_path / "priced.toml", "[tools.search]\ncost_usd = 0.4\n")
+    priced = PolicyFile(path, check_interval_s=0, clock=clock)
+    assert (tool_price_usd("search"), tool_price_usd("set_in_code")) == (0.4, 0.0)
+    write(path, "[tools.search]\ncost_usd = 0.1\nmax_calls = 5\n")
+    assert priced.refresh()
+    assert tool_price_usd("search") == 0.1
+    write(path, "[tools.search]\ncost_usd = -1\n")  # rejected: the last good prices stay
+    assert not priced.refresh()
+    assert tool_price_usd("search") == 0.1
+    write(path, "[tools.search]\nmax_calls = 5\n")  # the prices removed: cleared
+    assert priced.refresh()
+    assert tool_price_usd("search") == 0.0
+    assert unpriced.version == 1
 
 
 # -- reload ----------------------------------------------------------------------------
