@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -182,9 +183,12 @@ class ToolCall:
         }
         if self._attributes:
             attributes.update(self._attributes)
-        span = _tracer.start_span(
-            f"execute_tool {self.name}", kind=trace.SpanKind.INTERNAL, attributes=attributes
-        )
+        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            span: Span = trace.INVALID_SPAN  # telemetry off; the call is still contained
+        else:
+            span = _tracer.start_span(
+                f"execute_tool {self.name}", kind=trace.SpanKind.INTERNAL, attributes=attributes
+            )
         token = otel_context.attach(trace.set_span_in_context(span))
         probe = object()
         try:
