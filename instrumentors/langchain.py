@@ -45,6 +45,7 @@ contained, as with the client instrumentors.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator, Collection, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -101,6 +102,8 @@ def _run(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     ctx = default_context()
     if ctx is None:
         return wrapped(*args, **kwargs)
+    if _tool_node_pending:
+        _patch_tool_node()
     with _tool_call(ctx, instance, args, kwargs):
         return wrapped(*args, **kwargs)
 
@@ -109,6 +112,8 @@ async def _arun(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) 
     ctx = default_context()
     if ctx is None:
         return await wrapped(*args, **kwargs)
+    if _tool_node_pending:
+        _patch_tool_node()
     async with _tool_call(ctx, instance, args, kwargs):
         return await wrapped(*args, **kwargs)
 
@@ -118,6 +123,28 @@ def _handle_tool_error(wrapped: Any, instance: Any, args: Any, kwargs: dict[str,
     if isinstance(error, BudgetExceededError):
         raise error  # a denial stops the agent; it is not a message for the model
     return wrapped(*args, **kwargs)
+
+
+# LangGraph's ToolNode is patched once its module is fully imported: now, or
+# at the first contained tool call (which a ToolNode makes only once it is).
+# Never by importing LangGraph ourselves, nor while it is half imported (the
+# zero-code hook may instrument in the middle of LangGraph's own import).
+_tool_node_pending = False
+
+
+def _patch_tool_node() -> None:
+    global _tool_node_pending
+    module = sys.modules.get(_TOOL_NODE_MODULE)
+    if module is None or getattr(module.__spec__, "_initializing", False):
+        return
+    _tool_node_pending = False
+    if not callable(getattr(module, "_handle_tool_error", None)):
+        _logger.warning(
+            "langgraph's ToolNode has no _handle_tool_error: a ToolNode that handles "
+            "every error may turn a budget denial into a message for the model"
+        )
+        return
+    wrap_function_wrapper(module, "_handle_tool_error", _handle_tool_error)
 
 
 _TOOL_PATCHES = (("BaseTool.run", _run), ("BaseTool.arun", _arun))
@@ -130,36 +157,23 @@ class LangChainInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
+        global _tool_node_pending
         for name, wrapper in _TOOL_PATCHES:
             wrap_function_wrapper(_TOOLS_MODULE, name, wrapper)
-        tool_node = _tool_node_module()
-        if tool_node is not None:
-            wrap_function_wrapper(tool_node, "_handle_tool_error", _handle_tool_error)
+        _tool_node_pending = True
+        _patch_tool_node()
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        global _tool_node_pending
         from langchain_core.tools import base
 
         for name, wrapper in _TOOL_PATCHES:
             owner, method = name.split(".")
             unwrap_ours(getattr(base, owner), method, wrapper)
-        tool_node = _tool_node_module()
+        _tool_node_pending = False
+        tool_node = sys.modules.get(_TOOL_NODE_MODULE)
         if tool_node is not None:
             unwrap_ours(tool_node, "_handle_tool_error", _handle_tool_error)
-
-
-def _tool_node_module() -> Any:
-    """LangGraph's ToolNode module if it is installed and has the hook we expect."""
-    try:
-        import langgraph.prebuilt.tool_node as module
-    except ImportError:
-        return None
-    if not callable(getattr(module, "_handle_tool_error", None)):
-        _logger.warning(
-            "langgraph's ToolNode has no _handle_tool_error: a ToolNode that handles "
-            "all errors may turn a budget denial into a message for the model"
-        )
-        return None
-    return module
 
 
 # -- one run, one chain --------------------------------------------------------------

@@ -45,6 +45,7 @@ _logger = logging.getLogger(__name__)
 _INSTRUMENTORS = (
     ("openai._base_client", "veronica_otel.instrumentors.openai", "OpenAIInstrumentor"),
     ("anthropic._base_client", "veronica_otel.instrumentors.anthropic", "AnthropicInstrumentor"),
+    ("langchain_core.tools.base", "veronica_otel.instrumentors.langchain", "LangChainInstrumentor"),
     # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS); these
     # also enable OpenTelemetry's httpx / requests instrumentations when installed.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
@@ -55,6 +56,7 @@ _OUR_ENTRY_POINTS = frozenset(
     {
         "veronica_openai",
         "veronica_anthropic",
+        "veronica_langchain",
         "veronica_httpx",
         "veronica_requests",
         "veronica_threading",

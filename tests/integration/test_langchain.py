@@ -23,6 +23,7 @@ from langchain_core.tools import base as tools_base
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt import tool_node as tool_node_module
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -288,9 +289,11 @@ def test_instrument_is_idempotent_and_uninstrument_restores(
             wrapper = vars(BaseTool)[name]
             assert isinstance(wrapper, wrapt.FunctionWrapper)
             assert wrapper.__wrapped__ is original  # one layer, however often instrumented
+        assert isinstance(vars(tool_node_module)["_handle_tool_error"], wrapt.FunctionWrapper)
     finally:
         instrumentor.uninstrument()
     assert {name: vars(BaseTool)[name] for name in ("run", "arun")} == originals
+    assert not isinstance(vars(tool_node_module)["_handle_tool_error"], wrapt.FunctionWrapper)
     assert tools_base.BaseTool is BaseTool
     with ExecutionContext(ExecutionConfig(max_steps=1)) as ctx:
         count_tool.invoke({"n": 1})
