@@ -26,8 +26,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._context import CallHandle, ExecutionContext
-from veronica_otel._gc_safe import defer
 from veronica_otel._errors import BudgetExceededError, TripEvent
+from veronica_otel._gc_safe import defer
 from veronica_otel._pricing import UnitPrices, estimate_input_tokens_from_bytes
 from veronica_otel._trips import emit_trip, trip_attributes
 from veronica_otel._units import nano_to_usd

@@ -57,8 +57,8 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwr
 from opentelemetry.trace import Span
 
 from veronica_otel._agents import current_agent
-from veronica_otel._gc_safe import defer
 from veronica_otel._errors import BudgetExceededError
+from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
 
 from ._common import (

@@ -52,8 +52,8 @@ from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
 from veronica_otel._agents import current_agent
-from veronica_otel._gc_safe import defer
 from veronica_otel._errors import BudgetExceededError
+from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
 
 from ._common import (

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -111,9 +112,9 @@ class ToolCall(AsyncFromSync):
             fed its outcome (a raised error, or :meth:`mark_failed`).
         attributes: Extra span attributes (for example ``gen_ai.system``).
         context: The chain; the active one by default.
-        traced: Open the ``execute_tool`` span. Instrumentors pass False under
-            ``suppress_instrumentation()``: the call is still checked and
-            counted, only its span is not recorded.
+        traced: Open the ``execute_tool`` span (never under
+            ``suppress_instrumentation()``: the call is then still checked
+            and counted, only its span is not recorded).
     """
 
     __slots__ = (
@@ -182,7 +183,9 @@ class ToolCall(AsyncFromSync):
         options = WrapOptions(
             operation_name=self.name, cost_estimate_hint=cost, signature=signature
         )
-        span, token = self._start_span(ctx) if self._traced else (trace.INVALID_SPAN, None)
+        # Suppression hides the span, never the check.
+        traced = self._traced and not otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY)
+        span, token = self._start_span(ctx) if traced else (trace.INVALID_SPAN, None)
         probe = object()
         try:
             if self._breaker is not None:

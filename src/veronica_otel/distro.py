@@ -46,6 +46,8 @@ _INSTRUMENTORS = (
     ("openai._base_client", "veronica_otel.instrumentors.openai", "OpenAIInstrumentor"),
     ("anthropic._base_client", "veronica_otel.instrumentors.anthropic", "AnthropicInstrumentor"),
     ("mcp.client.session", "veronica_otel.instrumentors.mcp", "MCPInstrumentor"),
+    ("langchain_core.tools.base", "veronica_otel.instrumentors.langchain", "LangChainInstrumentor"),
+    ("ag2.tools.final.function_tool", "veronica_otel.instrumentors.ag2", "AG2Instrumentor"),
     # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS); these
     # also enable OpenTelemetry's httpx / requests instrumentations when installed.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
@@ -57,6 +59,8 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_openai",
         "veronica_anthropic",
         "veronica_mcp",
+        "veronica_langchain",
+        "veronica_ag2",
         "veronica_httpx",
         "veronica_requests",
         "veronica_threading",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 import os
 import subprocess
@@ -23,7 +24,7 @@ from anthropic.types import MessageParam, RawMessageDeltaEvent, RawMessageStartE
 from openai.types.chat import ChatCompletionMessageParam
 
 import veronica_otel.testing
-from veronica_otel.testing import FakeLLMServer
+from veronica_otel.testing import FakeLLMServer, RecordedRequest, ScriptedReply, ScriptedToolCall
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello."}]
 CLAUDE_MESSAGES: list[MessageParam] = [{"role": "user", "content": "Say hello."}]
@@ -101,6 +102,8 @@ def test_exported_names() -> None:
         "FakeLLMServer",
         "RecordedRequest",
         "RedisServerProcess",
+        "ScriptedReply",
+        "ScriptedToolCall",
         "find_redis_server",
     ]
 
@@ -674,3 +677,111 @@ def test_billed_usage_matches_what_the_replies_reported(
     )
     server.reset()
     assert server.billed == []
+
+
+# -- scripted replies ---------------------------------------------------------
+
+
+def test_scripted_replies_call_tools_then_answer(server: FakeLLMServer, oai: openai.OpenAI) -> None:
+    server.script(ScriptedReply.tool_call("add", {"a": 1, "b": 2}, id="call_1"), "It is 3.")
+    first = oai.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (tool_call,) = choice.message.tool_calls or []
+    assert tool_call.type == "function"
+    assert (tool_call.id, tool_call.function.name) == ("call_1", "add")
+    assert json.loads(tool_call.function.arguments) == {"a": 1, "b": 2}
+    second = oai.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    assert second.choices[0].message.content == "It is 3."
+    assert second.choices[0].finish_reason == "stop"
+    assert second.usage is not None and second.usage.completion_tokens == 6  # as any reply
+    third = oai.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    assert third.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4 tok5"  # script used up
+
+
+def test_scripted_tool_calls_stream(server: FakeLLMServer, oai: openai.OpenAI) -> None:
+    calls = (ScriptedToolCall("look", {"q": "x"}), ScriptedToolCall("note"))
+    server.script(ScriptedReply(text="Checking two things.", tool_calls=calls))
+    with oai.chat.completions.stream(model="gpt-4o-mini", messages=MESSAGES) as stream:
+        final = stream.get_final_completion()
+    message = final.choices[0].message
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert message.content == "Checking two things."
+    tools = message.tool_calls or []
+    assert [(t.id, t.function.name, t.function.arguments) for t in tools] == [
+        (f"call_fake{server.request_count}_0", "look", '{"q":"x"}'),
+        (f"call_fake{server.request_count}_1", "note", "{}"),
+    ]
+
+
+def test_responder_picks_replies_from_requests(server: FakeLLMServer, oai: openai.OpenAI) -> None:
+    seen: list[RecordedRequest] = []
+
+    def responder(request: RecordedRequest) -> ScriptedReply | str | None:
+        seen.append(request)
+        turns = len(request.body["messages"])
+        return ScriptedReply.tool_call("again", {"turn": turns}) if turns < 2 else None
+
+    server.script("queued first")
+    server.set_responder(responder)
+    assert oai.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content == (
+        "queued first"
+    )
+    assert seen == []  # the queue comes before the responder
+    reply = oai.chat.completions.create(model="m", messages=MESSAGES)
+    assert [t.function.arguments for t in reply.choices[0].message.tool_calls or []] == [
+        '{"turn":1}'
+    ]
+    assert seen[-1].path == CHAT
+    two_turns: list[ChatCompletionMessageParam] = [*MESSAGES, {"role": "user", "content": "go"}]
+    generated = oai.chat.completions.create(model="m", messages=two_turns)
+    assert generated.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4 tok5"
+    oai.embeddings.create(model="text-embedding-3-small", input="x")
+    assert len(seen) == 2  # only chat completions are scripted
+    server.set_responder(None)
+    server.script("left over")
+    server.reset()
+    assert oai.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content == (
+        "tok0 tok1 tok2 tok3 tok4 tok5"
+    )
+
+
+def test_injected_failure_does_not_use_up_a_scripted_reply(server: FakeLLMServer) -> None:
+    server.script("after the retry")
+    server.fail_next(1, status=500, retry_after_ms=1)
+    with openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=1) as client:
+        reply = client.chat.completions.create(model="m", messages=MESSAGES)
+    assert reply.choices[0].message.content == "after the retry"
+    assert server.count(CHAT) == 2
+
+
+def test_a_failing_responder_is_a_server_error(server: FakeLLMServer, oai: openai.OpenAI) -> None:
+    def responder(request: RecordedRequest) -> None:
+        raise RuntimeError("boom")
+
+    server.set_responder(responder)
+    with pytest.raises(openai.InternalServerError):
+        oai.chat.completions.create(model="m", messages=MESSAGES)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ScriptedToolCall(""),
+        lambda: ScriptedToolCall("t", ["not", "a", "mapping"]),  # type: ignore[arg-type]
+        lambda: ScriptedToolCall("t", {"x": object()}),
+        lambda: ScriptedReply(text=3),  # type: ignore[arg-type]
+        lambda: ScriptedReply(tool_calls=["t"]),  # type: ignore[list-item]
+    ],
+)
+def test_bad_scripts_are_rejected(make: object) -> None:
+    with pytest.raises(ValueError):
+        make()  # type: ignore[operator]
+
+
+def test_bad_script_arguments_are_rejected(server: FakeLLMServer) -> None:
+    with pytest.raises(ValueError):
+        server.script(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        server.set_responder("not callable")  # type: ignore[arg-type]

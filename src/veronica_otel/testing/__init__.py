@@ -3,8 +3,9 @@
 It serves the OpenAI (chat completions, responses, embeddings, legacy
 completions) and Anthropic (messages, count tokens) HTTP APIs on localhost,
 with bodies and event streams the real ``openai`` and ``anthropic`` SDKs
-parse, deterministic token usage, exact request counts and injectable
-failures. Standard library only; it imports no LLM client library.
+parse, deterministic token usage, exact request counts, injectable
+failures, and scripted chat replies that call tools. Standard library only;
+it imports no LLM client library.
 
 Usage::
 
@@ -22,6 +23,7 @@ From a shell: ``python -m veronica_otel.testing --port 8787``.
 tests and benchmarks; it can be killed and restarted with its data intact.
 """
 
+from ._common import ScriptedReply, ScriptedToolCall
 from ._redis import RedisServerProcess, find_redis_server
 from ._server import BilledUsage, FakeLLMServer, RecordedRequest
 
@@ -30,5 +32,7 @@ __all__ = [
     "FakeLLMServer",
     "RecordedRequest",
     "RedisServerProcess",
+    "ScriptedReply",
+    "ScriptedToolCall",
     "find_redis_server",
 ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,12 +31,15 @@ __all__ = [
     "ApiCall",
     "ApiError",
     "JSONReply",
+    "ScriptedReply",
+    "ScriptedToolCall",
     "StreamReply",
     "TokenSettings",
     "Usage",
     "dumps",
     "plan_usage",
     "read_cap",
+    "script_pieces",
     "sse",
     "text_pieces",
 ]
@@ -73,6 +77,68 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ScriptedToolCall:
+    """One function call a scripted chat reply asks the client to make.
+
+    Attributes:
+        name: The function (tool) name.
+        arguments: Its arguments; sent JSON-encoded, as the real API does.
+        id: The call id; ``None`` gives ``call_fake{request}_{index}``.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"tool call name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.arguments, Mapping):
+            raise ValueError(f"tool call arguments must be a mapping, got {self.arguments!r}")
+        try:
+            dumps(dict(self.arguments))  # fail now, not on the handler thread
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"tool call arguments must be JSON-encodable: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    """What one chat completion answers instead of the generated ``tok0 tok1 ...``.
+
+    Usage is reported as for any reply (see the module docstring); with tool
+    calls the ``finish_reason`` is ``"tool_calls"``.
+
+    Attributes:
+        text: The assistant's text; ``None`` is no text with tool calls, and
+            the generated text without.
+        tool_calls: Function calls the reply asks for, in order.
+    """
+
+    text: str | None = None
+    tool_calls: Sequence[ScriptedToolCall] = ()
+
+    def __post_init__(self) -> None:
+        if self.text is not None and not isinstance(self.text, str):
+            raise ValueError(f"text must be a str or None, got {self.text!r}")
+        calls = tuple(self.tool_calls)
+        if not all(isinstance(c, ScriptedToolCall) for c in calls):
+            raise ValueError("tool_calls must be ScriptedToolCall instances")
+        object.__setattr__(self, "tool_calls", calls)
+
+    @classmethod
+    def tool_call(
+        cls, name: str, arguments: Mapping[str, Any] | None = None, *, id: str | None = None
+    ) -> ScriptedReply:
+        """A reply that asks for one call of tool ``name`` with ``arguments``."""
+        return cls(tool_calls=(ScriptedToolCall(name, arguments or {}, id),))
+
+
+def script_pieces(text: str) -> list[str]:
+    """A scripted text cut into streamed pieces, one word (with its leading space) each."""
+    return re.findall(r"\s*\S+|\s+$", text)
+
+
+@dataclass(frozen=True)
 class ApiCall:
     """One parsed API request, as the builders see it."""
 
@@ -83,6 +149,7 @@ class ApiCall:
     serial: int
     created: int
     bill: Callable[[str, Usage], None] | None = None
+    script: ScriptedReply | None = None
 
     def plan_usage(self, cap: int | None) -> Usage:
         """The usage of this reply; recorded as billed to the model named in the body."""

@@ -12,6 +12,11 @@ Structured output: when a request asks for ``response_format`` /
 ``text.format`` of type ``json_schema``, the text is a JSON document built from
 the schema's required properties, so ``client.chat.completions.parse`` and
 ``client.responses.parse`` validate it into the caller's pydantic model.
+
+Scripted replies (:class:`~veronica_otel.testing.ScriptedReply`) replace a
+chat completion's text and can ask for tool calls (``message.tool_calls``,
+streamed as ``delta.tool_calls`` with an ``index``, ``finish_reason``
+``"tool_calls"``), so a real agent loop calls its tools.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from ._common import (
     JSONReply,
     StreamReply,
     Usage,
+    dumps,
     read_cap,
+    script_pieces,
     sse,
     text_pieces,
 )
@@ -97,14 +104,36 @@ def _completion_usage(usage: Usage) -> dict[str, Any]:
     }
 
 
+def _tool_calls(call: ApiCall, streamed: bool) -> list[dict[str, Any]]:
+    """The scripted reply's tool calls as the API sends them (streamed: with ``index``)."""
+    calls = call.script.tool_calls if call.script is not None else ()
+    out = []
+    for index, tool in enumerate(calls):
+        item: dict[str, Any] = {
+            "id": tool.id or f"call_fake{call.serial}_{index}",
+            "type": "function",
+            "function": {"name": tool.name, "arguments": dumps(dict(tool.arguments)).decode()},
+        }
+        out.append({"index": index, **item} if streamed else item)
+    return out
+
+
 def _chat_completions(call: ApiCall) -> JSONReply | StreamReply:
     body = call.body
     model = _require_model(body)
     if not isinstance(body.get("messages"), list):
         raise ApiError(400, "'messages' is a required property")
     usage = call.plan_usage(read_cap(body, "max_completion_tokens", "max_tokens"))
-    pieces = text_pieces(usage.text_tokens, _json_schema(body.get("response_format")))
+    script = call.script
+    if script is None:
+        pieces = text_pieces(usage.text_tokens, _json_schema(body.get("response_format")))
+    elif script.text is None:
+        pieces = [] if script.tool_calls else text_pieces(usage.text_tokens)
+    else:
+        pieces = script_pieces(script.text)
     finish = "length" if usage.truncated else "stop"
+    if script is not None and script.tool_calls:
+        finish = "tool_calls"
     head = {
         "id": f"chatcmpl-fake{call.serial}",
         "created": call.created,
@@ -115,10 +144,12 @@ def _chat_completions(call: ApiCall) -> JSONReply | StreamReply:
     if not body.get("stream"):
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": "".join(pieces),
+            "content": "".join(pieces) if pieces or finish != "tool_calls" else None,
             "refusal": None,
             "annotations": [],
         }
+        if finish == "tool_calls":
+            message["tool_calls"] = _tool_calls(call, streamed=False)
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         return JSONReply(
             {
@@ -137,6 +168,7 @@ def _chat_completions(call: ApiCall) -> JSONReply | StreamReply:
 
     chunks = [chunk({"role": "assistant", "content": "", "refusal": None})]
     chunks.extend(chunk({"content": piece}) for piece in pieces)
+    chunks.extend(chunk({"tool_calls": [tool]}) for tool in _tool_calls(call, streamed=True))
     chunks.append(chunk({}, finish))
     if with_usage:
         last = {**head, "object": "chat.completion.chunk", "choices": []}

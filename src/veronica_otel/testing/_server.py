@@ -13,14 +13,23 @@ import math
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
 from . import _anthropic_api, _openai_api
-from ._common import ApiCall, ApiError, JSONReply, StreamReply, TokenSettings, Usage, dumps
+from ._common import (
+    ApiCall,
+    ApiError,
+    JSONReply,
+    ScriptedReply,
+    StreamReply,
+    TokenSettings,
+    Usage,
+    dumps,
+)
 from ._http import HTTPServer, Reply
 
 __all__ = ["BilledUsage", "FakeLLMServer", "RecordedRequest"]
@@ -28,6 +37,10 @@ __all__ = ["BilledUsage", "FakeLLMServer", "RecordedRequest"]
 _logger = logging.getLogger("veronica_otel.testing")
 
 _JOIN_TIMEOUT_S = 5.0
+_SCRIPTED_PATH = "/v1/chat/completions"
+
+Responder = Callable[["RecordedRequest"], "ScriptedReply | str | None"]
+"""Chooses a chat completion's reply from its request; ``None``: the generated one."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,13 @@ class FakeLLMServer:
     for near-instant retries. Each attempt carries an
     ``x-stainless-retry-count`` header, visible in :attr:`requests`.
 
+    Scripting an agent: :meth:`script` queues replies for the next chat
+    completions (a :class:`ScriptedReply` can ask for tool calls), and
+    :meth:`set_responder` picks a reply from each request, so a real agent
+    loop (call a tool, read its result, answer) runs against the server::
+
+        server.script(ScriptedReply.tool_call("add", {"a": 1, "b": 2}), "It is 3.")
+
     Args:
         host: Interface to bind.
         port: TCP port; ``0`` picks a free one.
@@ -157,6 +177,8 @@ class FakeLLMServer:
         self._serial = 0
         self._pending_failures: deque[_Failure] = deque()
         self._permanent_failure: _Failure | None = None
+        self._script: deque[ScriptedReply] = deque()
+        self._responder: Responder | None = None
         self._httpd: HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -267,8 +289,10 @@ class FakeLLMServer:
             return self._counts[path]
 
     def reset(self) -> None:
-        """Forget recorded requests and counts, clear failures and restore the latency."""
+        """Forget requests and counts, clear failures and scripts, restore the latency."""
         with self._lock:
+            self._script.clear()
+            self._responder = None
             self._recorded.clear()
             self._billed.clear()
             self._counts.clear()
@@ -333,6 +357,47 @@ class FakeLLMServer:
             self._pending_failures.clear()
             self._permanent_failure = None
 
+    def script(self, *replies: ScriptedReply | str) -> None:
+        """Queue replies for the next chat completions requests, one each, in order.
+
+        Queued replies come before the responder's; a request that fails by
+        :meth:`fail_next` or :meth:`fail_always` does not use one up. Once the
+        queue is empty, replies are generated as usual.
+
+        Args:
+            replies: A :class:`ScriptedReply` (text and/or tool calls), or a
+                ``str``, short for ``ScriptedReply(text=...)``.
+
+        Raises:
+            ValueError: A reply is neither.
+        """
+        queued = [_scripted(reply) for reply in replies]
+        with self._lock:
+            self._script.extend(queued)
+
+    def set_responder(self, responder: Responder | None) -> None:
+        """Choose each chat completion's reply with ``responder(request)``.
+
+        It runs on the handler thread once the queue of :meth:`script` is
+        empty; it returns a :class:`ScriptedReply`, a ``str`` (the text), or
+        ``None`` for the generated reply. If it raises, the request gets a 500.
+        ``None`` removes it.
+        """
+        if responder is not None and not callable(responder):
+            raise ValueError(f"responder must be callable or None, got {responder!r}")
+        with self._lock:
+            self._responder = responder
+
+    def _next_script(self, request: RecordedRequest) -> ScriptedReply | None:
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+            responder = self._responder
+        if responder is None:
+            return None
+        reply = responder(request)
+        return None if reply is None else _scripted(reply)
+
     def set_latency(self, seconds: float) -> None:
         """Delay every later response by ``seconds`` (failures included)."""
         value = _check_seconds("seconds", seconds)
@@ -379,7 +444,8 @@ class FakeLLMServer:
             serial = self._serial
             self._total += 1
             self._counts[path] += 1
-            self._recorded.append(RecordedRequest(method, path, parts.query, headers, body, now))
+            record = RecordedRequest(method, path, parts.query, headers, body, now)
+            self._recorded.append(record)
             if self._pending_failures:
                 failure: _Failure | None = self._pending_failures.popleft()
             else:
@@ -392,7 +458,7 @@ class FakeLLMServer:
         if failure is not None:
             return _failure_reply(failure, path, request_id, ids)
         try:
-            reply = self._route(method, path, body, len(raw), serial)
+            reply = self._route(record, len(raw), serial)
         except ApiError as exc:
             return _error_reply(exc.status, exc.message, path, request_id, ids)
         except Exception:
@@ -408,9 +474,8 @@ class FakeLLMServer:
         json_headers = {"content-type": "application/json", **ids, **reply.headers}
         return Reply(reply.status, json_headers, body=dumps(reply.payload))
 
-    def _route(
-        self, method: str, path: str, body: Any, size: int, serial: int
-    ) -> JSONReply | StreamReply:
+    def _route(self, record: RecordedRequest, size: int, serial: int) -> JSONReply | StreamReply:
+        method, path, body = record.method, record.path, record.body
         if method == "GET" and path in ("/", "/health", "/healthz"):
             return JSONReply({"status": "ok"})
         if method == "GET" and path == "/v1/models":
@@ -423,7 +488,10 @@ class FakeLLMServer:
             raise ApiError(405, f"Method {method} not allowed on {path}")
         if not isinstance(body, dict):
             raise ApiError(400, "The request body must be a JSON object")
-        call = ApiCall(path, body, size, self._settings, serial, int(time.time()), self._bill)
+        script = self._next_script(record) if path == _SCRIPTED_PATH else None
+        call = ApiCall(
+            path, body, size, self._settings, serial, int(time.time()), self._bill, script
+        )
         return builder(call)
 
     def _chunk_delay(self) -> float:
@@ -470,6 +538,14 @@ def _make_failure(
     if body is not None and not isinstance(body, (str, bytes)):
         dumps(body)  # fail now, not on the handler thread
     return _Failure(status, body, extra)
+
+
+def _scripted(reply: object) -> ScriptedReply:
+    if isinstance(reply, ScriptedReply):
+        return reply
+    if isinstance(reply, str):
+        return ScriptedReply(text=reply)
+    raise ValueError(f"a scripted reply must be a ScriptedReply or a str, got {reply!r}")
 
 
 def _check_count(name: str, value: object) -> int:

@@ -1,0 +1,104 @@
+"""Containment for the tool runs of AG2 (``ag2`` >= 1.2) agents.
+
+Usage::
+
+    from veronica_otel.instrumentors.ag2 import AG2Instrumentor
+    from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+
+    OpenAIInstrumentor().instrument()  # AG2's model calls go through the openai SDK
+    AG2Instrumentor().instrument()     # its tool runs
+    async with ExecutionContext(ExecutionConfig(max_steps=20, max_repeats=3)):
+        await agent.ask("...")         # BudgetExceededError when the chain is over
+
+Under ``opentelemetry-instrument`` the ``veronica`` distro installs it as soon
+as the application imports AG2's tools: nothing to write.
+
+Where it hooks: ``ag2.tools.final.function_tool.FunctionTool.__call__``, the
+one place every function tool of an AG2 agent runs (after AG2's tool
+middleware, so a call a middleware refused is not counted). Each run is one
+:class:`~veronica_otel.ToolCall`, checked before the function runs: steps,
+deadline, repeats of the same tool with the same arguments (``loop``), the
+tool's price (``cost``) and its circuit breaker (``circuit_open``; an error
+the tool raised, which AG2 hands back to the model as a ``ToolErrorEvent``,
+counts as a failure). AG2 turns any exception from a tool, a denial included,
+into an error message for the model; the trip is sticky, so the model call
+that would follow is denied and ``BudgetExceededError`` leaves ``ask``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+    BaseInstrumentor,
+)
+from opentelemetry.util.types import AttributeValue
+from wrapt import wrap_function_wrapper
+
+from veronica_otel._propagation import default_context
+from veronica_otel._tools import ToolCall
+
+from ._breakers import endpoint_breaker
+from ._unwrap import is_ours, unwrap_ours
+
+__all__ = ["AG2Instrumentor"]
+
+_logger = logging.getLogger(__name__)
+_instruments = ("ag2 >= 1.2",)
+PROVIDER = "ag2"
+_ATTRIBUTES: dict[str, AttributeValue] = {"gen_ai.system": PROVIDER}
+_active = False  # False after uninstrument: a wrapper left under another passes through
+
+
+def _arguments(event: Any) -> object:
+    try:
+        return event.serialized_arguments
+    except Exception:  # malformed JSON from the model: AG2 reports it; sign the raw text
+        return getattr(event, "arguments", None)
+
+
+async def _call_tool(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    ctx = default_context() if _active else None
+    event = args[0] if args else kwargs.get("event")
+    name = getattr(event, "name", None)
+    if ctx is None or not isinstance(name, str) or not name:
+        return await wrapped(*args, **kwargs)
+    tool = ToolCall(
+        name,
+        _arguments(event),
+        breaker=endpoint_breaker(PROVIDER, name),
+        attributes={**_ATTRIBUTES, "gen_ai.tool.call.id": str(getattr(event, "id", ""))},
+        context=ctx,
+    )
+    async with tool:  # raises BudgetExceededError before the function runs
+        result = await wrapped(*args, **kwargs)
+        error = getattr(result, "error", None)
+        if isinstance(error, BaseException):  # AG2 returns a tool's error as an event
+            tool.mark_failed(f"{type(error).__name__}: {error}"[:200])
+        return result
+
+
+class AG2Instrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Contains every function-tool run of AG2 agents in the active chain."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        from ag2.tools.final.function_tool import FunctionTool
+
+        global _active
+        if not is_ours(FunctionTool, "__call__", _call_tool):
+            wrap_function_wrapper(FunctionTool, "__call__", _call_tool)
+        _active = True
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        from ag2.tools.final.function_tool import FunctionTool
+
+        global _active
+        _active = False
+        unwrap_ours(FunctionTool, "__call__", _call_tool)

@@ -1,0 +1,123 @@
+"""AG2 (``ag2`` >= 1.2) agents, contained: model calls and tool runs are chain steps.
+
+AG2 sends its model calls through the ``openai`` SDK (contained by
+OpenAIInstrumentor); AG2Instrumentor makes each function-tool run a step.
+The fake server's request count and the tools' own counters show what
+really ran: nothing after the trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import httpx2
+import pytest
+import pytest_asyncio
+
+pytest.importorskip("ag2")
+
+from ag2 import Agent
+from ag2.config.openai import OpenAIConfig
+from ag2.tools.final.function_tool import FunctionTool
+
+from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
+from veronica_otel.instrumentors.ag2 import AG2Instrumentor
+from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+from veronica_otel.testing import FakeLLMServer, RecordedRequest, ScriptedReply
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def server() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=3) as fake:
+        yield fake
+
+
+@pytest.fixture
+def instrumented() -> Iterator[None]:
+    llm, tools = OpenAIInstrumentor(), AG2Instrumentor()
+    llm.instrument()
+    tools.instrument()
+    yield
+    tools.uninstrument()
+    llm.uninstrument()
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[httpx2.AsyncClient]:
+    # Our own connection pool, closed here: AG2 does not close the one it makes.
+    async with httpx2.AsyncClient() as client:
+        yield client
+
+
+def counting_agent(server: FakeLLMServer, http: httpx2.AsyncClient, runs: list[int]) -> Agent:
+    def count(n: int) -> str:
+        """Count to n."""
+        runs.append(n)
+        return f"counted to {n}"
+
+    config = OpenAIConfig(
+        model="gpt-4o-mini", base_url=server.openai_base_url, api_key="test", http_client=http
+    )
+    return Agent("counter", "You count.", config=config, tools=[count])
+
+
+def _keep_counting(request: RecordedRequest) -> ScriptedReply:
+    return ScriptedReply.tool_call("count", {"n": len(request.body["messages"])})
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("instrumented")
+async def test_a_runaway_ag2_agent_stops_at_max_steps_counting_tool_runs(
+    server: FakeLLMServer, http: httpx2.AsyncClient
+) -> None:
+    runs: list[int] = []
+    server.set_responder(_keep_counting)
+    agent = counting_agent(server, http, runs)
+    with pytest.raises(BudgetExceededError) as caught:
+        async with ExecutionContext(ExecutionConfig(max_steps=5)) as ctx:
+            await agent.ask("Count for me.")
+    assert caught.value.reason == "steps"
+    # model, tool, model, tool, model: the 6th step (a tool run) is denied, and
+    # the model call after it is never sent.
+    assert server.count(CHAT) == 3
+    assert len(runs) == 2
+    assert ctx.snapshot().steps == 5
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("instrumented")
+async def test_the_same_tool_call_repeated_trips_loop(
+    server: FakeLLMServer, http: httpx2.AsyncClient
+) -> None:
+    runs: list[int] = []
+    server.set_responder(lambda request: ScriptedReply.tool_call("count", {"n": 7}))
+    agent = counting_agent(server, http, runs)
+    with pytest.raises(BudgetExceededError) as caught:
+        async with ExecutionContext(ExecutionConfig(max_repeats=2, max_steps=100)):
+            await agent.ask("Count to seven, again and again.")
+    assert caught.value.reason == "loop"
+    assert runs == [7, 7]
+    assert server.count(CHAT) == 3  # the model call after the denied run is not sent
+
+
+@pytest.mark.asyncio
+async def test_uninstrument_restores_the_tool_path(
+    server: FakeLLMServer, http: httpx2.AsyncClient
+) -> None:
+    original = FunctionTool.__dict__["__call__"]
+    instrumentor = AG2Instrumentor()
+    instrumentor.instrument()
+    instrumentor.instrument()  # idempotent
+    assert FunctionTool.__dict__["__call__"] is not original
+    instrumentor.uninstrument()
+    assert FunctionTool.__dict__["__call__"] is original
+
+    runs: list[int] = []
+    server.script(ScriptedReply.tool_call("count", {"n": 1}), "done")
+    agent = counting_agent(server, http, runs)
+    async with ExecutionContext(ExecutionConfig(max_steps=1)) as ctx:
+        await agent.ask("Count once.")  # nothing instrumented: nothing counted
+    assert runs == [1]
+    assert ctx.snapshot().steps == 0
