@@ -44,3 +44,32 @@ def test_bench_scripts_print_json(script: str) -> None:
     extra = ("--no-child",) if script == "bench_instrumented.py" else ()
     result = run(script, *extra)
     assert result  # one JSON object with its parameters and results
+
+
+def test_bench_paper_runs_every_scenario_three_ways_with_exact_counts() -> None:
+    result = run("bench_paper.py")
+    scenarios = result["scenarios"]
+    assert isinstance(scenarios, dict)
+    assert set(scenarios) == {
+        "retry_amplification",
+        "recursive_tools",
+        "multi_agent_loop",
+        "websocket_runaway",
+    }
+    assert result["deterministic"] is True
+    for scenario in scenarios.values():
+        rows = scenario["results"]
+        assert {"uncontained", "veronica_otel", "veronica_core"} <= set(rows)
+        assert scenario["paper"]["uncontained"] and scenario["note"]
+        for system in ("veronica_otel", "veronica_core"):
+            assert rows[system]["calls"] < rows["uncontained"]["calls"]
+            assert rows[system]["limit_to_halt_ms"] is not None
+    # The workloads are the paper's sizes, counted at the fake server.
+    assert scenarios["retry_amplification"]["results"]["uncontained"]["calls"] == 27
+    assert scenarios["recursive_tools"]["results"]["uncontained"]["calls"] == 20
+    assert scenarios["multi_agent_loop"]["results"]["uncontained"]["calls"] == 60
+    assert scenarios["websocket_runaway"]["results"]["uncontained"]["ops"] == 100
+    # Step limits hold exactly, never limit + 1.
+    for system in ("veronica_otel", "veronica_core"):
+        assert scenarios["recursive_tools"]["results"][system]["calls"] == 5
+        assert scenarios["multi_agent_loop"]["results"][system]["calls"] == 8
