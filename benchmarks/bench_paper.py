@@ -31,14 +31,9 @@ Prints one JSON object to stdout. Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import importlib.metadata
-import json
 import logging
-import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +41,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import openai
+from _report import emit, environment
 
 import veronica_otel
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
@@ -409,11 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     report: dict[str, Any] = {
-        "benchmark": "paper_scenarios",
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **environment("paper_scenarios"),
         "packages": {
             "veronica_otel": veronica_otel.__version__,
             "veronica_core": core_version,
@@ -435,9 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "elapsed_s": round(time.perf_counter() - began, 1),
     }
-    json.dump(report, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return 0
+    return emit(report)
 
 
 if __name__ == "__main__":
