@@ -73,3 +73,23 @@ def test_bench_paper_runs_every_scenario_three_ways_with_exact_counts() -> None:
     for system in ("veronica_otel", "veronica_core"):
         assert scenarios["recursive_tools"]["results"][system]["calls"] == 5
         assert scenarios["multi_agent_loop"]["results"][system]["calls"] == 8
+
+
+def test_bench_scale_counts_every_section_exactly() -> None:
+    result = run("bench_scale.py")
+    results = result["results"]
+    assert isinstance(results, dict)
+    assert result["exact"] is True
+    chains = results["chains"]
+    assert chains["exact"] and chains["memory"]["tracemalloc_bytes_per_chain"] > 0
+    assert chains["one_chain_checks_per_s"] and chains["veronica_core_memory"]
+    threads = results["threads"]
+    assert threads["threads"] == 16 and threads["exact"] and threads["limit"]["exact"]
+    assert threads["one_thread_checks_per_s"]
+    processes = results["processes"]
+    assert processes["processes"] == 8 and processes["exact"] and processes["limit"]["exact"]
+    assert processes["one_process_checks_per_s"]
+    growth = results["growth"]
+    assert len(growth["sizes"]) == 3
+    for system in ("veronica_otel", "veronica_core"):
+        assert growth[system]["last_over_first"] > 0
