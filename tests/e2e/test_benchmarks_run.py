@@ -93,3 +93,16 @@ def test_bench_scale_counts_every_section_exactly() -> None:
     assert len(growth["sizes"]) == 3
     for system in ("veronica_otel", "veronica_core"):
         assert growth[system]["last_over_first"] > 0
+
+
+def test_bench_profile_names_top_frames_of_both_targets(tmp_path: Path) -> None:
+    result = run("bench_profile.py", "--html", str(tmp_path / "profile.html"))
+    targets = result["targets"]
+    assert isinstance(targets, dict)
+    assert set(targets) == {"wrap_llm_call", "openai_instrumented"}
+    for target in targets.values():
+        assert target["top"] and target["top_ours"]
+        assert {"function", "where", "share_pct"} <= set(target["top"][0])
+    html = result["html"]
+    assert isinstance(html, dict)
+    assert all(Path(path).stat().st_size > 0 for path in html.values())
