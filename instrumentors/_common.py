@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import wrapt
 from opentelemetry import baggage, trace
@@ -66,26 +66,29 @@ def input_bound(parts: object, n_messages: int) -> int:
 
 
 def _utf8_bytes(value: object) -> int:
-    # Exact types first: the request bodies are plain dicts, lists and strs,
-    # and an ABC isinstance check costs more than the arithmetic.
+    # Exact-type fast paths for what JSON request bodies are made of (the
+    # profile's top own cost per openai call: ABC isinstance checks and a
+    # generator per container); everything else takes the general walk below.
     kind = type(value)
     if kind is str:
-        text: str = value  # type: ignore[assignment]
+        text = cast(str, value)
         return len(text) if text.isascii() else len(text.encode("utf-8"))
     if kind is dict:
-        total = 0
-        for key, item in value.items():  # type: ignore[attr-defined]
-            total += _utf8_bytes(key) + _utf8_bytes(item) + 2
+        mapping = cast(dict[object, object], value)
+        total = 2 * len(mapping)
+        for key, item in mapping.items():
+            total += _utf8_bytes(key) + _utf8_bytes(item)
         return total
-    if kind is list or kind is tuple:
-        total = 0
-        for item in value:  # type: ignore[attr-defined]
-            total += _utf8_bytes(item) + 1
+    if kind is list:
+        items = cast(list[object], value)
+        total = len(items)
+        for item in items:
+            total += _utf8_bytes(item)
         return total
-    return _other_utf8_bytes(value)
+    return _utf8_bytes_any(value)
 
 
-def _other_utf8_bytes(value: object) -> int:
+def _utf8_bytes_any(value: object) -> int:
     if isinstance(value, str):
         return len(value) if value.isascii() else len(value.encode("utf-8"))
     if isinstance(value, Mapping):

@@ -44,3 +44,65 @@ def test_bench_scripts_print_json(script: str) -> None:
     extra = ("--no-child",) if script == "bench_instrumented.py" else ()
     result = run(script, *extra)
     assert result  # one JSON object with its parameters and results
+
+
+def test_bench_paper_runs_every_scenario_three_ways_with_exact_counts() -> None:
+    result = run("bench_paper.py")
+    scenarios = result["scenarios"]
+    assert isinstance(scenarios, dict)
+    assert set(scenarios) == {
+        "retry_amplification",
+        "recursive_tools",
+        "multi_agent_loop",
+        "websocket_runaway",
+    }
+    assert result["deterministic"] is True
+    for scenario in scenarios.values():
+        rows = scenario["results"]
+        assert {"uncontained", "veronica_otel", "veronica_core"} <= set(rows)
+        assert scenario["paper"]["uncontained"] and scenario["note"]
+        for system in ("veronica_otel", "veronica_core"):
+            assert rows[system]["calls"] < rows["uncontained"]["calls"]
+            assert rows[system]["limit_to_halt_ms"] is not None
+    # The workloads are the paper's sizes, counted at the fake server.
+    assert scenarios["retry_amplification"]["results"]["uncontained"]["calls"] == 27
+    assert scenarios["recursive_tools"]["results"]["uncontained"]["calls"] == 20
+    assert scenarios["multi_agent_loop"]["results"]["uncontained"]["calls"] == 60
+    assert scenarios["websocket_runaway"]["results"]["uncontained"]["ops"] == 100
+    # Step limits hold exactly, never limit + 1.
+    for system in ("veronica_otel", "veronica_core"):
+        assert scenarios["recursive_tools"]["results"][system]["calls"] == 5
+        assert scenarios["multi_agent_loop"]["results"][system]["calls"] == 8
+
+
+def test_bench_scale_counts_every_section_exactly() -> None:
+    result = run("bench_scale.py")
+    results = result["results"]
+    assert isinstance(results, dict)
+    assert result["exact"] is True
+    chains = results["chains"]
+    assert chains["exact"] and chains["memory"]["tracemalloc_bytes_per_chain"] > 0
+    assert chains["one_chain_checks_per_s"] and chains["veronica_core_memory"]
+    threads = results["threads"]
+    assert threads["threads"] == 16 and threads["exact"] and threads["limit"]["exact"]
+    assert threads["one_thread_checks_per_s"]
+    processes = results["processes"]
+    assert processes["processes"] == 8 and processes["exact"] and processes["limit"]["exact"]
+    assert processes["one_process_checks_per_s"]
+    growth = results["growth"]
+    assert len(growth["sizes"]) == 3
+    for system in ("veronica_otel", "veronica_core"):
+        assert growth[system]["last_over_first"] > 0
+
+
+def test_bench_profile_names_top_frames_of_both_targets(tmp_path: Path) -> None:
+    result = run("bench_profile.py", "--html", str(tmp_path / "profile.html"))
+    targets = result["targets"]
+    assert isinstance(targets, dict)
+    assert set(targets) == {"wrap_llm_call", "openai_instrumented"}
+    for target in targets.values():
+        assert target["top"] and target["top_ours"]
+        assert {"function", "where", "share_pct"} <= set(target["top"][0])
+    html = result["html"]
+    assert isinstance(html, dict)
+    assert all(Path(path).stat().st_size > 0 for path in html.values())

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from veronica_otel._config import ExecutionConfig
@@ -20,7 +21,17 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._propagation import current_context
 from veronica_otel._retry import RetryContainer
 
-__all__ = ["SCENARIOS", "Scenario"]
+__all__ = [
+    "SCENARIOS",
+    "InvalidAnswer",
+    "Scenario",
+    "WebSocketSession",
+    "planner_critic",
+    "recursive_tools",
+    "retry_amplification",
+    "websocket_conversation",
+    "websocket_runaway",
+]
 
 MODEL = "gpt-4o"
 # Loops that would run "for days" are stopped by the demo itself after this
@@ -39,8 +50,24 @@ def _ask(client: Any, prompt: str) -> str:
     return str(reply.choices[0].message.content or "")
 
 
-def retry_amplification(client: Any) -> None:
-    """Three nested layers (agent, tool, client) each retry 3 times: (1+3)^3 = 64 calls."""
+def _retry_container(max_retries: int) -> Any:
+    return RetryContainer(max_retries=max_retries, backoff_base=0.0, sleep=lambda _s: None)
+
+
+def retry_amplification(
+    client: Any,
+    *,
+    layers: int = 3,
+    retries: int = 3,
+    retrier: Callable[[int], Any] = _retry_container,
+) -> None:
+    """Nested layers (agent, tool, client) each retry ``retries`` times: (1+r)^L calls.
+
+    The default (3 layers x 3 retries) makes 64 calls when every answer is
+    invalid. ``retrier(max_retries)`` builds each layer's retry loop (anything
+    with ``execute(fn, *args)``), so the benchmarks can run the same layers
+    on another library's retry container.
+    """
 
     def model_call() -> str:
         answer = _ask(client, "Return the invoice total as JSON.")
@@ -49,20 +76,23 @@ def retry_amplification(client: Any) -> None:
         return answer
 
     def layer(depth: int) -> str:
-        retry = RetryContainer(max_retries=3, backoff_base=0.0, sleep=lambda _s: None)
-        if depth == 3:
-            return retry.execute(model_call)
-        return retry.execute(layer, depth + 1)
+        retry = retrier(retries)
+        if depth == layers:
+            return str(retry.execute(model_call))
+        return str(retry.execute(layer, depth + 1))
 
     with contextlib.suppress(InvalidAnswer):  # every layer gave up: the uncontained end
         layer(1)
 
 
-def recursive_tools(client: Any) -> None:
-    """A tool whose output makes the agent call the same tool again, forever."""
+def recursive_tools(client: Any, *, rounds: int = DEMO_ROUND_CAP) -> None:
+    """A tool whose output makes the agent call the same tool again, forever.
+
+    Each call of the tool asks the model once; ``rounds`` stops it uncontained.
+    """
 
     def search(query: str, depth: int) -> str:
-        if depth >= DEMO_ROUND_CAP:
+        if depth >= rounds:
             return "demo cap"
         answer = _ask(client, f"search: {query}")
         # The model "decides" it needs to search the same thing once more.
@@ -81,9 +111,9 @@ def _agent_turn(client: Any, agent: str, prompt: str) -> str:
         return _ask(client, prompt)
 
 
-def planner_critic(client: Any) -> None:
+def planner_critic(client: Any, *, rounds: int = DEMO_ROUND_CAP) -> None:
     """A planner and a critic that never agree (each round is two model calls)."""
-    for _round in range(DEMO_ROUND_CAP):
+    for _round in range(rounds):
         plan = _agent_turn(client, "planner", "Planner: propose a plan for the migration.")
         verdict = _agent_turn(client, "critic", f"Critic: review this plan: {plan[:80]}")
         if "APPROVED" in verdict:  # the fake model never approves
@@ -97,7 +127,85 @@ def websocket_runaway(client: Any, config: ExecutionConfig | None) -> str:
     :class:`VeronicaASGIMiddleware`, where every message sent is a step.
     Returns how the session ended.
     """
-    return asyncio.run(_websocket_session(str(client.base_url), config))
+    base_url = str(client.base_url)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        await _stream_forever(base_url, send)
+        await send({"type": "websocket.close", "code": 1000})
+
+    return asyncio.run(_drive_session(_contain(app, config), WebSocketSession())).ended
+
+
+def websocket_conversation(
+    client: Any,
+    wrap: Callable[[Any], Any] | None = None,
+    *,
+    turns: int = DEMO_ROUND_CAP,
+) -> WebSocketSession:
+    """A chat session: the user sends ``turns`` messages; the app asks the model
+    once per message and sends the answer back (a receive and a send per turn).
+
+    ``wrap(app)`` puts containment (ASGI middleware) around the app; ``None``
+    runs it bare. The model is asked through ``client`` (a sync client, so
+    the call runs in the session's context). Returns what the session did.
+    """
+    session = WebSocketSession(user_messages=turns)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        while True:
+            message = await receive()
+            if message.get("type") != "websocket.receive":
+                return  # the user left, or the middleware ended the session
+            session.note_op(received=True)
+            answer = _ask(client, f"User says: {message.get('text', '')}")
+            await send({"type": "websocket.send", "text": answer})
+
+    asgi = app if wrap is None else wrap(app)
+    return asyncio.run(_drive_session(asgi, session))
+
+
+@dataclass
+class WebSocketSession:
+    """What one driven WebSocket session did.
+
+    Attributes:
+        user_messages: Messages the user sends after connecting (then leaves).
+        received: ``websocket.receive`` messages the app got.
+        sent: ``websocket.send`` messages that reached the user.
+        closes: Close codes the user got.
+        ended: How it ended: ``"-"``, a trip reason, plus ``", ws 1008"``
+            when the session was closed for a policy violation.
+        last_op_at: ``time.perf_counter()`` of the last data message either way.
+    """
+
+    user_messages: int = 0
+    received: int = 0
+    sent: int = 0
+    closes: list[int] = field(default_factory=list)
+    ended: str = "-"
+    last_op_at: float = 0.0
+
+    @property
+    def ops(self) -> int:
+        """Data messages that went through, both ways."""
+        return self.received + self.sent
+
+    def note_op(self, *, received: bool) -> None:
+        if received:
+            self.received += 1
+        else:
+            self.sent += 1
+        self.last_op_at = time.perf_counter()
+
+
+def _contain(app: Any, config: ExecutionConfig | None) -> Any:
+    from veronica_otel.middleware import VeronicaASGIMiddleware
+
+    return app if config is None else VeronicaASGIMiddleware(cast(Any, app), config)
 
 
 async def _stream_forever(base_url: str, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -119,26 +227,23 @@ async def _stream_forever(base_url: str, send: Callable[[dict[str, Any]], Awaita
         await aclient.close()
 
 
-async def _websocket_session(base_url: str, config: ExecutionConfig | None) -> str:
-    from veronica_otel.middleware import VeronicaASGIMiddleware
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await receive()  # websocket.connect
-        await send({"type": "websocket.accept"})
-        await _stream_forever(base_url, send)
-        await send({"type": "websocket.close", "code": 1000})
-
-    asgi: Any = app if config is None else VeronicaASGIMiddleware(cast(Any, app), config)
+async def _drive_session(asgi: Any, session: WebSocketSession) -> WebSocketSession:
+    """Run one WebSocket session of ``asgi`` in-process, as its user."""
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     await inbox.put({"type": "websocket.connect"})
-    closes: list[int] = []
+    for turn in range(session.user_messages):
+        await inbox.put({"type": "websocket.receive", "text": f"message {turn}"})
+    if session.user_messages:
+        await inbox.put({"type": "websocket.disconnect", "code": 1000})
 
     async def receive() -> dict[str, Any]:
         return await inbox.get()
 
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "websocket.close":
-            closes.append(int(message.get("code", 1000)))
+            session.closes.append(int(message.get("code", 1000)))
+        elif message["type"] == "websocket.send":
+            session.note_op(received=False)
 
     scope = {
         "type": "websocket",
@@ -154,10 +259,11 @@ async def _websocket_session(base_url: str, config: ExecutionConfig | None) -> s
     try:
         await asgi(scope, receive, send)
     except BudgetExceededError as exc:
-        return f"{exc.reason}, ws 1008" if 1008 in closes else exc.reason
-    if 1008 in closes:
-        return "steps, ws 1008"  # the middleware closed the session: policy violation
-    return "-"
+        session.ended = f"{exc.reason}, ws 1008" if 1008 in session.closes else exc.reason
+        return session
+    if 1008 in session.closes:
+        session.ended = "steps, ws 1008"  # the middleware closed the session: policy violation
+    return session
 
 
 @dataclass(frozen=True)
