@@ -1,0 +1,33 @@
+"""The example scripts run as their docstrings say, and show containment working."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def run(script: str) -> str:
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_planner_critic_is_stopped_at_the_handoff_ceiling() -> None:
+    out = run("planner_critic.py")
+    assert "uncontained: 60 model calls" in out
+    assert "contained:   9 model calls, then loop" in out
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_every_example_runs(script: str) -> None:
+    assert run(script).strip()
