@@ -130,8 +130,12 @@ def _route(options: Any) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None:
 
 def _body(options: Any) -> dict[str, Any]:
     # What goes on the wire: the user's extra_body is merged over the body.
-    json_data = options.json_data if isinstance(options.json_data, Mapping) else {}
-    extra = options.extra_json if isinstance(options.extra_json, Mapping) else {}
+    json_data = options.json_data
+    extra = options.extra_json
+    if type(json_data) is dict and extra is None:
+        return json_data  # the common case: read-only here, so no copy
+    json_data = json_data if _is_mapping(json_data) else {}
+    extra = extra if _is_mapping(extra) else {}
     return {**json_data, **extra}
 
 
@@ -475,7 +479,7 @@ def _state_of(response: Any) -> _CallState | None:
 
 
 def _account(state: _CallState, data: Any) -> None:
-    if not isinstance(data, Mapping):
+    if not _is_mapping(data):
         return
     call = state.call
     if not state.streamed:
@@ -515,14 +519,22 @@ def _add_output_bytes(call: ContainedCall, text: Any) -> None:
         call.text_bytes += len(text.encode("utf-8"))
 
 
+_EMPTY: Mapping[str, Any] = {}
+
+
+def _is_mapping(value: object) -> bool:
+    # Payloads are plain dicts: skip the ABC check (slow next to the rest).
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _usage(call: ContainedCall, usage: Any) -> None:
-    if not isinstance(usage, Mapping) or not usage:
+    if not usage or not _is_mapping(usage):
         return
     chat_style = "prompt_tokens" in usage  # chat, completions, embeddings; else responses
     details_in = usage.get("prompt_tokens_details" if chat_style else "input_tokens_details")
     details_out = usage.get("completion_tokens_details" if chat_style else "output_tokens_details")
-    details_in = details_in if isinstance(details_in, Mapping) else {}
-    details_out = details_out if isinstance(details_out, Mapping) else {}
+    details_in = details_in if _is_mapping(details_in) else _EMPTY
+    details_out = details_out if _is_mapping(details_out) else _EMPTY
     call.set_usage(
         usage.get("prompt_tokens" if chat_style else "input_tokens") or 0,
         usage.get("completion_tokens" if chat_style else "output_tokens") or 0,
