@@ -23,6 +23,10 @@ the tool raised, which AG2 hands back to the model as a ``ToolErrorEvent``,
 counts as a failure). AG2 turns any exception from a tool, a denial included,
 into an error message for the model; the trip is sticky, so the model call
 that would follow is denied and ``BudgetExceededError`` leaves ``ask``.
+
+Agent identity: ``ag2.Agent.ask`` runs as :func:`veronica_otel.agent` named
+after the AG2 agent, so two AG2 agents handing a conversation back and forth
+count towards the chain's ``max_handoffs`` (reason ``loop``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.util.types import AttributeValue
 from wrapt import wrap_function_wrapper
 
+from veronica_otel._agents import AgentScope
 from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
@@ -82,6 +87,14 @@ async def _call_tool(
         return result
 
 
+async def _ask(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    name = getattr(instance, "name", None)
+    if not _active or not isinstance(name, str) or not name.strip() or default_context() is None:
+        return await wrapped(*args, **kwargs)
+    async with AgentScope(name[:256]):  # the agent's model and tool calls are its own
+        return await wrapped(*args, **kwargs)
+
+
 class AG2Instrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Contains every function-tool run of AG2 agents in the active chain."""
 
@@ -89,16 +102,21 @@ class AG2Instrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
+        from ag2 import Agent
         from ag2.tools.final.function_tool import FunctionTool
 
         global _active
         if not is_ours(FunctionTool, "__call__", _call_tool):
             wrap_function_wrapper(FunctionTool, "__call__", _call_tool)
+        if not is_ours(Agent, "ask", _ask):
+            wrap_function_wrapper(Agent, "ask", _ask)
         _active = True
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        from ag2 import Agent
         from ag2.tools.final.function_tool import FunctionTool
 
         global _active
         _active = False
         unwrap_ours(FunctionTool, "__call__", _call_tool)
+        unwrap_ours(Agent, "ask", _ask)

@@ -103,16 +103,42 @@ async def test_the_same_tool_call_repeated_trips_loop(
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("instrumented")
+async def test_two_ag2_agents_that_never_agree_stop_at_the_handoff_ceiling(
+    server: FakeLLMServer, http: httpx2.AsyncClient
+) -> None:
+    config = OpenAIConfig(
+        model="gpt-4o-mini", base_url=server.openai_base_url, api_key="test", http_client=http
+    )
+    planner = Agent("planner", "You write plans.", config=config)
+    critic = Agent("critic", "You reject plans.", config=config)
+    turns = 0
+    with pytest.raises(BudgetExceededError) as caught:
+        async with ExecutionContext(ExecutionConfig(max_handoffs=4, max_steps=100)):
+            draft = "a plan"
+            for _ in range(30):  # they never agree
+                review = await critic.ask(f"Critique: {draft}")
+                turns += 1
+                draft = (await planner.ask(f"Revise after: {await review.content()}")).body or ""
+                turns += 1
+    assert caught.value.reason == "loop"
+    # critic, planner (1), critic (2), planner (3), critic (4): the 5th handoff is denied.
+    assert turns == 5
+    assert server.count(CHAT) == 5
+
+
+@pytest.mark.asyncio
 async def test_uninstrument_restores_the_tool_path(
     server: FakeLLMServer, http: httpx2.AsyncClient
 ) -> None:
-    original = FunctionTool.__dict__["__call__"]
+    original, original_ask = FunctionTool.__dict__["__call__"], Agent.__dict__["ask"]
     instrumentor = AG2Instrumentor()
     instrumentor.instrument()
     instrumentor.instrument()  # idempotent
     assert FunctionTool.__dict__["__call__"] is not original
     instrumentor.uninstrument()
     assert FunctionTool.__dict__["__call__"] is original
+    assert Agent.__dict__["ask"] is original_ask
 
     runs: list[int] = []
     server.script(ScriptedReply.tool_call("count", {"n": 1}), "done")
