@@ -10,8 +10,8 @@ Usage::
     async with ExecutionContext(ExecutionConfig(max_steps=20, max_repeats=3)):
         await agent.ask("...")         # BudgetExceededError when the chain is over
 
-Under ``opentelemetry-instrument`` the ``veronica`` distro installs it as soon
-as the application imports AG2's tools: nothing to write.
+Under ``opentelemetry-instrument`` the ``veronica`` distro installs it once
+the application has imported AG2 (``ag2.agent``): nothing to write.
 
 Where it hooks: ``ag2.tools.final.function_tool.FunctionTool.__call__``, the
 one place every function tool of an AG2 agent runs (after AG2's tool
@@ -102,7 +102,7 @@ class AG2Instrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        from ag2 import Agent
+        from ag2.agent import Agent
         from ag2.tools.final.function_tool import FunctionTool
 
         global _active
@@ -113,7 +113,7 @@ class AG2Instrumentor(BaseInstrumentor):  # type: ignore[misc]
         _active = True
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        from ag2 import Agent
+        from ag2.agent import Agent
         from ag2.tools.final.function_tool import FunctionTool
 
         global _active

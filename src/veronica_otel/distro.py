@@ -47,7 +47,7 @@ _INSTRUMENTORS = (
     ("anthropic._base_client", "veronica_otel.instrumentors.anthropic", "AnthropicInstrumentor"),
     ("mcp.client.session", "veronica_otel.instrumentors.mcp", "MCPInstrumentor"),
     ("langchain_core.tools.base", "veronica_otel.instrumentors.langchain", "LangChainInstrumentor"),
-    ("ag2.tools.final.function_tool", "veronica_otel.instrumentors.ag2", "AG2Instrumentor"),
+    ("ag2.agent", "veronica_otel.instrumentors.ag2", "AG2Instrumentor"),
     # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS); these
     # also enable OpenTelemetry's httpx / requests instrumentations when installed.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
