@@ -7,7 +7,9 @@ the tool run anyway (or a repeat that was not caught) fails here.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given
@@ -171,3 +173,33 @@ def test_async_tools_share_the_chain_across_tasks() -> None:
 def test_bad_tool_name_is_rejected() -> None:
     with pytest.raises(ValueError, match="tool name"):
         ToolCall("")
+
+
+def test_threads_share_one_chain_exactly() -> None:
+    ran = 0
+    lock = threading.Lock()
+
+    @contained_tool
+    def work(i: int) -> int:
+        nonlocal ran
+        with lock:
+            ran += 1
+        return i
+
+    ctx = ExecutionContext(ExecutionConfig(max_steps=100))
+
+    def worker(base: int) -> int:
+        denied = 0
+        with ctx:
+            for i in range(50):
+                try:
+                    work(base * 1000 + i)
+                except BudgetExceededError:
+                    denied += 1
+        return denied
+
+    with ThreadPoolExecutor(8) as pool:
+        denied = sum(pool.map(worker, range(8)))
+    assert ran == 100
+    assert denied == 300
+    assert ctx.snapshot().steps == 100
