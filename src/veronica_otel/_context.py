@@ -376,10 +376,14 @@ class ExecutionContext(AsyncFromSync):
             decision = self.pipeline.evaluate(policy_context)
             if not decision.allowed:
                 self._deny_policy(decision)
+        fast = self._fast
         try:
-            reservation = self._ledger.reserve(
-                self._path, cost_nano, tokens, retry=retry, signature=signature
-            )
+            if fast is not None and signature is None and not retry:
+                reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
+            else:
+                reservation = self._ledger.reserve(
+                    self._path, cost_nano, tokens, retry=retry, signature=signature
+                )
         except BaseException:  # the store failed: give back what policies took
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
@@ -571,7 +575,11 @@ class ExecutionContext(AsyncFromSync):
             cost, tokens = reservation.cost_nano, reservation.tokens
         else:
             cost, tokens = 0, 0
-        overrun = self._ledger.commit(self._path, reservation, cost, tokens)
+        fast = self._fast
+        if fast is not None:
+            overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
+        else:
+            overrun = self._ledger.commit(self._path, reservation, cost, tokens)
         if call.metrics:
             record_call(call.kind, nano_to_usd(cost), error is not None, call.model)
         if call.policy_context is not None:
@@ -752,6 +760,15 @@ class ExecutionContext(AsyncFromSync):
 
     def remaining_cost_and_steps(self) -> tuple[int | None, int | None]:
         """What the tightest cost and step ceilings have left (one ledger read a level)."""
+        fast = self._fast
+        if fast is not None:  # a root in-process chain: read the live counters
+            limits, state = fast[1].limits, fast[2]
+            return (
+                None
+                if limits.cost_nano is None
+                else max(0, limits.cost_nano - state.cost_nano - state.reserved_nano),
+                None if limits.steps is None else max(0, limits.steps - state.steps),
+            )
         cost_left: int | None = None
         steps_left: int | None = None
         for level in self._path:
