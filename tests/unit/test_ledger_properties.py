@@ -30,7 +30,7 @@ from veronica_otel._ledger import (
     LocalLedger,
     Reservation,
 )
-from veronica_otel._units import NANO_PER_USD, nano_to_usd, usd_to_nano
+from veronica_otel._units import nano_to_usd
 
 # A small tree of chains; every path is root first, as ExecutionContext builds it.
 CHAINS = ("root", "root.1", "root.2", "root.1.1", "solo")
@@ -386,114 +386,9 @@ def ledger() -> LocalLedger:
     return LocalLedger()
 
 
-@pytest.fixture
-def family() -> dict[str, tuple[Level, ...]]:
-    root = Level("root", Limits(cost_nano=10 * NANO_PER_USD, steps=100))
-    child_a = Level("root.1", Limits(steps=50))
-    child_b = Level("root.2", Limits(cost_nano=NANO_PER_USD))
-    grandchild = Level("root.1.1", Limits())
-    return {
-        "root": (root,),
-        "a": (root, child_a),
-        "b": (root, child_b),
-        "aa": (root, child_a, grandchild),
-    }
-
-
-def test_parent_trip_denies_every_child_path(
-    ledger: LocalLedger, family: dict[str, tuple[Level, ...]]
-) -> None:
-    assert isinstance(ledger.reserve(family["aa"], 5, 5), Reservation)
-    event = TripEvent("timeout", 1.0, 2.0, "root", "deadline")
-    assert ledger.trip("root", event) is event
-    before = {cid: ledger.snapshot(cid) for cid in ("root", "root.1", "root.2", "root.1.1")}
-    for name in ("root", "a", "b", "aa"):
-        assert ledger.reserve(family[name], 0, 0) is event
-        assert ledger.reserve(family[name], 0, 0, step=False, retry=True) is event
-    for cid, snap in before.items():
-        assert ledger.snapshot(cid) == snap
-    # The children themselves carry no trip of their own: the parent's denies them.
-    assert ledger.snapshot("root.1").trip is None
-
-
-def test_child_trip_does_not_stop_parent_or_sibling(
-    ledger: LocalLedger, family: dict[str, tuple[Level, ...]]
-) -> None:
-    denied = ledger.reserve(family["b"], 2 * NANO_PER_USD, 0)
-    assert isinstance(denied, TripEvent)
-    assert (denied.reason, denied.chain_id) == ("cost", "root.2")
-    assert ledger.reserve(family["b"], 0, 0) is denied
-    assert isinstance(ledger.reserve(family["a"], NANO_PER_USD, 0), Reservation)
-    assert isinstance(ledger.reserve(family["root"], NANO_PER_USD, 0), Reservation)
-
-
-def test_steps_never_reach_limit_plus_one(ledger: LocalLedger) -> None:
-    path = (Level("c", Limits(steps=3, retries=2)),)
-    results = [ledger.reserve(path, 0, 0) for _ in range(5)]
-    assert [isinstance(r, Reservation) for r in results] == [True, True, True, False, False]
-    denied = results[3]
-    assert isinstance(denied, TripEvent)
-    assert (denied.reason, denied.limit, denied.observed) == ("steps", 3.0, 4.0)
-    assert results[4] is denied
-    assert ledger.snapshot("c").steps == 3
-
-
-def test_retries_never_reach_limit_plus_one(ledger: LocalLedger) -> None:
-    path = (Level("c", Limits(retries=2)),)
-    results = [ledger.reserve(path, 0, 0, step=False, retry=True) for _ in range(4)]
-    assert [isinstance(r, Reservation) for r in results] == [True, True, False, False]
-    snap = ledger.snapshot("c")
-    assert (snap.retries, snap.steps) == (2, 0)
-    assert results[2].reason == "retries"  # type: ignore[union-attr]
-
-
-def test_tenth_of_a_dollar_adds_up_exactly(ledger: LocalLedger) -> None:
-    limit = usd_to_nano(0.3)
-    path = (Level("c", Limits(cost_nano=limit)),)
-    for _ in range(3):
-        reservation = ledger.reserve(path, usd_to_nano(0.1), 0)
-        assert isinstance(reservation, Reservation)
-        assert ledger.commit(path, reservation, usd_to_nano(0.1), 0) is None
-    snap = ledger.snapshot("c")
-    assert snap.cost_nano == limit == 300_000_000
-    assert type(snap.cost_nano) is int
-    fourth = ledger.reserve(path, 1, 0)
-    assert isinstance(fourth, TripEvent)
-    assert fourth.reason == "cost"
-
-
-def test_commit_over_reservation_trips_once(ledger: LocalLedger) -> None:
-    path = (Level("c", Limits(cost_nano=100, tokens=10)),)
-    reservation = ledger.reserve(path, 50, 5)
-    assert isinstance(reservation, Reservation)
-    overrun = ledger.commit(path, reservation, 150, 5)
-    assert overrun is not None
-    assert overrun.reason == "cost"
-    assert ledger.snapshot("c").trip is overrun
-    assert ledger.reserve(path, 0, 0) is overrun
-
-
-def test_release_gives_back_cost_tokens_and_the_step(ledger: LocalLedger) -> None:
-    path = (Level("p", Limits(cost_nano=100, tokens=100)), Level("c", Limits()))
-    reservations = [ledger.reserve(path, 30, 30) for _ in range(3)]
-    assert all(isinstance(r, Reservation) for r in reservations)
-    assert isinstance(ledger.reserve(path, 30, 0), TripEvent)  # 120 > 100: trips p
-    for reservation in reservations:
-        ledger.release(path, reservation)  # type: ignore[arg-type]
-    for cid in ("p", "c"):
-        snap = ledger.snapshot(cid)
-        assert (snap.reserved_nano, snap.reserved_tokens, snap.cost_nano) == (0, 0, 0)
-        assert snap.steps == 0  # nothing was sent
-
-
-def test_repeat_limit_counts_per_signature(ledger: LocalLedger) -> None:
-    path = (Level("c", Limits(repeats=2)),)
-    assert isinstance(ledger.reserve(path, 0, 0, signature="x"), Reservation)
-    assert isinstance(ledger.reserve(path, 0, 0, signature="y"), Reservation)
-    assert isinstance(ledger.reserve(path, 0, 0, signature="x"), Reservation)
-    denied = ledger.reserve(path, 0, 0, signature="x")
-    assert isinstance(denied, TripEvent)
-    assert (denied.reason, denied.limit, denied.observed) == ("loop", 2.0, 3.0)
+# The scenario table (trips across a family of chains, each limit at exactly
+# limit + 1, exact cents, overruns, releases, repeats) runs on this ledger and
+# on the Redis one alike: tests/integration/test_redis_ledger.py.
 
 
 def test_signature_memory_is_bounded(ledger: LocalLedger) -> None:
@@ -506,7 +401,3 @@ def test_signature_memory_is_bounded(ledger: LocalLedger) -> None:
     # The most recent signatures are the ones remembered.
     assert f"s{SIGNATURE_MEMORY + 499}" in memory
     assert "s0" not in memory
-
-
-def test_unknown_chain_snapshot_is_zero(ledger: LocalLedger) -> None:
-    assert ledger.snapshot("nobody") == LedgerState()
