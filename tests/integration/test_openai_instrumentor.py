@@ -34,6 +34,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import veronica_otel._context as context_module
 from veronica_otel import (
     BudgetExceededError,
+    ChainSnapshot,
     CircuitBreaker,
     CircuitState,
     ExecutionConfig,
@@ -163,6 +164,14 @@ def priced(model: str, usage: Usage, table: PriceTable | None = None) -> float:
     prices = (table or default_price_table()).lookup("openai", model)
     assert prices is not None
     return nano_to_usd(prices.cost_nano(*usage))
+
+
+def assert_settled_as_billed(snap: ChainSnapshot, model: str, usage: Usage) -> None:
+    """One call, committed exactly as the server billed it, nothing left reserved."""
+    assert snap.steps == 1
+    assert snap.tokens == usage[0] + usage[1]
+    assert snap.cost_usd == priced(model, usage)
+    assert snap.reserved_usd == 0
 
 
 def chat_usage(usage: CompletionUsage | None) -> Usage:
@@ -419,10 +428,7 @@ def test_commits_the_servers_usage_exactly(
         usage = call(client)
         snap = ctx.snapshot()
     assert server.count(path) == 1
-    assert snap.steps == 1
-    assert snap.tokens == usage[0] + usage[1]
-    assert snap.cost_usd == priced(model, usage)
-    assert snap.reserved_usd == 0
+    assert_settled_as_billed(snap, model, usage)
     assert not snap.aborted
 
 
@@ -436,10 +442,7 @@ async def test_async_commits_the_servers_usage_exactly(
         usage = await acall(aclient)
         snap = ctx.snapshot()
     assert server.count(path) == 1
-    assert snap.steps == 1
-    assert snap.tokens == usage[0] + usage[1]
-    assert snap.cost_usd == priced(model, usage)
-    assert snap.reserved_usd == 0
+    assert_settled_as_billed(snap, model, usage)
 
 
 def test_stream_without_usage_commits_a_conservative_bound(
@@ -1276,10 +1279,7 @@ def test_with_raw_response_commits_usage_once(client: openai.OpenAI, server: Fak
         assert raw.parse() is completion
         usage = chat_usage(completion.usage)
         snap = ctx.snapshot()
-    assert snap.steps == 1
-    assert snap.tokens == usage[0] + usage[1]
-    assert snap.cost_usd == priced(CHAT_MODEL, usage)
-    assert snap.reserved_usd == 0
+    assert_settled_as_billed(snap, CHAT_MODEL, usage)
 
 
 def test_with_raw_response_never_parsed_still_commits_the_servers_usage(
