@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any
 
 import wrapt
 from opentelemetry import baggage, trace
@@ -28,9 +28,9 @@ from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._gc_safe import defer
-from veronica_otel._pricing import UnitPrices, estimate_input_tokens_from_bytes
+from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST, UnitPrices
 from veronica_otel._trips import emit_trip, trip_attributes
-from veronica_otel._units import nano_to_usd
+from veronica_otel._units import MAX_COUNT, nano_to_usd
 from veronica_otel._version import __version__
 
 from ._breakers import classify_outcome, endpoint_breaker, is_timeout
@@ -62,27 +62,35 @@ def input_bound(parts: object, n_messages: int) -> int:
     shorter than one byte. Walking the strings is linear in their number,
     not their size (``len`` of an ASCII str is O(1) and exact in bytes).
     """
-    return estimate_input_tokens_from_bytes(_utf8_bytes(parts), max(1, n_messages))
+    # The same sum as estimate_input_tokens_from_bytes, without re-validating
+    # counts this module computed itself (it runs before every call).
+    return _utf8_bytes(parts) + max(1, n_messages) * TOKENS_PER_MESSAGE + TOKENS_PER_REQUEST
 
 
 def _utf8_bytes(value: object) -> int:
-    # Exact-type fast paths for what JSON request bodies are made of (the
-    # profile's top own cost per openai call: ABC isinstance checks and a
-    # generator per container); everything else takes the general walk below.
+    # Exact-type fast paths for what JSON request bodies are made of. A dict
+    # of ASCII strings (a chat message) is summed by C-level map/sum calls,
+    # with no Python step per string; everything else takes the general walk.
     kind = type(value)
     if kind is str:
-        text = cast(str, value)
+        text: str = value  # type: ignore[assignment]
         return len(text) if text.isascii() else len(text.encode("utf-8"))
     if kind is dict:
-        mapping = cast(dict[object, object], value)
+        mapping: dict[object, object] = value  # type: ignore[assignment]
+        keys, items = mapping.keys(), mapping.values()
+        try:
+            if all(map(str.isascii, keys)) and all(map(str.isascii, items)):  # type: ignore[arg-type]
+                return 2 * len(mapping) + sum(map(len, keys)) + sum(map(len, items))  # type: ignore[arg-type]
+        except TypeError:  # a key or value that is not a str
+            pass
         total = 2 * len(mapping)
         for key, item in mapping.items():
             total += _utf8_bytes(key) + _utf8_bytes(item)
         return total
     if kind is list:
-        items = cast(list[object], value)
-        total = len(items)
-        for item in items:
+        sequence: list[object] = value  # type: ignore[assignment]
+        total = len(sequence)
+        for item in sequence:
             total += _utf8_bytes(item)
         return total
     return _utf8_bytes_any(value)
@@ -107,32 +115,31 @@ def _signature(model: str, parts: object) -> str:
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:32]
 
 
+def _count(value: object) -> int:
+    """A token count from a payload, clamped to ``[0, MAX_COUNT]``."""
+    if type(value) is int and 0 <= value <= MAX_COUNT:
+        return value
+    number: int = int(value)  # type: ignore[call-overload]  # raises for junk
+    return min(max(0, number), MAX_COUNT)
+
+
 class ContainedCall:
     """One admitted API call: its reservation, its span and its usage so far."""
 
-    __slots__ = (
-        "_done",
-        "breaker",
-        "cache_write_tokens",
-        "cached_tokens",
-        "ctx",
-        "handle",
-        "input_bound",
-        "input_tokens",
-        "model",
-        "output_cap",
-        "output_tokens",
-        "owns_span",
-        "pending_attributes",
-        "prices",
-        "probe",
-        "provider",
-        "reasoning_tokens",
-        "span",
-        "text",
-        "text_bytes",
-        "usage_seen",
-    )
+    # Usage and bookkeeping start from class-level defaults: a call sets only
+    # what it was admitted with (this runs before every instrumented call).
+    input_tokens = 0
+    output_tokens = 0
+    cached_tokens = 0
+    cache_write_tokens = 0
+    reasoning_tokens = 0
+    breaker: CircuitBreaker | None = None
+    probe: object | None = None
+    pending_attributes: dict[str, str | int | float] | None = None
+    usage_seen = False
+    text_bytes = 0
+    _done = False
+    _text: list[str] | None = None
 
     def __init__(
         self,
@@ -155,18 +162,11 @@ class ContainedCall:
         self.prices = prices
         self.input_bound = input_tokens_bound
         self.output_cap = output_cap
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cached_tokens = 0
-        self.cache_write_tokens = 0
-        self.reasoning_tokens = 0
-        self.breaker: CircuitBreaker | None = None
-        self.probe: object | None = None
-        self.pending_attributes: dict[str, str | int | float] | None = None
-        self.usage_seen = False
-        self.text: list[str] = []
-        self.text_bytes = 0
-        self._done = False
+
+    @property
+    def text(self) -> list[str]:
+        """The streamed text received so far, in order."""
+        return [] if self._text is None else self._text
 
     @property
     def done(self) -> bool:
@@ -180,20 +180,31 @@ class ContainedCall:
         reasoning: int = 0,
         cache_write: int = 0,
     ) -> None:
-        """Record the call's usage so far (totals, not increments)."""
-        self.input_tokens = max(0, int(input_tokens))
-        self.output_tokens = max(0, int(output_tokens))
-        self.cached_tokens = min(max(0, int(cached)), self.input_tokens)
-        self.cache_write_tokens = max(0, int(cache_write))
-        self.reasoning_tokens = min(max(0, int(reasoning)), self.output_tokens)
+        """Record the call's usage so far (totals, not increments).
+
+        Counts come from a provider's payload: anything but a whole number is
+        an error, and each is clamped to ``[0, MAX_COUNT]``.
+        """
+        inp = _count(input_tokens)
+        out = _count(output_tokens)
+        self.input_tokens = inp
+        self.output_tokens = out
+        if cached or reasoning or cache_write:
+            self.cached_tokens = min(_count(cached), inp)
+            self.cache_write_tokens = _count(cache_write)
+            self.reasoning_tokens = min(_count(reasoning), out)
+        elif self.usage_seen:  # a later total without the details: none any more
+            self.cached_tokens = self.cache_write_tokens = self.reasoning_tokens = 0
         self.usage_seen = True
 
     def add_text(self, text: str) -> None:
         """Keep streamed text: it is the partial result if the stream is cut."""
         if text:
-            self.text.append(text)
+            if self._text is None:
+                self._text = []
+            self._text.append(text)
             self.text_bytes += len(text.encode("utf-8"))
-            self.ctx.set_partial_result("".join(self.text))
+            self.ctx.set_partial_result("".join(self._text))
 
     def check_alive(self) -> None:
         """Raise BudgetExceededError when the chain tripped or its deadline passed."""
@@ -219,12 +230,13 @@ class ContainedCall:
                 inp = out = 0
             cost = 0
             if self.prices is not None and (inp or out):
-                cost = self.prices.cost_nano(
+                cached = min(self.cached_tokens, inp)
+                cost = self.prices.cost_nano_unchecked(
                     inp,
                     out,
-                    min(self.cached_tokens, inp),
+                    cached,
                     min(self.reasoning_tokens, out),
-                    cache_write_tokens=min(self.cache_write_tokens, inp),
+                    min(self.cache_write_tokens, inp - cached),
                 )
             if inp or out or self.usage_seen:
                 self.handle.add_usage(cost, inp + out)
@@ -395,7 +407,6 @@ def _admission_attributes(
     attributes: dict[str, str | int | float] = {
         "veronica.chain.id": ctx.chain_id,
         "veronica.decision": "ALLOW",
-        "veronica.reserved_usd": handle.reserved_usd,
     }
     if cap is not None:
         attributes["gen_ai.request.max_tokens"] = cap

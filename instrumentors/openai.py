@@ -19,14 +19,16 @@ Where it hooks (every HTTP API call of the SDK passes through these, including
   Opens the GenAI span, runs the pre-call check, clamps the output cap when
   the request sets none, swaps in a fallback model, settles the call.
 - ``SyncAPIClient._sleep_for_retry`` / ``AsyncAPIClient._sleep_for_retry``:
-  before each SDK-internal retry, so a retry over ``max_retries_total`` is
-  refused before its backoff is slept.
-- ``BaseClient._build_request``: once per HTTP attempt, before sending. The
-  deadline and sticky trips are re-checked, so a retry never leaves after the
-  chain stopped.
+  the SDK's request loop calls it before every internal retry and nowhere
+  else. A retry over ``max_retries_total`` is refused before its backoff is
+  slept, and the deadline and sticky trips are re-checked after it, so a retry
+  never leaves after the chain stopped. The first attempt was checked at
+  admission, so the success path pays no per-attempt hook.
 - ``BaseClient._process_response_data``: every parsed payload, stream events
   included. Records usage, keeps streamed text, and cuts a stream at the next
-  chunk once the chain trips or its deadline passes.
+  chunk once the chain trips or its deadline passes. A payload parsed inside
+  ``request()`` belongs to the call in flight; a stream or raw response read
+  later finds its call on its HTTP request (bound when ``request()`` returns).
 
 A streamed call is settled when its HTTP response closes, whoever closes it:
 the end of the stream, a cut, ``close()``, or the ``stream()`` helpers, which
@@ -118,14 +120,31 @@ _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
 # -- admission (once per API call) -------------------------------------------------
 
 
-def _route(options: Any) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None:
-    if str(getattr(options, "method", "")).lower() != "post":
+_Route = tuple[str, tuple[str, ...], tuple[str, ...]]
+_ROUTE_CACHE: dict[str, _Route | None] = {}
+_ROUTE_CACHE_MAX = 256  # URLs are the SDK's paths; a bound in case a caller builds many
+
+
+def _route(options: Any) -> _Route | None:
+    method = options.method
+    if method != "post" and str(method).lower() != "post":
         return None
-    path = str(getattr(options, "url", "")).split("?", 1)[0]
+    url = options.url
+    try:
+        return _ROUTE_CACHE[url]
+    except (KeyError, TypeError):  # new, or not a str
+        pass
+    path = str(url).split("?", 1)[0]
+    found: _Route | None = None
     for suffix, route in _ROUTES.items():  # "/chat/completions" is tried first
         if path.endswith(suffix):
-            return route
-    return None
+            found = route
+            break
+    if type(url) is str:
+        if len(_ROUTE_CACHE) >= _ROUTE_CACHE_MAX:
+            _ROUTE_CACHE.clear()
+        _ROUTE_CACHE[url] = found
+    return found
 
 
 def _body(options: Any) -> dict[str, Any]:
@@ -152,13 +171,13 @@ def _requested_cap(body: Mapping[str, Any], cap_keys: tuple[str, ...]) -> tuple[
     """The output cap the request sets and the key it sets it under."""
     for key in cap_keys:
         value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
             return value, key
     return None, cap_keys[0] if cap_keys else ""
 
 
 def _choices(body: Mapping[str, Any], operation: str) -> int:
-    if operation == "embeddings":
+    if ("n" not in body and "best_of" not in body) or operation == "embeddings":
         return 1
     # Legacy completions generate ``best_of`` candidates server-side and bill them all.
     most = 1
@@ -179,10 +198,12 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
         return None
     operation, input_keys, cap_keys = route
     body = _body(options)
-    model = str(body.get("model") or "unknown")
-    parts = [body.get(k) for k in input_keys if body.get(k) is not None]
+    model = body.get("model")
+    if type(model) is not str or not model:
+        model = str(model or "unknown")
+    parts = [part for part in map(body.get, input_keys) if part is not None]
     messages = body.get("messages")
-    n_messages = len(messages) if isinstance(messages, list) else 1
+    n_messages = len(messages) if type(messages) is list else 1
     cap, cap_key = _requested_cap(body, cap_keys)
     agent = current_agent() if ctx.tracks_handoffs else None
     span = start_span(operation, PROVIDER, model, agent)
@@ -297,21 +318,33 @@ def _result_types() -> tuple[Any, Any, Any]:
     return _RESULT_TYPES
 
 
+def _bind(state: _CallState, response: httpx2.Response) -> None:
+    """Let the payload hook find ``state`` when ``response`` is read after ``request()``."""
+    try:
+        request = response.request
+    except RuntimeError:  # a response built without a request
+        return
+    request.extensions = {**request.extensions, _CALL_KEY: state}
+
+
 def _settle(state: _CallState, result: Any) -> Any:
     Stream, AsyncStream, BaseModel = _result_types()
     call = state.call
+    if isinstance(result, BaseModel) or result is None or call.usage_seen:
+        call.finish()  # the common case: a parsed model, usage already read
+        return result
     if isinstance(result, Stream):
+        _bind(state, result.response)
         _settle_on_close(call, result.response)
         return ContainedStream(result, call, _no_item)
     if isinstance(result, AsyncStream):
+        _bind(state, result.response)
         _settle_on_close(call, result.response)
         return AsyncContainedStream(result, call, _no_item)
-    if isinstance(result, BaseModel) or result is None or call.usage_seen:
-        call.finish()
-        return result
     # A raw response (with_raw_response / with_streaming_response).
     http_response = getattr(result, "http_response", None)
     if isinstance(http_response, httpx2.Response):
+        _bind(state, http_response)
         if state.streamed:
             _settle_on_close(call, http_response)
         elif http_response.is_closed:
@@ -396,64 +429,42 @@ def _draw_retry(state: _CallState, attempt: int) -> None:
         call.span.set_attribute("veronica.retries", state.retries)
 
 
+def _retry_state(kwargs: dict[str, Any]) -> _CallState | None:
+    """Draw the coming retry from the chain; refused before its backoff is slept."""
+    state = _ACTIVE.get()
+    if state is not None:
+        _draw_retry(state, int(kwargs.get("retries_taken", 0)) + 1)
+        state.call.check_alive()  # a retry is a new dispatch: any trip stops it
+    return state
+
+
 def _sleep_for_retry(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _ACTIVE.get()
+    state = _retry_state(kwargs)
+    result = wrapped(*args, **kwargs)
     if state is not None:
-        # Refuse the retry before its backoff is slept, not after.
-        _draw_retry(state, int(kwargs.get("retries_taken", 0)) + 1)
-        state.call.check_alive()
-    return wrapped(*args, **kwargs)
+        state.call.check_alive()  # the deadline may have passed while backing off
+    return result
 
 
 async def _asleep_for_retry(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _ACTIVE.get()
+    state = _retry_state(kwargs)
+    result = await wrapped(*args, **kwargs)
     if state is not None:
-        _draw_retry(state, int(kwargs.get("retries_taken", 0)) + 1)
         state.call.check_alive()
-    return await wrapped(*args, **kwargs)
-
-
-def _build_request(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    state = _ACTIVE.get()
-    if state is None:
-        return wrapped(*args, **kwargs)
-    retries_taken = kwargs.get("retries_taken", 0)
-    if isinstance(retries_taken, int) and retries_taken > state.retries:
-        # A retry that skipped the backoff hook still draws on the chain.
-        _draw_retry(state, retries_taken)
-    if state.retries:
-        state.call.check_alive()  # a retry is a new dispatch: any trip stops it
-    else:
-        _check_deadline(state.call)
-    request = wrapped(*args, **kwargs)
-    request.extensions = {**request.extensions, _CALL_KEY: state}
-    return request
-
-
-def _check_deadline(call: ContainedCall) -> None:
-    """Stop a just-admitted first attempt only for the deadline or a cancel.
-
-    The call's step, tokens and cost were reserved atomically when it was
-    admitted; another call denied since (which makes the trip sticky) does not
-    revoke that admission, or ``max_steps=N`` would send fewer than N calls.
-    """
-    try:
-        call.check_alive()
-    except BudgetExceededError as exc:
-        if exc.reason == "timeout" or call.ctx.cancellation.cancelled:
-            raise
+    return result
 
 
 def _process_response_data(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     state = _state_of(kwargs.get("response"))
+    later = state is not None  # bound by _settle: read after request() returned
+    if state is None:
+        state = _ACTIVE.get()  # parsed inside request(): the call in flight
     if state is not None and not state.call.done:
         try:
             _account(state, kwargs.get("data"))
@@ -462,7 +473,7 @@ def _process_response_data(
         except Exception:
             _logger.exception("reading usage from an openai payload failed")
         call = state.call
-        if call.usage_seen and not state.streamed and _ACTIVE.get() is not state:
+        if later and call.usage_seen and not state.streamed:
             call.finish()  # a raw response parsed after request() returned
     return wrapped(*args, **kwargs)
 
@@ -472,7 +483,7 @@ def _state_of(response: Any) -> _CallState | None:
         state = response.request.extensions.get(_CALL_KEY)
     except (AttributeError, RuntimeError):
         return None
-    return state if isinstance(state, _CallState) else None
+    return state if type(state) is _CallState else None
 
 
 # -- payloads ------------------------------------------------------------------------
@@ -519,9 +530,6 @@ def _add_output_bytes(call: ContainedCall, text: Any) -> None:
         call.text_bytes += len(text.encode("utf-8"))
 
 
-_EMPTY: Mapping[str, Any] = {}
-
-
 def _is_mapping(value: object) -> bool:
     # Payloads are plain dicts: skip the ABC check (slow next to the rest).
     return type(value) is dict or isinstance(value, Mapping)
@@ -530,18 +538,21 @@ def _is_mapping(value: object) -> bool:
 def _usage(call: ContainedCall, usage: Any) -> None:
     if not usage or not _is_mapping(usage):
         return
-    chat_style = "prompt_tokens" in usage  # chat, completions, embeddings; else responses
-    details_in = usage.get("prompt_tokens_details" if chat_style else "input_tokens_details")
-    details_out = usage.get("completion_tokens_details" if chat_style else "output_tokens_details")
-    details_in = details_in if _is_mapping(details_in) else _EMPTY
-    details_out = details_out if _is_mapping(details_out) else _EMPTY
-    call.set_usage(
-        usage.get("prompt_tokens" if chat_style else "input_tokens") or 0,
-        usage.get("completion_tokens" if chat_style else "output_tokens") or 0,
-        cached=details_in.get("cached_tokens") or 0,
-        reasoning=details_out.get("reasoning_tokens") or 0,
-        cache_write=details_in.get("cache_write_tokens") or 0,
-    )
+    if "prompt_tokens" in usage:  # chat, completions, embeddings
+        inp, out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        details_in = usage.get("prompt_tokens_details")
+        details_out = usage.get("completion_tokens_details")
+    else:  # responses
+        inp, out = usage.get("input_tokens"), usage.get("output_tokens")
+        details_in = usage.get("input_tokens_details")
+        details_out = usage.get("output_tokens_details")
+    cached = reasoning = cache_write = 0
+    if details_in and _is_mapping(details_in):
+        cached = details_in.get("cached_tokens") or 0
+        cache_write = details_in.get("cache_write_tokens") or 0
+    if details_out and _is_mapping(details_out):
+        reasoning = details_out.get("reasoning_tokens") or 0
+    call.set_usage(inp or 0, out or 0, cached, reasoning, cache_write)
 
 
 _PATCHES = (
@@ -549,7 +560,6 @@ _PATCHES = (
     ("AsyncAPIClient.request", _arequest),
     ("SyncAPIClient._sleep_for_retry", _sleep_for_retry),
     ("AsyncAPIClient._sleep_for_retry", _asleep_for_retry),
-    ("BaseClient._build_request", _build_request),
     ("BaseClient._process_response_data", _process_response_data),
 )
 

@@ -87,9 +87,14 @@ class CircuitBreaker:
             context: Identifies the caller; in HALF_OPEN the allowed caller owns
                 the probe slot, and only its outcome (or abandonment) counts.
         """
+        if self._state is CircuitState.CLOSED:
+            # Lock-free for the common case: only OPEN moves on with time, and
+            # a concurrent trip to OPEN orders after this check either way.
+            return _ALLOW
         with self._lock:
             self._advance()
-            if self._state is CircuitState.CLOSED:
+            # Re-read under the lock: the probe may have closed it meanwhile.
+            if self._state is CircuitState.CLOSED:  # type: ignore[comparison-overlap]
                 return _ALLOW
             if self._state is CircuitState.HALF_OPEN and self._probe_owner is None:
                 self._probe_owner = context if context is not None else object()
@@ -111,6 +116,8 @@ class CircuitBreaker:
             owner: The call reporting (its PolicyContext); None for a caller
                 that manages the breaker by hand and is the probe.
         """
+        if self._state is CircuitState.CLOSED and not self._failures:
+            return  # nothing to reset: the common case takes no lock
         with self._lock:
             self._advance()
             # A late success from a call sent before the circuit opened must
@@ -140,6 +147,8 @@ class CircuitBreaker:
 
     def release_probe(self, owner: object | None = None) -> None:
         """Free the half-open probe slot without an outcome (call not sent)."""
+        if self._probe_owner is None:
+            return
         with self._lock:
             if owner is None or self._probe_owner is owner:
                 self._probe_owner = None

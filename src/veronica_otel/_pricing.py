@@ -179,6 +179,15 @@ class UnitPrices:
             )
         if r > o:
             raise ValueError(f"reasoning_tokens ({r}) must be <= output_tokens ({o})")
+        return self.cost_nano_unchecked(i, o, c, r, w)
+
+    def cost_nano_unchecked(self, i: int, o: int, c: int, r: int, w: int) -> int:
+        """:meth:`cost_nano` for counts the caller already validated.
+
+        For hot paths that produce the counts themselves: ints in
+        ``[0, MAX_COUNT]`` with ``c + w <= i`` and ``r <= o`` (input, output,
+        cached input, reasoning, cache write). Anything else is a caller bug.
+        """
         segments = self._segments
         segment = segments[0]
         if len(segments) > 1:

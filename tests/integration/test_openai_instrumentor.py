@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import veronica_otel._context as context_module
+from tests._bounds import input_bound
 from veronica_otel import (
     BudgetExceededError,
     ChainSnapshot,
@@ -45,7 +46,7 @@ from veronica_otel import (
     PriceTable,
     UnitPrices,
 )
-from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST, default_price_table
+from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd, usd_to_nano
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
@@ -190,21 +191,6 @@ def responses_usage(usage: ResponseUsage | None) -> Usage:
         usage.input_tokens_details.cached_tokens,
         usage.output_tokens_details.reasoning_tokens,
     )
-
-
-def input_bound(parts: object, n_messages: int) -> int:
-    """The documented input bound: UTF-8 bytes of every string, plus framing."""
-
-    def text_bytes(value: object) -> int:
-        if isinstance(value, str):
-            return len(value.encode("utf-8"))
-        if isinstance(value, dict):
-            return sum(text_bytes(k) + text_bytes(v) + 2 for k, v in value.items())
-        if isinstance(value, (list, tuple)):
-            return sum(text_bytes(v) + 1 for v in value)
-        return len(str(value))
-
-    return text_bytes(parts) + TOKENS_PER_MESSAGE * n_messages + TOKENS_PER_REQUEST
 
 
 def reported_by_server(server: FakeLLMServer) -> int:
@@ -673,6 +659,50 @@ async def test_async_sdk_retries_draw_on_the_chains_retry_budget(
     assert info.value.reason == "retries"
     assert server.count(CHAT) == 3
     assert ctx.snapshot().retries == 2
+
+
+def test_a_retry_whose_backoff_outlasts_the_deadline_is_not_sent(
+    server: FakeLLMServer, instrumentor: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slept: list[float] = []
+
+    class _Time:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def sleep(self, seconds: float) -> None:  # the backoff: 61 s pass on the chain's clock
+            slept.append(seconds)
+            clock.advance(61)
+
+    monkeypatch.setattr(base_client, "time", _Time())
+    server.fail_next(1, 500, retry_after_ms=1)
+    with (
+        openai.OpenAI(base_url=server.openai_base_url, api_key="test", max_retries=3) as oai,
+        ExecutionContext(ExecutionConfig(timeout_ms=60_000, max_retries_total=3)) as ctx,
+    ):
+        denied("timeout", lambda: chat(oai))
+    assert len(slept) == 1  # the retry was drawn and slept, then refused before sending
+    assert server.count(CHAT) == 1
+    assert ctx.snapshot().reserved_usd == 0
+
+
+@pytest.mark.asyncio
+async def test_async_retry_whose_backoff_outlasts_the_deadline_is_not_sent(
+    server: FakeLLMServer, instrumentor: Any, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def _sleep(seconds: float) -> None:
+        clock.advance(61)
+
+    monkeypatch.setattr(base_client.anyio, "sleep", _sleep)
+    server.fail_next(1, 500, retry_after_ms=1)
+    async with (
+        openai.AsyncOpenAI(base_url=server.openai_base_url, api_key="test", max_retries=3) as oai,
+        ExecutionContext(ExecutionConfig(timeout_ms=60_000, max_retries_total=3)),
+    ):
+        with pytest.raises(BudgetExceededError) as info:
+            await achat(oai)
+    assert info.value.reason == "timeout"
+    assert server.count(CHAT) == 1
 
 
 def test_sdk_retries_within_budget_succeed_and_commit_once(
@@ -1221,7 +1251,6 @@ _PATCHED = (
     (base_client.AsyncAPIClient, "request"),
     (base_client.SyncAPIClient, "_sleep_for_retry"),
     (base_client.AsyncAPIClient, "_sleep_for_retry"),
-    (base_client.BaseClient, "_build_request"),
     (base_client.BaseClient, "_process_response_data"),
 )
 

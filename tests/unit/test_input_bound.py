@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests._bounds import text_bytes
 from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
 from veronica_otel.instrumentors._common import input_bound
 
@@ -34,3 +35,38 @@ def test_bound_grows_with_the_text(text: str, repeat: int) -> None:
 def test_non_ascii_counts_bytes_not_characters() -> None:
     emoji = "\U0001f600" * 10  # 4 bytes each
     assert input_bound([emoji], 1) >= 40
+
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(json_like)
+def test_fast_paths_count_exactly_what_the_plain_walk_counts(value: object) -> None:
+    # The C-level shortcut for dicts of ASCII strings and the per-item walk
+    # must agree with the plain definition on every shape, ASCII or not.
+    from veronica_otel.instrumentors._common import _utf8_bytes
+
+    assert _utf8_bytes(value) == text_bytes(value)
+
+
+@given(st.integers(min_value=-(10**20), max_value=10**20))
+def test_usage_counts_from_a_payload_are_clamped(value: int) -> None:
+    from veronica_otel._units import MAX_COUNT
+    from veronica_otel.instrumentors._common import _count
+
+    assert _count(value) == min(max(0, value), MAX_COUNT)
+
+
+def test_a_usage_count_that_is_not_a_number_is_an_error() -> None:
+    import pytest
+
+    from veronica_otel.instrumentors._common import _count
+
+    with pytest.raises(ValueError):
+        _count("many")
