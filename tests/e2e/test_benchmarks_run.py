@@ -7,6 +7,7 @@ measures what it claims, with its baselines, in the same run.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,16 @@ def test_bench_profile_names_top_frames_of_both_targets(tmp_path: Path) -> None:
     html = result["html"]
     assert isinstance(html, dict)
     assert all(Path(path).stat().st_size > 0 for path in html.values())
+
+
+def test_bench_instructions_counts_each_variant_or_says_why_not() -> None:
+    result = run("bench_instructions.py")
+    if shutil.which("valgrind") is None:
+        assert "valgrind" in str(result["skipped"])
+        return
+    counts = result["openai"]["instructions_per_call"]  # type: ignore[index]
+    # A real SDK call executes millions of instructions; observing and
+    # enforcing each add some on top (counted, not timed: deterministic).
+    assert counts["bare"] > 1_000_000
+    assert counts["bare"] < counts["observe"] and counts["bare"] < counts["enforce"]
+    assert result["openai"]["ratios"]["enforce_added_over_bare"] > 0  # type: ignore[index]

@@ -1,0 +1,241 @@
+"""Machine instructions per real SDK call, counted by cachegrind: a ratio free of timing noise.
+
+``bench_instrumented.py`` times calls, and on a shared machine what a few
+microseconds of instrumentation add moves from run to run by as much as the
+figure itself. Instruction counts do not: under ``valgrind --tool=cachegrind``
+the same program on the same input executes the same instructions whatever
+else the machine is doing. This script counts them for the same variants as
+``bench_instrumented.py`` (its observe-only wrapper, clients and patch states
+are imported from it, so both measure the same thing):
+
+* ``openai_bare`` / ``openai_observe`` / ``openai_enforce``;
+* ``anthropic_bare`` (its tracing off) / ``anthropic_observe`` (its own
+  CLIENT span) / ``anthropic_enforce`` (our instrumentor on top of it).
+
+Each variant runs in a child process under cachegrind (``--cache-sim=no``),
+making real SDK calls over loopback to the in-process
+:class:`~veronica_otel.testing.FakeLLMServer` of this (parent) process, so
+the server's work is not counted. The child has an SDK ``TracerProvider``
+whose batch processor never exports during the run (a long delay and a queue
+larger than the run), so every span costs the same and no background thread
+runs. Each variant runs twice, with ``--low`` and ``--high`` timed calls after
+the same warm-up; instructions per call is the difference of the two totals
+over the difference of the call counts, which cancels start-up and
+interpreter exit. Hash randomisation is fixed (``PYTHONHASHSEED=0``) and
+garbage collection is frozen and disabled for the calls.
+
+Reported per variant: instructions per call; ``added`` over ``bare``; and
+the targets' ratios (enforce added over observe added, enforce added over
+bare). Instructions are a proxy for CPU time, not a measurement of it: an
+instruction that misses the cache costs more than one that hits.
+
+Prints one JSON object to stdout; ``{"skipped": ...}`` when valgrind is not
+installed. Usage::
+
+    .venv/bin/python benchmarks/bench_instructions.py            # ~5-8 min
+    .venv/bin/python benchmarks/bench_instructions.py --quick    # openai only, few calls
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from _report import emit, environment
+
+from veronica_otel.testing import FakeLLMServer
+
+HERE = Path(__file__).resolve()
+WARMUP_CALLS = 20
+DEFAULT_LOW, DEFAULT_HIGH = 20, 220
+QUICK_LOW, QUICK_HIGH = 1, 6
+TARGET_OVER_OBSERVE = 1.3
+TARGET_OVER_BARE = 0.05
+OUTPUT_TOKENS = 5
+VARIANTS = {
+    "openai": ("openai_bare", "openai_observe", "openai_enforce"),
+    "anthropic": ("anthropic_bare", "anthropic_observe", "anthropic_enforce"),
+}
+_I_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+# -- the child: one variant, N calls, under cachegrind ------------------------------
+
+
+def _child(variant: str, calls: int, openai_url: str, anthropic_url: str) -> int:
+    import bench_instrumented as bench
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            bench.DropExporter(),
+            max_queue_size=1 << 20,
+            schedule_delay_millis=3_600_000,
+            max_export_batch_size=1 << 20,
+        )
+    )
+    trace.set_tracer_provider(provider)
+    server = SimpleNamespace(openai_base_url=openai_url, anthropic_base_url=anthropic_url)
+    library, kind = variant.split("_", 1)
+    anthropic_instrumentor = None
+    if library == "anthropic":
+        anthropic_instrumentor, reason = bench._load_anthropic_instrumentor()
+        if anthropic_instrumentor is None:
+            raise SystemExit(f"anthropic variants need the instrumentor: {reason}")
+        variants = bench._anthropic_variants(server, (kind,))  # type: ignore[arg-type]
+    else:
+        variants = bench._openai_variants(server, (kind,))  # type: ignore[arg-type]
+    (chosen,) = variants
+    patches = bench.Patches(anthropic_instrumentor)
+    patches.activate(chosen.patch)
+    with bench._make_context() as ctx:
+        for _ in range(WARMUP_CALLS):
+            chosen.call()
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        for _ in range(calls):
+            chosen.call()
+        gc.enable()
+        steps = ctx.snapshot().steps
+    expected = WARMUP_CALLS + calls if kind == "enforce" else 0
+    if steps != expected:
+        raise SystemExit(f"{variant}: the chain counted {steps} steps, expected {expected}")
+    patches.close()
+    return 0
+
+
+# -- the parent ----------------------------------------------------------------------
+
+
+def _count(variant: str, calls: int, server: FakeLLMServer) -> int:
+    """Instructions the child executed in all, start-up and exit included."""
+    command = [
+        "valgrind",
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        "--cachegrind-out-file=/dev/null",
+        sys.executable,
+        str(HERE),
+        "--child",
+        variant,
+        "--calls",
+        str(calls),
+        "--openai-url",
+        server.openai_base_url,
+        "--anthropic-url",
+        server.anthropic_base_url,
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        command, check=False, capture_output=True, text=True, env=env, timeout=1800
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} x{calls} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    found = _I_REFS.search(done.stderr)
+    if found is None:
+        raise RuntimeError(f"{variant}: no instruction count in valgrind's output")
+    return int(found.group(1).replace(",", ""))
+
+
+def _measure(libraries: tuple[str, ...], low: int, high: int) -> dict[str, Any]:
+    jobs = [(v, n) for lib in libraries for v in VARIANTS[lib] for n in (low, high)]
+    with FakeLLMServer(output_tokens=OUTPUT_TOKENS) as server:
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            totals = dict(zip(jobs, pool.map(lambda job: _count(*job, server), jobs), strict=True))
+        requests = len(server.requests)
+    expected_requests = sum(WARMUP_CALLS + n for _, n in jobs)
+    if requests != expected_requests:
+        raise RuntimeError(f"the server saw {requests} requests, expected {expected_requests}")
+    report: dict[str, Any] = {}
+    for library in libraries:
+        per_call = {
+            v.split("_", 1)[1]: (totals[(v, high)] - totals[(v, low)]) / (high - low)
+            for v in VARIANTS[library]
+        }
+        bare = per_call["bare"]
+        observe_added = per_call["observe"] - bare
+        enforce_added = per_call["enforce"] - bare
+        over_observe = enforce_added / observe_added if observe_added > 0 else None
+        report[library] = {
+            "instructions_per_call": {k: round(v) for k, v in per_call.items()},
+            "added_over_bare": {"observe": round(observe_added), "enforce": round(enforce_added)},
+            "ratios": {
+                "enforce_added_over_observe_added": _round(over_observe),
+                "enforce_added_over_bare": _round(enforce_added / bare),
+                "enforce_minus_observe": round(enforce_added - observe_added),
+            },
+            "targets": {
+                "enforce_added_over_observe_added_max": TARGET_OVER_OBSERVE,
+                "enforce_added_over_bare_below": TARGET_OVER_BARE,
+                "met_over_observe": over_observe is not None
+                and over_observe <= TARGET_OVER_OBSERVE,
+                "met_over_bare": enforce_added / bare < TARGET_OVER_BARE,
+            },
+        }
+    return report
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in ("veronica-otel", "openai", "anthropic", "opentelemetry-sdk", "wrapt"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="openai only, a few calls")
+    parser.add_argument("--low", type=int, help=f"timed calls in the short run ({DEFAULT_LOW})")
+    parser.add_argument("--high", type=int, help=f"timed calls in the long run ({DEFAULT_HIGH})")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--openai-url", help=argparse.SUPPRESS)
+    parser.add_argument("--anthropic-url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return _child(args.child, args.calls, args.openai_url, args.anthropic_url)
+    report = environment("instructions_per_sdk_call")
+    low = args.low or (QUICK_LOW if args.quick else DEFAULT_LOW)
+    high = args.high or (QUICK_HIGH if args.quick else DEFAULT_HIGH)
+    if not 0 <= low < high:
+        parser.error(f"need 0 <= --low < --high, got {low} and {high}")
+    libraries = ("openai",) if args.quick else ("openai", "anthropic")
+    report["packages"] = _versions()
+    report["parameters"] = {
+        "tool": "valgrind --tool=cachegrind --cache-sim=no (instructions executed)",
+        "low_calls": low,
+        "high_calls": high,
+        "warmup_calls": WARMUP_CALLS,
+        "libraries": list(libraries),
+        "per_call": "(instructions at high - instructions at low) / (high - low)",
+    }
+    if shutil.which("valgrind") is None:
+        report["skipped"] = "valgrind is not installed (Debian: apt-get install valgrind)"
+        return emit(report)
+    report.update(_measure(libraries, low, high))
+    return emit(report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
