@@ -185,8 +185,12 @@ class ContainedCall:
         Counts come from a provider's payload: anything but a whole number is
         an error, and each is clamped to ``[0, MAX_COUNT]``.
         """
-        inp = _count(input_tokens)
-        out = _count(output_tokens)
+        inp = input_tokens
+        if not (type(inp) is int and 0 <= inp <= MAX_COUNT):
+            inp = _count(inp)
+        out = output_tokens
+        if not (type(out) is int and 0 <= out <= MAX_COUNT):
+            out = _count(out)
         self.input_tokens = inp
         self.output_tokens = out
         if cached or reasoning or cache_write:
@@ -239,21 +243,22 @@ class ContainedCall:
                     min(self.cache_write_tokens, inp - cached),
                 )
             if inp or out or self.usage_seen:
-                self.handle.add_usage(cost, inp + out)
-            self.handle.finish(error)
+                self.handle.commit(cost, inp + out, error)
+            else:
+                self.handle.finish(error)
         finally:
-            self._feed_breaker(error)
+            breaker = self.breaker
+            if breaker is not None:
+                if error is None:
+                    breaker.record_success(self.probe)  # lock-free while closed
+                else:
+                    self._feed_breaker(breaker, error)
             self._end_span(error)
 
-    def _feed_breaker(self, error: BaseException | None) -> None:
-        breaker = self.breaker
-        if breaker is None:
-            return
+    def _feed_breaker(self, breaker: CircuitBreaker, error: BaseException) -> None:
         try:
             outcome = classify_outcome(error)
-            if outcome == "success":
-                breaker.record_success(self.probe)
-            elif outcome == "failure":
+            if outcome == "failure":
                 breaker.record_failure(self.probe)
             else:
                 breaker.release_probe(self.probe)

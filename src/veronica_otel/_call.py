@@ -65,6 +65,15 @@ class CallHandle:
         self.cost_nano = max(self.cost_nano, 0) + cost_nano
         self.tokens = max(self.tokens, 0) + tokens
 
+    def commit(self, cost_nano: int, tokens: int, error: BaseException | None = None) -> None:
+        """:meth:`add_usage` then :meth:`finish` in one step (an instrumented call's settlement)."""
+        if self._done:
+            return
+        self.cost_nano = max(self.cost_nano, 0) + cost_nano
+        self.tokens = max(self.tokens, 0) + tokens
+        self._done = True
+        self.context._finish(self, error, True)
+
     def finish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
         """Commit actual usage (or release, when the call was never sent)."""
         if self._done:
