@@ -10,7 +10,13 @@ are imported from it, so both measure the same thing):
 
 * ``openai_bare`` / ``openai_observe`` / ``openai_enforce``;
 * ``anthropic_bare`` (its tracing off) / ``anthropic_observe`` (its own
-  CLIENT span) / ``anthropic_enforce`` (our instrumentor on top of it).
+  CLIENT span) / ``anthropic_enforce`` (our instrumentor on top of it);
+* ``openai_floor``: the observe-only wrapper that also sets, with constant
+  values and in one call, the ``veronica.*`` attributes DESIGN.md requires
+  on every call span (chain id, decision, cost, remaining cost and steps).
+  It checks nothing: it is what the required telemetry alone costs, so
+  ``floor`` minus ``observe`` is the part of enforcing's cost that no check,
+  however fast, can remove.
 
 Each variant runs in a child process under cachegrind (``--cache-sim=no``),
 making real SDK calls over loopback to the in-process
@@ -46,12 +52,14 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from _report import emit, environment
+from wrapt import wrap_function_wrapper
 
 from veronica_otel.testing import FakeLLMServer
 
@@ -63,13 +71,54 @@ TARGET_OVER_OBSERVE = 1.3
 TARGET_OVER_BARE = 0.05
 OUTPUT_TOKENS = 5
 VARIANTS = {
-    "openai": ("openai_bare", "openai_observe", "openai_enforce"),
+    "openai": ("openai_bare", "openai_observe", "openai_floor", "openai_enforce"),
     "anthropic": ("anthropic_bare", "anthropic_observe", "anthropic_enforce"),
 }
 _I_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
 # -- the child: one variant, N calls, under cachegrind ------------------------------
+
+
+def _floor_request(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """The observe-only wrapper plus the required ``veronica.*`` attributes; checks nothing."""
+    import bench_instrumented as bench
+    from opentelemetry.trace import SpanKind
+
+    options = args[1] if len(args) > 1 else kwargs.get("options")
+    if not str(getattr(options, "url", "")).endswith("/chat/completions"):
+        return wrapped(*args, **kwargs)
+    body = getattr(options, "json_data", None)
+    model = str(body.get("model") or "unknown") if isinstance(body, Mapping) else "unknown"
+    with bench._observe_tracer.start_as_current_span(
+        f"chat {model}",
+        kind=SpanKind.CLIENT,
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": model,
+        },
+    ) as span:
+        result = wrapped(*args, **kwargs)
+        usage = getattr(result, "usage", None)
+        if usage is not None and span.is_recording():
+            span.set_attributes(
+                {
+                    "gen_ai.usage.input_tokens": usage.prompt_tokens,
+                    "gen_ai.usage.output_tokens": usage.completion_tokens,
+                    "veronica.chain.id": _FLOOR_CHAIN_ID,
+                    "veronica.decision": "ALLOW",
+                    "veronica.cost_usd": 1e-05,
+                    "veronica.remaining.cost_usd": 1.0,
+                    "veronica.remaining.steps": 1_000,
+                }
+            )
+        return result
+
+
+_FLOOR_CHAIN_ID = "0" * 32
 
 
 def _child(variant: str, calls: int, openai_url: str, anthropic_url: str) -> int:
@@ -97,10 +146,15 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str) -> int
             raise SystemExit(f"anthropic variants need the instrumentor: {reason}")
         variants = bench._anthropic_variants(server, (kind,))  # type: ignore[arg-type]
     else:
-        variants = bench._openai_variants(server, (kind,))  # type: ignore[arg-type]
-    (chosen,) = variants
+        variants = bench._openai_variants(server, (kind,) if kind != "floor" else ())  # type: ignore[arg-type]
+    if kind == "floor":
+        (chosen,) = bench._openai_variants(server, ("bare",))  # type: ignore[arg-type]
+    else:
+        (chosen,) = variants
     patches = bench.Patches(anthropic_instrumentor)
     patches.activate(chosen.patch)
+    if kind == "floor":
+        wrap_function_wrapper("openai._base_client", "SyncAPIClient.request", _floor_request)
     with bench._make_context() as ctx:
         for _ in range(WARMUP_CALLS):
             chosen.call()
@@ -114,6 +168,11 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str) -> int
     expected = WARMUP_CALLS + calls if kind == "enforce" else 0
     if steps != expected:
         raise SystemExit(f"{variant}: the chain counted {steps} steps, expected {expected}")
+    if kind == "floor":
+        import openai._base_client as openai_base
+        from opentelemetry.instrumentation.utils import unwrap
+
+        unwrap(openai_base.SyncAPIClient, "request")
     patches.close()
     return 0
 
@@ -167,17 +226,22 @@ def _measure(libraries: tuple[str, ...], low: int, high: int) -> dict[str, Any]:
             for v in VARIANTS[library]
         }
         bare = per_call["bare"]
-        observe_added = per_call["observe"] - bare
-        enforce_added = per_call["enforce"] - bare
+        added = {k: v - bare for k, v in per_call.items() if k != "bare"}
+        observe_added, enforce_added = added["observe"], added["enforce"]
         over_observe = enforce_added / observe_added if observe_added > 0 else None
+        ratios = {
+            "enforce_added_over_observe_added": _round(over_observe),
+            "enforce_added_over_bare": _round(enforce_added / bare),
+            "enforce_minus_observe": round(enforce_added - observe_added),
+        }
+        if "floor" in added and observe_added > 0:
+            # The required telemetry alone, and what the check itself adds beyond it.
+            ratios["floor_added_over_observe_added"] = _round(added["floor"] / observe_added)
+            ratios["enforce_minus_floor"] = round(enforce_added - added["floor"])
         report[library] = {
             "instructions_per_call": {k: round(v) for k, v in per_call.items()},
-            "added_over_bare": {"observe": round(observe_added), "enforce": round(enforce_added)},
-            "ratios": {
-                "enforce_added_over_observe_added": _round(over_observe),
-                "enforce_added_over_bare": _round(enforce_added / bare),
-                "enforce_minus_observe": round(enforce_added - observe_added),
-            },
+            "added_over_bare": {k: round(v) for k, v in added.items()},
+            "ratios": ratios,
             "targets": {
                 "enforce_added_over_observe_added_max": TARGET_OVER_OBSERVE,
                 "enforce_added_over_bare_below": TARGET_OVER_BARE,
