@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from tests._clock import FakeClock
 from veronica_otel import BudgetExceededError, CircuitBreaker, ExecutionConfig, ExecutionContext
 from veronica_otel.instrumentors._breakers import (
     configure_endpoint_breakers,
@@ -16,14 +17,6 @@ from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

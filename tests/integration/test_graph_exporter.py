@@ -23,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
+from tests._clock import FakeClock
 from tests.integration._span_sink import attached
 from veronica_otel import (
     BudgetExceededError,
@@ -44,16 +45,6 @@ MODEL = "gpt-4o-mini"
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Plan the trip."}]
 EVIL = '<script>alert("x")</script>'
 TOOL = {"gen_ai.operation.name": "execute_tool"}
-
-
-class FakeClock:
-    """Monotonic seconds that only move when a test moves them."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @contained_tool
@@ -308,7 +299,7 @@ def test_spans_after_a_chain_was_written_are_merged_into_its_files(tmp_path: Pat
 
 
 def test_chains_whose_root_never_ends_age_out_as_partial_graphs(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     exporter = ExecutionGraphExporter(tmp_path, max_age_s=60, clock=clock)
     tracer = private_tracer(exporter)
     with tracer.start_as_current_span("execute_tool a", attributes={"veronica.chain.id": "a"}):

@@ -33,6 +33,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import veronica_otel._context as context_module
 from tests._bounds import input_bound
+from tests._clock import FakeClock
 from veronica_otel import (
     BudgetExceededError,
     ChainSnapshot,
@@ -69,21 +70,6 @@ Usage = tuple[int, int, int, int]
 class Pet(pydantic.BaseModel):
     name: str
     age: int
-
-
-class FakeClock:
-    """Stands in for the kernel's monotonic clock; tests move it, never sleep."""
-
-    def __init__(self) -> None:
-        # Start at the real clock: the shared deadline timer thread keeps
-        # comparing deadlines with time.monotonic().
-        self.now = time.monotonic()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class StaticPolicy:
@@ -136,7 +122,9 @@ async def aclient(
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
+    # Start at the real clock: the shared deadline timer thread keeps
+    # comparing deadlines with time.monotonic().
+    fake = FakeClock(time.monotonic())
     monkeypatch.setattr(context_module, "_monotonic", fake)
     return fake
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests._clock import FakeClock
 from tests.integration import _redis_workers as workers
 from tests.integration.test_redis_ledger import CountingRedis, _spawn
 from veronica_otel import (
@@ -44,14 +45,6 @@ class Kit:
 
     breaker: CircuitBreaker | RedisCircuitBreaker
     advance: Callable[[float], None]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -84,7 +77,7 @@ def make_kit(request: pytest.FixtureRequest, redis_prefix: str) -> Callable[...,
 
     def make(threshold: int = 3, recovery: float = 30.0, **kwargs: Any) -> Kit:
         if request.param == "local":
-            clock = FakeClock()
+            clock = FakeClock(1000.0)
 
             def advance(seconds: float) -> None:
                 clock.now += seconds

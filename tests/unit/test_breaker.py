@@ -20,6 +20,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from tests._clock import FakeClock
 from veronica_otel import (
     CircuitBreaker,
     CircuitState,
@@ -31,19 +32,6 @@ from veronica_otel import (
     PolicyDecision,
     PolicyPipeline,
 )
-
-
-class FakeClock:
-    """Monotonic seconds that move only when a test says so."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class DenyAll:
@@ -64,7 +52,7 @@ class DenyAll:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1000.0)
 
 
 @pytest.fixture

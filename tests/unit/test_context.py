@@ -12,6 +12,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests._clock import FakeClock
 from veronica_otel import (
     BudgetExceededError,
     CircuitBreaker,
@@ -26,14 +27,6 @@ from veronica_otel import (
     contained_tool,
     current_context,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Deny:

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests._clock import FakeClock
 from tests._zero_code import UNCHANGED_AGENT, run_instrumented
 from veronica_otel import (
     BudgetExceededError,
@@ -91,19 +92,6 @@ tools:
 CHAT = "/v1/chat/completions"
 
 
-class FakeClock:
-    """Monotonic seconds that only move when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float = 1.0) -> None:
-        self.now += seconds
-
-
 class Recorder(PolicyFileListener):
     def __init__(self) -> None:
         self.reloads: list[PolicySpec] = []
@@ -141,7 +129,7 @@ def write(path: Path, text: str) -> Path:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1000.0)
 
 
 @pytest.fixture
@@ -155,7 +143,7 @@ def policy(policy_path: Path, clock: FakeClock) -> PolicyFile:
 
 
 def rules(text: str, tmp_path: Path, clock: FakeClock | None = None) -> PolicyFile:
-    return PolicyFile(write(tmp_path / "rules.toml", text), clock=clock or FakeClock())
+    return PolicyFile(write(tmp_path / "rules.toml", text), clock=clock or FakeClock(1000.0))
 
 
 def chain(policy: PolicyFile, config: ExecutionConfig | None = None, **kw: Any) -> ExecutionContext:
