@@ -30,6 +30,12 @@ over the difference of the call counts, which cancels start-up and
 interpreter exit. Hash randomisation is fixed (``PYTHONHASHSEED=0``) and
 garbage collection is frozen and disabled for the calls.
 
+Unless ``--quick``, every variant but ``floor`` runs again with no
+``TracerProvider`` at all (every span a no-op, as in a process with no
+OpenTelemetry SDK configured), reported under ``no_sdk``: there ``observe``
+costs next to nothing, so read ``enforce`` over ``bare``, which is what
+containment itself costs.
+
 Reported per variant: instructions per call; ``added`` over ``bare``; and
 the targets' ratios (enforce added over observe added, enforce added over
 bare). Instructions are a proxy for CPU time, not a measurement of it: an
@@ -38,7 +44,7 @@ instruction that misses the cache costs more than one that hits.
 Prints one JSON object to stdout; ``{"skipped": ...}`` when valgrind is not
 installed. Usage::
 
-    .venv/bin/python benchmarks/bench_instructions.py            # ~5-8 min
+    .venv/bin/python benchmarks/bench_instructions.py            # ~8 min here
     .venv/bin/python benchmarks/bench_instructions.py --quick    # openai only, few calls
 """
 
@@ -121,22 +127,23 @@ def _floor_request(
 _FLOOR_CHAIN_ID = "0" * 32
 
 
-def _child(variant: str, calls: int, openai_url: str, anthropic_url: str) -> int:
+def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: bool) -> int:
     import bench_instrumented as bench
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider()
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            bench.DropExporter(),
-            max_queue_size=1 << 20,
-            schedule_delay_millis=3_600_000,
-            max_export_batch_size=1 << 20,
+    if sdk:
+        provider = TracerProvider()
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                bench.DropExporter(),
+                max_queue_size=1 << 20,
+                schedule_delay_millis=3_600_000,
+                max_export_batch_size=1 << 20,
+            )
         )
-    )
-    trace.set_tracer_provider(provider)
+        trace.set_tracer_provider(provider)
     server = SimpleNamespace(openai_base_url=openai_url, anthropic_base_url=anthropic_url)
     library, kind = variant.split("_", 1)
     anthropic_instrumentor = None
@@ -180,7 +187,7 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str) -> int
 # -- the parent ----------------------------------------------------------------------
 
 
-def _count(variant: str, calls: int, server: FakeLLMServer) -> int:
+def _count(variant: str, calls: int, sdk: bool, server: FakeLLMServer) -> int:
     """Instructions the child executed in all, start-up and exit included."""
     command = [
         "valgrind",
@@ -197,6 +204,7 @@ def _count(variant: str, calls: int, server: FakeLLMServer) -> int:
         server.openai_base_url,
         "--anthropic-url",
         server.anthropic_base_url,
+        *(() if sdk else ("--no-sdk",)),
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(
@@ -210,20 +218,28 @@ def _count(variant: str, calls: int, server: FakeLLMServer) -> int:
     return int(found.group(1).replace(",", ""))
 
 
-def _measure(libraries: tuple[str, ...], low: int, high: int) -> dict[str, Any]:
-    jobs = [(v, n) for lib in libraries for v in VARIANTS[lib] for n in (low, high)]
+def _measure(libraries: tuple[str, ...], low: int, high: int, sdk: bool) -> dict[str, Any]:
+    # No SDK: every span is a no-op, so there is no telemetry floor to measure.
+    jobs = [
+        (v, n, sdk)
+        for lib in libraries
+        for v in VARIANTS[lib]
+        if sdk or not v.endswith("_floor")
+        for n in (low, high)
+    ]
     with FakeLLMServer(output_tokens=OUTPUT_TOKENS) as server:
         with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
             totals = dict(zip(jobs, pool.map(lambda job: _count(*job, server), jobs), strict=True))
         requests = len(server.requests)
-    expected_requests = sum(WARMUP_CALLS + n for _, n in jobs)
+    expected_requests = sum(WARMUP_CALLS + n for _, n, _ in jobs)
     if requests != expected_requests:
         raise RuntimeError(f"the server saw {requests} requests, expected {expected_requests}")
     report: dict[str, Any] = {}
     for library in libraries:
         per_call = {
-            v.split("_", 1)[1]: (totals[(v, high)] - totals[(v, low)]) / (high - low)
+            v.split("_", 1)[1]: (totals[(v, high, sdk)] - totals[(v, low, sdk)]) / (high - low)
             for v in VARIANTS[library]
+            if (v, high, sdk) in totals
         }
         bare = per_call["bare"]
         added = {k: v - bare for k, v in per_call.items() if k != "bare"}
@@ -276,9 +292,10 @@ def main() -> int:
     parser.add_argument("--calls", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--openai-url", help=argparse.SUPPRESS)
     parser.add_argument("--anthropic-url", help=argparse.SUPPRESS)
+    parser.add_argument("--no-sdk", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return _child(args.child, args.calls, args.openai_url, args.anthropic_url)
+        return _child(args.child, args.calls, args.openai_url, args.anthropic_url, not args.no_sdk)
     report = environment("instructions_per_sdk_call")
     low = args.low or (QUICK_LOW if args.quick else DEFAULT_LOW)
     high = args.high or (QUICK_HIGH if args.quick else DEFAULT_HIGH)
@@ -297,7 +314,9 @@ def main() -> int:
     if shutil.which("valgrind") is None:
         report["skipped"] = "valgrind is not installed (Debian: apt-get install valgrind)"
         return emit(report)
-    report.update(_measure(libraries, low, high))
+    report.update(_measure(libraries, low, high, sdk=True))
+    if not args.quick:
+        report["no_sdk"] = _measure(libraries, low, high, sdk=False)
     return emit(report)
 
 
