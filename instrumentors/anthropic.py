@@ -68,7 +68,7 @@ from ._common import (
     admit,
     get_field,
     start_span,
-    without_veronica_baggage,
+    strip_veronica_baggage,
 )
 
 __all__ = ["AnthropicInstrumentor"]
@@ -309,8 +309,12 @@ def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     state = _ACTIVE.get()
     if state is not None:
         _before_send(state, kwargs.get("retries_taken", 0))
-    with without_veronica_baggage():  # the SDK injects all current baggage
+    stripped = strip_veronica_baggage()  # the SDK injects all current baggage
+    try:
         result = wrapped(*args, **kwargs)
+    finally:
+        if stripped is not None:
+            otel_context.detach(stripped)  # type: ignore[arg-type]
     if state is not None:
         _tag(result, state)
     return result
@@ -322,8 +326,12 @@ async def _aattempt(
     state = _ACTIVE.get()
     if state is not None:
         _before_send(state, kwargs.get("retries_taken", 0))
-    with without_veronica_baggage():
+    stripped = strip_veronica_baggage()
+    try:
         result = await wrapped(*args, **kwargs)
+    finally:
+        if stripped is not None:
+            otel_context.detach(stripped)  # type: ignore[arg-type]
     if state is not None:
         _tag(result, state)
     return result
