@@ -1,0 +1,47 @@
+"""Settling an instrumented call from a provider's usage report, honest or not."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry import trace
+
+from veronica_otel import ExecutionConfig, ExecutionContext
+from veronica_otel._pricing import UnitPrices
+from veronica_otel._units import MAX_COUNT
+from veronica_otel.instrumentors._common import admit
+
+MODEL = "gpt-4o-mini"
+counts = st.one_of(st.integers(-(10**18), 10**18), st.sampled_from([0, 1, 7, MAX_COUNT]))
+
+
+@given(counts, counts, counts, counts, counts)
+def test_any_reported_usage_settles_without_raising_and_is_priced_in_range(
+    inp: int, out: int, cached: int, reasoning: int, cache_write: int
+) -> None:
+    # A forged usage report (cached + cache-write tokens above the input, negative or
+    # absurd counts) must never raise into the caller's call: it is clamped, then priced.
+    with ExecutionContext(ExecutionConfig(max_steps=10)) as ctx:
+        call, _, _ = admit(
+            ctx,
+            trace.INVALID_SPAN,
+            False,
+            provider="openai",
+            operation="chat",
+            model=MODEL,
+            input_parts=[[{"role": "user", "content": "hi"}]],
+            n_messages=1,
+            requested_cap=5,
+            clampable=True,
+        )
+        call.set_usage(inp, out, cached, reasoning, cache_write)
+        call.finish()
+        snap = ctx.snapshot()
+    i = min(max(0, inp), MAX_COUNT)
+    o = min(max(0, out), MAX_COUNT)
+    prices = ctx.prices_for("openai", MODEL)
+    assert isinstance(prices, UnitPrices)
+    assert snap.tokens == i + o
+    assert snap.reserved_usd == 0
+    # Never more than every token at the dearest price, never less than nothing.
+    assert 0 <= snap.cost_usd <= prices.max_cost_nano(i, o) / 1e9 + 1e-9
