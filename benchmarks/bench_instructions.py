@@ -58,7 +58,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,45 +85,14 @@ _I_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 # -- the child: one variant, N calls, under cachegrind ------------------------------
 
 
-def _floor_request(
-    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    """The observe-only wrapper plus the required ``veronica.*`` attributes; checks nothing."""
-    import bench_instrumented as bench
-    from opentelemetry.trace import SpanKind
-
-    options = args[1] if len(args) > 1 else kwargs.get("options")
-    if not str(getattr(options, "url", "")).endswith("/chat/completions"):
-        return wrapped(*args, **kwargs)
-    body = getattr(options, "json_data", None)
-    model = str(body.get("model") or "unknown") if isinstance(body, Mapping) else "unknown"
-    with bench._observe_tracer.start_as_current_span(
-        f"chat {model}",
-        kind=SpanKind.CLIENT,
-        attributes={
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": "openai",
-            "gen_ai.request.model": model,
-        },
-    ) as span:
-        result = wrapped(*args, **kwargs)
-        usage = getattr(result, "usage", None)
-        if usage is not None and span.is_recording():
-            span.set_attributes(
-                {
-                    "gen_ai.usage.input_tokens": usage.prompt_tokens,
-                    "gen_ai.usage.output_tokens": usage.completion_tokens,
-                    "veronica.chain.id": _FLOOR_CHAIN_ID,
-                    "veronica.decision": "ALLOW",
-                    "veronica.cost_usd": 1e-05,
-                    "veronica.remaining.cost_usd": 1.0,
-                    "veronica.remaining.steps": 1_000,
-                }
-            )
-        return result
-
-
-_FLOOR_CHAIN_ID = "0" * 32
+# What DESIGN.md requires on every call span, with constant values: the floor.
+_REQUIRED_ATTRIBUTES = {
+    "veronica.chain.id": "0" * 32,
+    "veronica.decision": "ALLOW",
+    "veronica.cost_usd": 1e-05,
+    "veronica.remaining.cost_usd": 1.0,
+    "veronica.remaining.steps": 1_000,
+}
 
 
 def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: bool) -> int:
@@ -161,7 +129,8 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: b
     patches = bench.Patches(anthropic_instrumentor)
     patches.activate(chosen.patch)
     if kind == "floor":
-        wrap_function_wrapper("openai._base_client", "SyncAPIClient.request", _floor_request)
+        floor = bench.observe_wrapper(_REQUIRED_ATTRIBUTES)
+        wrap_function_wrapper("openai._base_client", "SyncAPIClient.request", floor)
     with bench._make_context() as ctx:
         for _ in range(WARMUP_CALLS):
             chosen.call()

@@ -155,30 +155,53 @@ NONE, OPENAI_OBSERVE, OPENAI_OURS, ANTHROPIC_OURS = (
 _observe_tracer = trace.get_tracer("bench.observe_only", "0")
 
 
-def _observe_request(
-    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    """A minimal GenAI span around one openai API call; observes, enforces nothing."""
-    options = args[1] if len(args) > 1 else kwargs.get("options")
-    if not str(getattr(options, "url", "")).endswith("/chat/completions"):
-        return wrapped(*args, **kwargs)
-    body = getattr(options, "json_data", None)
-    model = str(body.get("model") or "unknown") if isinstance(body, Mapping) else "unknown"
-    with _observe_tracer.start_as_current_span(
-        f"chat {model}",
-        kind=SpanKind.CLIENT,
-        attributes={
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": "openai",
-            "gen_ai.request.model": model,
-        },
-    ) as span:
-        result = wrapped(*args, **kwargs)
-        usage = getattr(result, "usage", None)
-        if usage is not None and span.is_recording():
-            span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
-            span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
-        return result
+def observe_wrapper(extra: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """A minimal GenAI span around one openai API call; observes, enforces nothing.
+
+    With ``extra``, those attributes are set too, with the usage, in one
+    ``set_attributes`` call (``bench_instructions.py``'s telemetry floor).
+    """
+
+    def wrapper(
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        options = args[1] if len(args) > 1 else kwargs.get("options")
+        if not str(getattr(options, "url", "")).endswith("/chat/completions"):
+            return wrapped(*args, **kwargs)
+        body = getattr(options, "json_data", None)
+        model = str(body.get("model") or "unknown") if isinstance(body, Mapping) else "unknown"
+        with _observe_tracer.start_as_current_span(
+            f"chat {model}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": model,
+            },
+        ) as span:
+            result = wrapped(*args, **kwargs)
+            usage = getattr(result, "usage", None)
+            if usage is not None and span.is_recording():
+                if extra is None:
+                    span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
+                    span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
+                else:
+                    span.set_attributes(
+                        {
+                            "gen_ai.usage.input_tokens": usage.prompt_tokens,
+                            "gen_ai.usage.output_tokens": usage.completion_tokens,
+                            **extra,
+                        }
+                    )
+            return result
+
+    return wrapper
+
+
+_observe_request = observe_wrapper()
 
 
 # -- the span sink ---------------------------------------------------------------

@@ -34,6 +34,9 @@ def test_any_reported_usage_settles_without_raising_and_is_priced_in_range(
             requested_cap=5,
             clampable=True,
         )
+        # Absurd costs would swamp the process-wide cost counter that other tests
+        # difference: this test checks the ledger, not the metrics.
+        call.handle.metrics = False
         call.set_usage(inp, out, cached, reasoning, cache_write)
         call.finish()
         snap = ctx.snapshot()
