@@ -220,9 +220,14 @@ async def _stream_forever(base_url: str, send: Callable[[dict[str, Any]], Awaita
                 max_tokens=20,
                 stream=True,
             )
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    await send({"type": "websocket.send", "text": chunk.choices[0].delta.content})
+            # Closed however the turn ends: a denial raised from ``send`` leaves the
+            # loop mid-stream, and an abandoned stream is left to the event loop's
+            # shutdown, which complains about it.
+            async with stream:
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        text = chunk.choices[0].delta.content
+                        await send({"type": "websocket.send", "text": text})
     finally:
         await aclient.close()
 
