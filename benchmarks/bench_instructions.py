@@ -114,18 +114,15 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: b
         trace.set_tracer_provider(provider)
     server = SimpleNamespace(openai_base_url=openai_url, anthropic_base_url=anthropic_url)
     library, kind = variant.split("_", 1)
+    client_kind = "bare" if kind == "floor" else kind  # the floor wraps a bare client itself
     anthropic_instrumentor = None
     if library == "anthropic":
         anthropic_instrumentor, reason = bench._load_anthropic_instrumentor()
         if anthropic_instrumentor is None:
             raise SystemExit(f"anthropic variants need the instrumentor: {reason}")
-        variants = bench._anthropic_variants(server, (kind,))  # type: ignore[arg-type]
+        (chosen,) = bench._anthropic_variants(server, (client_kind,))  # type: ignore[arg-type]
     else:
-        variants = bench._openai_variants(server, (kind,) if kind != "floor" else ())  # type: ignore[arg-type]
-    if kind == "floor":
-        (chosen,) = bench._openai_variants(server, ("bare",))  # type: ignore[arg-type]
-    else:
-        (chosen,) = variants
+        (chosen,) = bench._openai_variants(server, (client_kind,))  # type: ignore[arg-type]
     patches = bench.Patches(anthropic_instrumentor)
     patches.activate(chosen.patch)
     if kind == "floor":
