@@ -47,13 +47,9 @@ import weakref
 from collections.abc import Collection, Mapping
 from typing import Any
 
-import wrapt
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
-    BaseInstrumentor,
-)
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span
 
 from veronica_otel._agents import current_agent
@@ -70,11 +66,12 @@ from ._common import (
     start_span,
     strip_veronica_baggage,
 )
+from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
 __all__ = ["AnthropicInstrumentor"]
 
 _logger = logging.getLogger(__name__)
-_instruments = ("anthropic >= 2.0",)
+_instruments = ("anthropic >= 2.0, < 3",)
 PROVIDER = "anthropic"
 _MODULE = "anthropic._base_client"
 _CALL_KEY = "veronica.call"
@@ -445,41 +442,28 @@ def _apply(state: _CallState) -> None:
 
 # -- the instrumentor -------------------------------------------------------------
 
+# Each hook and the parameters our wrapper reads (checked before any is wrapped).
 _PATCHES = (
-    ("SyncAPIClient", "_request", _request),
-    ("AsyncAPIClient", "_request", _arequest),
-    ("SyncAPIClient", "_attempt_request", _attempt),
-    ("AsyncAPIClient", "_attempt_request", _aattempt),
-    ("BaseClient", "_process_response_data", _process_response_data),
+    Hook("SyncAPIClient", "_request", _request, ("cast_to", "options"), ("call",)),
+    Hook("AsyncAPIClient", "_request", _arequest, ("cast_to", "options"), ("call",), True),
+    Hook("SyncAPIClient", "_attempt_request", _attempt, ("options",), ("retries_taken",)),
+    Hook("AsyncAPIClient", "_attempt_request", _aattempt, ("options",), ("retries_taken",), True),
+    Hook("BaseClient", "_process_response_data", _process_response_data, (), ("data", "response")),
 )
+# Where calls are refused when the hooks do not fit: public, every API call passes.
+_GUARDS = (("SyncAPIClient", ("request", "post")), ("AsyncAPIClient", ("request", "post")))
+_HOOKS = SDKHooks(_instruments[0], _MODULE, _PATCHES, _GUARDS)
 
 
-def _ours(owner: type, method: str, wrapper: Any) -> bool:
-    current = owner.__dict__.get(method)
-    return (
-        isinstance(current, wrapt.FunctionWrapper)
-        and getattr(current, "_self_wrapper", None) is wrapper
-    )
+class AnthropicInstrumentor(GuardedInstrumentor):
+    """Contains every ``messages.create`` call of the ``anthropic`` SDK in the active chain.
 
+    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
+    when the installed ``anthropic`` is outside the tested range or a hook changed;
+    nothing is patched and calls in a chain are refused (fail closed).
+    """
 
-class AnthropicInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """Contains every ``messages.create`` call of the ``anthropic`` SDK in the active chain."""
+    _hooks = _HOOKS
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        import anthropic._base_client as base
-
-        for owner, method, wrapper in _PATCHES:
-            if not _ours(getattr(base, owner), method, wrapper):
-                wrapt.wrap_function_wrapper(base, f"{owner}.{method}", wrapper)
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        import anthropic._base_client as base
-
-        for owner, method, wrapper in _PATCHES:
-            cls = getattr(base, owner)
-            # Only our own wrapper: never peel off one installed after ours.
-            if _ours(cls, method, wrapper):
-                unwrap(cls, method)

@@ -47,11 +47,6 @@ from typing import Any
 import httpx2
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
-    BaseInstrumentor,
-)
-from opentelemetry.instrumentation.utils import unwrap
-from wrapt import wrap_function_wrapper
 
 from veronica_otel._agents import current_agent
 from veronica_otel._errors import BudgetExceededError
@@ -67,11 +62,12 @@ from ._common import (
     start_span,
     strip_veronica_baggage,
 )
+from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
 __all__ = ["OpenAIInstrumentor"]
 
 _logger = logging.getLogger(__name__)
-_instruments = ("openai >= 3.0",)
+_instruments = ("openai >= 3.0, < 4",)
 PROVIDER = "openai"
 _CALL_KEY = "veronica.call"
 
@@ -555,28 +551,28 @@ def _usage(call: ContainedCall, usage: Any) -> None:
     call.set_usage(inp or 0, out or 0, cached, reasoning, cache_write)
 
 
+# Each hook and the parameters our wrapper reads (checked before any is wrapped).
 _PATCHES = (
-    ("SyncAPIClient.request", _request),
-    ("AsyncAPIClient.request", _arequest),
-    ("SyncAPIClient._sleep_for_retry", _sleep_for_retry),
-    ("AsyncAPIClient._sleep_for_retry", _asleep_for_retry),
-    ("BaseClient._process_response_data", _process_response_data),
+    Hook("SyncAPIClient", "request", _request, ("cast_to", "options"), ("stream",)),
+    Hook("AsyncAPIClient", "request", _arequest, ("cast_to", "options"), ("stream",), True),
+    Hook("SyncAPIClient", "_sleep_for_retry", _sleep_for_retry, (), ("retries_taken",)),
+    Hook("AsyncAPIClient", "_sleep_for_retry", _asleep_for_retry, (), ("retries_taken",), True),
+    Hook("BaseClient", "_process_response_data", _process_response_data, (), ("data", "response")),
 )
+# Where calls are refused when the hooks do not fit: public, every API call passes.
+_GUARDS = (("SyncAPIClient", ("request", "post")), ("AsyncAPIClient", ("request", "post")))
+_HOOKS = SDKHooks(_instruments[0], "openai._base_client", _PATCHES, _GUARDS)
 
 
-class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """Contains every HTTP API call of the ``openai`` SDK in the active chain."""
+class OpenAIInstrumentor(GuardedInstrumentor):
+    """Contains every HTTP API call of the ``openai`` SDK in the active chain.
+
+    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
+    when the installed ``openai`` is outside the tested range or a hook changed;
+    nothing is patched and calls in a chain are refused (fail closed).
+    """
+
+    _hooks = _HOOKS
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        for name, wrapper in _PATCHES:
-            wrap_function_wrapper("openai._base_client", name, wrapper)
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        import openai._base_client as base
-
-        for name, _ in _PATCHES:
-            owner, method = name.split(".")
-            unwrap(getattr(base, owner), method)

@@ -1,0 +1,309 @@
+"""Probing the SDK methods an instrumentor patches, before patching any of them.
+
+The LLM instrumentors wrap private SDK methods, which a release may rename,
+remove or re-sign. Wrapping what is there and hoping would fail open: a call
+that no longer passes through a hook is not counted. So, all or nothing:
+
+1. the installed version is inside the range the instrumentor was tested with
+   (its ``_instruments``), and every hook exists, is a function (async where
+   our wrapper awaits it) and has the parameters our wrapper reads;
+2. only then is each hook wrapped, once (ours is found anywhere in the chain of
+   wrappers, so instrumenting twice never wraps twice);
+3. otherwise nothing is wrapped, :class:`InstrumentationError` is raised and
+   logged naming the version and the hook, and a *refusal* is installed on the
+   SDK's public ``request`` (or ``post``): every call made through that SDK in
+   a chain that limits anything raises the same error, unless
+   ``VERONICA_FAIL_OPEN=true`` lets it through uncontained, with a warning.
+   Under zero code ``opentelemetry-instrument`` only logs an instrumentor's
+   exception; the refusal is what keeps the app from running uncontained.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import wrapt
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+    BaseInstrumentor,
+)
+from packaging.requirements import Requirement
+
+from veronica_otel._config import ExecutionConfig, parse_env_bool
+from veronica_otel._propagation import current_context, default_context
+
+from ._unwrap import is_ours, unwrap_ours
+
+__all__ = ["GuardedInstrumentor", "Hook", "InstrumentationError", "SDKHooks"]
+
+_logger = logging.getLogger(__name__)
+_UNLIMITED = ExecutionConfig()
+
+
+class InstrumentationError(RuntimeError):
+    """Containment could not be installed for a library (version or hook changed).
+
+    Raised by ``instrument()`` and, in a chain, by every call made through that
+    library afterwards (fail closed; ``VERONICA_FAIL_OPEN=true`` lets them pass).
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Hook:
+    """One SDK method we wrap, and the part of its signature our wrapper relies on.
+
+    Attributes:
+        owner: The class holding the method, in the SDK module.
+        method: The method's name.
+        wrapper: Our ``wrapt`` wrapper.
+        positional: Parameters after ``self`` that we read by position (in this
+            order) or by name.
+        keyword: Parameters we read from ``kwargs`` only: they must be keyword-only.
+        is_async: Whether the method is a coroutine function (our wrapper awaits it).
+    """
+
+    owner: str
+    method: str
+    wrapper: Callable[..., Any]
+    positional: tuple[str, ...] = ()
+    keyword: tuple[str, ...] = ()
+    is_async: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.owner}.{self.method}"
+
+
+def _problem(owner: type, hook: Hook) -> str | None:
+    """What is wrong with ``hook`` on ``owner``, or None when our wrapper fits it."""
+    try:
+        found = inspect.getattr_static(owner, hook.method)
+    except AttributeError:
+        return "is missing"
+    function = inspect.unwrap(found)  # through wrappers installed by others (or us)
+    if not inspect.isfunction(function):
+        return f"is not a function ({type(function).__name__})"
+    if inspect.iscoroutinefunction(function) != hook.is_async:
+        return "is no longer async" if hook.is_async else "became async"
+    signature = inspect.signature(function)
+    parameters = list(signature.parameters.values())[1:]  # after self
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for i, name in enumerate(hook.positional):
+        param = parameters[i] if i < len(parameters) else None
+        if param is None or param.name != name or param.kind not in positional:
+            return f"no longer takes {name!r} as argument {i + 1} (signature {signature})"
+    by_name = {p.name: p.kind for p in parameters}
+    for name in hook.keyword:
+        if by_name.get(name) is not inspect.Parameter.KEYWORD_ONLY:
+            return f"has no keyword-only {name!r} (signature {signature})"
+    return None
+
+
+class SDKHooks:
+    """The hooks of one SDK module, probed together and wrapped all or nothing.
+
+    Args:
+        requirement: The tested range, as in ``_instruments`` (``"openai >= 3.0, < 4"``).
+        module: The SDK module holding the hooked classes.
+        hooks: What to wrap.
+        guards: ``(class, (method, ...))`` in ``module`` where a refusal goes:
+            the first of the methods that exists, any signature (public ones
+            every API call passes through, e.g. ``request`` then ``post``).
+    """
+
+    def __init__(
+        self,
+        requirement: str,
+        module: str,
+        hooks: tuple[Hook, ...],
+        guards: tuple[tuple[str, tuple[str, ...]], ...],
+    ) -> None:
+        self.requirement = Requirement(requirement)
+        self.module = module
+        self.hooks = hooks
+        self.guards = guards
+        self._refusals: list[tuple[Any, str, Any]] = []
+        self._warned = False
+
+    @property
+    def library(self) -> str:
+        return self.requirement.name
+
+    def version(self) -> str | None:
+        try:
+            return version(self.library)
+        except PackageNotFoundError:
+            return None
+
+    def probe(self) -> Any:
+        """The SDK module, once every hook fits; else :class:`InstrumentationError`."""
+        installed = self.version()
+        label = f"{self.library} {installed or '(version unknown)'}"
+        problems: list[str] = []
+        if installed is None or not self.requirement.specifier.contains(
+            installed, prereleases=True
+        ):
+            problems.append(f"the version is outside the tested range {self.requirement}")
+        try:
+            module = importlib.import_module(self.module)
+        except Exception as exc:
+            raise self._error(label, [f"{self.module} cannot be imported ({exc})"]) from exc
+        for hook in self.hooks:
+            owner = getattr(module, hook.owner, None)
+            if not isinstance(owner, type):
+                problems.append(f"{self.module}.{hook.owner} is missing")
+                continue
+            problem = _problem(owner, hook)
+            if problem is not None:
+                problems.append(f"{self.module}.{hook.name} {problem}")
+        if problems:
+            raise self._error(label, problems)
+        return module
+
+    def _error(self, label: str, problems: list[str]) -> InstrumentationError:
+        return InstrumentationError(
+            f"veronica-otel cannot contain {label}: {'; '.join(problems)}. Nothing was "
+            f"patched: {self.library} calls made in a chain are refused "
+            "(VERONICA_FAIL_OPEN=true lets them through uncontained)"
+        )
+
+    def install(self) -> None:
+        """Wrap every hook (those already ours stay as they are), or none and refuse."""
+        try:
+            module = self.probe()
+            self.lift()  # a refusal left by an earlier failure: the hooks fit now
+            wrapped: list[Hook] = []
+            try:
+                for hook in self.hooks:
+                    owner = getattr(module, hook.owner)
+                    if not is_ours(owner, hook.method, hook.wrapper):
+                        wrapt.wrap_function_wrapper(owner, hook.method, hook.wrapper)
+                        wrapped.append(hook)
+            except Exception as exc:
+                for hook in wrapped:
+                    unwrap_ours(getattr(module, hook.owner), hook.method, hook.wrapper)
+                raise self._error(
+                    f"{self.library} {self.version()}", [f"wrapping failed ({exc!r})"]
+                ) from exc
+        except InstrumentationError as exc:
+            self._unwrap()  # nothing of ours stays half in place
+            self.refuse(exc)
+            _logger.error("%s", exc)
+            raise
+
+    def remove(self) -> None:
+        """Remove our wrappers (only ours, wherever they sit) and any refusal."""
+        self._unwrap()
+        self.lift()
+
+    def _unwrap(self) -> None:
+        try:
+            module = importlib.import_module(self.module)
+        except Exception:
+            return  # never imported, so never wrapped
+        for hook in self.hooks:
+            owner = getattr(module, hook.owner, None)
+            if isinstance(owner, type):
+                unwrap_ours(owner, hook.method, hook.wrapper)
+
+    def refuse(self, error: BaseException) -> None:
+        """Make every call through the SDK in a chain raise ``error``'s message."""
+        self.lift()
+        self._warned = False
+        try:
+            module = importlib.import_module(self.module)
+        except Exception:
+            _logger.error("veronica-otel: %s cannot be imported to refuse its calls", self.module)
+            return
+        message = str(error)
+        for owner_name, methods in self.guards:
+            owner = getattr(module, owner_name, None)
+            method = next((m for m in methods if callable(getattr(owner, m, None))), None)
+            if owner is None or method is None:
+                _logger.error(
+                    "veronica-otel: no %s.%s.%s to refuse calls on",
+                    self.module,
+                    owner_name,
+                    "/".join(methods),
+                )
+                continue
+            is_async = inspect.iscoroutinefunction(inspect.unwrap(getattr(owner, method)))
+            guard = self._guard(message, is_async)
+            wrapt.wrap_function_wrapper(owner, method, guard)
+            self._refusals.append((owner, method, guard))
+
+    def lift(self) -> None:
+        """Remove the refusal (containment is installed, or uninstrumented on purpose)."""
+        for owner, method, guard in self._refusals:
+            unwrap_ours(owner, method, guard)
+        self._refusals.clear()
+
+    def _refused(self, message: str) -> bool:
+        """Whether this call must be refused (raises, or says why it passes)."""
+        ctx = current_context()
+        if ctx is None:
+            ctx = default_context()  # raises a configuration error: closed too
+            if ctx is None or (ctx.config == _UNLIMITED and not ctx.pipeline):
+                return False  # no chain, or a default chain that limits nothing
+        if not parse_env_bool("VERONICA_FAIL_OPEN"):
+            return True
+        if not self._warned:
+            self._warned = True
+            _logger.warning(
+                "VERONICA_FAIL_OPEN: %s calls are NOT contained: %s", self.library, message
+            )
+        return False
+
+    def _guard(self, message: str, is_async: bool) -> Callable[..., Any]:
+        if is_async:
+
+            async def arefuse(
+                wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> Any:
+                if self._refused(message):
+                    raise InstrumentationError(message)
+                return await wrapped(*args, **kwargs)
+
+            return arefuse
+
+        def refuse(
+            wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> Any:
+            if self._refused(message):
+                raise InstrumentationError(message)
+            return wrapped(*args, **kwargs)
+
+        return refuse
+
+
+class GuardedInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """A ``BaseInstrumentor`` whose SDK hooks are probed first (see the module docs).
+
+    Subclasses set ``_hooks``. ``instrument()`` raises :class:`InstrumentationError`
+    when the SDK does not fit; the refusal then stays until ``uninstrument()``.
+    """
+
+    _hooks: SDKHooks
+
+    def _check_dependency_conflicts(self) -> Any:
+        conflict = super()._check_dependency_conflicts()
+        if conflict is not None and getattr(conflict, "found", None):
+            # Installed, but out of the tested range: never skip quietly (the
+            # base class would only log it); _instrument refuses loudly.
+            return None
+        return conflict
+
+    def _instrument(self, **kwargs: Any) -> None:
+        self._hooks.install()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self._hooks.remove()
+
+    def uninstrument(self, **kwargs: Any) -> Any:
+        self._hooks.lift()  # a refusal left by a failed instrument(), which set no flag
+        return super().uninstrument(**kwargs)
