@@ -71,21 +71,45 @@ _installed = False
 
 def _instrument(instrumentor_module: str, class_name: str) -> Any:
     def hook(_module: object) -> None:
+        instrumentor = None
         try:
             module = __import__(instrumentor_module, fromlist=[class_name])
             instrumentor = getattr(module, class_name)()
             if not instrumentor.is_instrumented_by_opentelemetry:
                 instrumentor.instrument(skip_dep_check=True)
-        except Exception:
-            # Never run uncontained silently: say so where a person looks.
-            _logger.exception("veronica-otel could not install %s", class_name)
-            print(
-                f"veronica-otel: ERROR: could not install {class_name}; "
-                "calls through it are NOT contained",
-                file=sys.stderr,
-            )
+        except Exception as exc:
+            _fail_closed(instrumentor, class_name, exc)
 
     return hook
+
+
+def _fail_closed(instrumentor: object, class_name: str, error: Exception) -> None:
+    """An instrumentor failed under zero code: refuse its library's calls, and say so.
+
+    Our SDK instrumentors refuse by themselves when the SDK does not fit
+    (``InstrumentationError``); any other failure installs the same refusal
+    here: calls through that library in a chain that limits anything raise,
+    unless ``VERONICA_FAIL_OPEN=true``. Never uncontained silently.
+    """
+    from veronica_otel.instrumentors._hooks import InstrumentationError, SDKHooks
+
+    _logger.error("veronica-otel could not install %s", class_name, exc_info=error)
+    hooks = getattr(instrumentor, "_hooks", None)
+    if not isinstance(hooks, SDKHooks):
+        print(
+            f"veronica-otel: ERROR: could not install {class_name} ({error!r}); "
+            "calls through it are NOT contained",
+            file=sys.stderr,
+        )
+        return
+    if not isinstance(error, InstrumentationError):
+        error = InstrumentationError(
+            f"veronica-otel could not install {class_name} ({error!r}): {hooks.library} "
+            "calls made in a chain are refused (VERONICA_FAIL_OPEN=true lets them through "
+            "uncontained)"
+        )
+        hooks.refuse(error)
+    print(f"veronica-otel: ERROR: {error}", file=sys.stderr)
 
 
 def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext | None:
