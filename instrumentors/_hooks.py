@@ -39,7 +39,7 @@ from veronica_otel._propagation import current_context, default_context
 
 from ._unwrap import is_ours, unwrap_ours
 
-__all__ = ["GuardedInstrumentor", "Hook", "InstrumentationError", "SDKHooks"]
+__all__ = ["GuardedInstrumentor", "Hook", "InstrumentationError", "SDKHooks", "function_problem"]
 
 _logger = logging.getLogger(__name__)
 _UNLIMITED = ExecutionConfig()
@@ -85,20 +85,35 @@ def _problem(owner: type, hook: Hook) -> str | None:
         found = inspect.getattr_static(owner, hook.method)
     except AttributeError:
         return "is missing"
-    function = inspect.unwrap(found)  # through wrappers installed by others (or us)
+    return function_problem(found, hook.positional, hook.keyword, hook.is_async)
+
+
+def function_problem(
+    found: object,
+    positional: tuple[str, ...] = (),
+    keyword: tuple[str, ...] = (),
+    is_async: bool = False,
+    *,
+    method: bool = True,
+) -> str | None:
+    """What keeps our wrapper from fitting ``found``, or None (see :class:`Hook`).
+
+    ``method``: the first parameter is ``self`` and is not among ``positional``.
+    """
+    function = inspect.unwrap(found) if callable(found) else found  # through wrappers
     if not inspect.isfunction(function):
         return f"is not a function ({type(function).__name__})"
-    if inspect.iscoroutinefunction(function) != hook.is_async:
-        return "is no longer async" if hook.is_async else "became async"
+    if inspect.iscoroutinefunction(function) != is_async:
+        return "is no longer async" if is_async else "became async"
     signature = inspect.signature(function)
-    parameters = list(signature.parameters.values())[1:]  # after self
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    for i, name in enumerate(hook.positional):
+    parameters = list(signature.parameters.values())[1 if method else 0 :]
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for i, name in enumerate(positional):
         param = parameters[i] if i < len(parameters) else None
-        if param is None or param.name != name or param.kind not in positional:
+        if param is None or param.name != name or param.kind not in kinds:
             return f"no longer takes {name!r} as argument {i + 1} (signature {signature})"
     by_name = {p.name: p.kind for p in parameters}
-    for name in hook.keyword:
+    for name in keyword:
         if by_name.get(name) is not inspect.Parameter.KEYWORD_ONLY:
             return f"has no keyword-only {name!r} (signature {signature})"
     return None

@@ -35,23 +35,19 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
-    BaseInstrumentor,
-)
 from opentelemetry.util.types import AttributeValue
-from wrapt import wrap_function_wrapper
 
 from veronica_otel._agents import AgentScope
 from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
 from ._breakers import endpoint_breaker
-from ._unwrap import is_ours, unwrap_ours
+from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
 __all__ = ["AG2Instrumentor"]
 
 _logger = logging.getLogger(__name__)
-_instruments = ("ag2 >= 1.2",)
+_instruments = ("ag2 >= 1.2, < 2",)
 PROVIDER = "ag2"
 _ATTRIBUTES: dict[str, AttributeValue] = {"gen_ai.system": PROVIDER}
 _active = False  # False after uninstrument: a wrapper left under another passes through
@@ -95,28 +91,36 @@ async def _ask(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[
         return await wrapped(*args, **kwargs)
 
 
-class AG2Instrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """Contains every function-tool run of AG2 agents in the active chain."""
+_HOOKS = SDKHooks(
+    _instruments[0],
+    "ag2.agent",
+    (
+        Hook("FunctionTool", "__call__", _call_tool, ("event",), (), True),
+        Hook("Agent", "ask", _ask, (), (), True),
+    ),
+    (("FunctionTool", ("__call__",)),),
+)
+
+
+class AG2Instrumentor(GuardedInstrumentor):
+    """Contains every function-tool run of AG2 agents in the active chain.
+
+    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
+    when ``ag2`` is outside the tested range or a hook changed shape; tool runs
+    in a chain are then refused (fail closed).
+    """
+
+    _hooks = _HOOKS
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        from ag2.agent import Agent
-        from ag2.tools.final.function_tool import FunctionTool
-
         global _active
-        if not is_ours(FunctionTool, "__call__", _call_tool):
-            wrap_function_wrapper(FunctionTool, "__call__", _call_tool)
-        if not is_ours(Agent, "ask", _ask):
-            wrap_function_wrapper(Agent, "ask", _ask)
+        super()._instrument(**kwargs)
         _active = True
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        from ag2.agent import Agent
-        from ag2.tools.final.function_tool import FunctionTool
-
         global _active
         _active = False
-        unwrap_ours(FunctionTool, "__call__", _call_tool)
-        unwrap_ours(Agent, "ask", _ask)
+        super()._uninstrument(**kwargs)

@@ -161,6 +161,7 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ()  # either library; each is patched when (if) it is imported
 
     def _instrument(self, **kwargs: Any) -> None:
+        self._uninstrument()  # left by an instrument() that raised: never wrap twice
         policy = Propagation(
             propagate_hosts=kwargs.get("propagate_hosts"),
             vendor_hosts=kwargs.get("vendor_hosts"),

@@ -51,9 +51,6 @@ from typing import Any, Generic, TypeVar
 
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.pydantic import TypeBaseModel
-from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
-    BaseInstrumentor,
-)
 from wrapt import wrap_function_wrapper
 
 from veronica_otel._config import ExecutionConfig
@@ -63,12 +60,13 @@ from veronica_otel._policy import PolicyPipeline
 from veronica_otel._propagation import current_context, default_context
 from veronica_otel._tools import ToolCall
 
-from ._unwrap import unwrap_ours
+from ._hooks import GuardedInstrumentor, Hook, SDKHooks, function_problem
+from ._unwrap import is_ours, unwrap_ours
 
 __all__ = ["ContainedRunnable", "LangChainInstrumentor", "contain"]
 
 _logger = logging.getLogger(__name__)
-_instruments = ("langchain-core >= 1.0",)
+_instruments = ("langchain-core >= 1.0, < 2",)
 _TOOLS_MODULE = "langchain_core.tools.base"
 _TOOL_NODE_MODULE = "langgraph.prebuilt.tool_node"
 
@@ -138,38 +136,54 @@ def _patch_tool_node() -> None:
     if module is None or getattr(module.__spec__, "_initializing", False):
         return
     _tool_node_pending = False
-    if not callable(getattr(module, "_handle_tool_error", None)):
+    # Optional: without it a denied tool is still never run, but a ToolNode that
+    # handles every error may hand the denial to the model as a message.
+    found = getattr(module, "_handle_tool_error", None)
+    problem = "is missing" if found is None else function_problem(found, ("e",), method=False)
+    if problem is not None:
         _logger.warning(
-            "langgraph's ToolNode has no _handle_tool_error: a ToolNode that handles "
-            "every error may turn a budget denial into a message for the model"
+            "langgraph's ToolNode _handle_tool_error %s: a ToolNode that handles "
+            "every error may turn a budget denial into a message for the model",
+            problem,
         )
         return
-    wrap_function_wrapper(module, "_handle_tool_error", _handle_tool_error)
+    if not is_ours(module, "_handle_tool_error", _handle_tool_error):
+        wrap_function_wrapper(module, "_handle_tool_error", _handle_tool_error)
 
 
-_TOOL_PATCHES = (("BaseTool.run", _run), ("BaseTool.arun", _arun))
+_HOOKS = SDKHooks(
+    _instruments[0],
+    _TOOLS_MODULE,
+    (
+        Hook("BaseTool", "run", _run, ("tool_input",), ("tool_call_id",)),
+        Hook("BaseTool", "arun", _arun, ("tool_input",), ("tool_call_id",), True),
+    ),
+    (("BaseTool", ("run",)), ("BaseTool", ("arun",))),
+)
 
 
-class LangChainInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """Contains every LangChain tool call in the active chain (see the module docs)."""
+class LangChainInstrumentor(GuardedInstrumentor):
+    """Contains every LangChain tool call in the active chain (see the module docs).
+
+    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
+    when ``langchain-core`` is outside the tested range or ``BaseTool.run`` /
+    ``arun`` changed shape; tool calls in a chain are then refused (fail closed).
+    """
+
+    _hooks = _HOOKS
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
         global _tool_node_pending
-        for name, wrapper in _TOOL_PATCHES:
-            wrap_function_wrapper(_TOOLS_MODULE, name, wrapper)
+        super()._instrument(**kwargs)
         _tool_node_pending = True
         _patch_tool_node()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         global _tool_node_pending
-        from langchain_core.tools import base
-
-        for name, wrapper in _TOOL_PATCHES:
-            owner, method = name.split(".")
-            unwrap_ours(getattr(base, owner), method, wrapper)
+        super()._uninstrument(**kwargs)
         _tool_node_pending = False
         tool_node = sys.modules.get(_TOOL_NODE_MODULE)
         if tool_node is not None:

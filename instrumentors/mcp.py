@@ -36,24 +36,20 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
-    BaseInstrumentor,
-)
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.util.types import AttributeValue
-from wrapt import wrap_function_wrapper
 
 from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
 from ._breakers import endpoint_breaker
 from ._common import without_veronica_baggage
-from ._unwrap import is_ours, unwrap_ours
+from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
 __all__ = ["MCPInstrumentor"]
 
 _logger = logging.getLogger(__name__)
-_instruments = ("mcp >= 2.0",)
+_instruments = ("mcp >= 2.0, < 3",)
 PROVIDER = "mcp"
 _ATTRIBUTES: dict[str, AttributeValue] = {
     "gen_ai.system": PROVIDER,
@@ -104,23 +100,33 @@ async def _call_tool(
         return result
 
 
-class MCPInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """Contains every ``tools/call`` request of the ``mcp`` client in the active chain."""
+_HOOKS = SDKHooks(
+    _instruments[0],
+    "mcp.client.session",
+    (Hook("ClientSession", "call_tool", _call_tool, ("name", "arguments"), (), True),),
+    (("ClientSession", ("call_tool",)),),
+)
+
+
+class MCPInstrumentor(GuardedInstrumentor):
+    """Contains every ``tools/call`` request of the ``mcp`` client in the active chain.
+
+    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
+    when ``mcp`` is outside the tested range or ``call_tool`` changed shape; tool
+    calls in a chain are then refused (fail closed).
+    """
+
+    _hooks = _HOOKS
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        from mcp.client.session import ClientSession
-
         global _active
-        if not is_ours(ClientSession, "call_tool", _call_tool):
-            wrap_function_wrapper(ClientSession, "call_tool", _call_tool)
+        super()._instrument(**kwargs)
         _active = True
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        from mcp.client.session import ClientSession
-
         global _active
         _active = False
-        unwrap_ours(ClientSession, "call_tool", _call_tool)
+        super()._uninstrument(**kwargs)

@@ -99,6 +99,7 @@ class RequestsInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ("requests >= 2.0",)
 
     def _instrument(self, **kwargs: Any) -> None:
+        self._uninstrument()  # left by an instrument() that raised: never wrap twice
         policy = Propagation(
             propagate_hosts=kwargs.get("propagate_hosts"),
             vendor_hosts=kwargs.get("vendor_hosts"),

@@ -42,7 +42,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 from wrapt import wrap_function_wrapper
 
-from ._unwrap import unwrap_ours
+from ._unwrap import is_ours, unwrap_ours
 
 __all__ = ["ThreadingInstrumentor"]
 
@@ -114,7 +114,8 @@ class ThreadingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         for owner, method, wrapper in _PATCHES:
-            wrap_function_wrapper(owner, method, wrapper)
+            if not is_ours(owner, method, wrapper):  # never twice, whatever the flag says
+                wrap_function_wrapper(owner, method, wrapper)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         for owner, method, wrapper in _PATCHES:

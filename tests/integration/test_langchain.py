@@ -281,7 +281,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(
 ) -> None:
     originals = {name: vars(BaseTool)[name] for name in ("run", "arun")}
     instrumentor = LangChainInstrumentor()
-    assert instrumentor.instrumentation_dependencies() == ("langchain-core >= 1.0",)
+    assert instrumentor.instrumentation_dependencies() == ("langchain-core >= 1.0, < 2",)
     instrumentor.instrument()
     instrumentor.instrument()
     try:

@@ -326,7 +326,7 @@ async def test_without_a_chain_calls_pass_through_untouched(
 @pytest.mark.asyncio
 async def test_uninstrument_restores_the_original_and_checks_stop(counting: CountingServer) -> None:
     instrumentor = MCPInstrumentor()
-    assert tuple(instrumentor.instrumentation_dependencies()) == ("mcp >= 2.0",)
+    assert tuple(instrumentor.instrumentation_dependencies()) == ("mcp >= 2.0, < 3",)
     instrumentor.instrument()
     instrumentor.instrument()  # idempotent: one wrapper
     assert ClientSession.__dict__["call_tool"].__wrapped__ is ORIGINAL_CALL_TOOL
