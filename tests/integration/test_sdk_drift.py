@@ -377,3 +377,74 @@ def test_zero_code_fail_open_runs_the_app_uncontained(server: FakeLLMServer) -> 
     assert result.returncode == 0, result.stderr
     assert "SyncAPIClient._sleep_for_retry is missing" in result.stderr
     assert server.count("/v1/chat/completions") == 5
+
+
+# -- tool instrumentors: the same probe, the same refusal ---------------------------------
+
+
+def test_a_re_signed_langchain_tool_hook_refuses_tool_runs_in_a_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from langchain_core.tools import BaseTool, tool
+
+    from veronica_otel.instrumentors.langchain import LangChainInstrumentor
+
+    ran: list[int] = []
+
+    @tool
+    def count(n: int) -> int:
+        """Count to n."""
+        ran.append(n)
+        return n
+
+    original = BaseTool.__dict__["run"]
+
+    def drifted(self: Any, *args: Any, **kwargs: Any) -> Any:  # tool_input no longer named
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BaseTool, "run", drifted)
+    instrumentor = LangChainInstrumentor()
+    try:
+        with pytest.raises(
+            InstrumentationError, match=r"BaseTool\.run no longer takes 'tool_input'"
+        ):
+            instrumentor.instrument()
+        with ExecutionContext(LIMITED), pytest.raises(InstrumentationError):
+            count.invoke({"n": 1})
+        assert ran == []
+        count.invoke({"n": 2})  # no chain: nothing to contain
+        assert ran == [2]
+    finally:
+        instrumentor._hooks.remove()
+
+
+# -- zero code: any failure of our instrumentor refuses, never runs uncontained -------------
+
+
+def test_the_distro_refuses_calls_when_an_instrumentor_fails_otherwise(
+    server: FakeLLMServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from veronica_otel.distro import _fail_closed
+
+    instrumentor = OpenAIInstrumentor()
+    try:
+        _fail_closed(instrumentor, "OpenAIInstrumentor", RuntimeError("boom"))
+        assert "could not install OpenAIInstrumentor (RuntimeError('boom'))" in (
+            capsys.readouterr().err
+        )
+        with (
+            OPENAI.client(server) as client,
+            ExecutionContext(LIMITED),
+            pytest.raises(InstrumentationError, match="openai calls made in a chain"),
+        ):
+            OPENAI.call(client)
+        assert server.request_count == 0
+    finally:
+        instrumentor._hooks.remove()
+
+
+def test_the_distro_says_when_calls_are_not_contained(capsys: pytest.CaptureFixture[str]) -> None:
+    from veronica_otel.distro import _fail_closed
+
+    _fail_closed(None, "OpenAIInstrumentor", ImportError("no module"))
+    assert "calls through it are NOT contained" in capsys.readouterr().err
