@@ -155,10 +155,13 @@ class SDKHooks:
         except PackageNotFoundError:
             return None
 
+    def _label(self) -> str:
+        return f"{self.library} {self.version() or '(version unknown)'}"
+
     def probe(self) -> Any:
         """The SDK module, once every hook fits; else :class:`InstrumentationError`."""
         installed = self.version()
-        label = f"{self.library} {installed or '(version unknown)'}"
+        label = self._label()
         problems: list[str] = []
         if installed is None or not self.requirement.specifier.contains(
             installed, prereleases=True
@@ -202,9 +205,7 @@ class SDKHooks:
             except Exception as exc:
                 for hook in wrapped:
                     unwrap_ours(getattr(module, hook.owner), hook.method, hook.wrapper)
-                raise self._error(
-                    f"{self.library} {self.version()}", [f"wrapping failed ({exc!r})"]
-                ) from exc
+                raise self._error(self._label(), [f"wrapping failed ({exc!r})"]) from exc
         except InstrumentationError as exc:
             self._unwrap()  # nothing of ours stays half in place
             self.refuse(exc)
@@ -249,7 +250,11 @@ class SDKHooks:
                 continue
             is_async = inspect.iscoroutinefunction(inspect.unwrap(getattr(owner, method)))
             guard = self._guard(message, is_async)
-            wrapt.wrap_function_wrapper(owner, method, guard)
+            try:
+                wrapt.wrap_function_wrapper(owner, method, guard)
+            except Exception:  # the error being reported matters more than this one
+                _logger.exception("veronica-otel: could not refuse calls on %s", method)
+                continue
             self._refusals.append((owner, method, guard))
 
     def lift(self) -> None:
