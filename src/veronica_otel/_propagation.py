@@ -78,5 +78,6 @@ def default_context() -> ExecutionContext | None:
     if ctx is not None:
         return ctx  # type: ignore[return-value]
     if _default_error is not None:
-        raise _default_error
+        # The same error every call: without its last traceback, so it does not grow.
+        raise _default_error.with_traceback(None)
     return _default

@@ -161,13 +161,17 @@ class PolicyFile:
         """The file named by ``VERONICA_POLICY_FILE``, or None when it is unset.
 
         Raises:
-            PolicyFileError: The file named is missing or invalid.
+            PolicyFileError: The file named is missing or invalid (the message
+                names the file and the variable).
         """
         env = os.environ if environ is None else environ
         path = env.get(POLICY_FILE_ENV, "").strip()
         if not path:
             return None
-        return cls(path, check_interval_s=check_interval_s, clock=clock)
+        try:
+            return cls(path, check_interval_s=check_interval_s, clock=clock)
+        except PolicyFileError as exc:
+            raise exc.from_variable(POLICY_FILE_ENV) from None
 
     @property
     def path(self) -> Path:
@@ -296,6 +300,8 @@ def _stat(path: Path) -> _Stamp:
         st = path.stat()
     except OSError as exc:
         raise PolicyFileError(str(path), f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # a path no file can have (a NUL byte)
+        raise PolicyFileError(str(path), f"cannot be read ({exc})") from None
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
 
 
