@@ -393,8 +393,8 @@ class LocalLedger:
         for chain_id, state in self._chains.items():
             if state.trip is None:
                 message = _fork.FORK_MESSAGE.format(chain_id=chain_id, pid=pid)
-                spent = nano_to_usd(state.cost_nano)
-                state.trip = TripEvent("cost", spent, spent, chain_id, message)
+                # Nothing of it may be spent here: limit 0, observed what was spent.
+                state.trip = TripEvent("cost", 0.0, nano_to_usd(state.cost_nano), chain_id, message)
 
 
 def _check(

@@ -14,6 +14,7 @@ import pickle
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -25,9 +26,13 @@ from veronica_otel import (
     ExecutionContext,
     LocalLedger,
     WrapOptions,
+    _pricing,
     _propagation,
+    _tools,
 )
+from veronica_otel.instrumentors import _breakers
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+from veronica_otel.policy_file import PolicyFile, install_default_chain
 from veronica_otel.testing import FakeLLMServer
 
 HALF = WrapOptions(operation_name="step", cost_estimate_hint=0.5)
@@ -69,9 +74,12 @@ def in_child(fn: Callable[[], Any]) -> Any:
     return value
 
 
-def spend(ctx: ExecutionContext, options: WrapOptions = HALF) -> tuple[str, str | None]:
+def spend(
+    ctx: ExecutionContext, options: WrapOptions = HALF, *, tool: bool = False
+) -> tuple[str, str | None]:
     """One wrapped call in ``ctx``: its decision and the chain's trip message."""
-    decision = ctx.wrap_llm_call(lambda: None, options)
+    wrap = ctx.wrap_tool_call if tool else ctx.wrap_llm_call
+    decision = wrap(lambda: None, options)
     trip = ctx.trip
     return decision.name, None if trip is None else trip.message
 
@@ -235,3 +243,57 @@ def test_a_shared_redis_chain_keeps_working_across_fork(redis_url: str, redis_pr
     assert results == ["ALLOW"] * 3  # counted by the store, once each
     assert ctx.snapshot().steps == 4
     assert spend(ctx, one)[0] == "HALT"
+
+
+LOCK_USERS: dict[str, tuple[Callable[[], Any], Callable[[], object]]] = {
+    "endpoint breakers": (
+        lambda: _breakers._lock,
+        lambda: _breakers.endpoint_breaker("openai", "fork-test").state,
+    ),
+    "tool prices": (lambda: _tools._prices_lock, lambda: _tools.set_tool_prices(None)),
+    "price data": (lambda: _pricing._module_lock, lambda: _pricing._bundled_snapshot()),
+}
+
+
+@pytest.mark.parametrize("which", sorted(LOCK_USERS))
+def test_module_locks_held_at_fork_are_made_anew_in_the_child(which: str) -> None:
+    lock_of, use = LOCK_USERS[which]
+    lock = lock_of()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            holding.set()
+            release.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holding.wait()
+    try:
+        assert in_child(lambda: repr(use())) is not None
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_a_policy_file_default_chain_is_per_process(tmp_path: Path, default_chain: None) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text('[limits]\nmax_steps = 2\n[tools."search"]\nmax_calls = 1\n')
+    parent_default = install_default_chain(PolicyFile(path), {})
+    search = WrapOptions(operation_name="search")
+    assert spend(parent_default, search, tool=True)[0] == "ALLOW"
+    assert spend(parent_default, search, tool=True)[0] == "HALT"  # the file's max_calls
+
+    def child() -> tuple[bool, list[str], str | None]:
+        mine = _propagation.default_context()
+        assert mine is not None
+        decisions = [spend(mine, search, tool=True)[0], spend(mine, search, tool=True)[0]]
+        trip = mine.trip
+        return mine is parent_default, decisions, None if trip is None else trip.message
+
+    same, decisions, message = in_child(child)
+    assert not same
+    # The file's rules hold in the child's own chain: one search, then denied by the file.
+    assert decisions == ["ALLOW", "HALT"]
+    assert message is None or "inherited" not in message
+    assert _propagation.default_context() is parent_default
