@@ -12,7 +12,17 @@ The process default chain comes from the ``VERONICA_*`` variables, and from
 the policy file named by ``VERONICA_POLICY_FILE`` when it is set. A
 malformed value or file is not silently ignored: it is logged loudly and
 every contained call then raises a ``ValueError`` naming the variable or the
-file (fail closed).
+file (fail closed). Every ``VERONICA_*`` variable is checked at start-up,
+including those other parts read later (``VERONICA_GRANT_KEY``,
+``VERONICA_PROPAGATE_HOSTS``, ``VERONICA_VENDOR_HOSTS``,
+``VERONICA_FAIL_OPEN``, ``VERONICA_UNKNOWN_MODEL_PRICE``), and any other
+failure while loading (a hostile policy file, say) fails closed the same way.
+
+The default chain is per process. A child made with ``os.fork`` (or
+multiprocessing's fork start method) builds its own, with the same limits
+and a new chain id: N forked workers have N budgets. With
+``VERONICA_REDIS_URL`` the default chain lives in the shared store, and a
+forked child keeps counting the same chain there: one budget for all.
 
 Several distros installed? Select ours with ``OTEL_PYTHON_DISTRO=veronica``.
 """

@@ -297,3 +297,27 @@ def test_a_policy_file_default_chain_is_per_process(tmp_path: Path, default_chai
     assert decisions == ["ALLOW", "HALT"]
     assert message is None or "inherited" not in message
     assert _propagation.default_context() is parent_default
+
+
+def test_a_default_chain_on_the_shared_ledger_is_one_budget_across_fork(
+    redis_url: str, redis_prefix: str, default_chain: None
+) -> None:
+    from veronica_otel.distributed import RedisLedger
+
+    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)
+    _propagation.set_default_context(
+        ExecutionContext(ExecutionConfig(max_steps=3), ledger=ledger, name="default")
+    )
+    parent_default = _propagation.default_context()
+    assert parent_default is not None
+    one = WrapOptions(operation_name="step")
+
+    def child() -> tuple[str, str]:
+        mine = _propagation.default_context()
+        assert mine is not None
+        return mine.chain_id, spend(mine, one)[0]
+
+    assert [in_child(child) for _ in range(4)] == [(parent_default.chain_id, "ALLOW")] * 3 + [
+        (parent_default.chain_id, "HALT")
+    ]
+    assert parent_default.snapshot().steps == 3
