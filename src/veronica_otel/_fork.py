@@ -27,6 +27,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+# Imported first so that its own at-fork reset (a new timer thread) runs
+# before ours, which may schedule the new default chain's deadline.
+from . import _timer  # noqa: F401
+
 __all__ = ["FORK_MESSAGE", "remake_locks_after_fork", "track_ledger"]
 
 _logger = logging.getLogger(__name__)

@@ -321,3 +321,18 @@ def test_a_default_chain_on_the_shared_ledger_is_one_budget_across_fork(
         (parent_default.chain_id, "HALT")
     ]
     assert parent_default.snapshot().steps == 3
+
+
+def test_the_childs_default_chain_deadline_is_on_the_childs_timer(default_chain: None) -> None:
+    from veronica_otel import _timer
+
+    _propagation.set_default_context(ExecutionContext(ExecutionConfig(timeout_ms=3_600_000)))
+
+    def child() -> bool:
+        mine = _propagation.default_context()
+        assert mine is not None
+        # The timer thread of the parent is gone; the new chain's deadline must be
+        # on the child's own timer, or a stream would never be cut at it.
+        return any(handle is mine._timer for _, _, handle in _timer._TIMER._heap)
+
+    assert in_child(child) is True
