@@ -9,6 +9,7 @@ would show an unhandled error as a 500, not raise it), and a WSGI app through
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -190,3 +191,29 @@ def test_a_limit_is_still_a_429(handler: Handler, redis_url: str, redis_prefix: 
     response = TestClient(app, raise_server_exceptions=False).get("/spend")
     assert response.status_code == 429
     assert response.json()["reason"] == "steps"
+
+
+def test_under_uvicorn_the_store_down_answer_is_a_503(handler: Handler, stopped_store: str) -> None:
+    import uvicorn
+
+    app = VeronicaASGIMiddleware(
+        starlette_app(handler), CONFIG, ledger=RedisLedger.from_url(stopped_store, fail_open=False)
+    )
+    # Listening before the server runs: the request waits in the backlog, no polling.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        with httpx2.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            assert_unavailable(client.get("/spend"))
+    finally:
+        server.should_exit = True
+        thread.join()
+        sock.close()
+    assert handler.runs == 0
