@@ -71,6 +71,15 @@ def wsgi_app(handler: Handler) -> Any:
     return app
 
 
+def lazy_wsgi_app(handler: Handler) -> Any:
+    def app(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        handler.step()  # runs while the server iterates the body
+        start_response("200 OK", [("Content-Type", "application/json")])
+        yield b'{"ok":true}'
+
+    return app
+
+
 def unreachable_url() -> str:
     with socket.socket() as sock:  # a port nothing listens on once closed
         sock.bind(("127.0.0.1", 0))
@@ -106,8 +115,9 @@ def asgi_client(handler: Handler, ledger: RedisLedger) -> TestClient:
 def wsgi_client() -> Iterator[Any]:
     clients: list[httpx2.Client] = []
 
-    def make(handler: Handler, ledger: RedisLedger) -> httpx2.Client:
-        app = VeronicaWSGIMiddleware(wsgi_app(handler), CONFIG, ledger=ledger)
+    def make(handler: Handler, ledger: RedisLedger, *, lazy: bool = False) -> httpx2.Client:
+        inner = lazy_wsgi_app(handler) if lazy else wsgi_app(handler)
+        app = VeronicaWSGIMiddleware(inner, CONFIG, ledger=ledger)
         transport = httpx2.WSGITransport(app=app, raise_app_exceptions=False)
         clients.append(httpx2.Client(transport=transport, base_url="http://svc"))
         return clients[-1]
@@ -169,6 +179,19 @@ def test_wsgi_store_going_down_mid_request_is_a_503_not_a_500(
 ) -> None:
     ledger = RedisLedger.from_url(restartable_redis.url, key_prefix=redis_prefix, fail_open=False)
     client = wsgi_client(handler, ledger)
+    assert client.get("/spend").status_code == 200
+    handler.stop_store = restartable_redis
+    assert_unavailable(client.get("/spend"))
+
+
+def test_wsgi_store_going_down_while_the_body_is_iterated_is_a_503(
+    handler: Handler,
+    restartable_redis: RedisServerProcess,
+    redis_prefix: str,
+    wsgi_client: Any,
+) -> None:
+    ledger = RedisLedger.from_url(restartable_redis.url, key_prefix=redis_prefix, fail_open=False)
+    client = wsgi_client(handler, ledger, lazy=True)
     assert client.get("/spend").status_code == 200
     handler.stop_store = restartable_redis
     assert_unavailable(client.get("/spend"))
