@@ -158,10 +158,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     parse_env_bool("VERONICA_FAIL_OPEN", environ)
     grant_key_from_env(environ)
     for var in (PROPAGATE_HOSTS_ENV, VENDOR_HOSTS_ENV):
-        try:
-            parse_hosts(environ.get(var, ""), var)
-        except TypeError as exc:
-            raise ValueError(str(exc)) from None
+        parse_hosts(environ.get(var, ""), var)
     _env_unknown_price(environ)
 
 
