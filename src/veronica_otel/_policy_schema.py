@@ -67,6 +67,7 @@ class PolicyFileError(ValueError):
         self.value = None if value is _NO_VALUE else value
         self.problem = problem
         self.variable = variable
+        self._has_value = value is not _NO_VALUE
         problem, key = _cut(problem, 3 * _SHOWN), key and _cut(key, 3 * _SHOWN)
         where = f"policy file {path}" + (f" ({variable})" if variable else "")
         if key is None:
@@ -79,12 +80,21 @@ class PolicyFileError(ValueError):
 
     def from_variable(self, variable: str) -> PolicyFileError:
         """The same error, saying that ``variable`` named the file."""
-        value = _NO_VALUE if self.key is None else self.value
+        value = self.value if self._has_value else _NO_VALUE
         return PolicyFileError(self.path, self.problem, self.key, value, variable)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        value = _NO_VALUE if self.key is None else self.value
-        return (type(self), (self.path, self.problem, self.key, value, self.variable))
+        # The "no value" marker does not survive pickling: send a flag instead.
+        return (
+            _unpickle_error,
+            (self.path, self.problem, self.key, self.value, self._has_value, self.variable),
+        )
+
+
+def _unpickle_error(
+    path: str, problem: str, key: str | None, value: object, has_value: bool, variable: str | None
+) -> PolicyFileError:
+    return PolicyFileError(path, problem, key, value if has_value else _NO_VALUE, variable)
 
 
 def _shown(value: object) -> str:

@@ -182,3 +182,25 @@ def test_any_other_failure_while_configuring_still_fails_closed(
     error = refused_with({"VERONICA_MAX_STEPS": "5"})
     assert isinstance(error, ValueError)
     assert "VERONICA_* configuration could not be loaded (RecursionError" in str(error)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "limits:\n  max_steps: 1\n  max_steps: 2\n",  # a key, no value
+        "limits:\n  max_steps: -1\n",  # a key and its value
+        "[",  # the file as a whole
+    ],
+)
+def test_a_policy_file_error_pickles_to_the_same_message(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyFileError) as info:
+        PolicyFile.from_env({"VERONICA_POLICY_FILE": str(path)})
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert str(copy) == str(info.value)
+    assert (copy.key, copy.value, copy.variable) == (
+        info.value.key,
+        info.value.value,
+        info.value.variable,
+    )
