@@ -13,6 +13,7 @@ use Redis-backed breakers shared across processes) with
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
@@ -69,6 +70,18 @@ def endpoint_breaker(provider: str, model: str) -> CircuitBreaker:
                     _breakers.clear()  # bounded: model names can be arbitrary strings
                 breaker = _breakers[key] = _factory(provider, model)
     return breaker
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held these at the fork; it is gone in the child.
+    global _lock
+    _lock = threading.Lock()
+    for breaker in _breakers.values():
+        if isinstance(getattr(breaker, "_lock", None), type(_lock)):
+            breaker._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def classify_outcome(error: BaseException | None) -> str:

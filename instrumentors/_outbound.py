@@ -119,13 +119,13 @@ class HostPattern:
             end = raw.find("]")
             host, rest = raw[1:end], raw[end + 1 :]
             if end < 0 or (rest and not rest.startswith(":")):
-                raise ValueError(f"{name}: bad host pattern {text!r}")
+                raise ValueError(f"{name}: bad host pattern {_shown(text)}")
             port = _port(rest[1:], text, name) if rest else None
         elif raw.count(":") == 1:
             host, _, digits = raw.partition(":")
             port = _port(digits, text, name)
         if not host or any(c in host for c in " /?#@,"):
-            raise ValueError(f"{name}: bad host pattern {text!r}")
+            raise ValueError(f"{name}: bad host pattern {_shown(text)}")
         return cls(host, port)
 
     def matches(self, host: str, port: int | None) -> bool:
@@ -135,9 +135,18 @@ class HostPattern:
 
 
 def _port(digits: str, text: str, name: str) -> int:
-    if not digits.isdigit() or not 0 < int(digits) < 65536:
-        raise ValueError(f"{name}: bad port in host pattern {text!r}")
+    # ASCII digits, at most 5 of them: int() would read other scripts' digits
+    # and refuse thousands of them, with a message that names nothing.
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 5) or not (
+        0 < int(digits) < 65536
+    ):
+        raise ValueError(f"{name}: bad port in host pattern {_shown(text)}")
     return int(digits)
+
+
+def _shown(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 80 else f"{shown[:77]}..."
 
 
 def parse_hosts(value: str | Sequence[str], name: str) -> tuple[HostPattern, ...]:

@@ -85,12 +85,21 @@ class ExecutionConfig:
                 # Constructing a one-field config validates range and sign.
                 ExecutionConfig(**{name: values[name]})  # type: ignore[arg-type]
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"{var}={raw!r} is not a valid {name}: {exc}") from None
+                raise ValueError(f"{var}={_shown(raw)} is not a valid {name}: {exc}") from None
         return cls(**values)  # type: ignore[arg-type]
 
 
+def _shown(raw: str) -> str:
+    """``repr(raw)``, shortened: the message names the variable, not a megabyte of it."""
+    text = repr(raw)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
 def _parse_usd(raw: str) -> float:
-    value = float(raw)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("must be a number of USD") from None
     if math.isnan(value) or math.isinf(value):
         raise ValueError("must be finite")
     return value
@@ -98,8 +107,12 @@ def _parse_usd(raw: str) -> float:
 
 def _parse_int(raw: str) -> int:
     text = raw.replace("_", "")
-    if not text.lstrip("+-").isdigit():
+    digits = text.lstrip("+-")
+    # ASCII only (int() reads other scripts' digits), and short enough for int().
+    if not (digits.isascii() and digits.isdigit()):
         raise ValueError("must be a whole number")
+    if len(digits) > len(str(MAX_COUNT)):
+        raise ValueError(f"must be <= {MAX_COUNT}")
     value = int(text)
     if value > MAX_COUNT:
         raise ValueError(f"must be <= {MAX_COUNT}")
@@ -114,4 +127,4 @@ def parse_env_bool(var: str, environ: Mapping[str, str] | None = None) -> bool:
         return False
     if raw in ("1", "true", "yes", "on"):
         return True
-    raise ValueError(f"{var}={env.get(var)!r} is not a boolean (use true or false)")
+    raise ValueError(f"{var}={_shown(env.get(var, ''))} is not a boolean (use true or false)")

@@ -172,7 +172,10 @@ class Spent:
 
 def coerce_key(key: bytes | str, name: str = "grant_key") -> bytes:
     """Return ``key`` as bytes, or raise ``ValueError`` naming ``name``."""
-    raw = key.encode("utf-8") if isinstance(key, str) else key
+    try:
+        raw = key.encode("utf-8") if isinstance(key, str) else key
+    except UnicodeEncodeError:  # from the environment: bytes that were not UTF-8
+        raise ValueError(f"{name} is not valid UTF-8") from None
     if not isinstance(raw, bytes):
         raise TypeError(f"{name} must be bytes or str, got {type(key).__name__}")
     if len(raw) < _MIN_KEY_BYTES:

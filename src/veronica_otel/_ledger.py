@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from . import _fork
 from ._errors import TripEvent, TripReason
 from ._units import nano_to_usd
 
@@ -374,6 +375,26 @@ class LocalLedger:
                 state.reserved_tokens,
                 state.trip,
             )
+
+    # -- os.fork (see _fork.py) ----------------------------------------------
+
+    def __new__(cls, *args: object, **kwargs: object) -> LocalLedger:
+        ledger = super().__new__(cls)
+        _fork.track_ledger(ledger)
+        return ledger
+
+    def after_fork_in_child(self, pid: int) -> None:
+        """In a forked child: a new lock, and every inherited chain tripped.
+
+        A copy of a chain in another process would be a second budget. The
+        trip is sticky and its message points to the shared (Redis) ledger.
+        """
+        self._lock = threading.Lock()
+        for chain_id, state in self._chains.items():
+            if state.trip is None:
+                message = _fork.FORK_MESSAGE.format(chain_id=chain_id, pid=pid)
+                # Nothing of it may be spent here: limit 0, observed what was spent.
+                state.trip = TripEvent("cost", 0.0, nano_to_usd(state.cost_nano), chain_id, message)
 
 
 def _check(

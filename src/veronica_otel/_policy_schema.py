@@ -33,6 +33,7 @@ __all__ = [
 
 MAX_FILE_BYTES = 1 << 20  # a policy is a few kilobytes; more is a mistake
 _NO_VALUE = object()
+_SHOWN = 120  # longest value repr in a message
 _TOP_KEYS = ("unknown_model_price_usd_per_mtok", "limits", "prices", "models", "tools")
 _LIMIT_KEYS = tuple(f.name for f in fields(ExecutionConfig))
 _PRICE_KEYS = ("input", "output", "cached_input", "reasoning", "cache_write")
@@ -49,27 +50,64 @@ class PolicyFileError(ValueError):
             or None when the problem is the file as a whole.
         value: The offending value (absent when ``key`` is None).
         problem: What is wrong, in a sentence fragment.
+        variable: The environment variable that named the file
+            (``VERONICA_POLICY_FILE``), or None.
     """
 
     def __init__(
-        self, path: str, problem: str, key: str | None = None, value: object = _NO_VALUE
+        self,
+        path: str,
+        problem: str,
+        key: str | None = None,
+        value: object = _NO_VALUE,
+        variable: str | None = None,
     ) -> None:
         self.path = path
         self.key = key
         self.value = None if value is _NO_VALUE else value
         self.problem = problem
-        where = f"policy file {path}"
+        self.variable = variable
+        self._has_value = value is not _NO_VALUE
+        problem, key = _cut(problem, 3 * _SHOWN), key and _cut(key, 3 * _SHOWN)
+        where = f"policy file {path}" + (f" ({variable})" if variable else "")
         if key is None:
             message = f"{where}: {problem}"
         elif value is _NO_VALUE:
             message = f"{where}: {key}: {problem}"
         else:
-            message = f"{where}: {key} = {value!r}: {problem}"
+            message = f"{where}: {key} = {_shown(value)}: {problem}"
         super().__init__(message)
 
+    def from_variable(self, variable: str) -> PolicyFileError:
+        """The same error, saying that ``variable`` named the file."""
+        value = self.value if self._has_value else _NO_VALUE
+        return PolicyFileError(self.path, self.problem, self.key, value, variable)
+
     def __reduce__(self) -> tuple[Any, ...]:
-        value = _NO_VALUE if self.key is None else self.value
-        return (type(self), (self.path, self.problem, self.key, value))
+        # The "no value" marker does not survive pickling: send a flag instead.
+        return (
+            _unpickle_error,
+            (self.path, self.problem, self.key, self.value, self._has_value, self.variable),
+        )
+
+
+def _unpickle_error(
+    path: str, problem: str, key: str | None, value: object, has_value: bool, variable: str | None
+) -> PolicyFileError:
+    return PolicyFileError(path, problem, key, value if has_value else _NO_VALUE, variable)
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, shortened: a hostile file's value may be huge (or not printable)."""
+    try:
+        text = repr(value)
+    except Exception:  # an int past the conversion limit, for one
+        return f"<{type(value).__name__} too large to show>"
+    return _cut(text)
+
+
+def _cut(text: str, limit: int = _SHOWN) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,14 +182,32 @@ def load_policy(path: Path) -> PolicySpec:
             raw = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise PolicyFileError(source, f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # a path no file can have (a NUL byte)
+        raise PolicyFileError(source, f"cannot be read ({exc})") from None
     if len(raw) > MAX_FILE_BYTES:
         raise PolicyFileError(source, f"is larger than {MAX_FILE_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PolicyFileError(source, f"is not UTF-8 ({exc})") from None
-    data = _parse_yaml(source, text) if suffix != ".toml" else _parse_toml(source, text)
-    return parse_policy(data, source)
+    try:
+        data = _parse_yaml(source, text) if suffix != ".toml" else _parse_toml(source, text)
+        return parse_policy(data, source)
+    except PolicyFileError:
+        raise
+    except Exception as exc:
+        # A hostile file: nesting deep enough for RecursionError, an integer past
+        # the conversion limit (ValueError), ... Always the file's error, named.
+        raise PolicyFileError(source, f"cannot be loaded ({_describe(exc)})") from None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "RecursionError: nested too deeply"
+    text = str(exc)
+    if isinstance(exc, ValueError) and "integer string conversion" in text:
+        return "ValueError: an integer with too many digits"
+    return f"{type(exc).__name__}: {_cut(text)}" if text else type(exc).__name__
 
 
 def _parse_toml(source: str, text: str) -> object:

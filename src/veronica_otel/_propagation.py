@@ -8,6 +8,7 @@ through the middleware, other services.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
@@ -26,6 +27,9 @@ __all__ = [
 CONTEXT_KEY = otel_context.create_key("veronica-otel-execution-context")
 _default: ExecutionContext | None = None
 _default_error: Exception | None = None
+# How a forked child builds its own default chain (see _fork.py); None: a copy
+# of the parent's limits, pipeline and prices under a new chain id.
+_default_renew: Callable[[], ExecutionContext] | None = None
 
 
 def current_context() -> ExecutionContext | None:
@@ -33,14 +37,23 @@ def current_context() -> ExecutionContext | None:
     return otel_context.get_value(CONTEXT_KEY)  # type: ignore[return-value]
 
 
-def set_default_context(context: ExecutionContext | None) -> None:
+def set_default_context(
+    context: ExecutionContext | None,
+    *,
+    renew: Callable[[], ExecutionContext] | None = None,
+) -> None:
     """Set the process default chain used when no context is active.
 
     Zero-code auto-instrumentation sets it from the ``VERONICA_*`` variables.
+    The default chain is per process: a child forked from this one builds
+    its own (``renew()``, else the same limits under a new chain id) when the
+    chain lives on an in-process ledger; on the shared ledger it keeps
+    counting the same chain, in the store.
     """
-    global _default, _default_error
+    global _default, _default_error, _default_renew
     _default = context
     _default_error = None
+    _default_renew = renew
 
 
 def set_default_context_error(error: Exception) -> None:
@@ -50,9 +63,10 @@ def set_default_context_error(error: Exception) -> None:
     uncontained would be silent, so each call raises an error naming the
     variable instead.
     """
-    global _default, _default_error
+    global _default, _default_error, _default_renew
     _default = None
     _default_error = error
+    _default_renew = None
 
 
 def default_context() -> ExecutionContext | None:
@@ -64,5 +78,6 @@ def default_context() -> ExecutionContext | None:
     if ctx is not None:
         return ctx  # type: ignore[return-value]
     if _default_error is not None:
-        raise _default_error
+        # The same error every call: without its last traceback, so it does not grow.
+        raise _default_error.with_traceback(None)
     return _default

@@ -12,7 +12,17 @@ The process default chain comes from the ``VERONICA_*`` variables, and from
 the policy file named by ``VERONICA_POLICY_FILE`` when it is set. A
 malformed value or file is not silently ignored: it is logged loudly and
 every contained call then raises a ``ValueError`` naming the variable or the
-file (fail closed).
+file (fail closed). Every ``VERONICA_*`` variable is checked at start-up,
+including those other parts read later (``VERONICA_GRANT_KEY``,
+``VERONICA_PROPAGATE_HOSTS``, ``VERONICA_VENDOR_HOSTS``,
+``VERONICA_FAIL_OPEN``, ``VERONICA_UNKNOWN_MODEL_PRICE``), and any other
+failure while loading (a hostile policy file, say) fails closed the same way.
+
+The default chain is per process. A child made with ``os.fork`` (or
+multiprocessing's fork start method) builds its own, with the same limits
+and a new chain id: N forked workers have N budgets. With
+``VERONICA_REDIS_URL`` the default chain lives in the shared store, and a
+forked child keeps counting the same chain there: one budget for all.
 
 Several distros installed? Select ours with ``OTEL_PYTHON_DISTRO=veronica``.
 """
@@ -30,7 +40,7 @@ import wrapt
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
-from ._config import ExecutionConfig
+from ._config import ExecutionConfig, parse_env_bool
 from ._context import ExecutionContext
 from ._context import _valid_id as valid_chain_id
 from ._ledger import Ledger
@@ -127,23 +137,60 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
         # threading is always imported: the chain follows into threads and pools.
         _instrument("veronica_otel.instrumentors.threading", "ThreadingInstrumentor")(None)
         _installed = True
+    env = os.environ if environ is None else environ
     try:
-        ledger, chain_id = _shared_store(os.environ if environ is None else environ)
+        _check_environment(env)
+        ledger, chain_id = _shared_store(env)
         policy = PolicyFile.from_env(environ)
         if policy is not None:  # VERONICA_POLICY_FILE: the chain follows the file
             ctx = install_default_chain(policy, environ, ledger=ledger, chain_id=chain_id)
             _logger.info("veronica-otel: default chain %s from %s", ctx.chain_id, policy.path)
             return ctx
         config = ExecutionConfig.from_env(environ)
-    except ValueError as exc:
-        set_default_context_error(exc)
-        _logger.error("veronica-otel: %s; every LLM call will be refused until it is fixed", exc)
-        print(f"veronica-otel: ERROR: {exc}; LLM calls will be refused", file=sys.stderr)
+    except Exception as exc:  # whatever went wrong, never run uncontained silently
+        error = exc if isinstance(exc, ValueError) else _configuration_error(exc)
+        set_default_context_error(error)
+        _logger.error("veronica-otel: %s; every LLM call will be refused until it is fixed", error)
+        print(f"veronica-otel: ERROR: {error}; LLM calls will be refused", file=sys.stderr)
         return None
     ctx = ExecutionContext(config, name="default", ledger=ledger, chain_id=chain_id)
     set_default_context(ctx)
     _logger.info("veronica-otel: default chain %s with %s", ctx.chain_id, config)
     return ctx
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """Validate every ``VERONICA_*`` variable read later, lazily, by some other part.
+
+    The grant key and the host lists are read when the HTTP instrumentors
+    install, the unknown-model price at the first priced call, fail-open when
+    the store first fails: a bad value found then would turn a feature off
+    (propagation) or fail far from its cause. Here it is a start-up error
+    naming the variable.
+
+    Raises:
+        ValueError: The first malformed variable, named in the message.
+    """
+    from veronica_otel._grants import grant_key_from_env
+    from veronica_otel.instrumentors._outbound import (
+        PROPAGATE_HOSTS_ENV,
+        VENDOR_HOSTS_ENV,
+        parse_hosts,
+    )
+    from veronica_otel.policy_file import _env_unknown_price
+
+    parse_env_bool("VERONICA_FAIL_OPEN", environ)
+    grant_key_from_env(environ)
+    for var in (PROPAGATE_HOSTS_ENV, VENDOR_HOSTS_ENV):
+        parse_hosts(environ.get(var, ""), var)
+    _env_unknown_price(environ)
+
+
+def _configuration_error(exc: Exception) -> ValueError:
+    """A failure that is not a bad value (a bug, a recursion): still a clear error."""
+    return ValueError(
+        f"the VERONICA_* configuration could not be loaded ({type(exc).__name__}: {exc})"
+    )
 
 
 def _shared_store(environ: Mapping[str, str]) -> tuple[Ledger | None, str | None]:

@@ -69,6 +69,7 @@ from pathlib import Path
 from . import _propagation
 from ._config import ExecutionConfig
 from ._context import ExecutionContext
+from ._fork import remake_locks_after_fork
 from ._ledger import Ledger
 from ._policy import PolicyPipeline
 from ._policy_rules import FilePolicy
@@ -140,6 +141,7 @@ class PolicyFile:
         self._interval = float(check_interval_s)
         self._clock = clock
         self._lock = threading.Lock()
+        remake_locks_after_fork(self)
         self._listeners: list[PolicyFileListener] = []
         stamp = _stat(self._path)
         self._state: tuple[int, PolicySpec] = (1, load_policy(self._path))
@@ -159,13 +161,17 @@ class PolicyFile:
         """The file named by ``VERONICA_POLICY_FILE``, or None when it is unset.
 
         Raises:
-            PolicyFileError: The file named is missing or invalid.
+            PolicyFileError: The file named is missing or invalid (the message
+                names the file and the variable).
         """
         env = os.environ if environ is None else environ
         path = env.get(POLICY_FILE_ENV, "").strip()
         if not path:
             return None
-        return cls(path, check_interval_s=check_interval_s, clock=clock)
+        try:
+            return cls(path, check_interval_s=check_interval_s, clock=clock)
+        except PolicyFileError as exc:
+            raise exc.from_variable(POLICY_FILE_ENV) from None
 
     @property
     def path(self) -> Path:
@@ -294,6 +300,8 @@ def _stat(path: Path) -> _Stamp:
         st = path.stat()
     except OSError as exc:
         raise PolicyFileError(str(path), f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # a path no file can have (a NUL byte)
+        raise PolicyFileError(str(path), f"cannot be read ({exc})") from None
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
 
 
@@ -357,7 +365,7 @@ def install_default_chain(
     """
     keeper = _DefaultChain(policy_file, environ, ledger, chain_id)
     policy_file.add_listener(keeper)
-    _propagation.set_default_context(keeper.context)
+    _propagation.set_default_context(keeper.context, renew=keeper.renew)
     return keeper.context
 
 
@@ -373,9 +381,12 @@ class _DefaultChain(PolicyFileListener):
         self._ledger = ledger
         self._started = time.monotonic()
         self._config = policy_file.default_config(environ)
-        self._pipeline = PolicyPipeline([FilePolicy(policy_file)])
+        rules = FilePolicy(policy_file)
+        self._pipeline = PolicyPipeline([rules])
         self._prices = policy_file.price_table(environ)
         self._lock = threading.Lock()
+        remake_locks_after_fork(self)
+        remake_locks_after_fork(rules)
         self.context = ExecutionContext(
             self._config,
             self._pipeline,
@@ -405,8 +416,21 @@ class _DefaultChain(PolicyFileListener):
             )
             self._config = config
             if _propagation._default is old:  # unless someone else replaced it since
-                _propagation.set_default_context(self.context)
+                _propagation.set_default_context(self.context, renew=self.renew)
         _logger.info("veronica-otel: default chain %s now has %s", old.chain_id, config)
+
+    def renew(self) -> ExecutionContext:
+        """A forked child's own default chain: the current limits, a new chain id."""
+        with self._lock:
+            self._started = time.monotonic()
+            self.context = ExecutionContext(
+                self._config,
+                self._pipeline,
+                ledger=self._ledger,
+                price_table=self._prices,
+                name="default",
+            )
+            return self.context
 
     def on_error(self, policy_file: PolicyFile, error: PolicyFileError) -> None:
         print(f"veronica-otel: ERROR: {error}; keeping the last good policy", file=sys.stderr)

@@ -731,7 +731,9 @@ def test_zero_code_fails_closed_on_a_malformed_policy_file(
     path = write(tmp_path / "policy.toml", '[models."gpt-4o-mini"]\nmax_calls = -1\n')
     result = run_app(server, path)
     assert result.returncode != 0
-    assert f'policy file {path}: models."gpt-4o-mini".max_calls = -1' in result.stderr
+    assert f'policy file {path} (VERONICA_POLICY_FILE): models."gpt-4o-mini".max_calls = -1' in (
+        result.stderr
+    )
     assert result.stdout == ""
     assert server.count(CHAT) == 0
 

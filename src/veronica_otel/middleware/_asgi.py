@@ -10,7 +10,12 @@ unhandled error into a 500 before re-raising it (Starlette's
 application returns, and replaced by the 429 if the error was a budget trip.
 If the response had already started, the error is re-raised and the server
 aborts the connection: the client sees an incomplete response, never a
-complete-looking one.
+complete-looking one. When the budget store cannot be reached (or admitting
+the request fails in any other way), the answer is 503 with a JSON body
+``{"error": "budget store unavailable", "reason": ...}`` and the handler does
+not run; a store failure escaping the handler before the response started
+is a 503 too. A WebSocket is then refused with 503 (or closed with 1013,
+"try again later").
 
 WebSocket: each data message is one step of the session's chain
 (``websocket.receive`` delivered to the application, ``websocket.send``
@@ -40,7 +45,7 @@ from veronica_otel._ledger import Ledger
 from veronica_otel._options import WrapOptions
 from veronica_otel._policy import PolicyPipeline
 
-from ._core import MAX_BAGGAGE_BYTES, Gate, budget_error, denial_body
+from ._core import MAX_BAGGAGE_BYTES, Gate, budget_error, denial_body, refusal
 
 __all__ = ["VeronicaASGIMiddleware"]
 
@@ -54,6 +59,7 @@ _logger = logging.getLogger("veronica_otel.middleware")
 _RECEIVE = WrapOptions(operation_name="websocket.receive")
 _SEND = WrapOptions(operation_name="websocket.send")
 _POLICY_VIOLATION = 1008
+_TRY_AGAIN_LATER = 1013
 
 
 class VeronicaASGIMiddleware:
@@ -112,7 +118,12 @@ class VeronicaASGIMiddleware:
             await self.app(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        admission = self.gate.admit(_headers(scope))
+        try:
+            admission = self.gate.admit(_headers(scope))
+        except Exception as exc:  # the store is down: refuse, never a 500
+            status, body, _ = refusal(exc)
+            await _send_json(send, status, body, None)
+            return
         key = self.gate.key
         if admission.denial is not None:
             await _send_denial(send, admission.denial, admission.spent_header(key))
@@ -129,14 +140,19 @@ class VeronicaASGIMiddleware:
                     await responder.flush()
                 raise
             responder.discard()
-            await _send_denial(send, error.trip, admission.spent_header(key))
+            status, body, _ = refusal(error)
+            await _send_json(send, status, body, admission.spent_header(key))
         else:
             await responder.flush()
         finally:
             otel_context.detach(token)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        admission = self.gate.admit(_headers(scope))
+        try:
+            admission = self.gate.admit(_headers(scope))
+        except Exception as exc:
+            await _refuse_websocket(scope, receive, send, *refusal(exc))
+            return
         if admission.denial is not None:
             await _deny_websocket(scope, receive, send, admission.denial)
             return
@@ -176,29 +192,38 @@ def _denial_headers(body: bytes, extra: tuple[str, str] | None) -> list[tuple[by
 
 
 async def _send_denial(send: Send, trip: TripEvent, extra: tuple[str, str] | None) -> None:
-    body = denial_body(trip)
+    await _send_json(send, 429, denial_body(trip), extra)
+
+
+async def _send_json(send: Send, status: int, body: bytes, extra: tuple[str, str] | None) -> None:
     await send(
-        {"type": "http.response.start", "status": 429, "headers": _denial_headers(body, extra)}
+        {"type": "http.response.start", "status": status, "headers": _denial_headers(body, extra)}
     )
     await send({"type": "http.response.body", "body": body})
 
 
 async def _deny_websocket(scope: Scope, receive: Receive, send: Send, trip: TripEvent) -> None:
+    await _refuse_websocket(scope, receive, send, 429, denial_body(trip), _reason(trip))
+
+
+async def _refuse_websocket(
+    scope: Scope, receive: Receive, send: Send, status: int, body: bytes, reason: str
+) -> None:
     message = await receive()
     if message.get("type") != "websocket.connect":
         return
     if "websocket.http.response" in (scope.get("extensions") or {}):
-        body = denial_body(trip)
         await send(
             {
                 "type": "websocket.http.response.start",
-                "status": 429,
+                "status": status,
                 "headers": _denial_headers(body, None),
             }
         )
         await send({"type": "websocket.http.response.body", "body": body})
     else:
-        await send({"type": "websocket.close", "code": _POLICY_VIOLATION, "reason": _reason(trip)})
+        code = _POLICY_VIOLATION if status == 429 else _TRY_AGAIN_LATER
+        await send({"type": "websocket.close", "code": code, "reason": reason})
 
 
 def _reason(trip: TripEvent) -> str:

@@ -8,12 +8,20 @@ configuration at depth 0. It then runs the pre-flight check: a chain that is
 already stopped -- too deep, past its deadline, tripped in the caller, or
 with nothing left of a granted budget -- is refused before the application
 runs, with HTTP 429 and a JSON body naming the reason.
+
+When the budget store cannot be reached (the shared ledger is down, or
+admitting the request failed in any other way), the request is refused with
+HTTP 503 and a JSON body (``{"error": "budget store unavailable", ...}``)
+before the application runs: never a 500, never an unmetered request. With
+``VERONICA_FAIL_OPEN=true`` the Redis ledger falls back to a process-local
+one instead of failing, and requests run as usual.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -49,6 +57,7 @@ __all__ = [
     "Gate",
     "budget_error",
     "denial_body",
+    "refusal",
 ]
 
 _logger = logging.getLogger("veronica_otel.middleware")
@@ -241,6 +250,38 @@ def denial_body(trip: TripEvent) -> bytes:
         },
         separators=(",", ":"),
     ).encode("utf-8")
+
+
+UNAVAILABLE = "budget store unavailable"
+
+
+def store_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the shared ledger failing closed (not a limit reached)."""
+    # Only loaded with the redis extra; without it no such error can exist.
+    errors = sys.modules.get("veronica_otel.distributed._errors")
+    return errors is not None and isinstance(exc, errors.LedgerUnavailableError)
+
+
+def refusal(exc: BaseException) -> tuple[int, bytes, str]:
+    """How to refuse a request whose chain could not be admitted or run.
+
+    Returns the HTTP status, the JSON body and a short WebSocket close
+    reason: 429 for a limit, 503 when the budget store is unreachable or
+    admitting failed in any other way. The body names the reason but not
+    the store's address or the error's text (logged here instead).
+    """
+    error = budget_error(exc)
+    if error is not None and not store_failure(error):
+        return 429, denial_body(error.trip), f"budget_exceeded: {error.reason}"
+    if error is not None:
+        reason = "the shared budget ledger could not be reached; failing closed"
+        chain_id: str | None = error.chain_id
+    else:
+        reason = f"admitting the request failed ({type(exc).__name__}); failing closed"
+        chain_id = None
+    _logger.error("veronica-otel: refusing a request with 503: %s", exc, exc_info=exc)
+    body = {"error": UNAVAILABLE, "reason": reason, "chain_id": chain_id}
+    return 503, json.dumps(body, separators=(",", ":")).encode("utf-8"), "budget store unavailable"
 
 
 def budget_error(exc: BaseException) -> BudgetExceededError | None:

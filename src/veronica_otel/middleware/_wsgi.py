@@ -6,7 +6,10 @@ pre-flight check fails. The application, and the iteration of the body it
 returns, run inside the chain. A ``BudgetExceededError`` raised before the
 first body bytes are produced becomes a 429 JSON answer (``start_response``
 is called again with ``exc_info``, as PEP 3333 allows); raised later, it
-propagates and the server aborts the response.
+propagates and the server aborts the response. When the budget store
+cannot be reached (or admitting the request fails in any other way), the
+answer is 503 with a JSON body ``{"error": "budget store unavailable", ...}``
+and the application does not run.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from veronica_otel._ledger import Ledger
 from veronica_otel._policy import PolicyPipeline
 from veronica_otel._propagation import CONTEXT_KEY
 
-from ._core import MAX_BAGGAGE_BYTES, Admission, Gate, budget_error, denial_body
+from ._core import MAX_BAGGAGE_BYTES, Admission, Gate, budget_error, denial_body, refusal
 
 __all__ = ["VeronicaWSGIMiddleware"]
 
@@ -72,7 +75,11 @@ class VeronicaWSGIMiddleware:
         )
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        admission = self.gate.admit(_headers(environ))
+        try:
+            admission = self.gate.admit(_headers(environ))
+        except Exception as exc:  # the store is down: refuse, never a 500
+            status, body, _ = refusal(exc)
+            return _answer(start_response, status, body, None, None)
         key = self.gate.key
         if admission.denial is not None:
             return _deny(start_response, admission.denial, admission, key, None)
@@ -92,9 +99,9 @@ class VeronicaWSGIMiddleware:
             error = budget_error(exc)
             if error is None:
                 raise
-            return _deny(
-                start_response, error.trip, admission, key, sys.exc_info() if started else None
-            )
+            status, body, _ = refusal(error)
+            exc_info = sys.exc_info() if started else None
+            return _answer(start_response, status, body, admission.spent_header(key), exc_info)
         finally:
             otel_context.detach(token)
         return _Body(result, admission, key, start_response)
@@ -108,6 +115,9 @@ def _headers(environ: dict[str, Any]) -> dict[str, str]:
     }
 
 
+_STATUS = {429: "429 Too Many Requests", 503: "503 Service Unavailable"}
+
+
 def _deny(
     start_response: StartResponse,
     trip: TripEvent,
@@ -115,12 +125,20 @@ def _deny(
     key: bytes | None,
     exc_info: ExcInfo | tuple[None, None, None] | None,
 ) -> list[bytes]:
-    body = denial_body(trip)
+    return _answer(start_response, 429, denial_body(trip), admission.spent_header(key), exc_info)
+
+
+def _answer(
+    start_response: StartResponse,
+    status: int,
+    body: bytes,
+    extra: tuple[str, str] | None,
+    exc_info: ExcInfo | tuple[None, None, None] | None,
+) -> list[bytes]:
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-    extra = admission.spent_header(key)
     if extra is not None:
         headers.append(extra)
-    start_response("429 Too Many Requests", headers, exc_info)
+    start_response(_STATUS[status], headers, exc_info)
     return [body]
 
 
@@ -158,9 +176,9 @@ class _Body:
                 error = budget_error(exc)
                 if error is None or sent:
                     raise
-                denial = _deny(
-                    self._start_response, error.trip, self._admission, self._key, sys.exc_info()
-                )
+                status, body, _ = refusal(error)
+                extra = self._admission.spent_header(self._key)
+                denial = _answer(self._start_response, status, body, extra, sys.exc_info())
             finally:
                 otel_context.detach(token)
             if denial is not None:
