@@ -386,7 +386,9 @@ def _same_trip(ours: TripEvent, theirs: TripEvent) -> None:
 def test_state_machine_matches_the_model_on_redis(
     machine: type[LedgerMachine], redis_url: str
 ) -> None:
-    """The property suite's state machine, with a RedisLedger under test."""
+    """The property suite's state machine (reserve / commit / raise / release / trip /
+    settle), with a RedisLedger under test: nothing stays reserved once every call
+    settled, spent is exactly the sum of the commits, limits hold."""
     shared = redis.Redis.from_url(redis_url)
 
     class RedisMachine(machine):  # type: ignore[valid-type,misc]
@@ -398,7 +400,7 @@ def test_state_machine_matches_the_model_on_redis(
         run_state_machine_as_test(
             RedisMachine,
             settings=settings(
-                max_examples=25,
+                max_examples=50,
                 stateful_step_count=30,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],

@@ -358,27 +358,33 @@ class LedgerMachine(RuleBasedStateMachine):
             assert snap.tokens == sum(tokens for _, tokens in committed)
 
     # -- invariants ------------------------------------------------------------
+    # One snapshot per chain per step, shared by every check (each is a round
+    # trip on the Redis ledger).
 
     @invariant()
-    def matches_the_model(self) -> None:
-        for cid in CHAINS:
-            snap = self.ledger.snapshot(cid)
+    def invariants(self) -> None:
+        snaps = {cid: self.ledger.snapshot(cid) for cid in CHAINS}
+        self.matches_the_model(snaps)
+        self.money_and_counts_are_integers(snaps)
+        self.counted_limits_never_exceeded(snaps)
+        self.cost_and_tokens_bounded_without_overrun(snaps)
+        self.trips_are_sticky(snaps)
+
+    def matches_the_model(self, snaps: dict[str, LedgerState]) -> None:
+        for cid, snap in snaps.items():
             chain = self.model.chain(cid)
             for name in STATE_FIELDS:
                 assert getattr(snap, name) == getattr(chain, name), (cid, name)
             assert (None if snap.trip is None else _trip_key(snap.trip)) == chain.trip
 
-    @invariant()
-    def money_and_counts_are_integers(self) -> None:
-        for cid in CHAINS:
-            snap = self.ledger.snapshot(cid)
+    def money_and_counts_are_integers(self, snaps: dict[str, LedgerState]) -> None:
+        for cid, snap in snaps.items():
             for name in STATE_FIELDS:
                 assert type(getattr(snap, name)) is int, (cid, name, getattr(snap, name))
 
-    @invariant()
-    def counted_limits_never_exceeded(self) -> None:
+    def counted_limits_never_exceeded(self, snaps: dict[str, LedgerState]) -> None:
         for cid, limits in self.limits.items():
-            snap = self.ledger.snapshot(cid)
+            snap = snaps[cid]
             if limits.steps is not None:
                 assert snap.steps <= limits.steps
             if limits.retries is not None:
@@ -386,21 +392,19 @@ class LedgerMachine(RuleBasedStateMachine):
             assert snap.reserved_nano >= 0
             assert snap.reserved_tokens >= 0
 
-    @invariant()
-    def cost_and_tokens_bounded_without_overrun(self) -> None:
+    def cost_and_tokens_bounded_without_overrun(self, snaps: dict[str, LedgerState]) -> None:
         if self.overrun:
             return
         for cid, limits in self.limits.items():
-            snap = self.ledger.snapshot(cid)
-            if limits.cost_nano is not None:
+            snap = snaps[cid]
+            if limits.cost_nano is not None:  # G1
                 assert snap.cost_nano + snap.reserved_nano <= limits.cost_nano
-            if limits.tokens is not None:
+            if limits.tokens is not None:  # G7
                 assert snap.tokens + snap.reserved_tokens <= limits.tokens
 
-    @invariant()
-    def trips_are_sticky(self) -> None:
-        for cid in CHAINS:
-            trip = self.ledger.snapshot(cid).trip
+    def trips_are_sticky(self, snaps: dict[str, LedgerState]) -> None:
+        for cid, snap in snaps.items():
+            trip = snap.trip
             if cid in self.first_trip:
                 assert trip is self.first_trip[cid]
             elif trip is not None:
