@@ -92,7 +92,7 @@ local function state(key)
   }
 end
 local function fmt(n) return string.format('%d', n) end
-local SATURATE = 2251799813685248
+local SATURATE = @SATURATE@
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -114,7 +114,7 @@ local function limit_trip(reason, limit, observed, chain, now, soft)
   end
   return trip_json(reason, limit, observed, chain, message, now)
 end
-"""
+""".replace("@SATURATE@", str(2 * STORE_MAX))
 
 # KEYS: chain hashes (n, root first), signature hashes (n), signature recency
 #       zsets (n), the tree's reservation hash and expiry zset.
