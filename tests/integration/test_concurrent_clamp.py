@@ -129,6 +129,17 @@ async def test_a_clamp_takes_only_what_is_unreserved(
     assert snap.cost_usd <= nano_to_usd(ceiling)
 
 
+@pytest.mark.asyncio
+async def test_the_clamp_leaves_room_for_the_prompt_in_the_context_window(
+    aclient: openai.AsyncOpenAI, server: FakeLLMServer
+) -> None:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * 3_000}]
+    with ExecutionContext(ExecutionConfig(max_cost_usd=10.0)):  # buys far more than 8192
+        await aclient.chat.completions.create(model="gpt-4", messages=messages)
+    # gpt-4: 8192 tokens of context shared by the prompt's bound and the reply.
+    assert server.requests[-1].body["max_completion_tokens"] == 8_192 - input_bound([messages], 1)
+
+
 # -- a denial caused only by in-flight reservations is not a trip ------------------------
 
 
