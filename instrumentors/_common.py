@@ -28,7 +28,12 @@ from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._gc_safe import defer
-from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST, UnitPrices
+from veronica_otel._pricing import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    TOKENS_PER_MESSAGE,
+    TOKENS_PER_REQUEST,
+    UnitPrices,
+)
 from veronica_otel._trips import emit_trip, trip_attributes
 from veronica_otel._units import MAX_COUNT, nano_to_usd
 from veronica_otel._version import __version__
@@ -443,6 +448,15 @@ def _deny_endpoint(ctx: ExecutionContext, provider: str, model: str, why: str) -
 
 
 def _affordable_output(ctx: ExecutionContext, prices: UnitPrices | None, bound: int) -> int | None:
+    """Output tokens (over all choices) an uncapped call is clamped to; None: no ceiling.
+
+    What the *unreserved* budget buys (the remaining cost and tokens leave out
+    other calls' reservations), but never more than the model can produce
+    (:func:`_output_limit`): one uncapped call must not reserve a whole budget
+    for output its model could never return, starving the calls beside it.
+    The model's limit bounds the total over ``n`` choices, which only errs
+    low (each choice gets at most limit / n).
+    """
     affordable: int | None = None
     remaining_cost = ctx.remaining_cost_nano()
     if remaining_cost is not None and prices is not None:
@@ -451,7 +465,16 @@ def _affordable_output(ctx: ExecutionContext, prices: UnitPrices | None, bound: 
     if remaining_tokens is not None:
         left = max(0, remaining_tokens - bound)
         affordable = left if affordable is None else min(affordable, left)
-    return affordable
+    if affordable is None:
+        return None
+    return min(affordable, _output_limit(prices, bound))
+
+
+def _output_limit(prices: UnitPrices | None, bound: int) -> int:
+    """The model's output limit for an input of ``bound`` tokens (a default if unpriced)."""
+    if prices is None:
+        return DEFAULT_MAX_OUTPUT_TOKENS
+    return prices.output_limit(bound)
 
 
 def _mark_denied(

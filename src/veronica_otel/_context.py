@@ -879,7 +879,9 @@ class ExecutionContext(AsyncFromSync):
         raise BudgetExceededError(trip)
 
     def _tripped(self, trip: TripEvent, *, raise_error: bool = True) -> None:
-        if trip.chain_id == self.chain_id or self._trip is None:
+        if not trip.sticky:  # only in-flight reservations denied it: deny, remember nothing
+            emit_trip(trip)
+        elif trip.chain_id == self.chain_id or self._trip is None:
             first = self._trip is None
             self._trip = trip
             if first:

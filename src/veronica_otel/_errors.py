@@ -38,6 +38,10 @@ class TripEvent:
         chain_id: The chain that tripped.
         message: A sentence a person can act on.
         time: Wall-clock time of the trip (``time.time()``).
+        sticky: ``False`` for a denial caused only by other calls' in-flight
+            reservations (the call would fit against committed spend alone):
+            it is raised, but the chain is not stopped and later calls are
+            checked afresh. Every trip that stops the chain is sticky.
     """
 
     reason: TripReason
@@ -46,13 +50,16 @@ class TripEvent:
     chain_id: str
     message: str = ""
     time: float = field(default_factory=time.time)
+    sticky: bool = True
 
 
 class BudgetExceededError(Exception):
     """Raised instead of sending a call that a chain's limits do not allow.
 
     Attributes:
-        trip: The sticky :class:`TripEvent` of the chain.
+        trip: The :class:`TripEvent` that denied the call: the chain's sticky
+            trip, or a non-sticky denial (``trip.sticky`` is False) when only
+            other calls' in-flight reservations left no room.
         reason: Shortcut for ``trip.reason``.
         limit: Shortcut for ``trip.limit``.
         observed: Shortcut for ``trip.observed``.

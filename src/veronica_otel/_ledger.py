@@ -107,8 +107,12 @@ class Ledger(Protocol):
     ) -> Reservation | TripEvent:
         """Check every level's limits, then charge every level; or trip.
 
-        Returns the reservation, or the (sticky) trip that denies the call.
+        Returns the reservation, or the trip that denies the call.
         Check-before-increment: nothing is charged when any level says no.
+        A cost or token denial that only other calls' in-flight reservations
+        cause (the call fits against committed spend alone) is returned with
+        ``sticky=False`` and not stored: the chain keeps running, and the
+        call may be retried once those reservations settle.
         """
         ...
 
@@ -228,6 +232,7 @@ class LocalLedger:
         chains = self._chains
         with self._lock:
             states = []
+            soft: TripEvent | None = None  # a non-sticky denial; later levels may trip
             for level in path:
                 state = chains.get(level.chain_id)
                 if state is None:
@@ -236,9 +241,13 @@ class LocalLedger:
                     return state.trip
                 denial = _check(level, state, cost_nano, tokens, step, retry, signature)
                 if denial is not None:
-                    state.trip = denial
-                    return denial
+                    if denial.sticky:
+                        state.trip = denial
+                        return denial
+                    soft = soft or denial
                 states.append(state)
+            if soft is not None:
+                return soft
             for i, state in enumerate(states):
                 _charge(path[i], state, cost_nano, tokens, step, retry, signature)
             return Reservation("", cost_nano, tokens, step, retry)
@@ -255,7 +264,8 @@ class LocalLedger:
 
         The checks are the same as ``_check``'s for a step with no retry and
         no signature; anything unusual (a trip, an override, a denial) goes
-        the general way, which re-checks under the lock.
+        the general way, which re-checks under the lock (and tells a sticky
+        trip from a denial that only in-flight reservations cause).
         """
         limits = level.limits
         with self._lock:
@@ -417,21 +427,32 @@ def _check(
         return _trip(level, "steps", limits.steps + extra_steps, state.steps + 1)
     if retry and limits.retries is not None and state.retries + 1 > limits.retries:
         return _trip(level, "retries", limits.retries, state.retries + 1)
+    # A call that fits against committed spend alone is denied only by other
+    # calls' reservations, which settle: that denial must not stop the chain.
+    # Any sticky reason found later still wins over such a denial.
+    soft: TripEvent | None = None
     if limits.tokens is not None:
         total = state.tokens + state.reserved_tokens + tokens
         if total > limits.tokens:
-            return _trip(level, "tokens", limits.tokens, total)
+            soft = _trip(
+                level, "tokens", limits.tokens, total, state.tokens + tokens > limits.tokens
+            )
+            if soft.sticky:
+                return soft
     if limits.cost_nano is not None:
         total = state.cost_nano + state.reserved_nano + cost_nano
-        if total > limits.cost_nano + extra_cost:
-            return _trip(
-                level, "cost", nano_to_usd(limits.cost_nano + extra_cost), nano_to_usd(total)
-            )
+        ceiling = limits.cost_nano + extra_cost
+        if total > ceiling:
+            sticky = state.cost_nano + cost_nano > ceiling
+            denial = _trip(level, "cost", nano_to_usd(ceiling), nano_to_usd(total), sticky)
+            if sticky:
+                return denial
+            soft = soft or denial
     if signature is not None and limits.repeats is not None and state.signatures is not None:
         seen = state.signatures.get(signature, 0)
         if seen + 1 > limits.repeats:
             return _trip(level, "loop", limits.repeats, seen + 1)
-    return None
+    return soft
 
 
 def _charge(
@@ -475,10 +496,14 @@ def _remember(state: _ChainState, signature: str) -> None:
 _UNITS = {"cost": "USD", "timeout": "ms"}
 
 
-def _trip(level: Level, reason: TripReason, limit: float, observed: float) -> TripEvent:
+def _trip(
+    level: Level, reason: TripReason, limit: float, observed: float, sticky: bool = True
+) -> TripEvent:
     unit = _UNITS.get(reason, "")
     message = (
         f"chain {level.chain_id}: {reason} limit reached "
         f"(limit {limit:g}{' ' + unit if unit else ''}, this call would make it {observed:g})"
     )
-    return TripEvent(reason, float(limit), float(observed), level.chain_id, message)
+    if not sticky:  # the same words as the store's script (_scripts.RESERVE)
+        message += "; calls in flight hold the rest, try again once they finish"
+    return TripEvent(reason, float(limit), float(observed), level.chain_id, message, sticky=sticky)

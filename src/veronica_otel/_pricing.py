@@ -19,6 +19,14 @@ role (1 token), hence :data:`TOKENS_PER_MESSAGE` = 4, and 3 per request that
 prime the reply (:data:`TOKENS_PER_REQUEST`). Images, audio, tool schemas
 rendered by the provider and provider-injected system prompts (Anthropic's
 tool-use prompt) are not covered: count them separately.
+
+Output limits: a call sent without an output cap is clamped (by the
+instrumentors) to what the budget buys, but never to more than the model can
+produce: :meth:`UnitPrices.output_limit`, the model's largest output
+(:data:`MAX_OUTPUT_TOKENS`, from the providers' model pages; else
+:data:`DEFAULT_MAX_OUTPUT_TOKENS`) and at most its context window
+(``genai-prices``) less the input bound. So one uncapped call never reserves
+the whole remaining budget for output its model could never return.
 """
 
 from __future__ import annotations
@@ -47,6 +55,9 @@ __all__ = [
     "INPUT_TOKEN_BOUND",
     "estimate_input_tokens",
     "estimate_input_tokens_from_bytes",
+    "MAX_OUTPUT_TOKENS",
+    "DEFAULT_MAX_OUTPUT_TOKENS",
+    "max_output_tokens",
 ]
 
 UNKNOWN_MODEL_PRICE_ENV = "VERONICA_UNKNOWN_MODEL_PRICE"
@@ -54,6 +65,50 @@ TOKENS_PER_MESSAGE = 4
 TOKENS_PER_REQUEST = 3
 INPUT_TOKEN_BOUND = "utf8_bytes + 4 per message + 3 per request"
 """How :func:`estimate_input_tokens` bounds a prompt (see the module docstring)."""
+
+# The largest output (max_tokens / max_completion_tokens) each model accepts
+# per call, as OpenAI's (platform.openai.com/docs/models) and Anthropic's
+# (docs.anthropic.com/en/docs/about-claude/models) model pages state it. Kept
+# small: common chat models whose limit we could check. The longest matching
+# name wins; a dated snapshot (``-2024-08-06``, ``-20241022``) or ``-latest``
+# matches its base name.
+MAX_OUTPUT_TOKENS: Mapping[str, int] = {
+    "gpt-3.5-turbo": 4_096,
+    "gpt-4": 8_192,
+    "gpt-4-turbo": 4_096,
+    "gpt-4o": 16_384,
+    "gpt-4o-2024-05-13": 4_096,
+    "gpt-4o-mini": 16_384,
+    "chatgpt-4o": 16_384,
+    "gpt-4.1": 32_768,
+    "gpt-4.1-mini": 32_768,
+    "gpt-4.1-nano": 32_768,
+    "gpt-5": 128_000,
+    "gpt-5-mini": 128_000,
+    "gpt-5-nano": 128_000,
+    "o1": 100_000,
+    "o1-mini": 65_536,
+    "o3": 100_000,
+    "o3-mini": 100_000,
+    "o4-mini": 100_000,
+    "claude-3-haiku": 4_096,
+    "claude-3-opus": 4_096,
+    "claude-3-5-haiku": 8_192,
+    "claude-3-5-sonnet": 8_192,
+    "claude-3-7-sonnet": 64_000,
+    "claude-sonnet-4": 64_000,
+    "claude-sonnet-4-0": 64_000,
+    "claude-opus-4": 32_000,
+    "claude-opus-4-0": 32_000,
+    "claude-opus-4-1": 32_000,
+    "claude-sonnet-4-5": 64_000,
+    "claude-haiku-4-5": 64_000,
+    "claude-opus-4-5": 64_000,
+}
+DEFAULT_MAX_OUTPUT_TOKENS = 32_768
+"""Output limit of a model not in :data:`MAX_OUTPUT_TOKENS`: an uncapped call to
+it is clamped to at most this many output tokens (pass ``max_tokens`` to ask
+for more). It keeps one uncapped call from reserving a whole budget."""
 
 _PER_MTOK = 1_000_000
 _MAX_CACHED = 10_000  # distinct (provider, model) keys; past it, resolve without caching
@@ -81,6 +136,13 @@ class UnitPrices:
         tiers: Context-size tiers ``(threshold, prices)``, ascending: ``prices``
             (without tiers of its own) applies to *every* token of a call whose
             ``input_tokens`` exceeds ``threshold``, as providers bill them.
+        max_output: The model's largest output per call, when known
+            (prices from ``genai-prices`` carry it from :data:`MAX_OUTPUT_TOKENS`;
+            set it on your own prices, else :data:`DEFAULT_MAX_OUTPUT_TOKENS`
+            applies).
+        context_window: The model's context window, when known (from
+            ``genai-prices``, for the models it prices). Neither is compared:
+            they describe the model, not its price.
     """
 
     input: int
@@ -89,6 +151,8 @@ class UnitPrices:
     reasoning: int
     cache_write: int | None = None
     tiers: tuple[tuple[int, UnitPrices], ...] = ()
+    max_output: int | None = field(default=None, compare=False)
+    context_window: int | None = field(default=None, compare=False)
     # (threshold, input, output, cached_input, reasoning, cache_write), base first at -1
     _segments: tuple[tuple[int, int, int, int, int, int], ...] = field(
         init=False, repr=False, compare=False
@@ -114,6 +178,17 @@ class UnitPrices:
             worst.append((threshold, wi, wo))
         object.__setattr__(self, "_segments", tuple(segments))
         object.__setattr__(self, "_worst", tuple(worst))
+
+    def output_limit(self, input_tokens: int) -> int:
+        """The most output tokens one call with ``input_tokens`` of input can produce.
+
+        The model's :attr:`max_output` (else :data:`DEFAULT_MAX_OUTPUT_TOKENS`),
+        and no more than its :attr:`context_window` leaves after the input.
+        """
+        limit = DEFAULT_MAX_OUTPUT_TOKENS if self.max_output is None else self.max_output
+        if self.context_window is not None:
+            limit = min(limit, max(0, self.context_window - input_tokens))
+        return limit
 
     def _flat(self, name: str) -> tuple[int, int, int, int, int]:
         prices = [self.input, self.output, self.cached_input, self.reasoning, self.cache_write]
@@ -377,7 +452,31 @@ def _from_genai_prices(
         found, info = snapshot.find_provider_model(model, None, provider, None)
     except LookupError:
         return None
-    return _to_unit_prices(_candidates(found, info, context))
+    prices = _to_unit_prices(_candidates(found, info, context))
+    if prices is None:
+        return None
+    window = info.context_window
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        window = None
+    return replace(prices, max_output=max_output_tokens(model), context_window=window)
+
+
+def max_output_tokens(model: str) -> int | None:
+    """The largest output ``model`` accepts per call, from :data:`MAX_OUTPUT_TOKENS`.
+
+    ``None`` for a model not in the table. A dated snapshot or ``-latest``
+    alias of a listed model has its limit; the longest listed name wins.
+    """
+    name = model.strip().lower()
+    best: str | None = None
+    for base in MAX_OUTPUT_TOKENS:
+        if name == base:
+            return MAX_OUTPUT_TOKENS[base]
+        if name.startswith(base + "-") and (best is None or len(base) > len(best)):
+            rest = name[len(base) + 1 :]
+            if rest == "latest" or rest[:1].isdigit():
+                best = base
+    return None if best is None else MAX_OUTPUT_TOKENS[best]
 
 
 def _candidates(

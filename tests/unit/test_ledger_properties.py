@@ -1,8 +1,12 @@
 """Property tests for LocalLedger: bounds, stickiness, atomic denials, integer money.
 
-A hypothesis state machine drives random reserve / commit / release / trip
-sequences over a small tree of chains and compares the ledger, step by step,
-with a plain reference model written from the ``Ledger`` protocol's contract.
+A hypothesis state machine drives random reserve / commit / release (a call
+cancelled before it was sent) / raise (sent, then failed: its reservation is
+committed) / trip / settle sequences over a small tree of chains and compares
+the ledger, step by step, with a plain reference model written from the
+``Ledger`` protocol's contract. When every call has settled nothing is
+reserved and spent is exactly the sum of the commits. The same machine runs
+on a RedisLedger over a real Valkey (tests/integration/test_redis_ledger.py).
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ def _trip_key(trip: TripEvent) -> tuple[str, str, float, float]:
     return (trip.reason, trip.chain_id, trip.limit, trip.observed)
 
 
+Denial = tuple[tuple[str, str, float, float], bool]  # (trip key, sticky)
+
+
 class _ModelChain:
     def __init__(self) -> None:
         self.cost_nano = 0
@@ -74,6 +81,7 @@ class _ModelChain:
         self.reserved_tokens = 0
         self.trip: tuple[str, str, float, float] | None = None
         self.seen: dict[str, int] = {}
+        self.committed: list[tuple[int, int]] = []  # every commit's (cost, tokens)
 
 
 class ReferenceLedger:
@@ -93,15 +101,19 @@ class ReferenceLedger:
         step: bool,
         retry: bool,
         signature: str | None,
-    ) -> tuple[str, str, float, float] | None:
+    ) -> Denial | None:
+        soft: Denial | None = None
         for level in path:
             chain = self.chain(level.chain_id)
             if chain.trip is not None:
-                return chain.trip
+                return chain.trip, True
             denial = self._denial(level, chain, cost, tokens, step, retry, signature)
-            if denial is not None:
-                chain.trip = denial
+            if denial is not None and denial[1]:
+                chain.trip = denial[0]
                 return denial
+            soft = soft or denial
+        if soft is not None:
+            return soft  # only in-flight reservations deny it: nothing is stored
         for level in path:
             chain = self.chain(level.chain_id)
             chain.steps += int(step)
@@ -121,26 +133,32 @@ class ReferenceLedger:
         step: bool,
         retry: bool,
         signature: str | None,
-    ) -> tuple[str, str, float, float] | None:
+    ) -> Denial | None:
+        """The first sticky reason, else the first that only reservations cause."""
         lim = level.limits
         cid = level.chain_id
         if step and lim.steps is not None and chain.steps + 1 > lim.steps:
-            return ("steps", cid, float(lim.steps), float(chain.steps + 1))
+            return ("steps", cid, float(lim.steps), float(chain.steps + 1)), True
         if retry and lim.retries is not None and chain.retries + 1 > lim.retries:
-            return ("retries", cid, float(lim.retries), float(chain.retries + 1))
+            return ("retries", cid, float(lim.retries), float(chain.retries + 1)), True
+        found: list[Denial] = []
         if lim.tokens is not None:
             total = chain.tokens + chain.reserved_tokens + tokens
             if total > lim.tokens:
-                return ("tokens", cid, float(lim.tokens), float(total))
+                sticky = chain.tokens + tokens > lim.tokens
+                found.append((("tokens", cid, float(lim.tokens), float(total)), sticky))
         if lim.cost_nano is not None:
             total = chain.cost_nano + chain.reserved_nano + cost
             if total > lim.cost_nano:
-                return ("cost", cid, nano_to_usd(lim.cost_nano), nano_to_usd(total))
+                sticky = chain.cost_nano + cost > lim.cost_nano
+                key = ("cost", cid, nano_to_usd(lim.cost_nano), nano_to_usd(total))
+                found.append((key, sticky))
         if signature is not None and lim.repeats is not None:
             seen = chain.seen.get(signature, 0)
             if seen + 1 > lim.repeats:
-                return ("loop", cid, float(lim.repeats), float(seen + 1))
-        return None
+                found.append((("loop", cid, float(lim.repeats), float(seen + 1)), True))
+        sticky_found = [d for d in found if d[1]]
+        return (sticky_found or found or [None])[0]
 
     def commit(
         self, path: Sequence[Level], reserved: tuple[int, int], cost: int, tokens: int
@@ -152,6 +170,7 @@ class ReferenceLedger:
             chain.reserved_tokens -= reserved[1]
             chain.cost_nano += cost
             chain.tokens += tokens
+            chain.committed.append((cost, tokens))
             lim = level.limits
             overrun: tuple[str, str, float, float] | None = None
             if lim.cost_nano is not None and chain.cost_nano > lim.cost_nano:
@@ -184,7 +203,7 @@ class ReferenceLedger:
 
 
 class LedgerMachine(RuleBasedStateMachine):
-    """Random reserve / commit / release / trip against LocalLedger and the model."""
+    """Random reserve / commit / raise / release / trip / settle against a ledger and the model."""
 
     # Whether commits may report more than was reserved (an over-reporting caller).
     ALLOW_OVERRUN = True
@@ -233,14 +252,18 @@ class LedgerMachine(RuleBasedStateMachine):
         after = {level.chain_id: self.ledger.snapshot(level.chain_id) for level in path}
         if isinstance(result, TripEvent):
             assert expected is not None, f"ledger denied {result} but the model allows"
-            assert _trip_key(result) == expected
+            assert (_trip_key(result), result.sticky) == expected
             # A denial charges nothing anywhere on the path.
             for cid, snap in before.items():
                 assert _counters(after[cid]) == _counters(snap)
             # Sticky: a chain that had tripped keeps its first trip; the denial is
             # either that trip or a new trip of a level checked before it.
             tripped = [i for i, level in enumerate(path) if before[level.chain_id].trip]
-            if tripped:
+            if not result.sticky:
+                # Only reservations denied it: nothing is remembered anywhere.
+                assert not tripped
+                assert all(after[cid].trip is None for cid in after)
+            elif tripped:
                 first = path[tripped[0]].chain_id
                 if result.chain_id == first:
                     assert result is before[first].trip
@@ -252,6 +275,18 @@ class LedgerMachine(RuleBasedStateMachine):
             assert all(not before[cid].trip for cid in before)
             assert (result.cost_nano, result.tokens) == (cost, tokens)
             self.outstanding.append((path, result))
+
+    @rule(path_index=st.integers(0, len(PATHS) - 1), level=st.integers(0, 2))
+    def reserve_what_committed_spend_leaves(self, path_index: int, level: int) -> None:
+        """Ask for all that a level's committed spend leaves: while other calls
+        hold reservations there, only they deny it (a non-sticky denial)."""
+        path = self.path(path_index)
+        target = path[min(level, len(path) - 1)]
+        snap = self.ledger.snapshot(target.chain_id)
+        limits = target.limits
+        cost = max(0, limits.cost_nano - snap.cost_nano) if limits.cost_nano is not None else 0
+        tokens = max(0, limits.tokens - snap.tokens) if limits.tokens is not None else 0
+        self.reserve(path_index, cost, tokens, step=False, retry=False, signature=None)
 
     @precondition(lambda self: bool(self.outstanding))
     @rule(pick=st.integers(0, 10**6), percent=st.integers(0, 100), over=st.integers(0, 9))
@@ -277,7 +312,18 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.outstanding))
     @rule(pick=st.integers(0, 10**6))
+    def raise_after_send(self, pick: int) -> None:
+        """Sent, then an exception or cancellation: the reservation is committed."""
+        path, reservation = self.outstanding.pop(pick % len(self.outstanding))
+        held = (reservation.cost_nano, reservation.tokens)
+        expected = self.model.commit(path, held, *held)
+        assert expected is None
+        assert self.ledger.commit(path, reservation, *held) is None
+
+    @precondition(lambda self: bool(self.outstanding))
+    @rule(pick=st.integers(0, 10**6))
     def release(self, pick: int) -> None:
+        """Cancelled (or failed) before anything was sent: given back."""
         path, reservation = self.outstanding.pop(pick % len(self.outstanding))
         self.model.release(path, reservation)
         self.ledger.release(path, reservation)
@@ -306,29 +352,39 @@ class LedgerMachine(RuleBasedStateMachine):
             snap = self.ledger.snapshot(cid)
             assert snap.reserved_nano == 0
             assert snap.reserved_tokens == 0
+            # Spent is exactly what was committed, call by call.
+            committed = self.model.chain(cid).committed
+            assert snap.cost_nano == sum(cost for cost, _ in committed)
+            assert snap.tokens == sum(tokens for _, tokens in committed)
 
     # -- invariants ------------------------------------------------------------
+    # One snapshot per chain per step, shared by every check (each is a round
+    # trip on the Redis ledger).
 
     @invariant()
-    def matches_the_model(self) -> None:
-        for cid in CHAINS:
-            snap = self.ledger.snapshot(cid)
+    def invariants(self) -> None:
+        snaps = {cid: self.ledger.snapshot(cid) for cid in CHAINS}
+        self.matches_the_model(snaps)
+        self.money_and_counts_are_integers(snaps)
+        self.counted_limits_never_exceeded(snaps)
+        self.cost_and_tokens_bounded_without_overrun(snaps)
+        self.trips_are_sticky(snaps)
+
+    def matches_the_model(self, snaps: dict[str, LedgerState]) -> None:
+        for cid, snap in snaps.items():
             chain = self.model.chain(cid)
             for name in STATE_FIELDS:
                 assert getattr(snap, name) == getattr(chain, name), (cid, name)
             assert (None if snap.trip is None else _trip_key(snap.trip)) == chain.trip
 
-    @invariant()
-    def money_and_counts_are_integers(self) -> None:
-        for cid in CHAINS:
-            snap = self.ledger.snapshot(cid)
+    def money_and_counts_are_integers(self, snaps: dict[str, LedgerState]) -> None:
+        for cid, snap in snaps.items():
             for name in STATE_FIELDS:
                 assert type(getattr(snap, name)) is int, (cid, name, getattr(snap, name))
 
-    @invariant()
-    def counted_limits_never_exceeded(self) -> None:
+    def counted_limits_never_exceeded(self, snaps: dict[str, LedgerState]) -> None:
         for cid, limits in self.limits.items():
-            snap = self.ledger.snapshot(cid)
+            snap = snaps[cid]
             if limits.steps is not None:
                 assert snap.steps <= limits.steps
             if limits.retries is not None:
@@ -336,21 +392,19 @@ class LedgerMachine(RuleBasedStateMachine):
             assert snap.reserved_nano >= 0
             assert snap.reserved_tokens >= 0
 
-    @invariant()
-    def cost_and_tokens_bounded_without_overrun(self) -> None:
+    def cost_and_tokens_bounded_without_overrun(self, snaps: dict[str, LedgerState]) -> None:
         if self.overrun:
             return
         for cid, limits in self.limits.items():
-            snap = self.ledger.snapshot(cid)
-            if limits.cost_nano is not None:
+            snap = snaps[cid]
+            if limits.cost_nano is not None:  # G1
                 assert snap.cost_nano + snap.reserved_nano <= limits.cost_nano
-            if limits.tokens is not None:
+            if limits.tokens is not None:  # G7
                 assert snap.tokens + snap.reserved_tokens <= limits.tokens
 
-    @invariant()
-    def trips_are_sticky(self) -> None:
-        for cid in CHAINS:
-            trip = self.ledger.snapshot(cid).trip
+    def trips_are_sticky(self, snaps: dict[str, LedgerState]) -> None:
+        for cid, snap in snaps.items():
+            trip = snap.trip
             if cid in self.first_trip:
                 assert trip is self.first_trip[cid]
             elif trip is not None:

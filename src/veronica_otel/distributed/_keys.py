@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 from veronica_otel._ledger import Level
 
+from ._scripts import STORE_MAX
+
 __all__ = ["ChainKeys", "KeySpace"]
 
 _CACHE_LIMIT = 4096
@@ -117,4 +119,6 @@ def _limit(value: int | None) -> str:
         return "-1"
     if type(value) is not int or value < 0:
         raise ValueError(f"ledger limits must be non-negative ints or None, got {value!r}")
-    return str(value)
+    # Above STORE_MAX a script's sums would not be exact: such a ceiling
+    # counts as STORE_MAX, which denies earlier, never later.
+    return str(min(value, STORE_MAX))

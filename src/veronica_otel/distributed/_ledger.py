@@ -40,6 +40,17 @@ What the store adds:
   ledgers with different counts.
 * **Corruption.** A value in our keys that the ledger did not write raises
   :class:`LedgerCorruptedError`; it is never read as zero.
+* **Numbers at the edges.** The scripts count in Lua doubles, so nothing they
+  add may reach 2**53 (see ``_scripts.py``). A cost ceiling above
+  ``STORE_MAX`` nano-USD (2**50, about 1.13 million USD) counts as
+  ``STORE_MAX``: the chain is denied earlier, never later. An amount above it
+  (an absurd reservation, or usage of 1e26 tokens) is counted as
+  ``STORE_MAX + 1``, which any limited level refuses or trips on; a commit
+  never raises for it, so the caller gets its reply and the reservation is
+  settled. Spent cost and tokens stop growing at 2**51.
+* **Denials of in-flight calls.** A denial caused only by other calls'
+  reservations (the call fits against committed spend alone) is returned with
+  ``sticky=False`` and not stored, exactly as in the local ledger.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import redis
@@ -72,8 +84,10 @@ __all__ = ["RedisLedger"]
 
 _logger = logging.getLogger("veronica_otel.distributed")
 
-# Lua numbers are doubles: amounts above this would not be counted exactly.
-_MAX_AMOUNT = 2**53 - 1
+# One amount a script is given: above STORE_MAX, any limit refuses it or trips.
+_MAX_AMOUNT = _scripts.STORE_MAX + 1
+# Longest TTL: server time (~1.8e15 us) plus it must stay below 2**53 us.
+_MAX_TTL_S = 1e9
 _MARKER_MIN_S = 60.0
 _SNAPSHOT_FIELDS = ("c", "rc", "s", "r", "t", "rt", "trip")
 _NO_RESERVATION = Reservation("", 0, 0)
@@ -140,6 +154,12 @@ class RedisLedger:
         space = KeySpace(key_prefix)  # validates the prefix
         reservation_ttl = check_seconds("reservation_ttl_s", reservation_ttl_s)
         chain_ttl = check_seconds("chain_ttl_s", chain_ttl_s, minimum=1.0)
+        for name, ttl in (("reservation_ttl_s", reservation_ttl), ("chain_ttl_s", chain_ttl)):
+            if ttl > _MAX_TTL_S:
+                raise ValueError(
+                    f"{name} must be <= {_MAX_TTL_S:g} seconds (the store counts time "
+                    f"in exact microseconds), got {ttl!r}"
+                )
         if chain_ttl < reservation_ttl:
             raise ValueError(
                 f"chain_ttl_s ({chain_ttl_s!r}) must be >= reservation_ttl_s "
@@ -254,8 +274,8 @@ class RedisLedger:
             return local.reserve(
                 path, cost_nano, tokens, step=step, retry=retry, signature=signature
             )
-        _check_amount("cost_nano", cost_nano)
-        _check_amount("tokens", tokens)
+        cost_nano = _amount("cost_nano", cost_nano)
+        tokens = _amount("tokens", tokens)
         n = len(path)
         if n == 1:
             ck = self._space.chain(path[0].chain_id)
@@ -297,7 +317,8 @@ class RedisLedger:
             self._back()
         if reply == 1:
             return Reservation(rid, cost_nano, tokens, step, retry)
-        return self._codec.decode(reply[1], keys[int(reply[0]) - 1])
+        denial = self._codec.decode(reply[1], keys[int(reply[0]) - 1])
+        return denial if len(reply) == 2 else replace(denial, sticky=False)
 
     def commit(
         self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
@@ -307,8 +328,10 @@ class RedisLedger:
         local = self._local
         if local is not None:
             return local.commit(path, _local_view(reservation), cost_nano, tokens)
-        _check_amount("cost_nano", cost_nano)
-        _check_amount("tokens", tokens)
+        # Usage too large for the store is counted as STORE_MAX + 1 (it trips
+        # any limited level); raising here would leave the reservation held.
+        cost_nano = _amount("cost_nano", cost_nano)
+        tokens = _amount("tokens", tokens)
         keys = self._space.settle_keys(path)
         args = [
             str(len(path)),
@@ -393,9 +416,11 @@ class RedisLedger:
             return local.override(
                 chain_id, expires_at=expires_at, add_cost_nano=add_cost_nano, add_steps=add_steps
             )
-        duration_us = max(0, int((expires_at - time.time()) * 1_000_000))
+        limit = _scripts.STORE_MAX  # keeps the widened ceilings exact in the script
+        duration_us = min(limit, max(0, int((expires_at - time.time()) * 1_000_000)))
         key = self._space.chain(chain_id).chain
-        args = [str(duration_us), str(int(add_cost_nano)), str(int(add_steps)), self._chain_ttl]
+        extra = [min(limit, int(add_cost_nano)), min(limit, int(add_steps))]
+        args = [str(duration_us), str(extra[0]), str(extra[1]), self._chain_ttl]
         reply = self._call(chain_id, self._override, [key], args)
         if reply is _LOCAL:
             return self.override(
@@ -583,9 +608,11 @@ class RedisLedger:
 _LOCAL: Any = object()
 
 
-def _check_amount(name: str, value: int) -> None:
-    if type(value) is not int or not 0 <= value <= _MAX_AMOUNT:
-        raise ValueError(f"{name} must be an int in 0..2**53-1 (exact in the store), got {value!r}")
+def _amount(name: str, value: int) -> int:
+    """``value`` for a script: at most ``_MAX_AMOUNT`` (ValueError if not an int >= 0)."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value if value <= _MAX_AMOUNT else _MAX_AMOUNT
 
 
 def _local_view(reservation: Reservation) -> Reservation:

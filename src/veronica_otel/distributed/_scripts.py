@@ -21,13 +21,26 @@ canonical integer, or a key of the wrong type, aborts the script with
 Each reservation gets a record and an expiry; every ``RESERVE`` first gives
 back (at most 64 of) the tree's expired reservations. Every write refreshes
 the key's TTL (``PEXPIRE``). Time is the server's
-``TIME``, so every process agrees on it. Lua numbers are doubles: counters
-are exact up to 2**53 units (about 9 million USD in nano-USD) per chain.
+``TIME``, so every process agrees on it.
+
+Lua numbers are doubles, exact only below 2**53, so the client keeps every
+sum a script computes below that: limits and the amounts of one reserve,
+commit or override are at most :data:`STORE_MAX` (2**50: about 1.13 million
+USD in nano-USD, 1.1e15 tokens; a larger cost ceiling counts as STORE_MAX,
+which only denies earlier, and a larger amount as STORE_MAX + 1, which any
+limited level refuses or trips on), and spent cost and tokens saturate at
+2**51 in ``COMMIT``. A limited level then holds at most 2**51 reserved
+(reserve admits only up to its limit, override included), so the largest
+sum, committed + reserved + one amount, stays under 2**52 + 2**50 + 1.
+Reserved amounts of an unlimited level are summed by ``HINCRBY`` alone
+(exact in 64 bits) and never compared. Timestamps are microseconds of the
+server clock plus a duration of at most 1e15 us.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "STORE_MAX",
     "BREAKER",
     "CLEAR_TRIP",
     "COMMIT",
@@ -39,6 +52,10 @@ __all__ = [
 ]
 
 CORRUPT_TAG = "VERONICA_CORRUPT"
+
+# The largest limit or single amount a script is given (see the docstring);
+# COMMIT saturates spent counters at 2 * STORE_MAX (its SATURATE).
+STORE_MAX = 2**50
 
 # Helpers shared by every script.
 _PRELUDE = r"""
@@ -75,6 +92,7 @@ local function state(key)
   }
 end
 local function fmt(n) return string.format('%d', n) end
+local SATURATE = @SATURATE@
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -85,22 +103,27 @@ local function trip_json(reason, limit, observed, chain, message, now)
     .. ',"message":' .. cjson.encode(message) .. ',"time":' .. string.format('%.6f', now / 1e6)
     .. '}'
 end
-local function limit_trip(reason, limit, observed, chain, now)
+local function limit_trip(reason, limit, observed, chain, now, soft)
   local unit = ''
   if reason == 'cost' then unit = ' USD' end
   local message = 'chain ' .. chain .. ': ' .. reason .. ' limit reached (limit '
     .. string.format('%g', limit) .. unit .. ', this call would make it '
     .. string.format('%g', observed) .. ')'
+  if soft then
+    message = message .. '; calls in flight hold the rest, try again once they finish'
+  end
   return trip_json(reason, limit, observed, chain, message, now)
 end
-"""
+""".replace("@SATURATE@", str(2 * STORE_MAX))
 
 # KEYS: chain hashes (n, root first), signature hashes (n), signature recency
 #       zsets (n), the tree's reservation hash and expiry zset.
 # ARGV: n cost tokens step retry signature id reservation_ttl_us chain_ttl_ms
 #       marker_ttl_us signature_memory chain_key_base, then per level:
 #       chain_id steps retries tokens cost_nano repeats (-1 = unlimited).
-# Returns 1 (charged) or {level, trip_json} (denied; nothing charged).
+# Returns 1 (charged), {level, trip_json} (denied, the chain tripped; nothing
+# charged) or {level, trip_json, 0}: a denial that only other calls' in-flight
+# reservations cause (the call fits against committed spend alone), not stored.
 RESERVE = (
     _PRELUDE
     + r"""
@@ -145,8 +168,11 @@ for _, rid in ipairs(due) do
   end
 end
 
--- 2. Check every level, root first. The first sticky trip or new denial wins.
+-- 2. Check every level, root first. The first sticky trip or new trip wins;
+--    a denial caused only by in-flight reservations (soft) is not stored,
+--    and any trip found on a later check or level still wins over it.
 local sizes = {}
+local soft = false
 for i = 1, n do
   local key = KEYS[i]
   local st = state(key)
@@ -162,26 +188,34 @@ for i = 1, n do
     if lsteps >= 0 then lsteps = lsteps + st.os end
     if lcost >= 0 then lcost = lcost + st.oc end
   end
-  local denial = nil
+  local denial, held = nil, nil
   if step and lsteps >= 0 and s + 1 > lsteps then
     denial = limit_trip('steps', lsteps, s + 1, chain, now)
   elseif retry and lretries >= 0 and r + 1 > lretries then
     denial = limit_trip('retries', lretries, r + 1, chain, now)
-  elseif ltokens >= 0 and t + rt + ntokens > ltokens then
-    denial = limit_trip('tokens', ltokens, t + rt + ntokens, chain, now)
-  elseif lcost >= 0 and c + rc + ncost > lcost then
-    denial = limit_trip('cost', lcost / 1e9, (c + rc + ncost) / 1e9, chain, now)
-  elseif sig ~= '' and lrepeats >= 0 then
-    local skey, okey = KEYS[n + i], KEYS[2 * n + i]
-    local seen = probe('HGET', skey, sig)
-    sizes[i] = probe('ZCARD', okey)
-    if seen == false then
-      if lrepeats < 1 and redis.call('EXISTS', skey) == 1 then
-        denial = limit_trip('loop', lrepeats, 1, chain, now)
+  else
+    if ltokens >= 0 and t + rt + ntokens > ltokens then
+      local only = t + ntokens <= ltokens
+      held = limit_trip('tokens', ltokens, t + rt + ntokens, chain, now, only)
+      if not only then denial = held end
+    end
+    if not denial and lcost >= 0 and c + rc + ncost > lcost then
+      local only = c + ncost <= lcost
+      local d = limit_trip('cost', lcost / 1e9, (c + rc + ncost) / 1e9, chain, now, only)
+      if not only then denial = d elseif not held then held = d end
+    end
+    if not denial and sig ~= '' and lrepeats >= 0 then
+      local skey, okey = KEYS[n + i], KEYS[2 * n + i]
+      local seen = probe('HGET', skey, sig)
+      sizes[i] = probe('ZCARD', okey)
+      if seen == false then
+        if lrepeats < 1 and redis.call('EXISTS', skey) == 1 then
+          denial = limit_trip('loop', lrepeats, 1, chain, now)
+        end
+      else
+        seen = count(skey, sig, seen)
+        if seen + 1 > lrepeats then denial = limit_trip('loop', lrepeats, seen + 1, chain, now) end
       end
-    else
-      seen = count(skey, sig, seen)
-      if seen + 1 > lrepeats then denial = limit_trip('loop', lrepeats, seen + 1, chain, now) end
     end
   end
   if denial then
@@ -189,7 +223,9 @@ for i = 1, n do
     redis.call('PEXPIRE', key, chain_ttl)
     return {i, denial}
   end
+  if held and not soft then soft = {i, held, 0} end
 end
+if soft then return soft end
 
 -- 3. Charge every level, and record the reservation so it can expire.
 local chains = {}
@@ -265,12 +301,20 @@ for i = 1, n do
     if rcost ~= '0' then redis.call('HINCRBY', key, 'rc', '-' .. rcost) end
     if rtokens ~= '0' then redis.call('HINCRBY', key, 'rt', '-' .. rtokens) end
   end
-  if cost ~= '0' then redis.call('HINCRBY', key, 'c', cost) end
-  if tokens ~= '0' then redis.call('HINCRBY', key, 't', tokens) end
+  -- Spent cost and tokens saturate at SATURATE, so every sum a script makes
+  -- of them stays exact (see STORE_MAX in the module docstring).
+  local c, t = states[i].c, states[i].t
+  if cost ~= '0' then
+    c = redis.call('HINCRBY', key, 'c', cost)
+    if c > SATURATE then redis.call('HSET', key, 'c', fmt(SATURATE)) end
+  end
+  if tokens ~= '0' then
+    t = redis.call('HINCRBY', key, 't', tokens)
+    if t > SATURATE then redis.call('HSET', key, 't', fmt(SATURATE)) end
+  end
   if over and not states[i].trip then
     local a = 7 + (i - 1) * 3
     local chain, lcost, ltokens = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    local c, t = states[i].c + tonumber(cost), states[i].t + tonumber(tokens)
     local trip = nil
     if lcost >= 0 and c > lcost then
       trip = limit_trip('cost', lcost / 1e9, c / 1e9, chain, now)
