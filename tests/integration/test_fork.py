@@ -336,3 +336,28 @@ def test_the_childs_default_chain_deadline_is_on_the_childs_timer(default_chain:
         return any(handle is mine._timer for _, _, handle in _timer._TIMER._heap)
 
     assert in_child(child) is True
+
+
+def test_the_shared_ledgers_own_locks_are_made_anew_in_the_child(
+    redis_url: str, redis_prefix: str
+) -> None:
+    from veronica_otel.distributed import RedisCircuitBreaker, RedisLedger
+
+    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)
+    breaker = RedisCircuitBreaker.from_url(redis_url, "fork-breaker", key_prefix=redis_prefix)
+    held = (ledger._pending_lock, ledger._state_lock, breaker._lock)
+    for lock in held:
+        lock.acquire()  # as a parent thread in the middle of a commit would
+    try:
+
+        def child() -> list[bool]:
+            return [
+                ledger._pending_lock.locked(),
+                ledger._state_lock.locked(),
+                breaker._lock.locked(),
+            ]
+
+        assert in_child(child) == [False, False, False]
+    finally:
+        for lock in held:
+            lock.release()

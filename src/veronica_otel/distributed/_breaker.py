@@ -41,6 +41,7 @@ from redis.retry import Retry
 from veronica_otel._breaker import CircuitState
 from veronica_otel._config import parse_env_bool
 from veronica_otel._errors import TripEvent
+from veronica_otel._fork import remake_locks_after_fork
 from veronica_otel._policy import PolicyContext, PolicyDecision
 from veronica_otel._units import check_count
 
@@ -123,6 +124,7 @@ class RedisCircuitBreaker:
             str(round(max(state_ttl, recovery, probe_ttl) * 1000)),
         )
         self._lock = threading.Lock()
+        remake_locks_after_fork(self)  # a parent thread may hold it at fork
         self._owners: dict[int, tuple[object, str]] = {}
         self._down = False
 

@@ -73,6 +73,7 @@ from redis.retry import Retry
 
 from veronica_otel._config import parse_env_bool
 from veronica_otel._errors import TripEvent
+from veronica_otel._fork import remake_locks_after_fork
 from veronica_otel._ledger import SIGNATURE_MEMORY, LedgerState, Level, LocalLedger, Reservation
 
 from . import _scripts
@@ -188,6 +189,8 @@ class RedisLedger:
         self._pending: deque[_Pending] = deque()
         self._pending_lock = threading.Lock()
         self._state_lock = threading.Lock()
+        # A parent thread may hold one at fork; the child's copy would never be released.
+        remake_locks_after_fork(self, "_pending_lock", "_state_lock")
         self._local: LocalLedger | None = None
         self._down = False
 
