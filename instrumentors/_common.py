@@ -159,6 +159,7 @@ class ContainedCall:
     probe: object | None = None
     pending_attributes: dict[str, str | int | float] | None = None
     usage_seen = False
+    lost_attempts = 0  # attempts that may have reached the provider, never answered
     text_bytes = 0
     _done = False
     _text: list[str] | None = None
@@ -257,6 +258,10 @@ class ContainedCall:
           cancellation, an interrupt, any other error once a request may have
           left): the reservation, the call's worst case. Streamed text does not
           bound it: reasoning tokens are billed but never streamed.
+
+        Each attempt lost unanswered (``lost_attempts``: a timeout or a dropped
+        connection the SDK then retried) may have been generated and billed
+        too: it adds one reservation, to the usage or in place of it.
         """
         if self._done:
             return
@@ -272,8 +277,11 @@ class ContainedCall:
             else:
                 # Explicitly the reservation: the kernel's "no usage" default
                 # for a call that raised has not always been the worst case.
+                lost = max(1, self.lost_attempts)
                 reservation = handle.reservation
-                handle.commit(reservation.cost_nano, reservation.tokens, error)
+                handle.commit(
+                    min(lost * reservation.cost_nano, _MAX_EXACT), lost * reservation.tokens, error
+                )
         except Exception:
             _logger.exception("settling an instrumented call failed")
         finally:
@@ -294,7 +302,13 @@ class ContainedCall:
                 min(self.reasoning_tokens, out),
                 min(self.cache_write_tokens, inp - cached),
             )
-        self.handle.commit(min(cost, _MAX_EXACT), inp + out, error)
+        tokens = inp + out
+        lost = self.lost_attempts
+        if lost:
+            reservation = self.handle.reservation
+            cost += lost * reservation.cost_nano
+            tokens += lost * reservation.tokens
+        self.handle.commit(min(cost, _MAX_EXACT), tokens, error)
 
     def _feed_breaker(
         self, breaker: CircuitBreaker, error: BaseException | None, sent: bool

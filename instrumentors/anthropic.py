@@ -93,7 +93,7 @@ class _CallState:
         "cache_write",
         "call",
         "input",
-        "maybe_sent",
+        "noted",
         "output",
         "replied",
         "retries",
@@ -105,7 +105,7 @@ class _CallState:
         self.retries = 0  # highest retries_taken already drawn from the chain
         self.attempts = 0  # HTTP attempts that passed our checks and went to the SDK
         self.replied = False  # an HTTP reply came back (any status)
-        self.maybe_sent = False  # an attempt may have reached the provider unanswered
+        self.noted: BaseException | None = None  # the last attempt error already counted
         # The last usage report's raw values, read as counts once the final one is in.
         self.input: object = None  # Anthropic's input_tokens: without cache reads and writes
         self.cache_read: object = 0
@@ -203,17 +203,20 @@ def _note_failure(state: _CallState, error: BaseException) -> None:
     elif isinstance(error, BudgetExceededError) or never_connected(error):
         return  # refused by us before sending, or no connection was ever made
     elif isinstance(error, APIConnectionError) or raised_within(error, _SENDING):
-        state.maybe_sent = True  # a timeout, a lost connection, a cancellation mid-send
+        state.call.lost_attempts += 1  # a timeout, a lost connection, a cancellation mid-send
 
 
 def _fail(state: _CallState, error: BaseException) -> None:
     """Settle a call that raised, by what its attempts may have cost (DESIGN G10)."""
+    call = state.call
     try:
-        _note_failure(state, error)
+        if error is not state.noted:  # else the attempt hook counted it already
+            _note_failure(state, error)
     except Exception:  # classification must never leave the call unsettled
         _logger.exception("classifying an anthropic error failed")
-        state.maybe_sent = True
-    state.call.finish(error, sent=state.maybe_sent or state.replied, billed=state.maybe_sent)
+        call.lost_attempts += 1
+    lost = call.lost_attempts > 0
+    call.finish(error, sent=lost or state.replied, billed=lost)
 
 
 def _settle(state: _CallState, result: Any, instance: Any) -> Any:
@@ -361,8 +364,9 @@ def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
 
 def _note_attempt(state: _CallState, error: BaseException) -> None:
     # Raised from inside the send: only a connection never made means not sent.
+    state.noted = error
     if not never_connected(error):
-        state.maybe_sent = True
+        state.call.lost_attempts += 1
 
 
 async def _aattempt(

@@ -104,17 +104,17 @@ _FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "respons
 class _CallState:
     """One contained API call, as the per-attempt and per-payload hooks see it."""
 
-    __slots__ = ("call", "maybe_sent", "replied", "retries", "span_token", "streamed")
+    __slots__ = ("call", "replied", "retries", "span_token", "streamed")
 
     def __init__(self, call: ContainedCall, streamed: bool, span_token: object) -> None:
         self.call = call
         self.streamed = streamed
         self.retries = 0  # highest retries_taken already drawn from the chain
         self.span_token = span_token  # our span is current from admission to return
-        # What earlier attempts did, as the retry hook saw them: none is tracked
-        # on the success path (the last attempt is read from how the call ended).
+        # What earlier attempts did, as the retry hook saw them (attempts lost
+        # unanswered are counted on the call): nothing is tracked on the success
+        # path, the last attempt is read from how the call ended.
         self.replied = False  # an HTTP reply came back (an error status: retried)
-        self.maybe_sent = False  # an attempt may have reached the provider unanswered
 
 
 _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
@@ -405,7 +405,7 @@ def _note_attempt(state: _CallState, error: BaseException | None) -> None:
     if isinstance(error, APIStatusError):
         state.replied = True
     elif error is None:
-        state.maybe_sent = True  # no error to read: assume the worst
+        state.call.lost_attempts += 1  # no error to read: assume the worst
     elif isinstance(error, BudgetExceededError) or never_connected(error):
         return  # refused by us, or no connection was ever made: not sent
     elif (
@@ -413,7 +413,7 @@ def _note_attempt(state: _CallState, error: BaseException | None) -> None:
         or type(error).__module__.split(".", 1)[0] in _TRANSPORT_MODULES
         or raised_within(error, _SENDING)
     ):
-        state.maybe_sent = True
+        state.call.lost_attempts += 1
 
 
 # The retry hook sees the transport's own error, before the SDK wraps it.
@@ -422,12 +422,14 @@ _TRANSPORT_MODULES = frozenset(("httpx2", "httpx", "httpcore", "ssl", "anyio"))
 
 def _fail(state: _CallState, error: BaseException) -> None:
     """Settle a call that raised, by what its attempts may have cost (DESIGN G10)."""
+    call = state.call
     try:
         _note_attempt(state, error)
     except Exception:  # classification must never leave the call unsettled
         _logger.exception("classifying an openai error failed")
-        state.maybe_sent = True
-    state.call.finish(error, sent=state.maybe_sent or state.replied, billed=state.maybe_sent)
+        call.lost_attempts += 1
+    lost = call.lost_attempts > 0
+    call.finish(error, sent=lost or state.replied, billed=lost)
 
 
 def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
