@@ -371,7 +371,7 @@ async def test_wait_for_cancels_a_sent_call_and_commits_the_reservation(
 ) -> None:
     server.set_latency(2.0)
     async with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
-        with pytest.raises(asyncio.TimeoutError):
+        with pytest.raises(TimeoutError):
             await asyncio.wait_for(achat(aclient), 0.05)
         snap = ctx.snapshot()
     assert server.count(CHAT) == 1
@@ -445,7 +445,7 @@ async def test_cancelled_calls_add_up_and_trip_the_chain_before_the_ceiling(
         for _ in range(20):
             try:
                 await asyncio.wait_for(achat(aclient, max_completion_tokens=cap), 0.05)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 outcomes.append("cancelled")
             except BudgetExceededError as exc:
                 outcomes.append(exc.reason)
@@ -471,7 +471,7 @@ async def test_cancellation_frees_the_half_open_probe_without_counting_a_failure
             await achat(aclient)
         breaker_clock.advance(30)  # half-open: the next call is the probe
         server.set_latency(2.0)
-        with pytest.raises(asyncio.TimeoutError):
+        with pytest.raises(TimeoutError):
             await asyncio.wait_for(achat(aclient), 0.05)
         server.set_latency(0.0)
         # The cancelled probe was neither a failure (that would reopen the
@@ -711,7 +711,7 @@ async def test_async_stream_cancelled_mid_way_commits_the_reservation(
             async for _ in stream:
                 pass
 
-        with pytest.raises(asyncio.TimeoutError):
+        with pytest.raises(TimeoutError):
             await asyncio.wait_for(consume(), 0.2)
         await stream.close()
         snap = ctx.snapshot()
