@@ -21,10 +21,19 @@ import anthropic._base_client as base_client
 import pytest
 from anthropic.types import MessageParam
 from opentelemetry.instrumentation.utils import unwrap
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests._bounds import input_bound
 from tests.integration._raw_server import RawServer, Reply, anthropic_message, anthropic_sse
-from veronica_otel import BudgetExceededError, ChainSnapshot, ExecutionConfig, ExecutionContext
+from veronica_otel import (
+    BudgetExceededError,
+    ChainSnapshot,
+    ExecutionConfig,
+    ExecutionContext,
+    PolicyContext,
+    PolicyDecision,
+    PolicyPipeline,
+)
 from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
@@ -371,3 +380,47 @@ def test_an_error_reply_counts_as_sent_when_the_attempt_hook_never_runs(
             create(claude)
         snap = ctx.snapshot()
     assert_charged(snap, 0.0)
+
+
+# -- cancelled before sending: released ----------------------------------------------------
+
+
+class _Throttle:
+    """A policy that makes every call wait 60 s before it is sent."""
+
+    policy_type = "throttle"
+
+    def __init__(self) -> None:
+        self.checked = asyncio.Event()
+
+    def check(self, context: PolicyContext) -> PolicyDecision:
+        self.checked.set()
+        return PolicyDecision(True, self.policy_type, rate_limit_ms=60_000)
+
+    def reset(self) -> None:
+        pass
+
+
+@pytest.mark.asyncio
+async def test_cancel_during_the_rate_limit_wait_is_released(
+    server: FakeLLMServer, instrumented: Any, span_exporter: InMemorySpanExporter
+) -> None:
+    throttle = _Throttle()
+    async with (
+        aclient_for(server.anthropic_base_url) as claude,
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0), PolicyPipeline([throttle])) as ctx,
+    ):
+        task = asyncio.ensure_future(acreate(claude))
+        await throttle.checked.wait()  # the task resumes us once it awaits the rate limit
+        assert ctx.snapshot().reserved_usd > 0
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert server.count(PATH) == 0
+    assert_charged(ctx.snapshot(), 0.0, steps=0)
+    # The SDK's own span for the call ended, with the cancellation on it.
+    (span,) = [
+        s for s in span_exporter.get_finished_spans() if s.name == "anthropic.messages.create"
+    ]
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == "CancelledError"

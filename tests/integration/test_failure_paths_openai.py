@@ -192,17 +192,35 @@ def test_connection_refused_is_released(
 
 @pytest.mark.asyncio
 async def test_async_connection_refused_is_released(
-    instrumentor: OpenAIInstrumentor, closed_port: int
+    instrumentor: OpenAIInstrumentor, closed_port: int, backoffs: list[float]
 ) -> None:
     async with (
         openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{closed_port}/v1", api_key="k", max_retries=0
+            base_url=f"http://127.0.0.1:{closed_port}/v1", api_key="k", max_retries=2
         ) as oai,
-        ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0, max_retries_total=5)) as ctx,
     ):
         with pytest.raises(openai.APIConnectionError):
             await achat(oai)
+    assert len(backoffs) == 2  # the retry hook read each attempt's error in a coroutine too
     assert_charged(ctx.snapshot(), 0.0, steps=0)
+
+
+@pytest.mark.asyncio
+async def test_async_attempt_lost_unanswered_costs_a_reservation(
+    raw: RawServer, instrumentor: Any, backoffs: list[float]
+) -> None:
+    usage = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    raw.script(Reply(drop=True), chat_completion(MODEL, usage))
+    async with (
+        raw_aclient(raw, max_retries=3) as oai,
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0, max_retries_total=5)) as ctx,
+    ):
+        await achat(oai)
+    prices = default_price_table().lookup("openai", MODEL)
+    assert prices is not None
+    assert raw.count == 2
+    assert_charged(ctx.snapshot(), reservation_usd() + nano_to_usd(prices.cost_nano(12, 3)))
 
 
 class _InterruptedBeforeSending(openai.OpenAI):
