@@ -34,6 +34,15 @@ pass through these):
 
 Denials are raised without a ``__cause__``: the SDK retries any error whose
 cause chain holds one of its connection or status errors.
+
+What a call that did not end well costs (DESIGN G10): the attempt hook notes
+each attempt's outcome (a reply, a connection never made, or an error once
+the send began, which may have reached the provider and costs the
+reservation). A reply, or an ``APIStatusError``, that arrives without the
+attempt hook having run is still sent: only a client middleware answering
+without any attempt is released. Usage counts only from the final report
+(``message_delta`` or a whole message): a stream cut before it costs the
+reservation.
 """
 
 from __future__ import annotations

@@ -33,6 +33,17 @@ Where it hooks (every HTTP API call of the SDK passes through these, including
 A streamed call is settled when its HTTP response closes, whoever closes it:
 the end of the stream, a cut, ``close()``, or the ``stream()`` helpers, which
 close the response directly.
+
+What a call that did not end well costs (DESIGN G10) is read without a hook
+on the success path: the retry hook sees each retried attempt's error (an
+HTTP reply, or the transport error being handled) and the last attempt is
+read from how ``request()`` ended. A connection never made (``ConnectError``,
+``ConnectTimeout``, ``PoolTimeout``) was not sent; an ``APIStatusError`` is a
+reply, billed nothing; anything else once the send began (a timeout, a lost
+connection, a cancellation, KeyboardInterrupt) may have reached the provider
+and costs the reservation. An interrupt or cancellation is placed by its
+traceback: raised inside ``_send_request`` or ``_process_response`` means
+after the request may have left, anywhere else means before.
 """
 
 from __future__ import annotations
