@@ -164,7 +164,7 @@ async def test_async_wait_for_cancel_commits_the_reservation(
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
     ):
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(acreate(claude), 0.05)
+            await asyncio.wait_for(acreate(claude), 0.3)
     assert server.count(PATH) == 1
     assert_charged(ctx.snapshot(), reservation_usd())
 
