@@ -228,17 +228,15 @@ def _fail(state: _CallState, error: BaseException) -> None:
     call.finish(error, sent=lost or state.replied, billed=lost)
 
 
+def _settle_failed(state: _CallState, result: Any) -> Any:
+    """:func:`_settle` raised (our bug): commit the reservation, hand back the reply."""
+    _logger.exception("settling an anthropic call failed; its reservation is committed")
+    state.call.finish()
+    return result
+
+
 def _settle(state: _CallState, result: Any, instance: Any) -> Any:
-    """Settle a call that returned, now or when its body is read; never raises."""
-    try:
-        return _settle_result(state, result, instance)
-    except Exception:
-        _logger.exception("settling an anthropic call failed; its reservation is committed")
-        state.call.finish()
-        return result
-
-
-def _settle_result(state: _CallState, result: Any, instance: Any) -> Any:
+    """Settle a call that returned, now or when its body is read."""
     from anthropic import AsyncStream, Stream
     from pydantic import BaseModel
 
@@ -294,7 +292,10 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if span_token is not None:
             otel_context.detach(span_token)
         _ACTIVE.reset(active)
-    return _settle(state, result, instance)
+    try:
+        return _settle(state, result, instance)
+    except Exception:
+        return _settle_failed(state, result)
 
 
 async def _arequest(
@@ -324,7 +325,10 @@ async def _arequest(
         if span_token is not None:
             otel_context.detach(span_token)
         _ACTIVE.reset(active)
-    return _settle(state, result, instance)
+    try:
+        return _settle(state, result, instance)
+    except Exception:
+        return _settle_failed(state, result)
 
 
 # -- attempts (once per HTTP send) ---------------------------------------------

@@ -343,17 +343,15 @@ def _bind(state: _CallState, response: httpx2.Response) -> None:
     request.extensions = {**request.extensions, _CALL_KEY: state}
 
 
+def _settle_failed(state: _CallState, result: Any) -> Any:
+    """:func:`_settle` raised (our bug): commit the reservation, hand back the reply."""
+    _logger.exception("settling an openai call failed; its reservation is committed")
+    state.call.finish()
+    return result
+
+
 def _settle(state: _CallState, result: Any) -> Any:
-    """Settle a call that returned, now or when its body is read; never raises."""
-    try:
-        return _settle_result(state, result)
-    except Exception:
-        _logger.exception("settling an openai call failed; its reservation is committed")
-        state.call.finish()
-        return result
-
-
-def _settle_result(state: _CallState, result: Any) -> Any:
+    """Settle a call that returned, now or when its body is read."""
     Stream, AsyncStream, BaseModel = _result_types()
     call = state.call
     if isinstance(result, BaseModel) or result is None or call.usage_seen:
@@ -459,7 +457,10 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
         otel_context.detach(state.span_token)  # type: ignore[arg-type]
-    return _settle(state, result)
+    try:
+        return _settle(state, result)
+    except Exception:
+        return _settle_failed(state, result)
 
 
 async def _arequest(
@@ -480,7 +481,10 @@ async def _arequest(
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
         otel_context.detach(state.span_token)  # type: ignore[arg-type]
-    return _settle(state, result)
+    try:
+        return _settle(state, result)
+    except Exception:
+        return _settle_failed(state, result)
 
 
 def _draw_retry(state: _CallState, attempt: int) -> None:
