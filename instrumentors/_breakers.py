@@ -113,15 +113,21 @@ def never_connected(error: BaseException | None) -> bool:
 
 
 def raised_within(error: BaseException, functions: frozenset[str]) -> bool:
-    """True when ``error`` was raised inside a call of one of ``functions`` (by name).
+    """True when ``error`` was raised inside a call of one of ``functions`` (by
+    name) or inside the HTTP transport (httpx2, httpx, httpcore).
 
     Walks the traceback from the frame that caught it down to where it was
     raised: an interrupt or cancellation inside the SDK's send means the
-    request may have left, one before it means it did not.
+    request may have left, one before it means it did not. The transport's
+    own frames keep that true if the SDK renames its functions.
     """
     tb = error.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_name in functions:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in functions:
+            return True
+        module = frame.f_globals.get("__name__")
+        if type(module) is str and module.split(".", 1)[0] in _TRANSPORTS:
             return True
         tb = tb.tb_next
     return False

@@ -85,6 +85,12 @@ def test_an_interrupt_is_placed_by_where_it_was_raised() -> None:
     assert not raised_within(outside.value, frozenset(("_send_request",)))
 
 
+def test_an_error_raised_in_the_transport_is_placed_there_whatever_the_sdk_calls_it() -> None:
+    with httpx2.Client() as client, pytest.raises(httpx2.UnsupportedProtocol) as info:
+        client.send(httpx2.Request("POST", "ftp://127.0.0.1/"))
+    assert raised_within(info.value, frozenset())
+
+
 @pytest.mark.parametrize(
     ("value", "count"),
     [
