@@ -252,6 +252,11 @@ def _settle(state: _CallState, result: Any, instance: Any) -> Any:
     if isinstance(result, AsyncStream):
         return AsyncContainedStream(result, call, _no_item)
     if call.done or result is None or isinstance(result, BaseModel):
+        if not call.done and getattr(result, "type", None) == "message":
+            # The payload hook never saw this body (the reply was not tagged by
+            # the attempt hook): read the usage of the parsed message itself.
+            _read_usage(state, getattr(result, "usage", None))
+            _apply(state)
         call.finish()
         return result
     # A raw response (with_raw_response / with_streaming_response): its body is

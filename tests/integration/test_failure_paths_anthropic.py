@@ -362,9 +362,9 @@ def test_replies_count_as_sent_when_the_attempt_hook_never_runs(
     assert info.value.reason == "steps"
     assert server.count(PATH) == 3
     assert snap.steps == 3
-    # Its usage is read through the hook's tag on the response: without it, each
-    # reply is unread and costs its reservation (never zero, never released).
-    assert snap.cost_usd == pytest.approx(3 * reservation_usd(), abs=1e-12)
+    # Without the hook's tag the payload hook cannot find the call: the usage
+    # is read from each parsed message instead (never zero, never released).
+    assert snap.cost_usd == pytest.approx(3 * usage_usd(10, 5), abs=1e-12)
 
 
 def test_an_error_reply_counts_as_sent_when_the_attempt_hook_never_runs(
