@@ -25,6 +25,8 @@ __all__ = [
     "classify_outcome",
     "configure_endpoint_breakers",
     "endpoint_breaker",
+    "never_connected",
+    "raised_within",
     "reset_endpoint_breakers",
 ]
 
@@ -85,10 +87,14 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def classify_outcome(error: BaseException | None) -> str:
-    """``"success"``, ``"failure"`` (the provider failed) or ``"neutral"``."""
+    """``"success"``, ``"failure"`` (the provider failed) or ``"neutral"``.
+
+    Cancellation, KeyboardInterrupt and the like (not ``Exception``) are the
+    caller stopping the call, never the endpoint failing.
+    """
     if error is None:
         return "success"
-    if isinstance(error, BudgetExceededError):
+    if isinstance(error, BudgetExceededError) or not isinstance(error, Exception):
         return "neutral"
     status = getattr(error, "status_code", None)
     if isinstance(status, int):
@@ -99,6 +105,42 @@ def classify_outcome(error: BaseException | None) -> str:
     return "neutral"
 
 
-def is_timeout(error: BaseException | None) -> bool:
-    """A timed-out request may still have been generated, and billed, in full."""
-    return error is not None and "Timeout" in type(error).__name__
+# Transport errors raised before a single byte of the request left: no
+# connection (refused, DNS, TLS handshake timed out), no pooled connection
+# free, or a URL the client cannot speak to. Names, so that both httpx2 (the
+# SDKs' default) and a legacy ``httpx`` client are recognised without importing either.
+_UNSENT_ERRORS = frozenset(("ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol"))
+_TRANSPORTS = frozenset(("httpx2", "httpx", "httpcore"))
+
+
+def never_connected(error: BaseException | None) -> bool:
+    """True when ``error`` (or an error it was raised from) says nothing was sent."""
+    seen = 0
+    while error is not None and seen < 8:  # a bounded walk: cause chains can loop
+        kind = type(error)
+        if kind.__name__ in _UNSENT_ERRORS and kind.__module__.split(".", 1)[0] in _TRANSPORTS:
+            return True
+        error = error.__cause__
+        seen += 1
+    return False
+
+
+def raised_within(error: BaseException, functions: frozenset[str]) -> bool:
+    """True when ``error`` was raised inside a call of one of ``functions`` (by
+    name) or inside the HTTP transport (httpx2, httpx, httpcore).
+
+    Walks the traceback from the frame that caught it down to where it was
+    raised: an interrupt or cancellation inside the SDK's send means the
+    request may have left, one before it means it did not. The transport's
+    own frames keep that true if the SDK renames its functions.
+    """
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in functions:
+            return True
+        module = frame.f_globals.get("__name__")
+        if type(module) is str and module.split(".", 1)[0] in _TRANSPORTS:
+            return True
+        tb = tb.tb_next
+    return False

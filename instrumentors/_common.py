@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
@@ -38,7 +39,7 @@ from veronica_otel._trips import emit_trip, trip_attributes
 from veronica_otel._units import MAX_COUNT, nano_to_usd
 from veronica_otel._version import __version__
 
-from ._breakers import classify_outcome, endpoint_breaker, is_timeout
+from ._breakers import classify_outcome, endpoint_breaker
 
 __all__ = [
     "AsyncContainedStream",
@@ -47,6 +48,7 @@ __all__ = [
     "admit",
     "input_bound",
     "strip_veronica_baggage",
+    "token_count",
     "tracer",
     "without_veronica_baggage",
 ]
@@ -120,12 +122,32 @@ def _signature(model: str, parts: object) -> str:
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:32]
 
 
-def _count(value: object) -> int:
-    """A token count from a payload, clamped to ``[0, MAX_COUNT]``."""
-    if type(value) is int and 0 <= value <= MAX_COUNT:
-        return value
-    number: int = int(value)  # type: ignore[call-overload]  # raises for junk
-    return min(max(0, number), MAX_COUNT)
+def token_count(value: object) -> int | None:
+    """A token count from a payload, capped at ``MAX_COUNT``; None when it is not one.
+
+    Whole and fractional non-negative numbers are counts (JSON's ``1e26`` is a
+    float); negatives, NaN, bools, strings and the rest are unreadable.
+    """
+    kind = type(value)
+    if kind is int:
+        number: int = value  # type: ignore[assignment]
+        return min(number, MAX_COUNT) if number >= 0 else None
+    if kind is float:
+        real: float = value  # type: ignore[assignment]
+        if real >= 0:  # False for NaN
+            return MAX_COUNT if real >= MAX_COUNT else math.ceil(real)
+    return None
+
+
+def _detail(value: object) -> int | None:
+    # Usage details are optional: absent is zero, present must be a count.
+    return 0 if value is None else token_count(value)
+
+
+# The most any ledger holds exactly (the store's numbers are doubles): a cost
+# past it is clamped here so that an absurd usage report trips the chain
+# instead of raising into the caller.
+_MAX_EXACT = 2**53 - 1
 
 
 class ContainedCall:
@@ -142,6 +164,7 @@ class ContainedCall:
     probe: object | None = None
     pending_attributes: dict[str, str | int | float] | None = None
     usage_seen = False
+    lost_attempts = 0  # attempts that may have reached the provider, never answered
     text_bytes = 0
     _done = False
     _text: list[str] | None = None
@@ -179,32 +202,39 @@ class ContainedCall:
 
     def set_usage(
         self,
-        input_tokens: int,
-        output_tokens: int,
-        cached: int = 0,
-        reasoning: int = 0,
-        cache_write: int = 0,
-    ) -> None:
-        """Record the call's usage so far (totals, not increments).
+        input_tokens: object,
+        output_tokens: object,
+        cached: object = 0,
+        reasoning: object = 0,
+        cache_write: object = 0,
+    ) -> bool:
+        """Record the call's usage so far (totals, not increments); False if unreadable.
 
-        Counts come from a provider's payload: anything but a whole number is
-        an error, and each is clamped to ``[0, MAX_COUNT]``.
+        Counts come from a provider's payload and are never trusted: each is
+        capped at ``MAX_COUNT``, and one that is not a non-negative number
+        makes the whole report unreadable, so the call is settled at its
+        reservation (never raised into the caller, never taken as zero).
         """
         inp = input_tokens
         if not (type(inp) is int and 0 <= inp <= MAX_COUNT):
-            inp = _count(inp)
+            inp = token_count(inp)
         out = output_tokens
         if not (type(out) is int and 0 <= out <= MAX_COUNT):
-            out = _count(out)
+            out = token_count(out)
+        if cached or reasoning or cache_write:
+            c, r, w = _detail(cached), _detail(reasoning), _detail(cache_write)
+        else:
+            c = r = w = 0
+        if inp is None or out is None or c is None or r is None or w is None:
+            self.usage_seen = False  # a later total replaces earlier ones: none now
+            return False
         self.input_tokens = inp
         self.output_tokens = out
-        if cached or reasoning or cache_write:
-            self.cached_tokens = min(_count(cached), inp)
-            self.cache_write_tokens = _count(cache_write)
-            self.reasoning_tokens = min(_count(reasoning), out)
-        elif self.usage_seen:  # a later total without the details: none any more
-            self.cached_tokens = self.cache_write_tokens = self.reasoning_tokens = 0
+        self.cached_tokens = min(c, inp)
+        self.cache_write_tokens = w
+        self.reasoning_tokens = min(r, out)
         self.usage_seen = True
+        return True
 
     def add_text(self, text: str) -> None:
         """Keep streamed text: it is the partial result if the stream is cut."""
@@ -219,51 +249,83 @@ class ContainedCall:
         """Raise BudgetExceededError when the chain tripped or its deadline passed."""
         self.ctx.ensure_active()
 
-    def finish(self, error: BaseException | None = None) -> None:
-        """Commit usage (reported, else a bound from what arrived) exactly once."""
+    def finish(
+        self, error: BaseException | None = None, *, sent: bool = True, billed: bool = True
+    ) -> None:
+        """Settle the call exactly once (DESIGN G10); never raises.
+
+        - ``sent=False``: no attempt left the process; released, step given back.
+        - usage read from a reply: that usage is committed.
+        - ``billed=False``: every attempt sent was answered by an HTTP error
+          the provider does not bill; zero cost, the step counts.
+        - otherwise (a reply without readable usage, a stream that ended or
+          was cut without its final usage, a timeout, a lost connection, a
+          cancellation, an interrupt, any other error once a request may have
+          left): the reservation, the call's worst case. Streamed text does not
+          bound it: reasoning tokens are billed but never streamed.
+
+        Each attempt lost unanswered (``lost_attempts``: a timeout or a dropped
+        connection the SDK then retried) may have been generated and billed
+        too: it adds one reservation, to the usage or in place of it.
+        """
         if self._done:
             return
         self._done = True
+        handle = self.handle
         try:
-            if self.usage_seen:
-                inp, out = self.input_tokens, self.output_tokens
-            elif self.text_bytes or error is None or is_timeout(error):
-                # A timed-out request may have been generated and billed in
-                # full: without a usage report, charge its worst case.
-                # No usage reported (stream cut, or no usage chunk): bound it.
-                inp = self.input_bound
-                out = self.text_bytes
-                if self.output_cap is not None:
-                    out = min(out, self.output_cap) if self.text_bytes else self.output_cap
+            if not sent:
+                handle.finish(error, sent=False)
+            elif self.usage_seen:
+                self._commit_usage(error)
+            elif not billed:
+                handle.commit(0, 0, error)
             else:
-                inp = out = 0
-            cost = 0
-            if self.prices is not None and (inp or out):
-                cached = min(self.cached_tokens, inp)
-                cost = self.prices.cost_nano_unchecked(
-                    inp,
-                    out,
-                    cached,
-                    min(self.reasoning_tokens, out),
-                    min(self.cache_write_tokens, inp - cached),
+                # Explicitly the reservation: the kernel's "no usage" default
+                # for a call that raised has not always been the worst case.
+                lost = max(1, self.lost_attempts)
+                reservation = handle.reservation
+                handle.commit(
+                    min(lost * reservation.cost_nano, _MAX_EXACT), lost * reservation.tokens, error
                 )
-            if inp or out or self.usage_seen:
-                self.handle.commit(cost, inp + out, error)
-            else:
-                self.handle.finish(error)
+        except Exception:
+            _logger.exception("settling an instrumented call failed")
         finally:
             breaker = self.breaker
             if breaker is not None:
-                if error is None:
-                    breaker.record_success(self.probe)  # lock-free while closed
-                else:
-                    self._feed_breaker(breaker, error)
+                self._feed_breaker(breaker, error if sent else None, sent)
             self._end_span(error)
 
-    def _feed_breaker(self, breaker: CircuitBreaker, error: BaseException) -> None:
+    def _commit_usage(self, error: BaseException | None) -> None:
+        inp, out = self.input_tokens, self.output_tokens
+        cost = 0
+        if self.prices is not None and (inp or out):
+            cached = min(self.cached_tokens, inp)
+            cost = self.prices.cost_nano_unchecked(
+                inp,
+                out,
+                cached,
+                min(self.reasoning_tokens, out),
+                min(self.cache_write_tokens, inp - cached),
+            )
+        tokens = inp + out
+        lost = self.lost_attempts
+        if lost:
+            reservation = self.handle.reservation
+            cost += lost * reservation.cost_nano
+            tokens += lost * reservation.tokens
+        self.handle.commit(min(cost, _MAX_EXACT), tokens, error)
+
+    def _feed_breaker(
+        self, breaker: CircuitBreaker, error: BaseException | None, sent: bool
+    ) -> None:
+        # Every path frees the half-open probe: a call that never reached the
+        # endpoint, was cancelled or interrupted says nothing about its health.
         try:
-            outcome = classify_outcome(error)
-            if outcome == "failure":
+            if not sent:
+                breaker.release_probe(self.probe)
+            elif error is None:
+                breaker.record_success(self.probe)  # lock-free while closed
+            elif classify_outcome(error) == "failure":
                 breaker.record_failure(self.probe)
             else:
                 breaker.release_probe(self.probe)
@@ -368,10 +430,67 @@ def admit(
             bound + (output if cap is not None else 0),
             signature=signature,
         )
-    except BudgetExceededError as exc:
-        breaker.release_probe(probe)
-        _mark_denied(span, owns_span, ctx, exc)
+    except BaseException as exc:
+        # Denied, or our own failure (a store down, an interrupt): nothing was
+        # reserved, and the half-open probe must not stay taken.
+        _abandon(breaker, probe, None, span, owns_span, ctx, exc)
         raise
+    try:
+        return _admitted(
+            ctx,
+            span,
+            owns_span,
+            handle,
+            breaker,
+            probe,
+            provider,
+            model,
+            prices,
+            bound,
+            cap,
+            clamped,
+            clampable,
+        )
+    except BaseException as exc:
+        _abandon(breaker, probe, handle, span, owns_span, ctx, exc)
+        raise
+
+
+def _abandon(
+    breaker: CircuitBreaker,
+    probe: object,
+    handle: CallHandle | None,
+    span: Span,
+    owns_span: bool,
+    ctx: ExecutionContext,
+    error: BaseException,
+) -> None:
+    """Undo an admission that did not complete: nothing was sent."""
+    try:
+        breaker.release_probe(probe)
+        if handle is not None:
+            handle.finish(error, sent=False)
+    except Exception:
+        _logger.exception("releasing an abandoned admission failed")
+    finally:
+        _mark_denied(span, owns_span, ctx, error)
+
+
+def _admitted(
+    ctx: ExecutionContext,
+    span: Span,
+    owns_span: bool,
+    handle: CallHandle,
+    breaker: CircuitBreaker,
+    probe: object,
+    provider: str,
+    model: str,
+    prices: UnitPrices | None,
+    bound: int,
+    cap: int | None,
+    clamped: int | None,
+    clampable: bool,
+) -> tuple[ContainedCall, int | None, str | None]:
     handle.metrics = True  # an instrumented call: telemetry is worth its cost here
     handle.model = model
     fallback = handle.decision.fallback_model
@@ -380,13 +499,8 @@ def admit(
         clamped = cap
     call_prices = prices
     if fallback is not None and fallback != model:
-        try:
-            call_prices = ctx.prices_for(provider, fallback) or prices
-        except BudgetExceededError as exc:  # a fallback with no price: not sent
-            breaker.release_probe(probe)
-            handle.finish(exc, sent=False)
-            _mark_denied(span, owns_span, ctx, exc)
-            raise
+        # A fallback with no price raises BudgetExceededError: released, not sent.
+        call_prices = ctx.prices_for(provider, fallback) or prices
     call = ContainedCall(ctx, handle, span, owns_span, provider, model, call_prices, bound, cap)
     call.breaker, call.probe = breaker, probe
     if fallback is not None and fallback != model:
@@ -484,7 +598,10 @@ def _mark_denied(
         if span.is_recording():
             span.set_attribute("veronica.chain.id", ctx.chain_id)
             span.set_attribute("veronica.decision", "HALT")
-            span.set_attribute("error.type", "BudgetExceededError")
+            span.set_attribute(
+                "error.type",
+                "BudgetExceededError" if error is None else type(error).__qualname__,
+            )
             _note_trip(span, error)
     except Exception:
         _logger.exception("recording the denial on its span failed")

@@ -34,6 +34,15 @@ pass through these):
 
 Denials are raised without a ``__cause__``: the SDK retries any error whose
 cause chain holds one of its connection or status errors.
+
+What a call that did not end well costs (DESIGN G10): the attempt hook notes
+each attempt's outcome (a reply, a connection never made, or an error once
+the send began, which may have reached the provider and costs the
+reservation). A reply, or an ``APIStatusError``, that arrives without the
+attempt hook having run is still sent: only a client middleware answering
+without any attempt is released. Usage counts only from the final report
+(``message_delta`` or a whole message): a stream cut before it costs the
+reservation.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
 
+from ._breakers import never_connected, raised_within
 from ._common import (
     AsyncContainedStream,
     ContainedCall,
@@ -65,6 +75,7 @@ from ._common import (
     get_field,
     start_span,
     strip_veronica_baggage,
+    token_count,
 )
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
@@ -83,31 +94,30 @@ class _CallState:
     """One contained API call and what its attempts and events reported so far."""
 
     __slots__ = (
+        "attempts",
         "cache_read",
         "cache_write",
         "call",
-        "final",
         "input",
+        "noted",
         "output",
+        "replied",
         "retries",
-        "sent",
-        "streamed",
         "thinking",
-        "usage_seen",
     )
 
     def __init__(self, call: ContainedCall) -> None:
         self.call = call
         self.retries = 0  # highest retries_taken already drawn from the chain
-        self.sent = False  # an HTTP attempt passed our checks and went to the SDK
-        self.input = 0  # Anthropic's input_tokens: without cache reads and writes
-        self.cache_read = 0
-        self.cache_write = 0
-        self.output = 0  # reported output tokens (cumulative in a stream)
-        self.thinking = 0
-        self.streamed = 0  # UTF-8 bytes of streamed deltas: a bound on output tokens
-        self.final = False  # the final usage (message_delta or a whole message) arrived
-        self.usage_seen = False
+        self.attempts = 0  # HTTP attempts that passed our checks and went to the SDK
+        self.replied = False  # an HTTP reply came back (any status)
+        self.noted: BaseException | None = None  # the last attempt error already counted
+        # The last usage report's raw values, read as counts once the final one is in.
+        self.input: object = None  # Anthropic's input_tokens: without cache reads and writes
+        self.cache_read: object = 0
+        self.cache_write: object = 0
+        self.output: object = None  # cumulative in a stream: final in message_delta
+        self.thinking: object = 0
 
 
 _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
@@ -185,26 +195,65 @@ def _begin(options: Any, sdk_call: Any) -> _CallState | None:
     return _CallState(call)
 
 
+# Where the SDK sends an attempt and reads its reply: an error raised inside
+# either (an interrupt, a cancellation, garbage) came after the request may have left.
+_SENDING = frozenset(("_attempt_request", "_process_response"))
+
+
+def _note_failure(state: _CallState, error: BaseException) -> None:
+    """Record what a failed attempt (or the call's final error) says about the provider."""
+    from anthropic import APIConnectionError, APIStatusError
+
+    if isinstance(error, APIStatusError):
+        state.replied = True  # a reply, whether or not the attempt hook saw it
+    elif isinstance(error, BudgetExceededError) or never_connected(error):
+        return  # refused by us before sending, or no connection was ever made
+    elif isinstance(error, APIConnectionError) or raised_within(error, _SENDING):
+        state.call.lost_attempts += 1  # a timeout, a lost connection, a cancellation mid-send
+
+
 def _fail(state: _CallState, error: BaseException) -> None:
-    if not state.sent:
-        # Denied before its first send (say, a trip elsewhere in the chain
-        # after this call was admitted): never dispatched, so no step either.
-        state.call.handle.finish(error, sent=False)
-    state.call.finish(error)
+    """Settle a call that raised, by what its attempts may have cost (DESIGN G10)."""
+    call = state.call
+    try:
+        if error is not state.noted:  # else the attempt hook counted it already
+            _note_failure(state, error)
+    except Exception:  # classification must never leave the call unsettled
+        _logger.exception("classifying an anthropic error failed")
+        call.lost_attempts += 1
+    lost = call.lost_attempts > 0
+    call.finish(error, sent=lost or state.replied, billed=lost)
 
 
-def _settle(state: _CallState, result: Any) -> Any:
+def _settle_failed(state: _CallState, result: Any) -> Any:
+    """:func:`_settle` raised (our bug): commit the reservation, hand back the reply."""
+    _logger.exception("settling an anthropic call failed; its reservation is committed")
+    state.call.finish()
+    return result
+
+
+def _settle(state: _CallState, result: Any, instance: Any) -> Any:
+    """Settle a call that returned, now or when its body is read."""
     from anthropic import AsyncStream, Stream
     from pydantic import BaseModel
 
     call = state.call
-    if not state.sent:  # a middleware answered without sending
-        call.handle.finish(sent=False)
+    if not state.attempts and getattr(instance, "_middleware", None):
+        # A client middleware answered without sending anything. (Without
+        # middleware, a reply that arrives while the attempt hook never ran
+        # is still a reply: the SDK sent it some other way, and it is charged.)
+        call.finish(sent=False)
+        return result
     if isinstance(result, Stream):
         return ContainedStream(result, call, _no_item)
     if isinstance(result, AsyncStream):
         return AsyncContainedStream(result, call, _no_item)
     if call.done or result is None or isinstance(result, BaseModel):
+        if not call.done and getattr(result, "type", None) == "message":
+            # The payload hook never saw this body (the reply was not tagged by
+            # the attempt hook): read the usage of the parsed message itself.
+            _read_usage(state, getattr(result, "usage", None))
+            _apply(state)
         call.finish()
         return result
     # A raw response (with_raw_response / with_streaming_response): its body is
@@ -245,7 +294,10 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if span_token is not None:
             otel_context.detach(span_token)
         _ACTIVE.reset(active)
-    return _settle(state, result)
+    try:
+        return _settle(state, result, instance)
+    except Exception:
+        return _settle_failed(state, result)
 
 
 async def _arequest(
@@ -275,7 +327,10 @@ async def _arequest(
         if span_token is not None:
             otel_context.detach(span_token)
         _ACTIVE.reset(active)
-    return _settle(state, result)
+    try:
+        return _settle(state, result, instance)
+    except Exception:
+        return _settle_failed(state, result)
 
 
 # -- attempts (once per HTTP send) ---------------------------------------------
@@ -291,7 +346,7 @@ def _before_send(state: _CallState, retries_taken: object) -> None:
         if call.span.is_recording():
             call.span.set_attribute("veronica.retries", retries_taken)
     call.check_alive()
-    state.sent = True
+    state.attempts += 1
 
 
 def _tag(result: Any, state: _CallState) -> None:
@@ -309,12 +364,24 @@ def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     stripped = strip_veronica_baggage()  # the SDK injects all current baggage
     try:
         result = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        if state is not None:
+            _note_attempt(state, exc)
+        raise
     finally:
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
     if state is not None:
+        state.replied = True
         _tag(result, state)
     return result
+
+
+def _note_attempt(state: _CallState, error: BaseException) -> None:
+    # Raised from inside the send: only a connection never made means not sent.
+    state.noted = error
+    if not never_connected(error):
+        state.call.lost_attempts += 1
 
 
 async def _aattempt(
@@ -326,10 +393,15 @@ async def _aattempt(
     stripped = strip_veronica_baggage()
     try:
         result = await wrapped(*args, **kwargs)
+    except BaseException as exc:
+        if state is not None:
+            _note_attempt(state, exc)
+        raise
     finally:
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
     if state is not None:
+        state.replied = True
         _tag(result, state)
     return result
 
@@ -371,12 +443,15 @@ def _account(state: _CallState, data: Any) -> None:
     elif kind == "message_start":
         _read_usage(state, get_field(data.get("message") or {}, "usage"))
     elif kind == "message_delta":
-        state.final = True  # its usage is cumulative: it replaces message_start's
+        # Its usage is cumulative and final: only now is the output known
+        # (message_start's is stale), and without one the call is unreadable.
+        state.output = None
         _read_usage(state, data.get("usage"))
+        _apply(state)
     elif kind in ("message_stop", "message"):
         if kind == "message":  # a whole message (not streamed)
-            state.final = True
             _read_usage(state, data.get("usage"))
+            _apply(state)
         # Settle now: the SDK ends its span when the body ends, right after.
         call.finish()
         return
@@ -384,26 +459,12 @@ def _account(state: _CallState, data: Any) -> None:
 
 
 def _delta(state: _CallState, delta: Any) -> None:
-    if not isinstance(delta, Mapping):
-        return
-    call = state.call
-    if delta.get("type") == "text_delta":
-        before = call.text_bytes
-        call.add_text(str(delta.get("text") or ""))
-        size = call.text_bytes - before
-    else:  # thinking, signature, tool input JSON, citations: output too
-        size = sum(
-            len(value.encode("utf-8"))
-            for key, value in delta.items()
-            if key != "type" and isinstance(value, str)
-        )
-    if size and not state.final:
-        state.streamed += size
-        if state.usage_seen:
-            _apply(state)
+    if isinstance(delta, Mapping) and delta.get("type") == "text_delta":
+        state.call.add_text(str(delta.get("text") or ""))
 
 
 def _read_usage(state: _CallState, usage: Any) -> None:
+    """Keep what a usage report says; it is read as counts only in :func:`_apply`."""
     if not usage:
         return
     for key, attr in (
@@ -413,30 +474,32 @@ def _read_usage(state: _CallState, usage: Any) -> None:
         ("output_tokens", "output"),
     ):
         value = get_field(usage, key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if value is not None:  # a report may leave out what an earlier one said
             setattr(state, attr, value)
-    thinking = get_field(get_field(usage, "output_tokens_details") or {}, "thinking_tokens")
-    if isinstance(thinking, int) and not isinstance(thinking, bool) and thinking >= 0:
-        state.thinking = thinking
-    state.usage_seen = True
-    _apply(state)
+    details = get_field(usage, "output_tokens_details")
+    if details:
+        state.thinking = get_field(details, "thinking_tokens")
 
 
 def _apply(state: _CallState) -> None:
-    """Hand the usage so far to the call (totals; the price model counts cache in input)."""
-    output = state.output
-    if not state.final:
-        # Mid-stream the reported output is stale (message_start says 1):
-        # bound it by the bytes received, within the cap, so a cut is not free.
-        streamed = state.streamed
-        cap = state.call.output_cap
-        output = max(output, streamed if cap is None else min(streamed, cap))
+    """Hand the final usage to the call (the price model counts cache in input).
+
+    Only the final report counts: a stream cut before it (message_start's
+    output says 1) costs the reservation. A report whose counts are missing
+    or not counts is unreadable and costs the reservation too.
+    """
+    inp, read = token_count(state.input), token_count(state.cache_read or 0)
+    write = token_count(state.cache_write or 0)
+    out, thinking = token_count(state.output), token_count(state.thinking or 0)
+    if inp is None or read is None or write is None or out is None or thinking is None:
+        state.call.set_usage(None, None)  # unreadable: settled at the reservation
+        return
     state.call.set_usage(
-        state.input + state.cache_read + state.cache_write,
-        output,
-        cached=state.cache_read,
-        reasoning=min(state.thinking, output),
-        cache_write=state.cache_write,
+        inp + read + write,
+        out,
+        cached=read,
+        reasoning=min(thinking, out),
+        cache_write=write,
     )
 
 

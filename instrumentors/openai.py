@@ -33,6 +33,17 @@ Where it hooks (every HTTP API call of the SDK passes through these, including
 A streamed call is settled when its HTTP response closes, whoever closes it:
 the end of the stream, a cut, ``close()``, or the ``stream()`` helpers, which
 close the response directly.
+
+What a call that did not end well costs (DESIGN G10) is read without a hook
+on the success path: the retry hook sees each retried attempt's error (an
+HTTP reply, or the transport error being handled) and the last attempt is
+read from how ``request()`` ended. A connection never made (``ConnectError``,
+``ConnectTimeout``, ``PoolTimeout``) was not sent; an ``APIStatusError`` is a
+reply, billed nothing; anything else once the send began (a timeout, a lost
+connection, a cancellation, KeyboardInterrupt) may have reached the provider
+and costs the reservation. An interrupt or cancellation is placed by its
+traceback: raised inside ``_send_request`` or ``_process_response`` means
+after the request may have left, anywhere else means before.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
 
+from ._breakers import never_connected, raised_within
 from ._common import (
     AsyncContainedStream,
     ContainedCall,
@@ -99,13 +111,17 @@ _FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "respons
 class _CallState:
     """One contained API call, as the per-attempt and per-payload hooks see it."""
 
-    __slots__ = ("call", "retries", "span_token", "streamed")
+    __slots__ = ("call", "replied", "retries", "span_token", "streamed")
 
     def __init__(self, call: ContainedCall, streamed: bool, span_token: object) -> None:
         self.call = call
         self.streamed = streamed
         self.retries = 0  # highest retries_taken already drawn from the chain
         self.span_token = span_token  # our span is current from admission to return
+        # What earlier attempts did, as the retry hook saw them (attempts lost
+        # unanswered are counted on the call): nothing is tracked on the success
+        # path, the last attempt is read from how the call ended.
+        self.replied = False  # an HTTP reply came back (an error status: retried)
 
 
 _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
@@ -323,7 +339,15 @@ def _bind(state: _CallState, response: httpx2.Response) -> None:
     request.extensions = {**request.extensions, _CALL_KEY: state}
 
 
+def _settle_failed(state: _CallState, result: Any) -> Any:
+    """:func:`_settle` raised (our bug): commit the reservation, hand back the reply."""
+    _logger.exception("settling an openai call failed; its reservation is committed")
+    state.call.finish()
+    return result
+
+
 def _settle(state: _CallState, result: Any) -> Any:
+    """Settle a call that returned, now or when its body is read."""
     Stream, AsyncStream, BaseModel = _result_types()
     call = state.call
     if isinstance(result, BaseModel) or result is None or call.usage_seen:
@@ -373,24 +397,66 @@ def _options_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[1] if len(args) > 1 else kwargs.get("options")
 
 
+# Where the SDK's request loop sends an attempt and reads its reply: an error
+# raised inside either (an interrupt, a cancellation, garbage) came after the
+# request may have left.
+_SENDING = frozenset(("_send_request", "_process_response"))
+
+
+def _note_attempt(state: _CallState, error: BaseException | None) -> None:
+    """Record what one failed attempt says about the provider (from its error)."""
+    from openai import APIConnectionError, APIStatusError
+
+    if isinstance(error, APIStatusError):
+        state.replied = True
+    elif error is None:
+        state.call.lost_attempts += 1  # no error to read: assume the worst
+    elif isinstance(error, BudgetExceededError) or never_connected(error):
+        return  # refused by us, or no connection was ever made: not sent
+    elif (
+        isinstance(error, APIConnectionError)  # a timeout or a connection lost mid-request
+        or type(error).__module__.split(".", 1)[0] in _TRANSPORT_MODULES
+        or raised_within(error, _SENDING)
+    ):
+        state.call.lost_attempts += 1
+
+
+# The retry hook sees the transport's own error, before the SDK wraps it.
+_TRANSPORT_MODULES = frozenset(("httpx2", "httpx", "httpcore", "ssl", "anyio"))
+
+
+def _fail(state: _CallState, error: BaseException) -> None:
+    """Settle a call that raised, by what its attempts may have cost (DESIGN G10)."""
+    call = state.call
+    try:
+        _note_attempt(state, error)
+    except Exception:  # classification must never leave the call unsettled
+        _logger.exception("classifying an openai error failed")
+        call.lost_attempts += 1
+    lost = call.lost_attempts > 0
+    call.finish(error, sent=lost or state.replied, billed=lost)
+
+
 def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")))
     if state is None:
         return wrapped(*args, **kwargs)
-    call = state.call
     active = _ACTIVE.set(state)
     stripped = strip_veronica_baggage()
     try:
         result = wrapped(*args, **kwargs)
     except BaseException as exc:
-        call.finish(exc)
+        _fail(state, exc)
         raise
     finally:
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
         otel_context.detach(state.span_token)  # type: ignore[arg-type]
-    return _settle(state, result)
+    try:
+        return _settle(state, result)
+    except Exception:
+        return _settle_failed(state, result)
 
 
 async def _arequest(
@@ -399,20 +465,22 @@ async def _arequest(
     state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")))
     if state is None:
         return await wrapped(*args, **kwargs)
-    call = state.call
     active = _ACTIVE.set(state)
     stripped = strip_veronica_baggage()
     try:
         result = await wrapped(*args, **kwargs)
     except BaseException as exc:
-        call.finish(exc)
+        _fail(state, exc)
         raise
     finally:
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
         otel_context.detach(state.span_token)  # type: ignore[arg-type]
-    return _settle(state, result)
+    try:
+        return _settle(state, result)
+    except Exception:
+        return _settle_failed(state, result)
 
 
 def _draw_retry(state: _CallState, attempt: int) -> None:
@@ -426,9 +494,18 @@ def _draw_retry(state: _CallState, attempt: int) -> None:
 
 
 def _retry_state(kwargs: dict[str, Any]) -> _CallState | None:
-    """Draw the coming retry from the chain; refused before its backoff is slept."""
+    """Note the failed attempt, then draw the coming retry from the chain.
+
+    The SDK calls its retry sleep inside the ``except`` for a timeout or a
+    connection error (``response=None``; the error is the one being handled),
+    or after an HTTP error reply (``response=`` that reply).
+    """
     state = _ACTIVE.get()
     if state is not None:
+        if kwargs.get("response") is not None:
+            state.replied = True
+        else:
+            _note_attempt(state, sys.exc_info()[1])
         _draw_retry(state, int(kwargs.get("retries_taken", 0)) + 1)
         state.call.check_alive()  # a retry is a new dispatch: any trip stops it
     return state
@@ -532,23 +609,32 @@ def _is_mapping(value: object) -> bool:
 
 
 def _usage(call: ContainedCall, usage: Any) -> None:
+    """Read a usage report; one that is null, empty or not a mapping is not usage.
+
+    A report missing its counts is unreadable (the call then costs its
+    reservation), never zero. Embeddings report no completion tokens: their
+    output is ``total_tokens - prompt_tokens``.
+    """
     if not usage or not _is_mapping(usage):
         return
     if "prompt_tokens" in usage:  # chat, completions, embeddings
         inp, out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if out is None and "completion_tokens" not in usage:
+            total = usage.get("total_tokens")
+            out = total - inp if type(total) is int and type(inp) is int else None
         details_in = usage.get("prompt_tokens_details")
         details_out = usage.get("completion_tokens_details")
     else:  # responses
         inp, out = usage.get("input_tokens"), usage.get("output_tokens")
         details_in = usage.get("input_tokens_details")
         details_out = usage.get("output_tokens_details")
-    cached = reasoning = cache_write = 0
+    cached = reasoning = cache_write = None
     if details_in and _is_mapping(details_in):
-        cached = details_in.get("cached_tokens") or 0
-        cache_write = details_in.get("cache_write_tokens") or 0
+        cached = details_in.get("cached_tokens")
+        cache_write = details_in.get("cache_write_tokens")
     if details_out and _is_mapping(details_out):
-        reasoning = details_out.get("reasoning_tokens") or 0
-    call.set_usage(inp or 0, out or 0, cached, reasoning, cache_write)
+        reasoning = details_out.get("reasoning_tokens")
+    call.set_usage(inp, out, cached, reasoning, cache_write)
 
 
 # Each hook and the parameters our wrapper reads (checked before any is wrapped).

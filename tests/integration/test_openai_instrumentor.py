@@ -457,23 +457,32 @@ def test_stream_helper_closed_early_settles_the_reservation(
     client: openai.OpenAI, server: FakeLLMServer
 ) -> None:
     # The helpers close the HTTP response themselves, not the SDK stream we hand them.
+    # Closed before its usage arrived, a stream costs its reservation (DESIGN G10):
+    # the provider may have generated, and billed, the whole reply.
+    held: list[float] = []
     with ExecutionContext(ExecutionConfig(max_cost_usd=0.01)) as ctx:
-        with client.chat.completions.stream(model=CHAT_MODEL, messages=MESSAGES) as stream:
+        with client.chat.completions.stream(
+            model=CHAT_MODEL, messages=MESSAGES, max_completion_tokens=50
+        ) as stream:
             for event in stream:
                 if event.type == "content.delta" and event.delta:
+                    held.append(ctx.snapshot().reserved_usd)
                     break
         assert ctx.snapshot().reserved_usd == 0
         assert ctx.get_partial_result() == "tok0"
-        with client.responses.stream(model=CHAT_MODEL, input=PROMPT) as rstream:
+        with client.responses.stream(
+            model=CHAT_MODEL, input=PROMPT, max_output_tokens=50
+        ) as rstream:
             for revent in rstream:
                 if revent.type == "response.output_text.delta":
+                    held.append(ctx.snapshot().reserved_usd)
                     break
         snap = ctx.snapshot()
     assert snap.reserved_usd == 0
     assert snap.steps == 2
     assert not snap.aborted
-    # What arrived is committed (a bound, no usage came), not the whole clamped cap.
-    assert snap.cost_usd < 0.001
+    assert all(amount > 0 for amount in held)
+    assert snap.cost_usd == pytest.approx(sum(held), abs=1e-9)
 
 
 # -- every reachable trip: the denied call never reaches the server ----------------------
@@ -831,6 +840,7 @@ def test_stream_is_cut_by_a_trip_elsewhere_in_the_chain(
 def test_legacy_completions_stream_keeps_the_text_received(
     client: openai.OpenAI, server: FakeLLMServer
 ) -> None:
+    held = 0.0
     with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
         with (
             client.completions.create(model=LEGACY_MODEL, prompt=PROMPT, stream=True) as stream,
@@ -838,11 +848,13 @@ def test_legacy_completions_stream_keeps_the_text_received(
         ):
             for chunk in stream:
                 if chunk.choices[0].text == " tok1":
+                    held = ctx.snapshot().reserved_usd
                     ctx.cancel()
         snap = ctx.snapshot()
     assert ctx.get_partial_result() == "tok0 tok1"
     assert snap.reserved_usd == 0
-    assert snap.cost_usd < 0.001  # a bound from the text received, not the clamped cap
+    # Cut before its usage arrived: the reservation, not a bound from the text (G10).
+    assert held > 0 and snap.cost_usd == pytest.approx(held, abs=1e-9)
 
 
 def test_responses_stream_helper_is_cut_by_cancel(

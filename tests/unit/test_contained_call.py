@@ -20,7 +20,8 @@ def test_any_reported_usage_settles_without_raising_and_is_priced_in_range(
     inp: int, out: int, cached: int, reasoning: int, cache_write: int
 ) -> None:
     # A forged usage report (cached + cache-write tokens above the input, negative or
-    # absurd counts) must never raise into the caller's call: it is clamped, then priced.
+    # absurd counts) must never raise into the caller's call: absurd counts are capped,
+    # then priced; a negative one makes the report unreadable: the reservation is committed.
     with ExecutionContext(ExecutionConfig(max_steps=10)) as ctx:
         call, _, _ = admit(
             ctx,
@@ -37,14 +38,22 @@ def test_any_reported_usage_settles_without_raising_and_is_priced_in_range(
         # Absurd costs would swamp the process-wide cost counter that other tests
         # difference: this test checks the ledger, not the metrics.
         call.handle.metrics = False
-        call.set_usage(inp, out, cached, reasoning, cache_write)
+        reservation = call.handle.reservation
+        readable = call.set_usage(inp, out, cached, reasoning, cache_write)
         call.finish()
         snap = ctx.snapshot()
-    i = min(max(0, inp), MAX_COUNT)
-    o = min(max(0, out), MAX_COUNT)
+    assert snap.reserved_usd == 0
+    assert snap.steps == 1
+    if min(inp, out, cached, reasoning, cache_write) < 0:
+        assert not readable
+        assert snap.tokens == reservation.tokens
+        assert snap.cost_usd == reservation.cost_nano / 1e9
+        return
+    assert readable
+    i = min(inp, MAX_COUNT)
+    o = min(out, MAX_COUNT)
     prices = ctx.prices_for("openai", MODEL)
     assert isinstance(prices, UnitPrices)
     assert snap.tokens == i + o
-    assert snap.reserved_usd == 0
     # Never more than every token at the dearest price, never less than nothing.
     assert 0 <= snap.cost_usd <= prices.max_cost_nano(i, o) / 1e9 + 1e-9
