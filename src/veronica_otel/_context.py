@@ -184,7 +184,17 @@ class ExecutionContext(AsyncFromSync):
         """Run ``fn`` as one LLM call if the chain allows it.
 
         Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
-        running it. Errors raised by ``fn`` propagate unchanged.
+        running it. Errors raised by ``fn`` propagate unchanged (a
+        ``BudgetExceededError`` from a call inside ``fn`` returns ``HALT``).
+
+        ``fn`` is committed at what it reported with ``record_usage``, else at
+        its reservation (``cost_estimate_hint`` or the priced worst case),
+        whether it returned or raised: once it ran, the provider may have
+        billed it (DESIGN G10). That holds for any exception, for
+        ``KeyboardInterrupt`` and for a ``BudgetExceededError`` raised by an
+        inner call, since ``fn`` may have sent a request before the denial.
+        Only a call that never started (denied, or interrupted during a
+        rate-limit wait) is released.
         """
         return self._wrap(fn, options, "llm")
 
@@ -240,7 +250,11 @@ class ExecutionContext(AsyncFromSync):
             except BudgetExceededError:
                 return Decision.HALT
             if call.decision.rate_limit_ms:
-                time.sleep(call.decision.rate_limit_ms / 1000)
+                try:
+                    time.sleep(call.decision.rate_limit_ms / 1000)
+                except BaseException:  # KeyboardInterrupt while waiting: nothing was sent
+                    call.finish(sent=False)
+                    raise
         active = ACTIVE_CALL.set(call)
         try:
             result = fn()
@@ -282,9 +296,13 @@ class ExecutionContext(AsyncFromSync):
         except BudgetExceededError:
             return Decision.HALT
         if call.decision.rate_limit_ms:
-            import asyncio
+            import asyncio  # only rate-limited async calls need it; it is slow to import
 
-            await asyncio.sleep(call.decision.rate_limit_ms / 1000)
+            try:
+                await asyncio.sleep(call.decision.rate_limit_ms / 1000)
+            except BaseException:  # cancelled while waiting: nothing was sent
+                call.finish(sent=False)
+                raise
         active = ACTIVE_CALL.set(call)
         try:
             result = await fn()
@@ -373,7 +391,11 @@ class ExecutionContext(AsyncFromSync):
                 estimated_cost_usd=nano_to_usd(cost_nano),
                 signature=signature,
             )
-            decision = self.pipeline.evaluate(policy_context)
+            try:
+                decision = self.pipeline.evaluate(policy_context)
+            except BaseException:  # a policy raised: free the probes the earlier ones took
+                self.pipeline.abandon(policy_context)
+                raise
             if not decision.allowed:
                 self._deny_policy(decision)
         fast = self._fast
@@ -571,10 +593,10 @@ class ExecutionContext(AsyncFromSync):
             return
         if call.cost_nano >= 0 or call.tokens >= 0:
             cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
-        elif error is None:
-            cost, tokens = reservation.cost_nano, reservation.tokens
         else:
-            cost, tokens = 0, 0
+            # Sent and no usage reported: whether it raised, was cancelled or
+            # returned, it may have been billed, so it costs its worst case (G10).
+            cost, tokens = reservation.cost_nano, reservation.tokens
         fast = self._fast
         if fast is not None:
             overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
@@ -586,8 +608,9 @@ class ExecutionContext(AsyncFromSync):
             call.policy_context.actual_cost_usd = nano_to_usd(cost)
             if error is None:
                 self.pipeline.record_success(call.policy_context)
-            elif isinstance(error, BudgetExceededError):
-                # Our own denial says nothing about the endpoint's health.
+            elif isinstance(error, BudgetExceededError) or not isinstance(error, Exception):
+                # Our own denial, a cancellation or KeyboardInterrupt says nothing
+                # about the endpoint's health: free the probe, count no failure.
                 self.pipeline.abandon(call.policy_context)
             else:
                 self.pipeline.record_failure(call.policy_context, error)
