@@ -250,11 +250,7 @@ class ExecutionContext(AsyncFromSync):
             except BudgetExceededError:
                 return Decision.HALT
             if call.decision.rate_limit_ms:
-                try:
-                    time.sleep(call.decision.rate_limit_ms / 1000)
-                except BaseException:  # KeyboardInterrupt while waiting: nothing was sent
-                    call.finish(sent=False)
-                    raise
+                _wait(call)
         active = ACTIVE_CALL.set(call)
         try:
             result = fn()
@@ -912,6 +908,15 @@ class ExecutionContext(AsyncFromSync):
 
     def __repr__(self) -> str:
         return f"ExecutionContext(chain_id={self.chain_id!r}, depth={self.depth})"
+
+
+def _wait(call: CallHandle) -> None:
+    """A rate-limit degradation's wait before a sync call is sent."""
+    try:
+        time.sleep(call.decision.rate_limit_ms / 1000)
+    except BaseException:  # KeyboardInterrupt while waiting: nothing was sent
+        call.finish(sent=False)
+        raise
 
 
 def _valid_id(chain_id: str) -> bool:
