@@ -45,6 +45,12 @@ __all__ = ["CallHandle", "ExecutionContext"]
 _DEFAULT_LEDGER = LocalLedger()
 _MAX_OVERRIDE_S = 7 * 24 * 3600.0
 _override_logger = logging.getLogger("veronica_otel.overrides")
+_logger = logging.getLogger("veronica_otel")
+# How often ensure_active() (once per stream chunk) reads a shared store for a
+# trip made elsewhere: at the first chunk after _STORE_POLL_CHUNKS chunks or
+# _STORE_POLL_S seconds since the last read, whichever comes first.
+_STORE_POLL_CHUNKS = 16
+_STORE_POLL_S = 0.25
 _DEFAULT_OPTIONS = WrapOptions()
 _NO_RESERVATION = Reservation("", 0, 0)
 _monotonic = time.monotonic
@@ -140,17 +146,25 @@ class ExecutionContext(AsyncFromSync):
             HandoffCounter(limits.max_handoffs) if limits.max_handoffs is not None else None
         )
         self._fast: tuple[LocalLedger, Level, Any] | None = None
+        self._live: tuple[Any, ...] | None = None
+        self._unpolled, self._polled_at = 0, self._started  # store polls (ensure_active)
         if isinstance(self._ledger, LocalLedger):
-            self._ledger.acquire(self.chain_id)
-            weakref.finalize(self, self._ledger.discard, self.chain_id)
-            if _parent is None and not self._has_policies and self._handoffs is None:
-                # Held by acquire(): the live counters outlast nothing we use.
-                self._fast = (self._ledger, self._path[0], self._ledger.state_of(self.chain_id))
+            self._hold(self._ledger)
         if limits.max_depth is not None and self.depth > limits.max_depth:
             # A joined chain too deep is born tripped: every call is denied.
             self._deny(
                 "depth", limits.max_depth, self.depth, "hop depth over max_depth", raise_error=False
             )
+
+    def _hold(self, ledger: LocalLedger) -> None:
+        ledger.acquire(self.chain_id)
+        weakref.finalize(self, ledger.discard, self.chain_id)
+        # The live counters of every level of the path (this chain and its
+        # ancestors, each held by its own context): ensure_active reads them.
+        self._live = tuple(ledger.state_of(level.chain_id) for level in self._path)
+        if self._parent is None and not self._has_policies and self._handoffs is None:
+            # Held by acquire(): the live counters outlast nothing we use.
+            self._fast = (ledger, self._path[0], self._live[0])
 
     # -- context manager -------------------------------------------------
 
@@ -508,15 +522,59 @@ class ExecutionContext(AsyncFromSync):
     def ensure_active(self) -> None:
         """Raise BudgetExceededError if the chain has tripped or its deadline passed.
 
-        Streams call this per chunk, so an in-flight stream is cut at the next
-        chunk after the deadline (G5) or after a trip elsewhere in the chain.
+        Streams call this per chunk, so a trip reaches work in flight (G5, G10):
+
+        * In-process (a :class:`LocalLedger`): every chunk. A stream is cut at
+          its next chunk after the deadline, a cancellation, or a trip of this
+          chain or any ancestor, wherever in the process it happened (a few
+          attribute reads: no lock, no allocation).
+        * A shared store (Redis/Valkey): this process's own trips of the chain
+          and its ancestors every chunk as above; a trip made in another
+          process is read from the store at the first chunk after 16 chunks
+          or 250 ms since the last read (``_STORE_POLL_CHUNKS``,
+          ``_STORE_POLL_S``; one ``snapshot`` a level of the path). A store
+          that cannot be read then does not cut the stream (it is already
+          paid for; the next call fails closed on its reservation): the
+          failure is logged.
         """
-        if self._trip is not None:
+        if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
         if (self._deadline is not None and _monotonic() >= self._deadline) or (
             self._token.cancelled
         ):
             self._deny_timeout()
+        live = self._live
+        if live is not None:
+            for state in live:
+                trip = state.trip
+                if trip is not None:
+                    self._tripped(trip)
+            return
+        parent = self._parent
+        while parent is not None:
+            if parent._trip is not None:
+                self._tripped(parent._trip)
+            parent = parent._parent
+        self._unpolled += 1
+        if self._unpolled >= _STORE_POLL_CHUNKS or _monotonic() - self._polled_at >= _STORE_POLL_S:
+            self._poll_store()
+
+    def _poll_store(self) -> None:
+        """Read the path's trips from the shared store (see :meth:`ensure_active`)."""
+        self._unpolled = 0
+        self._polled_at = _monotonic()
+        try:
+            trips = [self._ledger.snapshot(level.chain_id).trip for level in self._path]
+        except Exception:
+            _logger.warning(
+                "chain %s: could not read the store for trips while a call is in flight",
+                self.chain_id,
+                exc_info=True,
+            )
+            return
+        for trip in trips:
+            if trip is not None:
+                self._tripped(trip)
 
     @property
     def tracks_handoffs(self) -> bool:
