@@ -26,7 +26,7 @@ from ._agents import HandoffCounter, current_agent
 from ._call import ACTIVE_CALL, CallHandle, close_awaitable, is_coroutine_function
 from ._chain_span import end_chain_span, open_chain_span
 from ._children import carve, min_limit, weak_cancel, weak_deadline
-from ._cm import AsyncFromSync
+from ._cm import AsyncFromSync, Entries
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._gc_safe import drain, pending
@@ -107,7 +107,7 @@ class ExecutionContext(AsyncFromSync):
         self._trip: TripEvent | None = None
         self._partial: Any = None
         self._token = CancellationToken()
-        self._otel_tokens: list[tuple[object, trace.Span | None]] = []
+        self._entries = Entries()  # one otel token per entering thread or task
         self._span: trace.Span | None = None
         self._metrics = False
         limits = self.config
@@ -176,7 +176,7 @@ class ExecutionContext(AsyncFromSync):
         ctx = otel_context.set_value(CONTEXT_KEY, self)
         if span is not None:
             ctx = trace.set_span_in_context(span, ctx)
-        self._otel_tokens.append((otel_context.attach(ctx), span))
+        self._entries.push(self, otel_context.attach(ctx), span)
         return self
 
     def __exit__(
@@ -185,9 +185,16 @@ class ExecutionContext(AsyncFromSync):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        token, span = self._otel_tokens.pop()
-        otel_context.detach(token)  # type: ignore[arg-type]
-        if not self._otel_tokens and self._timer is not None:
+        token, span, last = self._entries.pop(self)
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
+        else:
+            _logger.warning(
+                "%r exited in a thread or task it was not entered in; that entry's "
+                "OpenTelemetry context stays attached where it was made",
+                self,
+            )
+        if last and self._timer is not None:
             self._timer.cancel()
         if span is not None:
             end_chain_span(self, span, exc)
