@@ -127,12 +127,7 @@ class CircuitBreaker:
                     self._probe_owner = context if context is not None else object()
                     self._probe_expires = now + self.probe_timeout
                     return _ALLOW
-            retry_at = (
-                self._probe_expires
-                if self._state is CircuitState.HALF_OPEN
-                else self._opened_at + self.recovery_timeout
-            )
-            retry_in = max(0.0, retry_at - self._clock())
+            retry_in = max(0.0, self._opened_at + self.recovery_timeout - self._clock())
             return PolicyDecision(
                 False,
                 self.policy_type,

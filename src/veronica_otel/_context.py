@@ -147,7 +147,8 @@ class ExecutionContext(AsyncFromSync):
         )
         self._fast: tuple[LocalLedger, Level, Any] | None = None
         self._live: tuple[Any, ...] | None = None
-        self._unpolled, self._polled_at = 0, self._started  # store polls (ensure_active)
+        # Store polls for trips made elsewhere (ensure_active): chunks since, time, last ok.
+        self._unpolled, self._polled_at, self._poll_ok = 0, self._started, True
         if isinstance(self._ledger, LocalLedger):
             self._hold(self._ledger)
         if limits.max_depth is not None and self.depth > limits.max_depth:
@@ -573,12 +574,16 @@ class ExecutionContext(AsyncFromSync):
         try:
             trips = [self._ledger.snapshot(level.chain_id).trip for level in self._path]
         except Exception:
-            _logger.warning(
-                "chain %s: could not read the store for trips while a call is in flight",
-                self.chain_id,
-                exc_info=True,
-            )
+            if self._poll_ok:  # once per outage, not once per poll
+                _logger.warning(
+                    "chain %s: could not read the store for trips while a call is in "
+                    "flight; the call goes on, the next one is checked when it starts",
+                    self.chain_id,
+                    exc_info=True,
+                )
+            self._poll_ok = False
             return
+        self._poll_ok = True
         for trip in trips:
             if trip is not None:
                 self._tripped(trip)
