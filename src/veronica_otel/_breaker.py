@@ -4,7 +4,7 @@ The clock is injectable (``time.monotonic`` by default) so tests move time
 instead of sleeping. The half-open probe slot belongs to the call that took
 it; it is released when that call succeeds, fails, or is abandoned because a
 later policy denied it. A probe that never reports back (its caller hung or
-died without telling us) expires after ``probe_timeout``, like the Redis
+died without telling us) expires after ``probe_ttl_s``, like the Redis
 breaker's probe TTL, so a breaker can never stay wedged half-open.
 """
 
@@ -30,7 +30,7 @@ class CircuitState(enum.StrEnum):
 
 _ALLOW = PolicyDecision(True, "circuit_breaker")
 # A probe slot must outlive the probe call itself, even with a tiny recovery timeout.
-_MIN_PROBE_TIMEOUT_S = 60.0
+_MIN_PROBE_TTL_S = 60.0
 
 
 class CircuitBreaker:
@@ -39,7 +39,7 @@ class CircuitBreaker:
     Args:
         failure_threshold: Consecutive failures that open the circuit.
         recovery_timeout: Seconds the circuit stays OPEN before one probe.
-        probe_timeout: Seconds a half-open probe slot is held before it is
+        probe_ttl_s: Seconds a half-open probe slot is held before it is
             considered abandoned and the next call may probe (default:
             ``recovery_timeout``, at least 60 s, as for
             :class:`~veronica_otel.distributed.RedisCircuitBreaker`, so a short
@@ -55,7 +55,7 @@ class CircuitBreaker:
         failure_threshold: int = 5,
         recovery_timeout: float = 60.0,
         *,
-        probe_timeout: float | None = None,
+        probe_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_count("failure_threshold", failure_threshold)
@@ -71,20 +71,20 @@ class CircuitBreaker:
                 "recovery_timeout must be a finite number of seconds >= 0, "
                 f"got {recovery_timeout!r}"
             )
-        if probe_timeout is None:
-            probe_timeout = max(float(recovery_timeout), _MIN_PROBE_TIMEOUT_S)
+        if probe_ttl_s is None:
+            probe_ttl_s = max(float(recovery_timeout), _MIN_PROBE_TTL_S)
         elif (
-            isinstance(probe_timeout, bool)
-            or not isinstance(probe_timeout, (int, float))
-            or not math.isfinite(probe_timeout)
-            or probe_timeout <= 0
+            isinstance(probe_ttl_s, bool)
+            or not isinstance(probe_ttl_s, (int, float))
+            or not math.isfinite(probe_ttl_s)
+            or probe_ttl_s <= 0
         ):
             raise ValueError(
-                f"probe_timeout must be a finite number of seconds > 0, got {probe_timeout!r}"
+                f"probe_ttl_s must be a finite number of seconds > 0, got {probe_ttl_s!r}"
             )
         self.failure_threshold = failure_threshold
         self.recovery_timeout = float(recovery_timeout)
-        self.probe_timeout = float(probe_timeout)
+        self.probe_ttl_s = float(probe_ttl_s)
         self._clock = clock
         self._lock = threading.Lock()
         self._state = CircuitState.CLOSED
@@ -125,7 +125,7 @@ class CircuitBreaker:
                 if self._probe_owner is None or now >= self._probe_expires:
                     # A free slot, or one whose holder never reported back.
                     self._probe_owner = context if context is not None else object()
-                    self._probe_expires = now + self.probe_timeout
+                    self._probe_expires = now + self.probe_ttl_s
                     return _ALLOW
             retry_in = max(0.0, self._opened_at + self.recovery_timeout - self._clock())
             return PolicyDecision(

@@ -327,10 +327,10 @@ def test_concurrent_failures_open_once(clock: FakeClock) -> None:
 class ReferenceBreaker:
     """The documented state machine, without locks."""
 
-    def __init__(self, threshold: int, timeout: float, probe_timeout: float | None = None) -> None:
+    def __init__(self, threshold: int, timeout: float, probe_ttl_s: float | None = None) -> None:
         self.threshold = threshold
         self.timeout = timeout
-        self.probe_timeout = max(timeout, 60.0) if probe_timeout is None else probe_timeout
+        self.probe_ttl_s = max(timeout, 60.0) if probe_ttl_s is None else probe_ttl_s
         self.state = CircuitState.CLOSED
         self.failures = 0
         self.opened_at = 0.0
@@ -350,7 +350,7 @@ class ReferenceBreaker:
             self.probe is None or now >= self.probe_expires
         ):
             self.probe = owner
-            self.probe_expires = now + self.probe_timeout
+            self.probe_expires = now + self.probe_ttl_s
             return True
         return False
 
@@ -397,13 +397,13 @@ class BreakerMachine(RuleBasedStateMachine):
     @initialize(
         threshold=st.integers(1, 4),
         timeout=st.sampled_from([0.0, 1.0, 5.0, 30.0]),
-        probe_timeout=st.sampled_from([None, 0.5, 5.0, 45.0]),
+        probe_ttl_s=st.sampled_from([None, 0.5, 5.0, 45.0]),
     )
-    def build(self, threshold: int, timeout: float, probe_timeout: float | None) -> None:
+    def build(self, threshold: int, timeout: float, probe_ttl_s: float | None) -> None:
         self.breaker = CircuitBreaker(
-            threshold, timeout, probe_timeout=probe_timeout, clock=self.clock
+            threshold, timeout, probe_ttl_s=probe_ttl_s, clock=self.clock
         )
-        self.model = ReferenceBreaker(threshold, timeout, probe_timeout)
+        self.model = ReferenceBreaker(threshold, timeout, probe_ttl_s)
 
     def _resolve(self, owner: object | None) -> None:
         if owner is None or self.model.state is not CircuitState.HALF_OPEN:
@@ -427,7 +427,7 @@ class BreakerMachine(RuleBasedStateMachine):
             now = self.clock.now
             live = [e for e in self.in_flight.values() if e > now]
             assert not live, "a second probe while one is in flight and unexpired"
-            self.in_flight[id(context)] = now + self.model.probe_timeout
+            self.in_flight[id(context)] = now + self.model.probe_ttl_s
         return context
 
     @rule()

@@ -350,9 +350,9 @@ def test_a_denied_tool_is_released() -> None:
 # -- the in-process breaker's probe expires ---------------------------------------
 
 
-def test_a_probe_that_never_reports_back_expires_after_probe_timeout() -> None:
+def test_a_probe_that_never_reports_back_expires_after_probe_ttl_s() -> None:
     clock = FakeClock(0.0)
-    breaker = CircuitBreaker(1, 5.0, probe_timeout=20.0, clock=clock)
+    breaker = CircuitBreaker(1, 5.0, probe_ttl_s=20.0, clock=clock)
     breaker.record_failure()
     clock.advance(5.0)
     lost, second, late = PolicyContext(), PolicyContext(), PolicyContext()
@@ -369,12 +369,12 @@ def test_a_probe_that_never_reports_back_expires_after_probe_timeout() -> None:
     assert breaker.state is CircuitState.CLOSED
 
 
-def test_the_default_probe_timeout_matches_the_redis_breaker() -> None:
-    assert CircuitBreaker(recovery_timeout=5.0).probe_timeout == 60.0
-    assert CircuitBreaker(recovery_timeout=300.0).probe_timeout == 300.0
+def test_the_default_probe_ttl_s_matches_the_redis_breaker() -> None:
+    assert CircuitBreaker(recovery_timeout=5.0).probe_ttl_s == 60.0
+    assert CircuitBreaker(recovery_timeout=300.0).probe_ttl_s == 300.0
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), True, "5"], ids=repr)
-def test_a_bad_probe_timeout_is_rejected_by_name(value: object) -> None:
-    with pytest.raises(ValueError, match="probe_timeout"):
-        CircuitBreaker(probe_timeout=value)  # type: ignore[arg-type]
+def test_a_bad_probe_ttl_s_is_rejected_by_name(value: object) -> None:
+    with pytest.raises(ValueError, match="probe_ttl_s"):
+        CircuitBreaker(probe_ttl_s=value)  # type: ignore[arg-type]
