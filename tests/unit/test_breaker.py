@@ -400,9 +400,7 @@ class BreakerMachine(RuleBasedStateMachine):
         probe_ttl_s=st.sampled_from([None, 0.5, 5.0, 45.0]),
     )
     def build(self, threshold: int, timeout: float, probe_ttl_s: float | None) -> None:
-        self.breaker = CircuitBreaker(
-            threshold, timeout, probe_ttl_s=probe_ttl_s, clock=self.clock
-        )
+        self.breaker = CircuitBreaker(threshold, timeout, probe_ttl_s=probe_ttl_s, clock=self.clock)
         self.model = ReferenceBreaker(threshold, timeout, probe_ttl_s)
 
     def _resolve(self, owner: object | None) -> None:
