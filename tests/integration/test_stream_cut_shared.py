@@ -8,6 +8,7 @@ store at most every 16 chunks or 250 ms (``ExecutionContext.ensure_active``).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -253,3 +254,31 @@ def test_a_child_stream_is_cut_when_its_parent_trips_in_another_process(
         _, after = _read_until_cut(stream, 2, trip)
     assert after <= 16
     assert child.trip is not None and child.trip.chain_id == "up"
+
+
+def test_a_store_down_mid_stream_does_not_cut_it_and_is_logged_once(
+    client: openai.OpenAI,
+    server: FakeLLMServer,
+    restartable_redis: RedisServerProcess,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The stream is paid for already: an unreadable store does not waste it;
+    # the next call fails closed when it reserves.
+    ledger = RedisLedger.from_url(restartable_redis.url, key_prefix="down:", fail_open=False)
+    ctx = ExecutionContext(ExecutionConfig(max_cost_usd=1.0), chain_id="down", ledger=ledger)
+    words = 0
+    with caplog.at_level(logging.WARNING, logger="veronica_otel"), ctx:
+        for chunk in _stream(client):
+            if chunk.choices and chunk.choices[0].delta.content:
+                words += 1
+                if words == 2:
+                    restartable_redis.kill()
+    assert words == WORDS  # read to the end, through several failed polls
+    warned = [r for r in caplog.records if "could not read the store for trips" in r.getMessage()]
+    assert len(warned) == 1
+    restartable_redis.start()
+    assert ledger.flush() == 0  # the settlement queued while down is applied
+    snap = ctx.snapshot()
+    assert snap.reserved_usd == 0 and snap.cost_usd > 0
+    ledger.client.close()
