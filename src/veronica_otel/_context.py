@@ -4,7 +4,8 @@ Every call made through a context goes through :meth:`ExecutionContext.begin_cal
 deadline and cancellation first, then the policy pipeline, then one atomic
 ledger reservation of the call's worst case. Only then does the call run. When
 it ends, :meth:`CallHandle.finish` commits what it actually cost (reported with
-``record_usage``, else what it reserved) and releases the rest.
+``record_usage``, else what it reserved, whether it returned or raised) and
+releases the rest; a call never sent is released whole (DESIGN G10).
 """
 
 from __future__ import annotations
