@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextvars
-import threading
 from types import TracebackType
 from typing import Any, Self
 
@@ -45,7 +44,6 @@ _Entry = tuple[object, object, Any]
 _ENTERED: contextvars.ContextVar[tuple[_Entry, ...]] = contextvars.ContextVar(
     "veronica_otel_entered", default=()
 )
-_lock = threading.Lock()
 
 
 class Entries:
@@ -66,8 +64,7 @@ class Entries:
     def push(self, owner: object, token: object, payload: Any) -> None:
         entry = (owner, token, payload)
         _ENTERED.set((*_ENTERED.get(), entry))
-        with _lock:
-            self._open.append(entry)
+        self._open.append(entry)  # atomic: no lock needed
 
     def pop(self, owner: object) -> tuple[object | None, Any, bool]:
         """Remove this thread's or task's latest entry of ``owner``.
@@ -81,18 +78,23 @@ class Entries:
         """
         stack = _ENTERED.get()
         mine: _Entry | None = None
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i][0] is owner:
-                mine = stack[i]
-                _ENTERED.set(stack[:i] + stack[i + 1 :])
-                break
-        with _lock:
-            if mine is not None:
-                if any(e is mine for e in self._open):
-                    self._open = [e for e in self._open if e is not mine]
-                    return mine[1], mine[2], not self._open
-                # Closed from another thread already: only the token is left to detach.
-                return mine[1], None, not self._open
-            if self._open:
-                return None, self._open.pop()[2], not self._open
+        if stack and stack[-1][0] is owner:  # the common case: the latest entry here
+            mine = stack[-1]
+            _ENTERED.set(stack[:-1])
+        else:
+            for i in range(len(stack) - 2, -1, -1):
+                if stack[i][0] is owner:
+                    mine = stack[i]
+                    _ENTERED.set(stack[:i] + stack[i + 1 :])
+                    break
+        entries = self._open
+        if mine is not None:
+            try:
+                entries.remove(mine)  # atomic; entries differ in their token
+            except ValueError:  # closed from another thread: only the token is left
+                return mine[1], None, not entries
+            return mine[1], mine[2], not entries
+        try:
+            return None, entries.pop()[2], not entries
+        except IndexError:
             return None, None, True

@@ -554,10 +554,14 @@ class ExecutionContext(AsyncFromSync):
             self._deny_timeout()
         live = self._live
         if live is not None:
-            for state in live:
-                trip = state.trip
-                if trip is not None:
-                    self._tripped(trip)
+            trip = live[0].trip  # the root level: a root chain's only one, no loop
+            if trip is None and self._parent is not None:
+                for state in live:
+                    trip = state.trip
+                    if trip is not None:
+                        break
+            if trip is not None:
+                self._tripped(trip)
             return
         parent = self._parent
         while parent is not None:
