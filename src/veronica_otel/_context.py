@@ -52,6 +52,9 @@ _logger = logging.getLogger("veronica_otel")
 # _STORE_POLL_S seconds since the last read, whichever comes first.
 _STORE_POLL_CHUNKS = 16
 _STORE_POLL_S = 0.25
+# After a failed read, the next one waits this long (time only): a store that
+# hangs stalls a stream by one socket timeout per this interval at most.
+_STORE_RETRY_S = 5.0
 _DEFAULT_OPTIONS = WrapOptions()
 _NO_RESERVATION = Reservation("", 0, 0)
 _monotonic = time.monotonic
@@ -544,7 +547,8 @@ class ExecutionContext(AsyncFromSync):
           ``_STORE_POLL_S``; one ``snapshot`` a level of the path). A store
           that cannot be read then does not cut the stream (it is already
           paid for; the next call fails closed on its reservation): the
-          failure is logged.
+          failure is logged once, and the store is read again only every
+          5 s (``_STORE_RETRY_S``) until it answers.
         """
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
@@ -587,6 +591,8 @@ class ExecutionContext(AsyncFromSync):
                     exc_info=True,
                 )
             self._poll_ok = False
+            self._unpolled = -(1 << 62)  # chunks alone no longer trigger a read
+            self._polled_at += _STORE_RETRY_S - _STORE_POLL_S
             return
         self._poll_ok = True
         for trip in trips:

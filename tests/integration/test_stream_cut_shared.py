@@ -267,14 +267,31 @@ def test_a_store_down_mid_stream_does_not_cut_it_and_is_logged_once(
     # the next call fails closed when it reserves.
     ledger = RedisLedger.from_url(restartable_redis.url, key_prefix="down:", fail_open=False)
     ctx = ExecutionContext(ExecutionConfig(max_cost_usd=1.0), chain_id="down", ledger=ledger)
+    failed_reads = 0
+    read = ledger.snapshot
+
+    def counted(chain_id: str) -> Any:
+        nonlocal failed_reads
+        try:
+            return read(chain_id)
+        except Exception:
+            failed_reads += 1
+            raise
+
     words = 0
     with caplog.at_level(logging.WARNING, logger="veronica_otel"), ctx:
+        ledger.snapshot = counted  # type: ignore[method-assign]
         for chunk in _stream(client):
             if chunk.choices and chunk.choices[0].delta.content:
                 words += 1
                 if words == 2:
                     restartable_redis.kill()
-    assert words == WORDS  # read to the end, through several failed polls
+                if words == 40:
+                    assert failed_reads == 1  # then no read for 5 s, however many chunks
+                    clock.advance(5.0)
+        ledger.snapshot = read  # type: ignore[method-assign]
+    assert words == WORDS  # read to the end, through the failed reads
+    assert failed_reads == 2
     warned = [r for r in caplog.records if "could not read the store for trips" in r.getMessage()]
     assert len(warned) == 1
     restartable_redis.start()
