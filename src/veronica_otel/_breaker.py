@@ -3,7 +3,9 @@
 The clock is injectable (``time.monotonic`` by default) so tests move time
 instead of sleeping. The half-open probe slot belongs to the call that took
 it; it is released when that call succeeds, fails, or is abandoned because a
-later policy denied it, so a breaker can never stay wedged half-open.
+later policy denied it. A probe that never reports back (its caller hung or
+died without telling us) expires after ``probe_ttl_s``, like the Redis
+breaker's probe TTL, so a breaker can never stay wedged half-open.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class CircuitState(enum.StrEnum):
 
 
 _ALLOW = PolicyDecision(True, "circuit_breaker")
+# A probe slot must outlive the probe call itself, even with a tiny recovery timeout.
+_MIN_PROBE_TTL_S = 60.0
 
 
 class CircuitBreaker:
@@ -35,6 +39,12 @@ class CircuitBreaker:
     Args:
         failure_threshold: Consecutive failures that open the circuit.
         recovery_timeout: Seconds the circuit stays OPEN before one probe.
+        probe_ttl_s: Seconds a half-open probe slot is held before it is
+            considered abandoned and the next call may probe (default:
+            ``recovery_timeout``, at least 60 s, as for
+            :class:`~veronica_otel.distributed.RedisCircuitBreaker`, so a short
+            recovery timeout never lets a second probe in while the first
+            one's call is still running).
         clock: Monotonic seconds; inject a fake one in tests.
     """
 
@@ -45,6 +55,7 @@ class CircuitBreaker:
         failure_threshold: int = 5,
         recovery_timeout: float = 60.0,
         *,
+        probe_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_count("failure_threshold", failure_threshold)
@@ -60,14 +71,27 @@ class CircuitBreaker:
                 "recovery_timeout must be a finite number of seconds >= 0, "
                 f"got {recovery_timeout!r}"
             )
+        if probe_ttl_s is None:
+            probe_ttl_s = max(float(recovery_timeout), _MIN_PROBE_TTL_S)
+        elif (
+            isinstance(probe_ttl_s, bool)
+            or not isinstance(probe_ttl_s, (int, float))
+            or not math.isfinite(probe_ttl_s)
+            or probe_ttl_s <= 0
+        ):
+            raise ValueError(
+                f"probe_ttl_s must be a finite number of seconds > 0, got {probe_ttl_s!r}"
+            )
         self.failure_threshold = failure_threshold
         self.recovery_timeout = float(recovery_timeout)
+        self.probe_ttl_s = float(probe_ttl_s)
         self._clock = clock
         self._lock = threading.Lock()
         self._state = CircuitState.CLOSED
         self._failures = 0
         self._opened_at = 0.0
         self._probe_owner: object | None = None
+        self._probe_expires = 0.0
 
     @property
     def state(self) -> CircuitState:
@@ -96,9 +120,13 @@ class CircuitBreaker:
             # Re-read under the lock: the probe may have closed it meanwhile.
             if self._state is CircuitState.CLOSED:  # type: ignore[comparison-overlap]
                 return _ALLOW
-            if self._state is CircuitState.HALF_OPEN and self._probe_owner is None:
-                self._probe_owner = context if context is not None else object()
-                return _ALLOW
+            if self._state is CircuitState.HALF_OPEN:
+                now = self._clock()
+                if self._probe_owner is None or now >= self._probe_expires:
+                    # A free slot, or one whose holder never reported back.
+                    self._probe_owner = context if context is not None else object()
+                    self._probe_expires = now + self.probe_ttl_s
+                    return _ALLOW
             retry_in = max(0.0, self._opened_at + self.recovery_timeout - self._clock())
             return PolicyDecision(
                 False,

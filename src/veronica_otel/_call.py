@@ -75,7 +75,16 @@ class CallHandle:
         self.context._finish(self, error, True)
 
     def finish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
-        """Commit actual usage (or release, when the call was never sent)."""
+        """Settle the call (DESIGN G10).
+
+        ``sent=False``: nothing reached the provider; the reservation is
+        released (cost and step given back). ``sent=True``: usage reported
+        with :meth:`add_usage` is committed as reported; with none, the
+        reservation (the call's worst case) is committed, whether or not
+        ``error`` is set: a call that may have reached the provider and then
+        raised, was cancelled or was interrupted is never free. An error reply
+        the provider does not bill is settled with ``commit(0, 0, error)``.
+        """
         if self._done:
             return
         self._done = True

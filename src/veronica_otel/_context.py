@@ -4,7 +4,8 @@ Every call made through a context goes through :meth:`ExecutionContext.begin_cal
 deadline and cancellation first, then the policy pipeline, then one atomic
 ledger reservation of the call's worst case. Only then does the call run. When
 it ends, :meth:`CallHandle.finish` commits what it actually cost (reported with
-``record_usage``, else what it reserved) and releases the rest.
+``record_usage``, else what it reserved, whether it returned or raised) and
+releases the rest; a call never sent is released whole (DESIGN G10).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ._agents import HandoffCounter, current_agent
 from ._call import ACTIVE_CALL, CallHandle, close_awaitable, is_coroutine_function
 from ._chain_span import end_chain_span, open_chain_span
 from ._children import carve, min_limit, weak_cancel, weak_deadline
-from ._cm import AsyncFromSync
+from ._cm import AsyncFromSync, Entries
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._gc_safe import drain, pending
@@ -45,6 +46,15 @@ __all__ = ["CallHandle", "ExecutionContext"]
 _DEFAULT_LEDGER = LocalLedger()
 _MAX_OVERRIDE_S = 7 * 24 * 3600.0
 _override_logger = logging.getLogger("veronica_otel.overrides")
+_logger = logging.getLogger("veronica_otel")
+# How often ensure_active() (once per stream chunk) reads a shared store for a
+# trip made elsewhere: at the first chunk after _STORE_POLL_CHUNKS chunks or
+# _STORE_POLL_S seconds since the last read, whichever comes first.
+_STORE_POLL_CHUNKS = 16
+_STORE_POLL_S = 0.25
+# After a failed read, the next one waits this long (time only): a store that
+# hangs stalls a stream by one socket timeout per this interval at most.
+_STORE_RETRY_S = 5.0
 _DEFAULT_OPTIONS = WrapOptions()
 _NO_RESERVATION = Reservation("", 0, 0)
 _monotonic = time.monotonic
@@ -101,7 +111,7 @@ class ExecutionContext(AsyncFromSync):
         self._trip: TripEvent | None = None
         self._partial: Any = None
         self._token = CancellationToken()
-        self._otel_tokens: list[tuple[object, trace.Span | None]] = []
+        self._entries = Entries()  # one otel token per entering thread or task
         self._span: trace.Span | None = None
         self._metrics = False
         limits = self.config
@@ -140,17 +150,26 @@ class ExecutionContext(AsyncFromSync):
             HandoffCounter(limits.max_handoffs) if limits.max_handoffs is not None else None
         )
         self._fast: tuple[LocalLedger, Level, Any] | None = None
+        self._live: tuple[Any, ...] | None = None
+        # Store polls for trips made elsewhere (ensure_active): chunks since, time, last ok.
+        self._unpolled, self._polled_at, self._poll_ok = 0, self._started, True
         if isinstance(self._ledger, LocalLedger):
-            self._ledger.acquire(self.chain_id)
-            weakref.finalize(self, self._ledger.discard, self.chain_id)
-            if _parent is None and not self._has_policies and self._handoffs is None:
-                # Held by acquire(): the live counters outlast nothing we use.
-                self._fast = (self._ledger, self._path[0], self._ledger.state_of(self.chain_id))
+            self._hold(self._ledger)
         if limits.max_depth is not None and self.depth > limits.max_depth:
             # A joined chain too deep is born tripped: every call is denied.
             self._deny(
                 "depth", limits.max_depth, self.depth, "hop depth over max_depth", raise_error=False
             )
+
+    def _hold(self, ledger: LocalLedger) -> None:
+        ledger.acquire(self.chain_id)
+        weakref.finalize(self, ledger.discard, self.chain_id)
+        # The live counters of every level of the path (this chain and its
+        # ancestors, each held by its own context): ensure_active reads them.
+        self._live = tuple(ledger.state_of(level.chain_id) for level in self._path)
+        if self._parent is None and not self._has_policies and self._handoffs is None:
+            # Held by acquire(): the live counters outlast nothing we use.
+            self._fast = (ledger, self._path[0], self._live[0])
 
     # -- context manager -------------------------------------------------
 
@@ -162,7 +181,7 @@ class ExecutionContext(AsyncFromSync):
         ctx = otel_context.set_value(CONTEXT_KEY, self)
         if span is not None:
             ctx = trace.set_span_in_context(span, ctx)
-        self._otel_tokens.append((otel_context.attach(ctx), span))
+        self._entries.push(self, otel_context.attach(ctx), span)
         return self
 
     def __exit__(
@@ -171,9 +190,16 @@ class ExecutionContext(AsyncFromSync):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        token, span = self._otel_tokens.pop()
-        otel_context.detach(token)  # type: ignore[arg-type]
-        if not self._otel_tokens and self._timer is not None:
+        token, span, last = self._entries.pop(self)
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
+        else:
+            _logger.warning(
+                "%r exited in a thread or task it was not entered in; that entry's "
+                "OpenTelemetry context stays attached where it was made",
+                self,
+            )
+        if last and self._timer is not None:
             self._timer.cancel()
         if span is not None:
             end_chain_span(self, span, exc)
@@ -184,7 +210,17 @@ class ExecutionContext(AsyncFromSync):
         """Run ``fn`` as one LLM call if the chain allows it.
 
         Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
-        running it. Errors raised by ``fn`` propagate unchanged.
+        running it. Errors raised by ``fn`` propagate unchanged (a
+        ``BudgetExceededError`` from a call inside ``fn`` returns ``HALT``).
+
+        ``fn`` is committed at what it reported with ``record_usage``, else at
+        its reservation (``cost_estimate_hint`` or the priced worst case),
+        whether it returned or raised: once it ran, the provider may have
+        billed it (DESIGN G10). That holds for any exception, for
+        ``KeyboardInterrupt`` and for a ``BudgetExceededError`` raised by an
+        inner call, since ``fn`` may have sent a request before the denial.
+        Only a call that never started (denied, or interrupted during a
+        rate-limit wait) is released.
         """
         return self._wrap(fn, options, "llm")
 
@@ -240,7 +276,7 @@ class ExecutionContext(AsyncFromSync):
             except BudgetExceededError:
                 return Decision.HALT
             if call.decision.rate_limit_ms:
-                time.sleep(call.decision.rate_limit_ms / 1000)
+                _wait(call)
         active = ACTIVE_CALL.set(call)
         try:
             result = fn()
@@ -282,9 +318,13 @@ class ExecutionContext(AsyncFromSync):
         except BudgetExceededError:
             return Decision.HALT
         if call.decision.rate_limit_ms:
-            import asyncio
+            import asyncio  # only rate-limited async calls need it; it is slow to import
 
-            await asyncio.sleep(call.decision.rate_limit_ms / 1000)
+            try:
+                await asyncio.sleep(call.decision.rate_limit_ms / 1000)
+            except BaseException:  # cancelled while waiting: nothing was sent
+                call.finish(sent=False)
+                raise
         active = ACTIVE_CALL.set(call)
         try:
             result = await fn()
@@ -373,7 +413,11 @@ class ExecutionContext(AsyncFromSync):
                 estimated_cost_usd=nano_to_usd(cost_nano),
                 signature=signature,
             )
-            decision = self.pipeline.evaluate(policy_context)
+            try:
+                decision = self.pipeline.evaluate(policy_context)
+            except BaseException:  # a policy raised: free the probes the earlier ones took
+                self.pipeline.abandon(policy_context)
+                raise
             if not decision.allowed:
                 self._deny_policy(decision)
         fast = self._fast
@@ -490,15 +534,70 @@ class ExecutionContext(AsyncFromSync):
     def ensure_active(self) -> None:
         """Raise BudgetExceededError if the chain has tripped or its deadline passed.
 
-        Streams call this per chunk, so an in-flight stream is cut at the next
-        chunk after the deadline (G5) or after a trip elsewhere in the chain.
+        Streams call this per chunk, so a trip reaches work in flight (G5, G10):
+
+        * In-process (a :class:`LocalLedger`): every chunk. A stream is cut at
+          its next chunk after the deadline, a cancellation, or a trip of this
+          chain or any ancestor, wherever in the process it happened (a few
+          attribute reads: no lock, no allocation).
+        * A shared store (Redis/Valkey): this process's own trips of the chain
+          and its ancestors every chunk as above; a trip made in another
+          process is read from the store at the first chunk after 16 chunks
+          or 250 ms since the last read (``_STORE_POLL_CHUNKS``,
+          ``_STORE_POLL_S``; one ``snapshot`` a level of the path). A store
+          that cannot be read then does not cut the stream (it is already
+          paid for; the next call fails closed on its reservation): the
+          failure is logged once, and the store is read again only every
+          5 s (``_STORE_RETRY_S``) until it answers.
         """
-        if self._trip is not None:
+        if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
         if (self._deadline is not None and _monotonic() >= self._deadline) or (
             self._token.cancelled
         ):
             self._deny_timeout()
+        live = self._live
+        if live is not None:
+            trip = live[0].trip  # the root level: a root chain's only one, no loop
+            if trip is None and self._parent is not None:
+                for state in live:
+                    trip = state.trip
+                    if trip is not None:
+                        break
+            if trip is not None:
+                self._tripped(trip)
+            return
+        parent = self._parent
+        while parent is not None:
+            if parent._trip is not None:
+                self._tripped(parent._trip)
+            parent = parent._parent
+        self._unpolled += 1
+        if self._unpolled >= _STORE_POLL_CHUNKS or _monotonic() - self._polled_at >= _STORE_POLL_S:
+            self._poll_store()
+
+    def _poll_store(self) -> None:
+        """Read the path's trips from the shared store (see :meth:`ensure_active`)."""
+        self._unpolled = 0
+        self._polled_at = _monotonic()
+        try:
+            trips = [self._ledger.snapshot(level.chain_id).trip for level in self._path]
+        except Exception:
+            if self._poll_ok:  # once per outage, not once per poll
+                _logger.warning(
+                    "chain %s: could not read the store for trips while a call is in "
+                    "flight; the call goes on, the next one is checked when it starts",
+                    self.chain_id,
+                    exc_info=True,
+                )
+            self._poll_ok = False
+            self._unpolled = -(1 << 62)  # chunks alone no longer trigger a read
+            self._polled_at += _STORE_RETRY_S - _STORE_POLL_S
+            return
+        self._poll_ok = True
+        for trip in trips:
+            if trip is not None:
+                self._tripped(trip)
 
     @property
     def tracks_handoffs(self) -> bool:
@@ -571,10 +670,10 @@ class ExecutionContext(AsyncFromSync):
             return
         if call.cost_nano >= 0 or call.tokens >= 0:
             cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
-        elif error is None:
-            cost, tokens = reservation.cost_nano, reservation.tokens
         else:
-            cost, tokens = 0, 0
+            # Sent and no usage reported: whether it raised, was cancelled or
+            # returned, it may have been billed, so it costs its worst case (G10).
+            cost, tokens = reservation.cost_nano, reservation.tokens
         fast = self._fast
         if fast is not None:
             overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
@@ -586,8 +685,9 @@ class ExecutionContext(AsyncFromSync):
             call.policy_context.actual_cost_usd = nano_to_usd(cost)
             if error is None:
                 self.pipeline.record_success(call.policy_context)
-            elif isinstance(error, BudgetExceededError):
-                # Our own denial says nothing about the endpoint's health.
+            elif isinstance(error, BudgetExceededError) or not isinstance(error, Exception):
+                # Our own denial, a cancellation or KeyboardInterrupt says nothing
+                # about the endpoint's health: free the probe, count no failure.
                 self.pipeline.abandon(call.policy_context)
             else:
                 self.pipeline.record_failure(call.policy_context, error)
@@ -891,6 +991,15 @@ class ExecutionContext(AsyncFromSync):
 
     def __repr__(self) -> str:
         return f"ExecutionContext(chain_id={self.chain_id!r}, depth={self.depth})"
+
+
+def _wait(call: CallHandle) -> None:
+    """A rate-limit degradation's wait before a sync call is sent."""
+    try:
+        time.sleep(call.decision.rate_limit_ms / 1000)
+    except BaseException:  # KeyboardInterrupt while waiting: nothing was sent
+        call.finish(sent=False)
+        raise
 
 
 def _valid_id(chain_id: str) -> bool:

@@ -100,7 +100,10 @@ class ToolCall(AsyncFromSync):
     Entering runs the check and raises :class:`BudgetExceededError` (after
     marking the span ``HALT``) when the chain does not allow the call; the
     tool must then not run. Leaving commits the call and feeds the tool's
-    breaker with the outcome; exceptions pass through unchanged. With no
+    breaker with the outcome; exceptions pass through unchanged. A call that
+    raised (any exception, cancellation, ``KeyboardInterrupt``) and reported
+    no usage is committed at its reservation, like one that returned (DESIGN
+    G10); usage reported with ``record_usage`` is committed as reported. With no
     active chain nothing is checked or recorded and :attr:`active` is False.
 
     Args:
@@ -263,8 +266,11 @@ class ToolCall(AsyncFromSync):
         if breaker is None:
             return
         try:
-            if isinstance(error, BudgetExceededError):
-                breaker.release_probe(self._probe)  # our denial says nothing of the tool
+            if isinstance(error, BudgetExceededError) or (
+                error is not None and not isinstance(error, Exception)
+            ):
+                # Our denial, a cancellation or KeyboardInterrupt says nothing of the tool.
+                breaker.release_probe(self._probe)
             elif error is not None or self._failed is not None:
                 breaker.record_failure(self._probe)
             else:

@@ -121,7 +121,10 @@ def test_half_open_allows_exactly_one_probe(breaker: CircuitBreaker, clock: Fake
     clock.advance(30.0)
     assert _allowed(breaker)
     assert [_allowed(breaker) for _ in range(20)] == [False] * 20
-    clock.advance(1000.0)  # time alone does not free the probe slot
+    clock.advance(59.9)  # within the probe timeout (max(recovery, 60 s)) the slot holds
+    assert not _allowed(breaker)
+    clock.advance(0.1)  # then the probe that never reported back has expired
+    assert _allowed(breaker)
     assert not _allowed(breaker)
     assert breaker.state is CircuitState.HALF_OPEN
 
@@ -324,13 +327,15 @@ def test_concurrent_failures_open_once(clock: FakeClock) -> None:
 class ReferenceBreaker:
     """The documented state machine, without locks."""
 
-    def __init__(self, threshold: int, timeout: float) -> None:
+    def __init__(self, threshold: int, timeout: float, probe_ttl_s: float | None = None) -> None:
         self.threshold = threshold
         self.timeout = timeout
+        self.probe_ttl_s = max(timeout, 60.0) if probe_ttl_s is None else probe_ttl_s
         self.state = CircuitState.CLOSED
         self.failures = 0
         self.opened_at = 0.0
         self.probe: object | None = None
+        self.probe_expires = 0.0
 
     def advance(self, now: float) -> None:
         if self.state is CircuitState.OPEN and now - self.opened_at >= self.timeout:
@@ -341,8 +346,11 @@ class ReferenceBreaker:
         self.advance(now)
         if self.state is CircuitState.CLOSED:
             return True
-        if self.state is CircuitState.HALF_OPEN and self.probe is None:
+        if self.state is CircuitState.HALF_OPEN and (
+            self.probe is None or now >= self.probe_expires
+        ):
             self.probe = owner
+            self.probe_expires = now + self.probe_ttl_s
             return True
         return False
 
@@ -383,11 +391,23 @@ class BreakerMachine(RuleBasedStateMachine):
         self.breaker = CircuitBreaker(clock=self.clock)
         self.model = ReferenceBreaker(5, 60.0)
         self.denied_while_open_since: float | None = None
+        # Probes granted in HALF_OPEN and not yet resolved: owner -> expiry.
+        self.in_flight: dict[int, float] = {}
 
-    @initialize(threshold=st.integers(1, 4), timeout=st.sampled_from([0.0, 1.0, 5.0, 30.0]))
-    def build(self, threshold: int, timeout: float) -> None:
-        self.breaker = CircuitBreaker(threshold, timeout, clock=self.clock)
-        self.model = ReferenceBreaker(threshold, timeout)
+    @initialize(
+        threshold=st.integers(1, 4),
+        timeout=st.sampled_from([0.0, 1.0, 5.0, 30.0]),
+        probe_ttl_s=st.sampled_from([None, 0.5, 5.0, 45.0]),
+    )
+    def build(self, threshold: int, timeout: float, probe_ttl_s: float | None) -> None:
+        self.breaker = CircuitBreaker(threshold, timeout, probe_ttl_s=probe_ttl_s, clock=self.clock)
+        self.model = ReferenceBreaker(threshold, timeout, probe_ttl_s)
+
+    def _resolve(self, owner: object | None) -> None:
+        if owner is None or self.model.state is not CircuitState.HALF_OPEN:
+            self.in_flight.clear()
+        else:
+            self.in_flight.pop(id(owner), None)
 
     @rule(target=calls)
     def check(self) -> PolicyContext:
@@ -401,32 +421,42 @@ class BreakerMachine(RuleBasedStateMachine):
             assert not decision.allowed, "OPEN must deny until the recovery timeout"
         if not decision.allowed:
             assert decision.trip_reason == "circuit_open"
+        if decision.allowed and self.model.state is CircuitState.HALF_OPEN:
+            now = self.clock.now
+            live = [e for e in self.in_flight.values() if e > now]
+            assert not live, "a second probe while one is in flight and unexpired"
+            self.in_flight[id(context)] = now + self.model.probe_ttl_s
         return context
 
     @rule()
     def success(self) -> None:
         self.model.success(self.clock.now)
         self.breaker.record_success()
+        self._resolve(None)
 
     @rule()
     def failure(self) -> None:
         self.model.failure(self.clock.now)
         self.breaker.record_failure()
+        self._resolve(None)
 
     @rule(context=calls)
     def outcome_success(self, context: PolicyContext) -> None:
         self.model.success(self.clock.now, context)
         self.breaker.on_success(context)
+        self._resolve(context)
 
     @rule(context=calls)
     def outcome_failure(self, context: PolicyContext) -> None:
         self.model.failure(self.clock.now, context)
         self.breaker.on_failure(context, RuntimeError("boom"))
+        self._resolve(context)
 
     @rule(context=calls)
     def abandon(self, context: PolicyContext) -> None:
         self.model.abandon(context)
         self.breaker.on_abandon(context)
+        self.in_flight.pop(id(context), None)
 
     @rule(seconds=st.sampled_from([0.0, 0.5, 1.0, 4.999, 5.0, 29.0, 30.0, 61.0]))
     def advance_clock(self, seconds: float) -> None:
@@ -440,8 +470,14 @@ class BreakerMachine(RuleBasedStateMachine):
 
     @invariant()
     def one_probe_at_most(self) -> None:
-        # Whatever happened before, while a probe is out no further check is allowed.
-        if self.model.state is CircuitState.HALF_OPEN and self.model.probe is not None:
+        # Whatever happened before, while a probe is out and unexpired no further
+        # check is allowed.
+        model = self.model
+        if (
+            model.state is CircuitState.HALF_OPEN
+            and model.probe is not None
+            and self.clock.now < model.probe_expires
+        ):
             assert not self.breaker.check(PolicyContext()).allowed
 
 

@@ -126,7 +126,9 @@ def test_g1_commit_actual_and_release_the_rest() -> None:
     assert ctx.wrap_llm_call(lambda: None, WrapOptions(cost_estimate_hint=0.75)) is Decision.ALLOW
 
 
-def test_g1_failed_call_releases_reservation() -> None:
+def test_g10_failed_call_commits_its_reservation() -> None:
+    # G10: the call ran and may have been billed, so its worst case is spent,
+    # and nothing stays reserved.
     ctx = ExecutionContext(ExecutionConfig(max_cost_usd=1.0))
 
     def boom() -> None:
@@ -134,7 +136,7 @@ def test_g1_failed_call_releases_reservation() -> None:
 
     with pytest.raises(ConnectionError):
         ctx.wrap_llm_call(boom, WrapOptions(cost_estimate_hint=0.9))
-    assert ctx.snapshot().cost_usd == 0 and ctx.snapshot().reserved_usd == 0
+    assert ctx.snapshot().cost_usd == 0.9 and ctx.snapshot().reserved_usd == 0
 
 
 def test_g1_priced_worst_case_from_model_and_max_tokens() -> None:
