@@ -15,11 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 import anthropic
 import openai
 import pytest
+from packaging.requirements import Requirement
 from wrapt import FunctionWrapper
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, current_context
-from veronica_otel.instrumentors._hooks import InstrumentationError
+from veronica_otel.instrumentors._hooks import GuardedInstrumentor, InstrumentationError
+from veronica_otel.instrumentors.ag2 import AG2Instrumentor
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
+from veronica_otel.instrumentors.langchain import LangChainInstrumentor
+from veronica_otel.instrumentors.mcp import MCPInstrumentor
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.instrumentors.threading import ThreadingInstrumentor
 from veronica_otel.testing import FakeLLMServer
@@ -178,6 +182,28 @@ def _chain_follows() -> bool:
         return thread_seen == [ctx] and pooled is ctx
 
 
+@pytest.mark.parametrize(
+    "kind",
+    [
+        OpenAIInstrumentor,
+        AnthropicInstrumentor,
+        MCPInstrumentor,
+        LangChainInstrumentor,
+        AG2Instrumentor,
+    ],
+)
+def test_every_llm_and_tool_instrumentor_carries_the_chain(
+    kind: type[GuardedInstrumentor],
+) -> None:
+    assert not _chain_follows()
+    kind().instrument()
+    try:
+        assert _chain_follows()
+    finally:
+        kind().uninstrument()
+    assert not _chain_follows()
+
+
 def test_uninstrumenting_one_instrumentor_leaves_threads_to_another() -> None:
     OpenAIInstrumentor().instrument()
     AnthropicInstrumentor().instrument()
@@ -220,3 +246,22 @@ def test_anthropic_instrumentor_alone_keeps_pool_work_in_the_chain(server: FakeL
         outcomes = [pool.submit(call, client).result() for _ in range(CALLS)]
     assert outcomes.count("sent") == LIMIT == server.count("/v1/messages")
     assert outcomes.count("steps") == CALLS - LIMIT
+
+
+def test_a_refused_sdk_still_carries_the_chain_until_uninstrumented(
+    server: FakeLLMServer, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The installed openai outside the tested range: nothing wrapped, calls in a
+    # chain refused -- in threads too, which needs the chain there.
+    monkeypatch.setattr(OpenAIInstrumentor._hooks, "requirement", Requirement("openai < 1"))
+    with pytest.raises(InstrumentationError, match="outside the tested range"):
+        OpenAIInstrumentor().instrument()
+    with (
+        ExecutionContext(ExecutionConfig(max_steps=LIMIT)),
+        ThreadPoolExecutor(1) as pool,
+        pytest.raises(InstrumentationError),
+    ):
+        pool.submit(client.models.list).result()
+    assert server.request_count == 0
+    OpenAIInstrumentor().uninstrument()
+    assert not _chain_follows()
