@@ -154,7 +154,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from veronica_otel import __version__
+    from veronica_otel._version import __version__
 
     parser = _Parser(
         prog="veronica-otel",
