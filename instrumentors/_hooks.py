@@ -16,6 +16,12 @@ that no longer passes through a hook is not counted. So, all or nothing:
    ``VERONICA_FAIL_OPEN=true`` lets it through uncontained, with a warning.
    Under zero code ``opentelemetry-instrument`` only logs an instrumentor's
    exception; the refusal is what keeps the app from running uncontained.
+
+Every such instrumentor also carries the chain into ``threading.Thread`` and
+``ThreadPoolExecutor`` work (:mod:`veronica_otel.instrumentors.threading`),
+held for as long as it is instrumented, and even when its hooks did not fit
+(so the refusal sees the chain in threads too). Opt out with
+``instrument(propagate_threads=False)`` or ``VERONICA_THREADS=false``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -38,6 +45,7 @@ from veronica_otel._config import ExecutionConfig, parse_env_bool
 from veronica_otel._propagation import current_context, default_context
 
 from ._unwrap import is_ours, unwrap_ours
+from .threading import hold_threads, release_threads
 
 __all__ = ["GuardedInstrumentor", "Hook", "InstrumentationError", "SDKHooks", "function_problem"]
 
@@ -319,11 +327,34 @@ class GuardedInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return conflict
 
     def _instrument(self, **kwargs: Any) -> None:
+        try:
+            threads = _propagate_threads(kwargs.get("propagate_threads"))
+        except ValueError as exc:  # a malformed VERONICA_THREADS: closed, like a bad hook
+            error = self._hooks._error(self._hooks._label(), [str(exc)])
+            self._hooks.refuse(error)
+            _logger.error("%s", error)
+            raise error from exc
+        if threads:  # before the hooks: a refusal must see the chain in threads too
+            hold_threads(type(self).__name__)
         self._hooks.install()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._hooks.remove()
+        release_threads(type(self).__name__)
 
     def uninstrument(self, **kwargs: Any) -> Any:
         self._hooks.lift()  # a refusal left by a failed instrument(), which set no flag
+        if not self.is_instrumented_by_opentelemetry:  # ... and may hold the threads
+            release_threads(type(self).__name__)
         return super().uninstrument(**kwargs)
+
+
+def _propagate_threads(choice: object) -> bool:
+    """``propagate_threads=`` if given, else ``VERONICA_THREADS`` (default true)."""
+    if choice is not None:
+        if not isinstance(choice, bool):
+            raise TypeError(f"propagate_threads={choice!r} must be True or False")
+        return choice
+    if not os.environ.get("VERONICA_THREADS", "").strip():
+        return True
+    return parse_env_bool("VERONICA_THREADS")

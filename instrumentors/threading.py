@@ -27,6 +27,28 @@ Where it hooks:
 
 A pool's worker threads, and veronica-otel's own timer thread, keep no
 context of their own: they outlive the chain that happened to start them.
+
+On by default: instrumenting any of our LLM or tool instrumentors (openai,
+anthropic, mcp, langchain, ag2) also turns this on, so an app that fans out
+to threads cannot escape its chain without a word. Opt out with
+``VERONICA_THREADS=false`` (a value other than true/false/1/0/yes/no/on/off
+makes ``instrument()`` fail with an error naming the variable) or
+``instrument(propagate_threads=False)``; calls in threads then start with an
+empty context and use the process default chain, if any.
+
+Each holder counts (:func:`hold_threads` / :func:`release_threads`): the
+patches stay while any of them -- an LLM instrumentor or this instrumentor,
+instrumented directly -- is instrumented, so uninstrumenting one never takes
+propagation away from another that is still on. ``ThreadingInstrumentor()``'s
+own ``is_instrumented_by_opentelemetry`` says only whether it was
+instrumented directly.
+
+``multiprocessing`` (and ``os.fork``) children are separate chains: a
+process has its own memory, so a chain's in-process ledger is not shared
+with its children, whatever their context says. To give several processes
+one budget, put the chain on the shared ledger (``VERONICA_REDIS_URL`` and
+``VERONICA_CHAIN_ID``, or ``ExecutionContext(..., ledger=RedisLedger(...),
+chain_id=...)`` in each process).
 """
 
 from __future__ import annotations
@@ -44,7 +66,7 @@ from wrapt import wrap_function_wrapper
 
 from ._unwrap import is_ours, unwrap_ours
 
-__all__ = ["ThreadingInstrumentor"]
+__all__ = ["ThreadingInstrumentor", "hold_threads", "release_threads"]
 
 _POOL_WORKER = getattr(futures.thread, "_worker", None)
 
@@ -106,6 +128,29 @@ _PATCHES: tuple[tuple[type, str, Callable[..., Any]], ...] = (
 )
 
 
+_holders: set[str] = set()
+_holders_lock = threading.Lock()
+
+
+def hold_threads(holder: str) -> None:
+    """Carry the context into threads for as long as ``holder`` wants it (idempotent)."""
+    with _holders_lock:
+        _holders.add(holder)
+        for owner, method, wrapper in _PATCHES:
+            if not is_ours(owner, method, wrapper):  # never twice
+                wrap_function_wrapper(owner, method, wrapper)
+
+
+def release_threads(holder: str) -> None:
+    """``holder`` no longer needs propagation; the last one out removes the patches."""
+    with _holders_lock:
+        _holders.discard(holder)
+        if _holders:
+            return
+        for owner, method, wrapper in _PATCHES:
+            unwrap_ours(owner, method, wrapper)
+
+
 class ThreadingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Carries the OpenTelemetry context (and so the chain) into threads."""
 
@@ -113,10 +158,7 @@ class ThreadingInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
-        for owner, method, wrapper in _PATCHES:
-            if not is_ours(owner, method, wrapper):  # never twice, whatever the flag says
-                wrap_function_wrapper(owner, method, wrapper)
+        hold_threads(type(self).__name__)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        for owner, method, wrapper in _PATCHES:
-            unwrap_ours(owner, method, wrapper)
+        release_threads(type(self).__name__)

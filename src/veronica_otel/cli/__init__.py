@@ -1,14 +1,23 @@
 """The ``veronica-otel`` command line: demo, graph, run, override.
 
 Exit codes: 0 success; 1 a command failed; 2 bad usage; 3 ``run`` killed the
-command at its deadline; otherwise ``run`` passes on the command's own status.
+command at its deadline; 130 interrupted; otherwise ``run`` passes on the
+command's own status. A user's mistake (a bad argument, a path that cannot be
+read or written, a missing extra) is one line on stderr naming the problem,
+never a traceback. Also runnable as ``python -m veronica_otel.cli``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -16,20 +25,73 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 3
+EXIT_INTERRUPTED = 130
+
+_OPENAI_EXTRA = (
+    "pip install 'veronica-otel[openai]' once published; from a checkout: "
+    "pip install -e '.[openai]'"
+)
+
+
+def _fail(command: str, problem: str) -> int:
+    print(f"veronica-otel {command}: {problem}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _openai_problem() -> str | None:
+    """Why the demo cannot use the openai SDK, or None when it can."""
+    try:
+        import openai  # noqa: F401
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] == "openai":
+            return f"needs the openai SDK, which is not installed ({_OPENAI_EXTRA})"
+        return f"the openai SDK cannot be imported ({exc}); reinstall it ({_OPENAI_EXTRA})"
+    return None
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why graph files cannot be written in ``folder`` (created if missing), or None."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".veronica-probe-"):
+            pass
+    except FileExistsError as exc:  # mkdir: a file is in the way
+        return f"cannot write the graph files to {folder!r}: {exc.filename} is not a directory"
+    except OSError as exc:
+        return f"cannot write the graph files to {folder!r}: {exc.strerror or exc}"
+    return None
+
+
+def runnable_cli() -> str:
+    """This command as the user's shell can run it: ``veronica-otel`` when that is
+    on PATH, else the script next to this Python, else ``python -m``."""
+    script = Path(sys.executable).parent / "veronica-otel"
+    found = shutil.which("veronica-otel")
+    if script.is_file():
+        if found and os.path.samefile(found, script):
+            return "veronica-otel"
+        relative = os.path.relpath(script)
+        return shlex.quote(script.as_posix() if relative.startswith("..") else relative)
+    return f"{shlex.quote(sys.executable)} -m veronica_otel.cli"
 
 
 def _demo(args: argparse.Namespace) -> int:
+    problem = _openai_problem() or _unwritable(args.out)
+    if problem is not None:
+        return _fail("demo", problem)
     from ._demo import run_demo, trace_to_graph
 
     print("veronica-otel demo: runaway agent chains against an embedded fake LLM server\n")
     finish = trace_to_graph(args.out)
     run_demo()
     written = finish()
-    if written:
-        print(f"\nexecution graphs, one per chain, in {args.out}/ (open the .html in a browser):")
-        for name, path in written:
-            print(f"  {name:<34} {path}")
-        print(f"in a terminal: veronica-otel graph {written[-1][1].with_suffix('.json')}")
+    if not written:
+        return _fail("demo", f"no graph file was written to {args.out!r} (see the log above)")
+    print(f"\nexecution graphs, one per chain, in {args.out}/ (open the .html in a browser):")
+    for name, path in written:
+        print(f"  {name:<34} {path}")
+    graph = shlex.quote(str(written[-1][1].with_suffix(".json")))
+    print(f"in a terminal: {runnable_cli()} graph {graph}")
     return EXIT_OK
 
 
@@ -47,6 +109,12 @@ def _run(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         print(f"veronica-otel run: command not found: {command[0]}", file=sys.stderr)
         return 127
+    except PermissionError:
+        print(f"veronica-otel run: not executable: {command[0]}", file=sys.stderr)
+        return 126
+    except OSError as exc:  # not a program (exec format error), ...
+        print(f"veronica-otel run: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+        return 126
     if killed:
         print(
             f"veronica-otel run: {command[0]} passed its {args.timeout:g}s deadline; "
@@ -78,11 +146,21 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from veronica_otel._version import __version__
+
+    parser = _Parser(
         prog="veronica-otel",
         description="Chain-level containment for LLM agents, inside OpenTelemetry.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
@@ -157,6 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `veronica-otel graph FILE | head`: not an error
         sys.stderr.close()
         return EXIT_OK
+    except KeyboardInterrupt:
+        print(f"veronica-otel {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:  # a path or device the user named: say which, no traceback
+        return _fail(args.command, str(exc))
 
 
 if __name__ == "__main__":  # pragma: no cover
