@@ -7,6 +7,7 @@ after every exit no thread is left inside the chain and OpenTelemetry logs no
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import logging
 import threading
@@ -103,18 +104,25 @@ def test_exit_in_another_thread_is_reported_not_raised(
     ctx = ExecutionContext()
     ctx.__enter__()
     done: list[object] = []
+    finished = threading.Event()
 
     def leave() -> None:
-        ctx.__exit__(None, None, None)
-        done.append(current_context())
+        try:
+            ctx.__exit__(None, None, None)
+            done.append(current_context())
+        finally:
+            finished.set()
 
-    thread = threading.Thread(target=leave)
-    with caplog.at_level(logging.WARNING, logger="veronica_otel"):
-        thread.start()
-        thread.join(timeout=10)
-    assert done == [None]
-    assert any("not entered in" in r.getMessage() for r in caplog.records)
-    # The entry made here is still attached here; leaving here detaches it.
-    assert current_context() is ctx
-    ctx.__exit__(None, None, None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="veronica_otel"):
+            # A bare OS thread: it starts with an empty context whether or not
+            # an instrumentor carries contexts into threading.Thread.
+            _thread.start_new_thread(leave, ())
+            assert finished.wait(timeout=10)
+        assert done == [None]
+        assert any("not entered in" in r.getMessage() for r in caplog.records)
+        # The entry made here is still attached here; leaving here detaches it.
+        assert current_context() is ctx
+    finally:
+        ctx.__exit__(None, None, None)
     assert current_context() is None
