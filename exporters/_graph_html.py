@@ -102,6 +102,7 @@ _JS = """
   });
   document.getElementById("expand-all").addEventListener("click", function () { setAll(false); });
   document.getElementById("collapse-all").addEventListener("click", function () { setAll(true); });
+  document.body.setAttribute("data-ready", "true");  // the script ran (checked in a browser)
 })();
 """
 
@@ -217,12 +218,12 @@ _LEGEND = (
         "the numbers cover the spans received so far",
     ),
     (
-        '<span class="kind">agent</span>',
+        '<span class="kind-agent"><span class="kind">agent</span></span>',
         "the chain (<code>invoke_workflow</code>) or one agent's turn; "
         "its cost is the total, children included",
     ),
-    ('<span class="kind">llm</span>', "a model call, one step"),
-    ('<span class="kind">tool</span>', "a tool call, one step"),
+    ('<span class="kind-llm"><span class="kind">llm</span></span>', "a model call, one step"),
+    ('<span class="kind-tool"><span class="kind">tool</span></span>', "a tool call, one step"),
     ('<span class="kind">other</span>', "a span of your own or an HTTP client span; not a step"),
     (
         "ALLOW / HALT",
