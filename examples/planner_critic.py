@@ -5,6 +5,10 @@ A planner proposes, a critic rejects, the planner revises... for 30 rounds:
 control to pass between the same two agents a fixed number of times; the
 call that would hand it over once more is never sent.
 
+``veronica-otel demo`` runs this loop with the same ceiling (60 -> 9, trip
+``loop``). The benchmark table (benchmarks/README.md) says 60 -> 8: it uses
+``max_steps=8``, a step per model call, to compare with the paper's step guard.
+
 Runs against the in-process fake LLM server (real ``openai`` SDK, real HTTP,
 no network, no key). Run: python examples/planner_critic.py
 """

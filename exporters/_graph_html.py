@@ -3,21 +3,27 @@
 No external URL of any kind (styles and the small script are inline), so the
 page works offline and from ``file://``. The tree is a table, one row per
 span, indented by depth: name, kind, cost, tokens, duration, a timeline bar
-and the decision. Trips are red, loop members orange; a row with children
-has a toggle to collapse its subtree. Every string that came from span data
-is HTML-escaped; numbers are formatted here, so nothing from a span reaches
-the page unescaped (a Content-Security-Policy forbids loading anything too).
+and the decision. Trips are red, loop repeats orange; a row with children
+has a toggle to collapse its subtree. A legend explains every badge. Every
+string that came from span data is HTML-escaped; numbers are formatted here,
+so nothing from a span reaches the page unescaped (a Content-Security-Policy
+forbids loading anything too).
 """
 
 from __future__ import annotations
 
 from html import escape
 
-from ._graph_model import GraphDict, LoopDict, NodeDict, describe_trip
+from ._graph_model import GraphDict, LoopDict, NodeDict, describe_trip, node_cost
+from ._graph_text import summary
 
 __all__ = ["render_html"]
 
 _MAX_INDENT = 40
+_STATE_TITLE = {
+    "complete": "the chain's root span ended",
+    "partial": "written before the root span ended: numbers cover the spans received so far",
+}
 
 _CSS = """
 :root { --trip: #c62828; --loop: #e65100; --bar: #5c6bc0; --muted: #6b6b6b; }
@@ -54,6 +60,11 @@ tr.trip.loop td.name::after { color: var(--trip); }
 tr.hidden { display: none; }
 .controls button { margin-right: .5em; }
 .legend { color: var(--muted); font-size: .85em; }
+.legend-list { display: grid; grid-template-columns: max-content 1fr; gap: .25em 1em;
+  font-size: .9em; }
+.legend-list dt { text-align: right; } .legend-list dd { margin: 0; }
+.trip-key { background: #ffebee; color: var(--trip); padding: 0 .3em; }
+.error-key { color: var(--trip); } .loop-key { color: var(--loop); }
 """
 
 _JS = """
@@ -91,6 +102,7 @@ _JS = """
   });
   document.getElementById("expand-all").addEventListener("click", function () { setAll(false); });
   document.getElementById("collapse-all").addEventListener("click", function () { setAll(true); });
+  document.body.setAttribute("data-ready", "true");  // the script ran (checked in a browser)
 })();
 """
 
@@ -159,7 +171,7 @@ def _row(node: NodeDict, graph: GraphDict) -> str:
         if node["children"]
         else '<span class="spacer"></span>'
     )
-    cost = node["cost_usd"] if node["kind"] != "other" else node["total_cost_usd"] or None
+    cost = node_cost(node)
     return (
         f'<tr class="{" ".join(classes)}" data-depth="{node["depth"]}" '
         f'title="{_title(node, graph["loops"])}">'
@@ -175,25 +187,65 @@ def _row(node: NodeDict, graph: GraphDict) -> str:
 
 
 def _totals(graph: GraphDict) -> str:
-    totals = graph["totals"]
-    reasons = ", ".join(_e(r) for r in totals.get("trip_reasons", [])) or "none"
+    figures = summary(graph)
+    reasons = ", ".join(_e(r) for r in graph["totals"].get("trip_reasons", [])) or "none"
     cells = [
-        ("cost", _usd(float(totals.get("cost_usd", 0.0)))),
-        (
-            "tokens in / out",
-            f"{int(totals.get('input_tokens', 0))} / {int(totals.get('output_tokens', 0))}",
-        ),
-        ("LLM calls", str(int(totals.get("llm_calls", 0)))),
-        ("tool calls", str(int(totals.get("tool_calls", 0)))),
-        ("agents", str(int(totals.get("agents", 0)))),
-        ("denied calls", str(int(totals.get("denied_calls", 0)))),
+        ("cost", _usd(float(graph["totals"].get("cost_usd", 0.0)))),
+        ("tokens", _e(figures["tokens"])),
+        ("steps", _e(figures["steps"])),
+        ("LLM calls", _e(figures["llm"])),
+        ("tool calls", _e(figures["tools"])),
+        ("agents", _e(figures["agents"])),
         ("trips", reasons),
         ("duration", _ms(graph["duration_ms"])),
     ]
     if graph["dropped_spans"]:
         cells.append(("spans dropped (over the per-chain cap)", str(graph["dropped_spans"])))
-    rows = "".join(f"<tr><th>{label}</th><td>{value}</td></tr>" for label, value in cells)
+    rows = "".join(
+        f'<tr data-total="{label}"><th>{label}</th><td>{value}</td></tr>' for label, value in cells
+    )
     return f'<table class="totals">{rows}</table>'
+
+
+_LEGEND = (
+    (
+        '<span class="badge complete">complete</span>',
+        "the chain's root span ended; every span it sent is here",
+    ),
+    (
+        '<span class="badge partial">partial</span>',
+        "written before the root span ended (a long or default chain, a crash): "
+        "the numbers cover the spans received so far",
+    ),
+    (
+        '<span class="kind-agent"><span class="kind">agent</span></span>',
+        "the chain (<code>invoke_workflow</code>) or one agent's turn; "
+        "its cost is the total, children included",
+    ),
+    ('<span class="kind-llm"><span class="kind">llm</span></span>', "a model call, one step"),
+    ('<span class="kind-tool"><span class="kind">tool</span></span>', "a tool call, one step"),
+    ('<span class="kind">other</span>', "a span of your own or an HTTP client span; not a step"),
+    (
+        "ALLOW / HALT",
+        "the pre-call check: a call marked HALT was denied and never sent (it costs "
+        "nothing); a chain marked HALT tripped",
+    ),
+    (
+        '<span class="trip-key">trip</span>',
+        "a red row: the limit that stopped the chain (limit, observed), on the denied call "
+        "and on the chain",
+    ),
+    ('<span class="error-key">error</span>', "a red name: the span ended in error"),
+    (
+        '<span class="loop-key">&#10227; loop</span>',
+        "a repeat in a loop listed under Loops; the call that began it is not marked",
+    ),
+)
+
+
+def _legend() -> str:
+    items = "".join(f"<dt>{key}</dt><dd>{text}</dd>" for key, text in _LEGEND)
+    return f'<h2>Legend</h2><dl class="legend-list">{items}</dl>'
 
 
 def _loops(graph: GraphDict) -> str:
@@ -219,15 +271,17 @@ def render_html(graph: GraphDict) -> str:
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
         f"<title>veronica chain {chain}</title><style>{_CSS}</style></head><body>\n"
-        f'<h1>Chain <code>{chain}</code> <span class="badge {state}">{state}</span></h1>\n'
+        f'<h1>Chain <code>{chain}</code> <span class="badge {state}" '
+        f'title="{_STATE_TITLE[state]}">{state}</span></h1>\n'
         f"{_totals(graph)}\n{_loops(graph)}\n"
         '<h2>Call tree</h2><div class="controls">'
         '<button id="expand-all" type="button">Expand all</button>'
         '<button id="collapse-all" type="button">Collapse all</button>'
         '<span class="legend">red: trip or error &middot; orange: loop &middot; '
-        "agent cost is the chain's total, children included</span></div>\n"
+        "agent cost is the chain's total, children included (see the legend below)"
+        "</span></div>\n"
         '<table class="tree"><thead><tr><th>span</th><th>kind</th><th>cost</th>'
         "<th>tokens in / out</th><th>duration</th><th>timeline</th><th>decision</th>"
-        f"</tr></thead><tbody>\n{rows}\n</tbody></table>\n"
+        f"</tr></thead><tbody>\n{rows}\n</tbody></table>\n{_legend()}\n"
         f"<script>{_JS}</script></body></html>\n"
     )

@@ -19,6 +19,18 @@ Loops flagged (heuristics, shown beside the graph; they never stop a chain):
   marked ``"exact": false`` (same call shape, inputs unknown).
 - ``ping_pong``: two sibling agents alternating A, B, A, B ... four or more
   times in start order.
+
+A loop lists all its members (``nodes``), but only the *repeats* carry its
+badge (a node's ``loops``): the first call of a repeated signature, and the
+first A and B of a ping-pong, are where the loop began, not part of it.
+
+Totals agree with the chain's own numbers: ``cost_usd``, ``tokens`` and
+``steps`` are the chain span's totals (the ledger's) when the graph has one,
+so steps with no span of their own (WebSocket messages under the middleware,
+calls wrapped without a span) show as ``other_steps``, and calls that
+reported no input/output split as ``calls_without_usage``. ``agents`` counts
+distinct agent names (not the chain's own workflow span); ``agent_turns``
+counts their spans.
 """
 
 from __future__ import annotations
@@ -41,6 +53,9 @@ __all__ = [
     "describe_trip",
     "node_from_json",
     "node_from_span",
+    "agent_name",
+    "node_cost",
+    "repeats",
 ]
 
 GRAPH_VERSION = 1
@@ -289,7 +304,7 @@ def build_graph(
     ordered, roots = _tree_order(by_id)
     loops = _find_loops(ordered, roots)
     for index, loop in enumerate(loops):
-        for node_id in loop["nodes"]:
+        for node_id in repeats(loop):
             by_id[node_id]["loops"].append(index)
     _total_costs(ordered, by_id)
     start = min((n["start"] for n in ordered), default=0.0)
@@ -308,6 +323,30 @@ def build_graph(
         "loops": loops,
         "dropped_spans": dropped_spans,
     }
+
+
+def repeats(loop: LoopDict) -> list[str]:
+    """The members of ``loop`` that repeat an earlier one (they carry its badge)."""
+    first = 2 if loop["type"] == "ping_pong" else 1  # A, B begin a ping-pong
+    return loop["nodes"][first:]
+
+
+def node_cost(node: NodeDict) -> float | None:
+    """The cost to show on a row: a call's own, else its children's total (None if nothing)."""
+    own = node["cost_usd"]
+    if own is not None and node["kind"] != "other":
+        return own
+    return node["total_cost_usd"] or None
+
+
+def agent_name(node: NodeDict) -> str | None:
+    """The agent a node is a turn of; None for a workflow (the chain itself) or a non-agent."""
+    if node["kind"] != "agent":
+        return None
+    operation, _, rest = node["name"].partition(" ")
+    if operation == "invoke_workflow":
+        return None
+    return rest if operation in _AGENT_OPS and rest else node["name"]
 
 
 def _tree_order(by_id: dict[str, NodeDict]) -> tuple[list[NodeDict], list[str]]:
@@ -355,8 +394,11 @@ def _find_loops(ordered: list[NodeDict], roots: list[str]) -> list[LoopDict]:
         if len(loops) >= _MAX_LOOPS:
             break
         siblings = [by_id[s] for s in sibling_ids]
-        loops.extend(_repeats(parent, siblings))
-        loops.extend(_ping_pongs(parent, [n for n in siblings if n["kind"] == "agent"]))
+        pongs = _ping_pongs(parent, [n for n in siblings if n["kind"] == "agent"])
+        in_pongs = {node_id for loop in pongs for node_id in loop["nodes"]}
+        # An agent's turns inside a ping-pong are that loop, not a second one.
+        loops.extend(r for r in _repeats(parent, siblings) if not set(r["nodes"]) <= in_pongs)
+        loops.extend(pongs)
     return loops[:_MAX_LOOPS]
 
 
@@ -395,7 +437,7 @@ def _ping_pongs(parent: str | None, agents: list[NodeDict]) -> list[LoopDict]:
         ):
             continue
         if i - start >= PING_PONG_THRESHOLD:
-            a, b = names[start], names[start + 1]
+            a, b = (agent_name(agents[start + k]) or names[start + k] for k in (0, 1))
             found.append(
                 {
                     "type": "ping_pong",
@@ -428,13 +470,35 @@ def _totals(
 ) -> dict[str, Any]:
     llm = [n for n in ordered if n["kind"] == "llm"]
     tripped = [n for n in ordered if n["trip"] is not None]
+    # The root chain's own spans (child chains are "root.N"): their totals are the ledger's.
+    chains = [
+        n for n in ordered if n["kind"] == "agent" and n["chain_id"] and "." not in n["chain_id"]
+    ]
+    chain_tokens = [n["tokens"] for n in chains if n["tokens"] is not None]
+    chain_steps = [n["steps"] for n in chains if n["steps"] is not None]
+    steps = sum(chain_steps) if chain_steps else None
+    sent = [n["kind"] for n in ordered if n["decision"] not in (None, "HALT")]
+    llm_sent, tools_sent = sent.count("llm"), sent.count("tool")
+    admitted = llm_sent + tools_sent
+    unsplit = [n for n in llm if n["input_tokens"] is None and n["output_tokens"] is None]
+    call_tokens = sum((n["input_tokens"] or 0) + (n["output_tokens"] or 0) for n in llm)
+    call_tokens += sum(n["tokens"] or 0 for n in unsplit)
+    turns = [name for name in map(agent_name, ordered) if name is not None]
     return {
         "cost_usd": round(sum(by_id[r]["total_cost_usd"] for r in roots), 12),
+        "tokens": sum(chain_tokens) if chain_tokens else call_tokens,
         "input_tokens": sum(n["input_tokens"] or 0 for n in llm),
         "output_tokens": sum(n["output_tokens"] or 0 for n in llm),
+        "calls_without_usage": sum(1 for n in unsplit if n["decision"] != "HALT"),
+        "steps": steps,
+        "other_steps": steps - admitted if steps is not None and steps >= admitted else None,
         "nodes": len(ordered),
-        "agents": sum(1 for n in ordered if n["kind"] == "agent"),
+        "agents": len(set(turns)),
+        "agent_names": sorted(set(turns)),
+        "agent_turns": len(turns),
         "llm_calls": len(llm),
+        "llm_sent": llm_sent,
+        "tools_sent": tools_sent,
         "tool_calls": sum(1 for n in ordered if n["kind"] == "tool"),
         "denied_calls": sum(
             1 for n in ordered if n["kind"] in ("llm", "tool") and n["decision"] == "HALT"

@@ -18,10 +18,19 @@ from ._graph_model import (
     NodeDict,
     build_graph,
     describe_trip,
+    node_cost,
     node_from_json,
 )
 
-__all__ = ["load_graph", "render_text_tree"]
+__all__ = ["load_graph", "render_text_tree", "summary"]
+
+LEGEND = (
+    "legend: [agent] the chain or an agent's turn (cost includes its children), [llm] a model "
+    "call, [tool] a tool call, [other] your own span (not a step) · ALLOW/HALT the pre-call "
+    "check (a HALT call was denied, never sent) · TRIP the limit that stopped the chain "
+    "(limit, observed) · ERROR the span failed · LOOP n a repeat in loop n (the call that "
+    "began it is not marked) · partial: written before the root span ended"
+)
 
 
 def load_graph(path: str | os.PathLike[str]) -> GraphDict:
@@ -66,7 +75,7 @@ def _usd(value: float | None) -> str:
 
 def _line(node: NodeDict) -> str:
     parts = [_clean(node["name"]), f"[{node['kind']}]"]
-    cost = node["cost_usd"] if node["kind"] != "other" else node["total_cost_usd"] or None
+    cost = node_cost(node)
     if cost is not None:
         parts.append(_usd(cost))
     if node["input_tokens"] is not None or node["output_tokens"] is not None:
@@ -86,16 +95,67 @@ def _line(node: NodeDict) -> str:
     return "  ".join(parts)
 
 
-def render_text_tree(graph: GraphDict) -> str:
-    """The graph as an indented tree with totals and loops, for a terminal."""
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def summary(graph: GraphDict) -> dict[str, str]:
+    """The chain's totals in words, the same for the terminal and the page."""
     totals = graph["totals"]
+
+    def number(key: str) -> int:
+        value = totals.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    inp, out = number("input_tokens"), number("output_tokens")
+    tokens = totals.get("tokens")
+    tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else inp + out
+    unsplit, llm_sent = number("calls_without_usage"), number("llm_sent")
+    if not unsplit:
+        token_text = f"{tokens} ({inp} in / {out} out)"
+    elif unsplit >= llm_sent:
+        token_text = f"{tokens} (in / out not reported by the {_plural(unsplit, 'LLM call')})"
+    else:
+        token_text = f"{tokens} ({inp} in / {out} out; {_plural(unsplit, 'LLM call')} without)"
+    calls = f"{_plural(llm_sent, 'LLM call')} + {_plural(number('tools_sent'), 'tool call')}"
+    steps, other = totals.get("steps"), totals.get("other_steps")
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        step_text = f"not in the trace ({calls} sent)"
+    elif isinstance(other, int) and other > 0:
+        step_text = (
+            f"{steps} = {calls} + {other} without a span (WebSocket messages, wrapped calls)"
+        )
+    else:
+        step_text = f"{steps} = {calls}" if isinstance(other, int) else str(steps)
+    denied = number("denied_calls")
+    names = [str(n) for n in totals.get("agent_names", []) if isinstance(n, str)]
+    agents = number("agents")
+    agent_text = (
+        f"{agents} ({', '.join(names)}; {_plural(number('agent_turns'), 'turn')})"
+        if agents
+        else "none besides the chain"
+    )
+    return {
+        "tokens": token_text,
+        "steps": step_text,
+        "llm": str(number("llm_calls")) + (f" ({denied} denied, never sent)" if denied else ""),
+        "tools": str(number("tool_calls")),
+        "agents": agent_text,
+    }
+
+
+def render_text_tree(graph: GraphDict) -> str:
+    """The graph as an indented tree with totals, loops and a legend, for a terminal."""
+    totals = graph["totals"]
+    figures = summary(graph)
     state = "complete" if graph["complete"] else "partial"
     lines = [
         f"chain {_clean(graph['chain_id'])} ({state})  cost {_usd(totals.get('cost_usd', 0.0))}  "
-        f"tokens {totals.get('input_tokens', 0)} in / {totals.get('output_tokens', 0)} out  "
-        f"llm {totals.get('llm_calls', 0)}  tools {totals.get('tool_calls', 0)}  "
-        f"agents {totals.get('agents', 0)}  denied {totals.get('denied_calls', 0)}  "
-        f"{graph['duration_ms']:.1f} ms"
+        f"{graph['duration_ms']:.1f} ms",
+        f"  tokens {figures['tokens']}",
+        f"  steps {figures['steps']}",
+        f"  llm calls {figures['llm']}  tool calls {figures['tools']}  "
+        f"agents {_clean(figures['agents'])}",
     ]
     by_id = {node["id"]: node for node in graph["nodes"]}
     stack: list[tuple[str, str, str]] = [
@@ -121,4 +181,5 @@ def render_text_tree(graph: GraphDict) -> str:
         )
     if graph["dropped_spans"]:
         lines.append(f"spans dropped over the per-chain cap: {graph['dropped_spans']}")
+    lines.append(LEGEND)
     return "\n".join(lines)

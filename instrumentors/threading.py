@@ -56,6 +56,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection
 from concurrent import futures
+from concurrent.futures import thread as _pool_thread  # a submodule: not loaded by the package
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -68,7 +69,7 @@ from ._unwrap import is_ours, unwrap_ours
 
 __all__ = ["ThreadingInstrumentor", "hold_threads", "release_threads"]
 
-_POOL_WORKER = getattr(futures.thread, "_worker", None)
+_POOL_WORKER = getattr(_pool_thread, "_worker", None)
 
 
 def _in_context(ctx: otel_context.Context, fn: Callable[..., Any]) -> Callable[..., Any]:

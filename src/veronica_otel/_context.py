@@ -655,8 +655,10 @@ class ExecutionContext(AsyncFromSync):
                 self.config.max_cost_usd or 0.0,
                 float("inf"),
                 f"no known price for model {model!r} (provider {provider!r}); a model "
-                "with no price is never free: set VERONICA_UNKNOWN_MODEL_PRICE or pass "
-                "a price_table",
+                "with no price is never free: map the name to a priced model "
+                '(VERONICA_MODEL_ALIASES="name=gpt-4o", or [models] "name" = "gpt-4o" '
+                'in the policy file), price it ([prices."name"] in the policy file or '
+                "a price_table), or set VERONICA_UNKNOWN_MODEL_PRICE",
                 sticky=False,
             )
         return prices  # type: ignore[return-value]

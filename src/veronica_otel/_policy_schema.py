@@ -158,6 +158,9 @@ class PolicySpec:
         models: Per-model rules keyed by lower-cased ``"model"`` or
             ``"provider:model"``.
         tools: Per-tool rules keyed by tool name.
+        aliases: Model names mapped to the model whose price they take
+            (``[models] "my-gpt4o-deploy" = "gpt-4o"``), keyed lower-cased.
+            Pricing only: a rule for ``gpt-4o`` does not apply to the alias.
     """
 
     limits: ExecutionConfig = field(default_factory=ExecutionConfig)
@@ -165,6 +168,7 @@ class PolicySpec:
     unknown_model_price_usd_per_mtok: float | None = None
     models: Mapping[str, ModelRule] = field(default_factory=dict)
     tools: Mapping[str, ToolRule] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
 
 def load_policy(path: Path) -> PolicySpec:
@@ -261,13 +265,14 @@ def parse_policy(data: object, source: str = "<policy>") -> PolicySpec:
     unknown_price = None
     if "unknown_model_price_usd_per_mtok" in top:
         unknown_price = _usd(source, "unknown_model_price_usd_per_mtok", top[_TOP_KEYS[0]])
-    models = _models(source, top.get("models", {}))
+    models, aliases = _models(source, top.get("models", {}))
     return PolicySpec(
         limits=_limits(source, top.get("limits", {})),
         prices=_prices(source, top.get("prices", {})),
         unknown_model_price_usd_per_mtok=unknown_price,
         models=models,
         tools=_tools(source, top.get("tools", {})),
+        aliases=aliases,
     )
 
 
@@ -301,11 +306,25 @@ def _prices(source: str, data: object) -> dict[str, UnitPrices]:
     return prices
 
 
-def _models(source: str, data: object) -> dict[str, ModelRule]:
+def _models(source: str, data: object) -> tuple[dict[str, ModelRule], dict[str, str]]:
     rules: dict[str, ModelRule] = {}
+    aliases: dict[str, str] = {}
     names: dict[str, str] = {}
     for name, body in _named_tables(source, "models", data).items():
         path = f"models.{_quote(name)}"
+        if isinstance(body, str):  # "my-gpt4o-deploy" = "gpt-4o": an alias, priced as its model
+            target = _name(source, path, body)
+            if name.lower() == target.lower():
+                raise PolicyFileError(source, "is an alias of itself", path, body)
+            aliases[_unique(source, "models", name, names)] = target
+            continue
+        if not isinstance(body, Mapping):
+            raise PolicyFileError(
+                source,
+                f"must be a table of rules, or a model name (an alias), got {type(body).__name__}",
+                path,
+                body,
+            )
         table = _table(source, path, body, _MODEL_KEYS)
         fallback = None
         if "fallback" in table:
@@ -323,7 +342,15 @@ def _models(source: str, data: object) -> dict[str, ModelRule]:
         key = _unique(source, "models", name, names)
         rules[key] = ModelRule(key, path, fallback, max_tokens, max_calls)
     _check_fallbacks(source, rules)
-    return rules
+    for key, target in aliases.items():
+        if target.lower() in aliases:
+            raise PolicyFileError(
+                source,
+                "is an alias of another alias; name the model directly",
+                f"models.{_quote(names[key])}",
+                target,
+            )
+    return rules, aliases
 
 
 def _check_fallbacks(source: str, rules: Mapping[str, ModelRule]) -> None:

@@ -27,11 +27,22 @@ produce: :meth:`UnitPrices.output_limit`, the model's largest output
 :data:`DEFAULT_MAX_OUTPUT_TOKENS`) and at most its context window
 (``genai-prices``) less the input bound. So one uncapped call never reserves
 the whole remaining budget for output its model could never return.
+
+Model names as deployments spell them: a name no price matches as sent is
+retried in its canonical form (:func:`canonical_model_name`): Bedrock ids
+(``anthropic.claude-3-5-sonnet-20241022-v2:0``, cross-region ``us.``/``eu.``/
+``apac.``/``global.`` prefixes, inference-profile ARNs) and Vertex ids
+(``claude-3-5-sonnet-v2@20241022``) price as ``claude-3-5-sonnet-20241022``.
+Names only the deployment knows (Azure deployment names) are mapped by aliases:
+``VERONICA_MODEL_ALIASES="my-gpt4o-deploy=gpt-4o"`` or a policy file's
+``[models] "my-gpt4o-deploy" = "gpt-4o"``. All of it runs once per
+``(provider, model)``; later calls are a dict hit.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -50,6 +61,9 @@ __all__ = [
     "PriceTable",
     "default_price_table",
     "UNKNOWN_MODEL_PRICE_ENV",
+    "MODEL_ALIASES_ENV",
+    "canonical_model_name",
+    "parse_model_aliases",
     "TOKENS_PER_MESSAGE",
     "TOKENS_PER_REQUEST",
     "INPUT_TOKEN_BOUND",
@@ -61,6 +75,7 @@ __all__ = [
 ]
 
 UNKNOWN_MODEL_PRICE_ENV = "VERONICA_UNKNOWN_MODEL_PRICE"
+MODEL_ALIASES_ENV = "VERONICA_MODEL_ALIASES"
 TOKENS_PER_MESSAGE = 4
 TOKENS_PER_REQUEST = 3
 INPUT_TOKEN_BOUND = "utf8_bytes + 4 per message + 3 per request"
@@ -326,9 +341,15 @@ class PriceTable:
     Precedence: the user's ``prices`` (key ``"provider:model"``, then
     ``"model"``, case-insensitive), then ``genai-prices``, then the unknown-model
     price. A model with no known price resolves to ``None``, never to zero.
+    ``aliases`` rename a model first (once: an alias's target is not looked
+    up again as an alias); a name still unpriced is retried in its
+    :func:`canonical_model_name` form (Bedrock and Vertex ids).
 
     Args:
         prices: User prices keyed by ``"model"`` or ``"provider:model"``.
+        aliases: Model names (Azure deployment names, say) mapped to the model
+            whose price they take, ``{"my-gpt4o-deploy": "gpt-4o"}``;
+            case-insensitive.
         unknown_model_price_usd_per_mtok: USD per million input and output
             tokens for any model with no known price.
     """
@@ -337,6 +358,7 @@ class PriceTable:
         self,
         prices: Mapping[str, UnitPrices] | None = None,
         *,
+        aliases: Mapping[str, str] | None = None,
         unknown_model_price_usd_per_mtok: float | None = None,
     ) -> None:
         self._user: dict[str, UnitPrices] = {}
@@ -346,6 +368,13 @@ class PriceTable:
             if not isinstance(value, UnitPrices):
                 raise TypeError(f"prices[{key!r}] must be UnitPrices, got {type(value).__name__}")
             self._user[key.strip().lower()] = value
+        self._aliases: dict[str, str] = {}
+        for key, target in (aliases or {}).items():
+            if not isinstance(key, str) or not key.strip():
+                raise TypeError(f"aliases keys must be non-empty str, got {key!r}")
+            if not isinstance(target, str) or not target.strip():
+                raise TypeError(f"aliases[{key!r}] must be a non-empty str, got {target!r}")
+            self._aliases[key.strip().lower()] = target.strip().lower()
         self._fallback: UnitPrices | None = None
         if unknown_model_price_usd_per_mtok is not None:
             usd = check_usd("unknown_model_price_usd_per_mtok", unknown_model_price_usd_per_mtok)
@@ -395,8 +424,20 @@ class PriceTable:
         name, prov = model.strip().lower(), (provider or "").strip().lower() or None
         if not name:
             return None
-        user = self._user.get(f"{prov}:{name}") if prov else None
-        return user or self._user.get(name) or _from_genai_prices(prov, name, context)
+        prices = self._user_prices(prov, name)
+        if prices is not None:
+            return prices
+        name = self._aliases.get(name, name)
+        prices = self._user_prices(prov, name) or _from_genai_prices(prov, name, context)
+        canonical = canonical_model_name(name)
+        if prices is None and canonical != name:
+            prices = self._user_prices(prov, canonical)
+            prices = prices or _from_genai_prices(prov, canonical, context)
+        return prices
+
+    def _user_prices(self, provider: str | None, name: str) -> UnitPrices | None:
+        user = self._user.get(f"{provider}:{name}") if provider else None
+        return user or self._user.get(name)
 
 
 _snapshot: DataSnapshot | None = None
@@ -422,8 +463,75 @@ def default_price_table() -> PriceTable:
                     except ValueError as exc:
                         msg = f"{UNKNOWN_MODEL_PRICE_ENV} must be USD per 1M tokens, got {raw!r}"
                         raise ValueError(f"{msg} ({exc})") from None
-                _default_table = PriceTable(unknown_model_price_usd_per_mtok=usd)
+                aliases = parse_model_aliases(os.environ.get(MODEL_ALIASES_ENV, ""))
+                _default_table = PriceTable(aliases=aliases, unknown_model_price_usd_per_mtok=usd)
     return _default_table
+
+
+# Bedrock: [region.]vendor.model[-vN][:N]; also the tail of an inference-profile ARN.
+_BEDROCK_ID = re.compile(
+    r"(?:(?:us|us-gov|eu|apac|global|jp|au|ca)\.)?"
+    r"(?:anthropic|meta|amazon|cohere|mistral|ai21|deepseek|openai|qwen|writer)\."
+    r"(?P<model>[a-z0-9][a-z0-9._-]*?)(?P<version>(?:-v\d+)?(?::\d+)?)"
+)
+# Vertex: model[-vN]@version, version a date, a number or "latest".
+_VERTEX_ID = re.compile(r"(?P<model>[a-z0-9][a-z0-9._-]*?)(?:-v\d+)?@(?P<version>[a-z0-9]+)")
+
+
+def canonical_model_name(model: str) -> str:
+    """``model`` as its maker names it, lower-cased.
+
+    Bedrock ids lose their cross-region prefix, vendor prefix and version
+    suffix (``us.anthropic.claude-3-5-sonnet-20241022-v2:0`` ->
+    ``claude-3-5-sonnet-20241022``; an ARN's last path part is the id); Vertex
+    ids turn ``@date`` into ``-date`` and drop ``-vN`` (``claude-3-5-sonnet-v2@20241022``
+    -> ``claude-3-5-sonnet-20241022``). Any other name is returned lower-cased.
+    """
+    name = model.strip().lower()
+    if name.startswith("arn:") and "/" in name:
+        name = name.rsplit("/", 1)[1]
+    bedrock = _BEDROCK_ID.fullmatch(name)
+    if bedrock is not None:
+        base = bedrock["model"]
+        # Keep a suffix that is the whole version (anthropic.claude-v2:1 is claude-v2).
+        name = base if any(ch.isdigit() for ch in base) else base + bedrock["version"]
+        name = name.split(":", 1)[0]
+    vertex = _VERTEX_ID.fullmatch(name)
+    if vertex is not None:
+        version = vertex["version"]
+        name = vertex["model"] if version == "latest" else f"{vertex['model']}-{version}"
+    return name
+
+
+def parse_model_aliases(raw: str, variable: str = MODEL_ALIASES_ENV) -> dict[str, str]:
+    """Parse ``"name=model,other=model"`` into ``{name: model}`` (names lower-cased).
+
+    Raises:
+        ValueError: An entry is not ``name=model``, a name is mapped twice or
+            to itself, or a target is itself an alias; ``variable`` is named.
+    """
+    aliases: dict[str, str] = {}
+    for entry in raw.split(","):
+        if not entry.strip():
+            continue  # a trailing comma
+        name, sep, target = (part.strip() for part in entry.partition("="))
+        if not sep or not name or not target or "=" in target:
+            raise ValueError(
+                f"{variable}: {entry.strip()!r} is not name=model "
+                f'(e.g. {variable}="my-gpt4o-deploy=gpt-4o,other=claude-sonnet-4-5")'
+            )
+        key = name.lower()
+        if key in aliases:
+            raise ValueError(f"{variable}: {name!r} is mapped twice")
+        if key == target.lower():
+            raise ValueError(f"{variable}: {name!r} is mapped to itself")
+        aliases[key] = target
+    for key, target in aliases.items():
+        if target.lower() in aliases:
+            raise ValueError(
+                f"{variable}: {key!r} maps to {target!r}, itself an alias; name the model directly"
+            )
+    return aliases
 
 
 def _bundled_snapshot() -> DataSnapshot:
@@ -458,7 +566,8 @@ def _from_genai_prices(
     window = info.context_window
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         window = None
-    return replace(prices, max_output=max_output_tokens(model), context_window=window)
+    limit = max_output_tokens(canonical_model_name(model))
+    return replace(prices, max_output=limit, context_window=window)
 
 
 def max_output_tokens(model: str) -> int | None:

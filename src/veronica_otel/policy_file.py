@@ -30,6 +30,9 @@ is installed)::
     output = 12.0
     cached_input = 1.5       # optional, as are reasoning and cache_write
 
+    [models]                 # a name only the deployment knows, priced as a model
+    "my-gpt4o-deploy" = "gpt-4o"  # (Azure deployment names; VERONICA_MODEL_ALIASES wins)
+
     [models."gpt-4o"]        # "model" or "provider:model", case-insensitive
     fallback = "gpt-4o-mini" # send this model instead
     max_tokens = 1000        # clamp each call's output tokens
@@ -74,7 +77,13 @@ from ._ledger import Ledger
 from ._policy import PolicyPipeline
 from ._policy_rules import FilePolicy
 from ._policy_schema import ModelRule, PolicyFileError, PolicySpec, ToolRule, load_policy
-from ._pricing import UNKNOWN_MODEL_PRICE_ENV, PriceTable, UnitPrices
+from ._pricing import (
+    MODEL_ALIASES_ENV,
+    UNKNOWN_MODEL_PRICE_ENV,
+    PriceTable,
+    UnitPrices,
+    parse_model_aliases,
+)
 from ._tools import set_tool_prices
 from ._units import check_usd
 
@@ -221,12 +230,16 @@ class PolicyFile:
         """A :class:`PriceTable` that always prices with the current version's ``[prices]``.
 
         ``VERONICA_UNKNOWN_MODEL_PRICE``, when set, takes precedence over the
-        file's ``unknown_model_price_usd_per_mtok``.
+        file's ``unknown_model_price_usd_per_mtok``; ``VERONICA_MODEL_ALIASES``
+        adds to the file's ``[models]`` aliases (the variable wins a name both map).
 
         Raises:
-            ValueError: ``VERONICA_UNKNOWN_MODEL_PRICE`` is malformed.
+            ValueError: ``VERONICA_UNKNOWN_MODEL_PRICE`` or
+                ``VERONICA_MODEL_ALIASES`` is malformed (named in the message).
         """
-        return _FilePriceTable(self, _env_unknown_price(environ))
+        env = os.environ if environ is None else environ
+        aliases = parse_model_aliases(env.get(MODEL_ALIASES_ENV, ""))
+        return _FilePriceTable(self, _env_unknown_price(environ), aliases)
 
     def _check(self, *, force: bool) -> tuple[tuple[int, PolicySpec], bool]:
         with self._lock:
@@ -308,10 +321,13 @@ def _stat(path: Path) -> _Stamp:
 class _FilePriceTable(PriceTable):
     """Delegates to a table built once per version of the file."""
 
-    def __init__(self, source: PolicyFile, unknown_usd: float | None) -> None:
+    def __init__(
+        self, source: PolicyFile, unknown_usd: float | None, env_aliases: Mapping[str, str]
+    ) -> None:
         super().__init__()
         self._source = source
         self._unknown_usd = unknown_usd
+        self._env_aliases = env_aliases
         self._table: tuple[int, PriceTable] = (0, PriceTable())  # versions start at 1
 
     def lookup(
@@ -325,7 +341,11 @@ class _FilePriceTable(PriceTable):
                 unknown = spec.unknown_model_price_usd_per_mtok
             built = self._table = (
                 version,
-                PriceTable(spec.prices, unknown_model_price_usd_per_mtok=unknown),
+                PriceTable(
+                    spec.prices,
+                    aliases={**spec.aliases, **self._env_aliases},  # env wins, as for prices
+                    unknown_model_price_usd_per_mtok=unknown,
+                ),
             )
         return built[1].lookup(provider, model, price_context=price_context)
 

@@ -186,7 +186,19 @@ def test_a_chain_becomes_one_graph_file(
     assert totals["cost_usd"] == pytest.approx(snapshot.cost_usd)
     calls_cost = sum(n["cost_usd"] or 0 for n in graph["nodes"] if n["kind"] == "llm")
     assert totals["cost_usd"] == pytest.approx(calls_cost + 0.001)
-    assert totals["llm_calls"] == 6 and totals["tool_calls"] == 3 and totals["agents"] == 5
+    assert totals["llm_calls"] == 6 and totals["tool_calls"] == 3
+    # Two agents (critic, writer) took four turns; the workflow span is the chain itself.
+    assert (totals["agents"], totals["agent_names"], totals["agent_turns"]) == (
+        2,
+        ["critic", "writer"],
+        4,
+    )
+    # Steps are the chain's count: 5 calls and 3 tools sent, and the wrapped call (no span).
+    assert totals["steps"] == snapshot.steps == 9
+    assert (totals["llm_sent"], totals["tools_sent"], totals["other_steps"]) == (5, 3, 1)
+    assert totals["tokens"] == snapshot.tokens
+    assert totals["tokens"] == totals["input_tokens"] + totals["output_tokens"]
+    assert totals["calls_without_usage"] == 0
     assert totals["denied_calls"] == 1 and totals["trip_reasons"] == ["steps"]
     assert totals["output_tokens"] == 25
     # Loops: the tool repeated under the planner, and critic/writer ping-ponging.
@@ -197,7 +209,10 @@ def test_a_chain_becomes_one_graph_file(
     assert loops["repeated_signature"]["exact"] is False  # tool inputs are not recorded
     assert loops["ping_pong"]["nodes"] == [c["id"] for c in children[5:9]]
     assert loops["ping_pong"]["count"] == 4
-    assert all(nodes[i]["loops"] for i in loops["ping_pong"]["nodes"])
+    # The badge marks the repeats only: the first critic and writer began the loop.
+    marked = [bool(nodes[i]["loops"]) for i in loops["ping_pong"]["nodes"]]
+    assert marked == [False, False, True, True]
+    assert [bool(c["loops"]) for c in children[1:4]] == [False, True, True]
 
 
 def test_html_view_is_self_contained_escaped_and_shows_trips_in_red(
@@ -219,7 +234,13 @@ def test_html_view_is_self_contained_escaped_and_shows_trips_in_red(
     assert "trip: steps (limit 9, observed 10)" in page
     # Loops are listed and flagged; costs are shown per node.
     assert "alternate 4 times" in page and "repeated 3 times" in page
-    assert page.count('class="node kind-agent loop"') == 4
+    assert page.count('class="node kind-agent loop"') == 2  # the repeats, not the first pair
+    # Every badge is explained, and the totals say what the trace holds.
+    keys = " | ".join(re.sub(r"<[^>]+>", "", k) for k in re.findall(r"<dt>(.*?)</dt>", page))
+    for key in ("complete", "partial", "agent", "llm", "tool", "other", "HALT", "trip", "loop"):
+        assert key in keys, key
+    assert '<tr data-total="steps"><th>steps</th><td>9 = 5 LLM calls + 3 tool calls + 1 ' in page
+    assert "2 (critic, writer; 4 turns)" in page
     assert f"${ctx.snapshot().cost_usd:.4f}" in page
 
 
@@ -232,8 +253,12 @@ def test_graph_file_reads_back_as_a_terminal_tree(
     text = render_text_tree(graph)
     lines = text.splitlines()
     assert lines[0].startswith(f"chain {ctx.chain_id} (complete)")
-    assert lines[1].startswith("invoke_workflow planner  [agent]")
-    assert lines[-1].startswith("  2. agents 'invoke_agent critic' and 'invoke_agent writer'")
+    assert lines[1].startswith("  tokens ") and "in /" in lines[1]
+    assert lines[2].startswith("  steps 9 = 5 LLM calls + 3 tool calls + 1 without a span")
+    assert "agents 2 (critic, writer; 4 turns)" in lines[3]
+    assert lines[4].startswith("invoke_workflow planner  [agent]")
+    assert lines[-2].startswith("  2. agents 'critic' and 'writer' alternate 4 times")
+    assert lines[-1].startswith("legend: ") and "LOOP n a repeat" in lines[-1]
     assert any(line.startswith("│  └─ chat gpt-4o-mini") for line in lines)
     assert any(line.startswith("└─ chat gpt-4o-mini") and "TRIP steps" in line for line in lines)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ def test_repeated_signature_needs_three_of_the_same_under_one_parent() -> None:
     (loop,) = graph["loops"]
     assert loop["type"] == "repeated_signature" and loop["exact"] is True
     assert loop["nodes"] == ["2", "3", "5"] and loop["parent"] == "1"
-    assert [n["loops"] for n in graph["nodes"]][1:5] == [[0], [0], [], [0]]
+    # Only the repeats carry the badge: the first call is where the loop began.
+    assert [n["loops"] for n in graph["nodes"]][1:5] == [[], [0], [], [0]]
 
 
 def test_costs_and_totals() -> None:
@@ -145,3 +147,104 @@ def test_exported_names_and_the_optional_otlp_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def websocket_chain() -> list[NodeDict]:
+    """The demo's WebSocket chain: 30 steps, 2 of them LLM calls with no usage split."""
+    trip = {"reason": "steps", "limit": 30, "observed": 31}
+    root = {"chain_id": "c", "tokens": 140, "steps": 30, "cost_usd": 0.00065, "trip": trip}
+    call = {"chain_id": "c", "model": "gpt-4o", "cost_usd": 0.000325, "decision": "ALLOW"}
+    return [
+        node("1", None, "invoke_workflow request", decision="HALT", **root),
+        node("2", "1", "chat gpt-4o", "llm", **call),
+        node("3", "1", "chat gpt-4o", "llm", **call),
+    ]
+
+
+def test_totals_are_the_chains_own_steps_and_tokens() -> None:
+    graph = build_graph("c", websocket_chain(), complete=True)
+    totals = graph["totals"]
+    assert (totals["tokens"], totals["input_tokens"], totals["output_tokens"]) == (140, 0, 0)
+    assert totals["calls_without_usage"] == 2
+    assert (totals["steps"], totals["llm_sent"], totals["other_steps"]) == (30, 2, 28)
+    text = render_text_tree(graph)
+    assert "tokens 140 (in / out not reported by the 2 LLM calls)" in text
+    assert "steps 30 = 2 LLM calls + 0 tool calls + 28 without a span (WebSocket messages" in text
+    page = render_html(graph)
+    assert "<th>tokens</th><td>140 (in / out not reported by the 2 LLM calls)</td>" in page
+    assert "<th>steps</th><td>30 = 2 LLM calls + 0 tool calls + 28 without a span" in page
+    assert "tokens in / out</th><td>0 / 0" not in page  # the old, contradicting summary
+
+
+def test_without_a_chain_span_totals_come_from_the_calls() -> None:
+    nodes = [
+        node("1", None, "POST /chat", "other"),
+        node("2", "1", "chat m", "llm", input_tokens=3, output_tokens=4, decision="ALLOW"),
+    ]
+    totals = build_graph("c", nodes, complete=True)["totals"]
+    assert (totals["tokens"], totals["steps"], totals["other_steps"]) == (7, None, None)
+    assert "steps not in the trace (1 LLM call + 0 tool calls sent)" in render_text_tree(
+        build_graph("c", nodes, complete=True)
+    )
+
+
+def planner_critic(turns: int) -> list[NodeDict]:
+    nodes = [node("1", None, "invoke_workflow planner-critic", chain_id="c", steps=turns)]
+    for i in range(turns):
+        name = "invoke_agent planner" if i % 2 == 0 else "invoke_agent critic"
+        turn, call = f"{2 * i + 2:x}", f"{2 * i + 3:x}"
+        nodes.append(node(turn, "1", name, chain_id="c"))
+        nodes.append(node(call, turn, "chat m", "llm", model="m", decision="ALLOW"))
+    return nodes
+
+
+def test_agents_are_counted_by_name_and_the_loop_badge_marks_repeats() -> None:
+    graph = build_graph("c", planner_critic(13), complete=True)
+    totals = graph["totals"]
+    assert (totals["agents"], totals["agent_names"], totals["agent_turns"]) == (
+        2,
+        ["critic", "planner"],
+        13,
+    )
+    # One loop (the ping-pong): each agent's own repeats are that loop, not two more.
+    (loop,) = graph["loops"]
+    assert loop["type"] == "ping_pong" and loop["label"].startswith("agents 'planner' and")
+    turns = [n for n in graph["nodes"] if n["kind"] == "agent" and n["depth"] == 1]
+    assert [bool(n["loops"]) for n in turns] == [False, False] + [True] * 11
+    assert "agents 2 (critic, planner; 13 turns)" in render_text_tree(graph)
+
+
+def test_the_call_that_begins_a_repeat_carries_no_badge() -> None:
+    nodes = [node("1", None, "root")]
+    nodes += [node(f"{i:x}", "1", "chat m", "llm", model="m", digest="d") for i in range(2, 6)]
+    graph = build_graph("c", nodes, complete=True)
+    assert [n["loops"] for n in graph["nodes"]] == [[], [], [0], [0], [0]]
+    text = render_text_tree(graph)
+    assert text.count("LOOP 1") == 3
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_every_badge_is_explained(complete: bool) -> None:
+    graph = build_graph("c", websocket_chain(), complete=complete)
+    page = render_html(graph)
+    state = "complete" if complete else "partial"
+    assert f'<span class="badge {state}" title="' in page
+    keys = [re.sub(r"<[^>]+>", "", key) for key in re.findall(r"<dt>(.*?)</dt>", page)]
+    for badge in ("complete", "partial", "agent", "llm", "tool", "other", "trip", "error"):
+        assert badge in keys, badge
+    assert "ALLOW / HALT" in keys and "&#10227; loop" in keys
+    text = render_text_tree(graph)
+    assert f"({state})" in text.splitlines()[0]
+    legend_line = text.splitlines()[-1]
+    for word in (
+        "[agent]",
+        "[llm]",
+        "[tool]",
+        "[other]",
+        "HALT",
+        "TRIP",
+        "ERROR",
+        "LOOP",
+        "partial",
+    ):
+        assert word in legend_line, word
