@@ -28,6 +28,7 @@ serves its slot.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -41,7 +42,7 @@ from veronica_otel._config import parse_env_bool
 
 from ._store import check_seconds
 
-__all__ = ["ClusterClient", "connect"]
+__all__ = ["ClusterClient", "connect", "with_cluster_flag"]
 
 CLUSTER_VAR = "VERONICA_REDIS_CLUSTER"
 _SCHEMES = ("redis", "rediss", "unix")
@@ -66,6 +67,20 @@ def connect(
     if nodes is None:
         return redis.Redis.from_url(first, retry=Retry(NoBackoff(), 0), **timeouts)
     return ClusterClient(first, nodes, **timeouts)
+
+
+def with_cluster_flag(url: str, environ: Mapping[str, str]) -> str:
+    """``url`` with ``VERONICA_REDIS_CLUSTER`` from ``environ`` as its flag
+    (for a configuration read from a mapping other than ``os.environ``); a
+    flag already on the URL wins.
+
+    Raises:
+        ValueError: ``VERONICA_REDIS_CLUSTER`` is not a boolean (named).
+    """
+    if not environ.get(CLUSTER_VAR, "").strip() or "cluster=" in url:
+        return url
+    flag = "true" if parse_env_bool(CLUSTER_VAR, environ) else "false"
+    return f"{url}{'&' if '?' in url.rpartition(',')[2] else '?'}cluster={flag}"
 
 
 def _parse(url: object) -> tuple[str, list[tuple[str, int]] | None]:
