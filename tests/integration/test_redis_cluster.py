@@ -22,6 +22,7 @@ from redis.crc import key_slot
 from redis.exceptions import MovedError
 
 from tests._zero_code import UNCHANGED_AGENT, run_instrumented
+from tests.integration.test_fork import in_child
 from veronica_otel import (
     Decision,
     ExecutionConfig,
@@ -194,6 +195,28 @@ def test_exact_bound_under_threads_on_the_third_node(
     assert (snap.cost_nano, snap.steps, snap.tokens) == (100 * U, 100, 100)
     assert (snap.reserved_nano, snap.reserved_tokens) == (0, 0)
     assert snap.trip is not None and snap.trip.reason == "cost"
+
+
+def test_a_forked_child_charges_the_same_chain_through_its_own_connections(
+    redis_cluster: RedisClusterProcess, cluster_ledger: RedisLedger
+) -> None:
+    ledger = cluster_ledger
+    cid = chain_on(redis_cluster, ledger, 1, "forked-")
+    path = [Level(cid, Limits(steps=3))]
+    held = ledger.reserve(path, U, 0)  # the parent's sockets are open at fork
+    assert isinstance(held, Reservation)
+
+    def child() -> list[bool]:
+        got = [ledger.reserve(path, U, 0) for _ in range(3)]
+        for r in got:
+            if isinstance(r, Reservation):
+                ledger.commit(path, r, U, 0)
+        return [isinstance(r, Reservation) for r in got]
+
+    assert in_child(child) == [True, True, False]  # 1 held by the parent + 2 = 3 steps
+    ledger.commit(path, held, U, 0)
+    snap = ledger.snapshot(cid)
+    assert (snap.steps, snap.cost_nano, snap.reserved_nano) == (3, 3 * U, 0)
 
 
 # -- the breaker ----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from veronica_otel._config import parse_env_bool
+from veronica_otel._fork import remake_locks_after_fork
 
 from ._store import check_seconds
 
@@ -180,6 +181,7 @@ class ClusterClient(redis.Redis):
         self._options = options
         self._cluster: RedisCluster | None = None
         self._build_lock = threading.Lock()
+        remake_locks_after_fork(self, "_build_lock")  # a parent thread may hold it at fork
         self.store_label = _store_label(url, nodes)
 
     @property
