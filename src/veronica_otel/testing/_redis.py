@@ -260,7 +260,7 @@ class RedisClusterProcess:
     ``--cluster-enabled yes``; the slots are split into equal ranges
     (``CLUSTER ADDSLOTSRANGE``), the nodes are joined (``CLUSTER MEET``), and
     :meth:`start` returns once every node reports ``cluster_state:ok`` and
-    knows every other. No replicas, nothing persisted.
+    knows every other. No replicas.
 
     Args:
         directory: Parent of the nodes' directories (a new temporary
@@ -268,6 +268,9 @@ class RedisClusterProcess:
         nodes: How many primaries (at least 1).
         binary: Server executable (:func:`find_redis_server` when omitted).
         startup_timeout: Seconds to wait for the nodes and for the cluster.
+        durable: Each node keeps an fsynced append-only file, so a node killed
+            and restarted (``cluster.nodes[i].restart()``) comes back with its
+            data; its cluster identity and slots survive either way.
     """
 
     def __init__(
@@ -277,6 +280,7 @@ class RedisClusterProcess:
         nodes: int = 3,
         binary: str | None = None,
         startup_timeout: float = 15.0,
+        durable: bool = False,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes!r}")
@@ -293,7 +297,7 @@ class RedisClusterProcess:
             RedisServerProcess(
                 self.directory / f"node{i}",
                 binary=binary,
-                durable=False,
+                durable=durable,
                 startup_timeout=startup_timeout,
                 extra_args=(
                     "--cluster-enabled",
@@ -335,13 +339,14 @@ class RedisClusterProcess:
                 command(port, "CLUSTER", "ADDSLOTSRANGE", str(served.start), str(served.stop - 1))
             for port, bus in zip(ports[1:], self.bus_ports[1:], strict=True):
                 command(ports[0], "CLUSTER", "MEET", "127.0.0.1", str(port), str(bus))
-            self._wait_ok()
+            self.wait_ok()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_ok(self) -> None:
+    def wait_ok(self) -> None:
+        """Wait until every node reports ``cluster_state:ok`` and knows the others."""
         deadline = time.monotonic() + self.startup_timeout
         want = f"cluster_known_nodes:{len(self.nodes)}"
         while True:
