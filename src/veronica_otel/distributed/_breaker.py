@@ -35,8 +35,6 @@ from typing import Any
 
 import redis
 from opentelemetry import context as otel_context
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from veronica_otel._breaker import CircuitState
 from veronica_otel._config import parse_env_bool
@@ -46,6 +44,7 @@ from veronica_otel._policy import PolicyContext, PolicyDecision
 from veronica_otel._units import check_count
 
 from . import _scripts
+from ._connect import connect
 from ._errors import LedgerUnavailableError
 from ._store import check_seconds, corruption, describe, quiet, text
 
@@ -144,12 +143,7 @@ class RedisCircuitBreaker:
         fail_open: bool | None = None,
     ) -> RedisCircuitBreaker:
         """A breaker on a new client for ``url`` (short timeouts, no retries)."""
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=check_seconds("socket_timeout", socket_timeout),
-            socket_connect_timeout=check_seconds("socket_connect_timeout", socket_connect_timeout),
-            retry=Retry(NoBackoff(), 0),
-        )
+        client = connect(url, socket_timeout, socket_connect_timeout)
         return cls(
             client,
             name,

