@@ -33,7 +33,7 @@ from veronica_otel import (
     WrapOptions,
     current_context,
 )
-from veronica_otel._grants import Grant, NonceCache, sign_grant, verify_spent
+from veronica_otel._grants import Grant, GrantKeys, NonceCache, Spent, sign_grant, verify_spent
 from veronica_otel._remote import issue_grant
 from veronica_otel.middleware import VeronicaASGIMiddleware, VeronicaWSGIMiddleware
 
@@ -49,12 +49,14 @@ def make_grant(**overrides: Any) -> Grant:
         "nonce": secrets.token_urlsafe(12),
         "issued_at": now,
         "expires_at": now + 60,
+        "audience": "testserver",  # the Host the test clients send
+        "carved": True,
     }
     fields.update(overrides)
     return Grant(**fields)
 
 
-def baggage(grant: Grant, key: str = KEY, extra: str = "") -> dict[str, str]:
+def baggage(grant: Grant, key: Any = KEY, extra: str = "") -> dict[str, str]:
     value = (
         f"veronica.chain={grant.chain_id},veronica.depth={grant.depth},"
         f"veronica.grant={sign_grant(grant, key)}"
@@ -238,9 +240,9 @@ def test_a_joined_chain_is_held_to_the_grant_and_reports_its_spend(
     response = client_for().get("/spend", params={"n": 5}, headers=baggage(grant))
     assert response.status_code == 200
     assert response.json()["made"] == 2
-    spent = verify_spent(response.headers["veronica-spent"], KEY.encode(), grant.nonce)
-    assert spent is not None
-    assert (spent.steps, spent.cost_nano, spent.shared) == (2, 20_000_000, False)
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent)
+    assert (spent.steps, spent.cost_nano) == (2, 20_000_000)
 
 
 def test_depth_grows_by_one_per_hop_and_max_depth_is_enforced_before_the_app(
@@ -304,8 +306,8 @@ def test_the_spend_of_a_denied_request_still_goes_back(
     grant = make_grant(steps=2)
     response = client_for().get("/spend", params={"n": 5, "escape": 1}, headers=baggage(grant))
     assert response.status_code == 429
-    spent = verify_spent(response.headers["veronica-spent"], KEY.encode(), grant.nonce)
-    assert spent is not None and spent.steps == 2
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 2
 
 
 def test_forged_and_oversized_grants_are_ignored_and_counted(
@@ -313,7 +315,8 @@ def test_forged_and_oversized_grants_are_ignored_and_counted(
 ) -> None:
     client = client_for(ExecutionConfig(max_steps=10))
     before = rejected(metric_reader)
-    forged = client.get("/chain", headers=baggage(make_grant(steps=1), key="x" * 32)).json()
+    forger = {GrantKeys.single(KEY).kid: "x" * 32}  # our key id, another secret
+    forged = client.get("/chain", headers=baggage(make_grant(steps=1), key=forger)).json()
     oversized = client.get(
         "/chain", headers=baggage(make_grant(steps=1), extra="pad=" + "p" * 9000)
     ).json()
@@ -358,8 +361,8 @@ def test_shared_ledger_charges_the_callers_chain_directly() -> None:
 
     ledger = SharedLedger()
     caller = ExecutionContext(ExecutionConfig(max_steps=5), chain_id="caller-x", ledger=ledger)
-    grant = issue_grant(caller)
-    assert grant.ledger_id == "ledger-under-test"
+    grant, carve = issue_grant(caller, audience="testserver")
+    assert (grant.ledger_id, carve) == ("ledger-under-test", None)  # nothing carved
     recorder = Recorder()
     app = VeronicaASGIMiddleware(
         build_app(recorder), ledger=ledger, grant_key=KEY, replay_cache=NonceCache()
@@ -368,8 +371,11 @@ def test_shared_ledger_charges_the_callers_chain_directly() -> None:
     response = TestClient(app).get("/spend", params={"n": 2}, headers={"baggage": value})
     assert response.json()["made"] == 2
     assert caller.snapshot().steps == 2  # counted in the caller's chain, no header needed
-    spent = verify_spent(response.headers["veronica-spent"], KEY.encode(), grant.nonce)
-    assert spent is not None and spent.shared
+    again, _ = issue_grant(caller, audience="testserver")
+    value = f"veronica.grant={sign_grant(again, KEY)}"
+    response = TestClient(app).get("/spend", params={"n": 9}, headers={"baggage": value})
+    assert response.json()["made"] == 3  # the caller's own ceiling holds exactly
+    assert caller.snapshot().steps == 5
 
 
 # -- HTTP: what only a raw ASGI driver shows ------------------------------------------
@@ -509,7 +515,7 @@ def wsgi_client() -> Iterator[Callable[..., httpx2.Client]]:
         # Like a real server: start_response(..., exc_info) before any body replaces
         # the response instead of raising.
         transport = httpx2.WSGITransport(app=wrapped, raise_app_exceptions=False)
-        client = httpx2.Client(transport=transport, base_url="http://b")
+        client = httpx2.Client(transport=transport, base_url="http://testserver")
         clients.append(client)
         return client
 
@@ -526,8 +532,8 @@ def test_wsgi_joins_the_callers_chain(wsgi_client: Callable[..., httpx2.Client])
     response = client.get("/", params={"n": 2}, headers=baggage(grant))
     joined = response.json()
     assert (joined["depth"], joined["max_steps"]) == (4, 2)
-    spent = verify_spent(response.headers["veronica-spent"], KEY.encode(), grant.nonce)
-    assert spent is not None and spent.steps == 2
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 2
 
 
 def test_wsgi_pre_flight_and_escaping_trips_are_429(
