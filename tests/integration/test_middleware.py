@@ -431,6 +431,48 @@ def test_a_genuine_500_is_passed_through_unchanged() -> None:
     assert sent[0]["status"] == 500 and sent[1]["body"] == b"boom"
 
 
+def streaming_spender(chunks: int, size: int) -> Any:
+    """An ASGI app streaming ``chunks`` bodies of ``size`` bytes, one step spent per chunk."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(chunks):
+            ctx = current_context()
+            assert ctx is not None
+            ctx.begin_call("tool", CENT).finish()
+            await send({"type": "http.response.body", "body": b"x" * size, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+def test_spend_while_a_granted_body_streams_is_in_the_spend_back() -> None:
+    grant = make_grant(steps=5)
+    app = VeronicaASGIMiddleware(
+        streaming_spender(3, 10), grant_key=KEY, replay_cache=NonceCache(), audience="testserver"
+    )
+    headers = [(b"baggage", baggage(grant)["baggage"].encode())]
+    sent = drive(app, headers)
+    start = dict(sent[0]["headers"])
+    spent = verify_spent(start[b"veronica-spent"].decode(), KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 3  # all three, not the first one only
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"x" * 30
+
+
+def test_a_granted_body_too_long_to_hold_goes_without_a_spend_back() -> None:
+    grant = make_grant(steps=5)
+    app = VeronicaASGIMiddleware(
+        streaming_spender(3, 10),
+        grant_key=KEY,
+        replay_cache=NonceCache(),
+        audience="testserver",
+        spent_buffer_bytes=15,
+    )
+    sent = drive(app, [(b"baggage", baggage(grant)["baggage"].encode())])
+    assert b"veronica-spent" not in dict(sent[0]["headers"])  # the caller commits its carve
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"x" * 30
+
+
 # -- WebSocket ---------------------------------------------------------------------------
 
 

@@ -15,7 +15,9 @@ the request fails in any other way), the answer is 503 with a JSON body
 ``{"error": "budget store unavailable", "reason": ...}`` and the handler does
 not run; a store failure escaping the handler before the response started
 is a 503 too. A WebSocket is then refused with 503 (or closed with 1013,
-"try again later").
+"try again later"). A response to a granted request is held until the
+application returns (up to ``spent_buffer_bytes``), then sent with the signed
+``veronica-spent`` header counting everything the handler spent.
 
 WebSocket: each data message is one step of the session's chain
 (``websocket.receive`` delivered to the application, ``websocket.send``

@@ -9,6 +9,15 @@ already stopped -- too deep, past its deadline, tripped in the caller, or
 with nothing left of a granted budget -- is refused before the application
 runs, with HTTP 429 and a JSON body naming the reason.
 
+A grant is trusted only when it is signed with a known key id and addressed
+to this service (``audience`` / ``VERONICA_GRANT_AUDIENCE``, else the
+request's ``Host``). A trusted grant whose budget was not carved -- one meant
+for a shared Redis ledger this service does not use -- is refused with 429,
+never run on local limits. The answer to a granted request carries the
+signed ``veronica-spent`` header (:meth:`Admission.spent_header`), computed
+when the handler is done (both middlewares hold the response until then, up
+to a size limit), so spend while the body streams is counted.
+
 When the budget store cannot be reached (the shared ledger is down, or
 admitting the request failed in any other way), the request is refused with
 HTTP 503 and a JSON body (``{"error": "budget store unavailable", ...}``)
