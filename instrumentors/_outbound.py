@@ -45,6 +45,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, unquote
 
 from opentelemetry import baggage
@@ -197,9 +198,12 @@ class Propagation:
         grant_key: HMAC key, or ``{kid: key}`` (first signs) (else
             ``VERONICA_GRANT_KEYS`` / ``VERONICA_GRANT_KEY``).
         grant_ttl_s: How long a grant stays valid after it is sent.
-        grant_max_cost_usd: Most one grant carves, USD (None: all that is left).
-        grant_max_steps: Most steps one grant carves (None: all left, at most 32).
-        grant_max_tokens: Most tokens one grant carves (None: all that is left).
+        grant_max_cost_usd: Most one grant carves, USD (else
+            ``VERONICA_GRANT_MAX_COST_USD``, else all that is left).
+        grant_max_steps: Most steps one grant carves (else
+            ``VERONICA_GRANT_MAX_STEPS``, else all left; at most 32).
+        grant_max_tokens: Most tokens one grant carves (else
+            ``VERONICA_GRANT_MAX_TOKENS``, else all that is left).
         environ: Environment to read instead of ``os.environ``.
     """
 
@@ -235,16 +239,11 @@ class Propagation:
             if grant_key is not None
             else grant_key_from_env(env)
         )
+        cost = _setting(grant_max_cost_usd, "grant_max_cost_usd", env, float, check_usd)
+        steps = _setting(grant_max_steps, "grant_max_steps", env, int, check_count)
+        tokens = _setting(grant_max_tokens, "grant_max_tokens", env, int, check_count)
         self.limits = GrantLimits(
-            cost_nano=None
-            if grant_max_cost_usd is None
-            else usd_to_nano(check_usd("grant_max_cost_usd", grant_max_cost_usd)),
-            steps=None
-            if grant_max_steps is None
-            else check_count("grant_max_steps", grant_max_steps),
-            tokens=None
-            if grant_max_tokens is None
-            else check_count("grant_max_tokens", grant_max_tokens),
+            cost_nano=None if cost is None else usd_to_nano(cost), steps=steps, tokens=tokens
         )
         self.ttl_s = float(grant_ttl_s)
         self.active = True
@@ -323,6 +322,26 @@ class Propagation:
             settle(plan.carve, Spent() if never_sent else None)
         except Exception:
             _logger.exception("veronica-otel: settling a grant after a failed request failed")
+
+
+def _setting(
+    given: Any,
+    name: str,
+    env: Mapping[str, str],
+    parse: Callable[[str], Any],
+    check: Callable[[str, object], Any],
+) -> Any:
+    """A per-grant cap: the argument, else ``VERONICA_<NAME>``, else None (validated)."""
+    if given is not None:
+        return check(name, given)
+    var = f"VERONICA_{name.upper()}"
+    raw = env.get(var, "").strip()
+    if not raw:
+        return None
+    try:
+        return check(var, parse(raw))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{var}: {exc}" if var in str(exc) else f"{var}: bad value") from None
 
 
 def context_for(entries: Mapping[str, str]) -> otel_context.Context:

@@ -27,8 +27,9 @@ Configuration (argument, else environment, else default):
   ``VERONICA_GRANT_KEY``: the HMAC keys shared with your services.
 - ``grant_ttl_s``: how long a grant is valid (60 s).
 - ``grant_max_cost_usd``, ``grant_max_steps``, ``grant_max_tokens``: the most
-  one request's grant carves out of the chain (default: all that is left, so
-  concurrent requests wait their turn for budget; set them to fan out).
+  one request's grant carves out of the chain (else ``VERONICA_GRANT_MAX_*``,
+  else all that is left: other requests are then denied until it settles;
+  set them to fan out).
 
 Where it hooks: ``HTTPTransport.handle_request``,
 ``AsyncHTTPTransport.handle_async_request`` and the in-process

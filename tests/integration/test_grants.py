@@ -554,3 +554,22 @@ def test_a_redis_ledger_has_a_shared_id() -> None:
     assert RedisLedger(client, shared_id="ledger-eu-1").shared_id == "ledger-eu-1"
     with pytest.raises(ValueError, match="shared_id"):
         RedisLedger(client, shared_id="")
+
+
+def test_per_grant_caps_come_from_arguments_or_the_environment() -> None:
+    from veronica_otel.instrumentors._outbound import Propagation
+
+    env = {"VERONICA_GRANT_MAX_STEPS": "2", "VERONICA_GRANT_MAX_COST_USD": "0.25"}
+    limits = Propagation(environ=env).limits
+    assert (limits.steps, limits.cost_nano, limits.tokens) == (2, 250_000_000, None)
+    assert Propagation(grant_max_steps=1, environ=env).limits.steps == 1
+    for var, value in (
+        ("VERONICA_GRANT_MAX_STEPS", "two"),
+        ("VERONICA_GRANT_MAX_STEPS", "-1"),
+        ("VERONICA_GRANT_MAX_COST_USD", "nan"),
+        ("VERONICA_GRANT_MAX_TOKENS", "1.5"),
+    ):
+        with pytest.raises(ValueError, match=var):
+            Propagation(environ={var: value})
+    with pytest.raises(ValueError, match="grant_max_steps"):
+        Propagation(grant_max_steps=-1)
