@@ -594,3 +594,47 @@ def test_wsgi_trip_while_iterating_the_body(wsgi_client: Callable[..., httpx2.Cl
     assert (early.status_code, early.json()["reason"]) == (429, "steps")
     with pytest.raises(BudgetExceededError):  # headers are out: the response is aborted
         client.get("/", params={"late": 1})
+
+
+def spending_body_app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+    """Starts the answer, then spends one step per body chunk while it is iterated."""
+    start_response("200 OK", [("Content-Type", "text/plain")])
+
+    def body() -> Iterator[bytes]:
+        for _ in range(3):
+            ctx = current_context()
+            assert ctx is not None
+            ctx.begin_call("tool", CENT).finish()
+            yield b"chunk "
+
+    return body()
+
+
+def test_wsgi_spend_while_the_body_is_iterated_is_in_the_spend_back(
+    wsgi_client: Callable[..., httpx2.Client],
+) -> None:
+    client = wsgi_client(spending_body_app, ExecutionConfig(max_steps=10))
+    grant = make_grant(steps=5)
+    response = client.get("/", headers=baggage(grant))
+    assert response.text == "chunk " * 3
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 3  # not 0: counted after the body
+
+
+def test_wsgi_a_trip_in_a_held_body_is_still_a_429(
+    wsgi_client: Callable[..., httpx2.Client],
+) -> None:
+    client = wsgi_client(spending_body_app, ExecutionConfig(max_steps=10))
+    grant = make_grant(steps=2)  # the third chunk trips: nothing was sent yet
+    response = client.get("/", headers=baggage(grant))
+    assert (response.status_code, response.json()["reason"]) == (429, "steps")
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 2
+
+
+def test_a_malformed_audience_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERONICA_GRANT_AUDIENCE", "orders.internal, bad host")
+    with pytest.raises(ValueError, match="VERONICA_GRANT_AUDIENCE"):
+        VeronicaASGIMiddleware(wsgi_app, grant_key=KEY)
+    with pytest.raises(ValueError, match="audience"):
+        VeronicaWSGIMiddleware(wsgi_app, grant_key=KEY, audience=["a/b"])
