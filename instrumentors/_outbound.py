@@ -18,12 +18,21 @@ Policy for each outgoing request (every hop, redirects included):
    entries an inbound request brought into the context.
 
 For an allowed host the request carries ``veronica.chain`` (the chain id),
-``veronica.depth`` (the sender's hop depth) and ``veronica.grant`` (the
-signed grant of what the chain has left), in the W3C ``baggage`` header --
+``veronica.depth`` (the sender's hop depth) and ``veronica.grant`` (a signed
+grant addressed to that ``host[:port]``), in the W3C ``baggage`` header --
 written directly and set in the context, so it goes out whether or not an
 OpenTelemetry HTTP instrumentation injects baggage, and matches what one
-injects. The ``veronica-spent`` header of the answer, when signed with the
-same key and bound to the grant's nonce, is committed into the chain.
+injects.
+
+The grant's budget is carved out of the chain before the request leaves (a
+ledger reservation: ``grant_max_cost_usd``, ``grant_max_steps`` and
+``grant_max_tokens`` cap one grant, else it carries all that is left); a
+grant that cannot be carved raises ``BudgetExceededError`` and the request is
+not sent. The answer's ``veronica-spent`` header, signed by the service and
+bound to the grant's nonce and audience, settles the carve, capped at it. No
+header, an untrusted one, or a request that failed after it may have been
+sent commits the whole carve. With a shared Redis ledger nothing is carved:
+the service charges the chain directly.
 
 The chain propagated is the active one (:func:`~veronica_otel.current_context`),
 else the process default chain of zero-code instrumentation.
@@ -36,6 +45,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, unquote
 
 from opentelemetry import baggage
@@ -43,16 +53,20 @@ from opentelemetry import context as otel_context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from veronica_otel._context import ExecutionContext
+from veronica_otel._errors import BudgetExceededError
 from veronica_otel._grants import (
     DEFAULT_GRANT_TTL_S,
-    SPENT_HEADER,
-    coerce_key,
+    Spent,
+    audience_of,
+    coerce_keys,
     grant_key_from_env,
+    record_spent_rejection,
     sign_grant,
     verify_spent,
 )
 from veronica_otel._propagation import default_context
-from veronica_otel._remote import commit_spent, issue_grant
+from veronica_otel._remote import Carve, GrantLimits, issue_grant, settle
+from veronica_otel._units import check_count, check_usd, usd_to_nano
 
 __all__ = [
     "DEFAULT_VENDOR_HOSTS",
@@ -101,6 +115,8 @@ DEFAULT_VENDOR_HOSTS: tuple[str, ...] = (
 # A request carrying one of these headers was sent by an LLM vendor's SDK.
 _SDK_HEADERS = ("x-stainless-lang", "anthropic-version", "x-goog-api-client")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+# httpx / httpx2 errors raised before any byte of the request left.
+_NOT_SENT = frozenset({"ConnectError", "ConnectTimeout"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +181,8 @@ class Plan:
     entries: dict[str, str] = field(default_factory=dict)
     ctx: ExecutionContext | None = None
     nonce: str | None = None
+    audience: str = ""
+    carve: Carve | None = None
 
 
 _STRIP_ONLY = Plan()
@@ -177,8 +195,15 @@ class Propagation:
         propagate_hosts: Allow-list (else ``VERONICA_PROPAGATE_HOSTS``, else none).
         vendor_hosts: Extra vendor hosts, added to the built-in list (else
             ``VERONICA_VENDOR_HOSTS``).
-        grant_key: HMAC key (else ``VERONICA_GRANT_KEY``).
+        grant_key: HMAC key, or ``{kid: key}`` (first signs) (else
+            ``VERONICA_GRANT_KEYS`` / ``VERONICA_GRANT_KEY``).
         grant_ttl_s: How long a grant stays valid after it is sent.
+        grant_max_cost_usd: Most one grant carves, USD (else
+            ``VERONICA_GRANT_MAX_COST_USD``, else all that is left).
+        grant_max_steps: Most steps one grant carves (else
+            ``VERONICA_GRANT_MAX_STEPS``, else all left; at most 32).
+        grant_max_tokens: Most tokens one grant carves (else
+            ``VERONICA_GRANT_MAX_TOKENS``, else all that is left).
         environ: Environment to read instead of ``os.environ``.
     """
 
@@ -189,6 +214,9 @@ class Propagation:
         vendor_hosts: str | Sequence[str] | None = None,
         grant_key: bytes | str | None = None,
         grant_ttl_s: float = DEFAULT_GRANT_TTL_S,
+        grant_max_cost_usd: float | None = None,
+        grant_max_steps: int | None = None,
+        grant_max_tokens: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
@@ -207,7 +235,15 @@ class Propagation:
         )
         self.vendors = parse_hosts(DEFAULT_VENDOR_HOSTS, "DEFAULT_VENDOR_HOSTS") + extra
         self.key = (
-            coerce_key(grant_key, "grant_key") if grant_key is not None else grant_key_from_env(env)
+            coerce_keys(grant_key, "grant_key")
+            if grant_key is not None
+            else grant_key_from_env(env)
+        )
+        cost = _setting(grant_max_cost_usd, "grant_max_cost_usd", env, float, check_usd)
+        steps = _setting(grant_max_steps, "grant_max_steps", env, int, check_count)
+        tokens = _setting(grant_max_tokens, "grant_max_tokens", env, int, check_count)
+        self.limits = GrantLimits(
+            cost_nano=None if cost is None else usd_to_nano(cost), steps=steps, tokens=tokens
         )
         self.ttl_s = float(grant_ttl_s)
         self.active = True
@@ -242,28 +278,70 @@ class Propagation:
             return _STRIP_ONLY
         if ctx is None:
             return _STRIP_ONLY
-        grant = issue_grant(ctx, ttl_s=self.ttl_s)
-        entries = {
-            "veronica.chain": ctx.chain_id,
-            "veronica.depth": str(ctx.depth),
-            "veronica.grant": sign_grant(grant, self.key),
-        }
-        return Plan(entries, ctx, grant.nonce)
+        audience = audience_of(host, port, scheme)
+        # Raises BudgetExceededError (the request is not sent) when nothing can be carved.
+        grant, carve = issue_grant(ctx, audience=audience, ttl_s=self.ttl_s, limits=self.limits)
+        try:
+            entries = {
+                "veronica.chain": ctx.chain_id,
+                "veronica.depth": str(ctx.depth),
+                "veronica.grant": sign_grant(grant, self.key),
+            }
+        except BaseException:
+            if carve is not None:
+                settle(carve, Spent())  # never sent: give the carve back
+            raise
+        return Plan(entries, ctx, grant.nonce, audience, carve)
 
     def settle(self, plan: Plan, header: str | None) -> None:
-        """Commit the answer's ``veronica-spent`` into the chain the grant came from."""
-        if plan.nonce is None or plan.ctx is None or self.key is None or header is None:
+        """Settle the carve with the answer's ``veronica-spent`` (all of it when untrusted)."""
+        carve = plan.carve
+        if carve is None or plan.nonce is None or self.key is None:
             return
-        used = verify_spent(header, self.key, plan.nonce)
-        if used is None:
-            _logger.warning(
-                "veronica-otel: ignored a %s header that is unsigned or not bound to "
-                "the grant sent (chain %s)",
-                SPENT_HEADER,
-                plan.ctx.chain_id,
-            )
+        used = verify_spent(header, self.key, plan.nonce, plan.audience)
+        if isinstance(used, str):
+            record_spent_rejection(used, carve.ctx.chain_id)
+            settle(carve, None)
             return
-        commit_spent(plan.ctx, used)
+        settle(carve, used)
+
+    def unsent(self, plan: Plan) -> None:
+        """The request will not be sent: give its carve back."""
+        if plan.carve is not None:
+            try:
+                settle(plan.carve, Spent())
+            except Exception:
+                _logger.exception("veronica-otel: releasing an unsent grant failed")
+
+    def failed(self, plan: Plan, exc: BaseException) -> None:
+        """The request raised: release the carve if it surely never left, else commit it all."""
+        if plan.carve is None:
+            return
+        try:
+            never_sent = type(exc).__name__ in _NOT_SENT
+            settle(plan.carve, Spent() if never_sent else None)
+        except Exception:
+            _logger.exception("veronica-otel: settling a grant after a failed request failed")
+
+
+def _setting(
+    given: Any,
+    name: str,
+    env: Mapping[str, str],
+    parse: Callable[[str], Any],
+    check: Callable[[str, object], Any],
+) -> Any:
+    """A per-grant cap: the argument, else ``VERONICA_<NAME>``, else None (validated)."""
+    if given is not None:
+        return check(name, given)
+    var = f"VERONICA_{name.upper()}"
+    raw = env.get(var, "").strip()
+    if not raw:
+        return None
+    try:
+        return check(var, parse(raw))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{var}: {exc}" if var in str(exc) else f"{var}: bad value") from None
 
 
 def context_for(entries: Mapping[str, str]) -> otel_context.Context:
@@ -292,6 +370,13 @@ def rewrite_baggage(values: Sequence[str], entries: Mapping[str, str]) -> str | 
     ]
     members.extend(f"{quote(key)}={quote(value, safe='')}" for key, value in entries.items())
     return ",".join(members) or None
+
+
+def prepare_failed(exc: Exception, what: str) -> None:
+    """A denial (nothing could be carved) stops the request; any other failure is logged."""
+    if isinstance(exc, BudgetExceededError):
+        raise exc
+    log_failure(what)
 
 
 def log_failure(what: str) -> None:

@@ -23,8 +23,13 @@ Configuration (argument, else environment, else default):
   ``host[:port]`` patterns (default: none).
 - ``vendor_hosts`` / ``VERONICA_VENDOR_HOSTS``: more vendor hosts, added to
   the built-in list.
-- ``grant_key`` / ``VERONICA_GRANT_KEY``: the HMAC key shared with your services.
+- ``grant_key`` / ``VERONICA_GRANT_KEYS`` (``kid:key,...``, the first signs) /
+  ``VERONICA_GRANT_KEY``: the HMAC keys shared with your services.
 - ``grant_ttl_s``: how long a grant is valid (60 s).
+- ``grant_max_cost_usd``, ``grant_max_steps``, ``grant_max_tokens``: the most
+  one request's grant carves out of the chain (else ``VERONICA_GRANT_MAX_*``,
+  else all that is left: other requests are then denied until it settles;
+  set them to fan out).
 
 Where it hooks: ``HTTPTransport.handle_request``,
 ``AsyncHTTPTransport.handle_async_request`` and the in-process
@@ -55,7 +60,7 @@ from ._outbound import (
     Plan,
     Propagation,
     context_for,
-    log_failure,
+    prepare_failed,
     rewrite_baggage,
 )
 from ._unwrap import unwrap_ours
@@ -78,6 +83,7 @@ Wrapper = Callable[..., Any]
 
 def _prepare(policy: Propagation, request: Any) -> tuple[Plan, Token[Context] | None]:
     """Rewrite the request's baggage and attach the matching context."""
+    plan = _STRIP_ONLY
     try:
         url = request.url
         headers = request.headers
@@ -90,13 +96,14 @@ def _prepare(policy: Propagation, request: Any) -> tuple[Plan, Token[Context] | 
             if value is not None:
                 headers["baggage"] = value
         return plan, otel_context.attach(context_for(plan.entries))
-    except Exception:
-        log_failure("preparing an httpx request")
+    except Exception as exc:
+        policy.unsent(plan)
+        prepare_failed(exc, "preparing an httpx request")
         return _STRIP_ONLY, None
 
 
 def _settle(policy: Propagation, plan: Plan, response: Any) -> None:
-    if plan.nonce is None:
+    if plan.carve is None:
         return
     try:
         policy.settle(plan, response.headers.get(SPENT_HEADER))
@@ -111,6 +118,9 @@ def _sync_wrapper(policy: Propagation) -> Wrapper:
         plan, token = _prepare(policy, args[0] if args else kwargs.get("request"))
         try:
             response = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            policy.failed(plan, exc)
+            raise
         finally:
             if token is not None:
                 otel_context.detach(token)
@@ -129,6 +139,9 @@ def _async_wrapper(policy: Propagation) -> Wrapper:
         plan, token = _prepare(policy, args[0] if args else kwargs.get("request"))
         try:
             response = await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            policy.failed(plan, exc)
+            raise
         finally:
             if token is not None:
                 otel_context.detach(token)
@@ -167,6 +180,9 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             vendor_hosts=kwargs.get("vendor_hosts"),
             grant_key=kwargs.get("grant_key"),
             grant_ttl_s=kwargs.get("grant_ttl_s", 60.0),
+            grant_max_cost_usd=kwargs.get("grant_max_cost_usd"),
+            grant_max_steps=kwargs.get("grant_max_steps"),
+            grant_max_tokens=kwargs.get("grant_max_tokens"),
         )
         self._policy = policy
         self._patched = ()

@@ -41,7 +41,7 @@ from ._outbound import (
     Plan,
     Propagation,
     context_for,
-    log_failure,
+    prepare_failed,
     rewrite_baggage,
 )
 from ._unwrap import unwrap_ours
@@ -52,6 +52,7 @@ _logger = logging.getLogger(__name__)
 
 
 def _prepare(policy: Propagation, request: Any) -> tuple[Plan, Token[Context] | None]:
+    plan = _STRIP_ONLY
     try:
         parts = urlsplit(request.url)
         headers = request.headers
@@ -63,8 +64,9 @@ def _prepare(policy: Propagation, request: Any) -> tuple[Plan, Token[Context] | 
             if value is not None:
                 headers["baggage"] = value
         return plan, otel_context.attach(context_for(plan.entries))
-    except Exception:
-        log_failure("preparing a requests request")
+    except Exception as exc:
+        policy.unsent(plan)
+        prepare_failed(exc, "preparing a requests request")
         return _STRIP_ONLY, None
 
 
@@ -76,10 +78,13 @@ def _send(
     plan, token = _prepare(policy, args[0] if args else kwargs.get("request"))
     try:
         response = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        policy.failed(plan, exc)
+        raise
     finally:
         if token is not None:
             otel_context.detach(token)
-    if plan.nonce is not None:
+    if plan.carve is not None:
         try:
             policy.settle(plan, response.headers.get(SPENT_HEADER))
         except Exception:
@@ -105,6 +110,9 @@ class RequestsInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             vendor_hosts=kwargs.get("vendor_hosts"),
             grant_key=kwargs.get("grant_key"),
             grant_ttl_s=kwargs.get("grant_ttl_s", 60.0),
+            grant_max_cost_usd=kwargs.get("grant_max_cost_usd"),
+            grant_max_steps=kwargs.get("grant_max_steps"),
+            grant_max_tokens=kwargs.get("grant_max_tokens"),
         )
         self._policy = policy
         self._otel = None

@@ -1,39 +1,52 @@
-"""Signed budget grants: how a chain's remaining limits cross a service boundary.
+"""Signed budget grants: how a chain's budget crosses a service boundary.
 
-A caller sends, in W3C baggage, what its chain has left (a :class:`Grant`),
-signed with HMAC-SHA256 under a key both services share
-(``VERONICA_GRANT_KEY``). The receiving service joins the chain with limits
-no higher than the grant's. Baggage can be read and forged by anyone on the
-path, so a grant is trusted only when its signature verifies, it has not
-expired, it is not dated in the future, it fits the size limit and its nonce
-was not seen before; otherwise it is ignored, counted on the
-``veronica.grants.rejected`` counter (by reason) and logged on
-``veronica_otel.grants``. Ignoring a grant never raises a limit: the service
-then runs the request on its own local configuration.
+A caller sends, in W3C baggage, what a downstream service may spend for one
+request (a :class:`Grant`), signed with HMAC-SHA256 under a key both
+services hold. The grant names its audience (the receiving ``host[:port]``)
+and the id of the key that signed it. The receiving service joins the chain
+with limits no higher than the grant's. Baggage can be read and forged by
+anyone on the path, so a grant is trusted only when its key id is known, its
+signature verifies, it is addressed to this service, it has not expired, it
+is not dated in the future, it fits the size limit and its nonce was not seen
+before; otherwise it is ignored, counted on the ``veronica.grants.rejected``
+counter (by reason) and logged on ``veronica_otel.grants``.
+
+Keys (:class:`GrantKeys`): ``VERONICA_GRANT_KEYS`` holds ``kid:secret`` pairs,
+comma-separated (the first signs, every one verifies: two keys during a
+rotation); ``VERONICA_GRANT_KEY`` holds a single secret whose key id is
+derived from it (``k`` + 8 hex digits of a hash of the secret). Secrets are at
+least 16 bytes; key ids are 1-32 of ``A-Z a-z 0-9 _ - .``.
 
 Wire form of a grant (one baggage value, ASCII, no padding)::
 
-    base64url(JSON payload) "." base64url(HMAC-SHA256(key, "veronica-grant.v1." + payload))
+    kid "." payload "." base64url(HMAC-SHA256(key, "veronica-grant.v2." + kid + "." + payload))
 
-Payload keys: ``v`` (1), ``c`` chain id, ``d`` hop depth of the sender,
-``n`` nonce, ``iat`` / ``exp`` issue and expiry (unix seconds), and, when
-limited, ``$`` cost (nano-USD), ``s`` steps, ``r`` retries, ``t`` tokens,
-``md`` max depth, ``dl`` the chain's deadline (unix milliseconds), ``tr`` the
-reason the sender's chain already stopped, ``l`` the id of a shared ledger and
-``a`` the ancestor chain ids on that ledger.
+where ``payload`` is base64url(JSON).
 
-What a downstream service spent travels back in the ``veronica-spent``
-response header, signed the same way under its own domain tag and bound to
-the grant's nonce::
+Payload keys: ``v`` (2), ``c`` chain id, ``d`` hop depth of the sender,
+``n`` nonce, ``aud`` audience, ``iat`` / ``exp`` issue and expiry (unix
+seconds), and, when limited, ``$`` cost (nano-USD), ``s`` steps, ``r``
+retries, ``t`` tokens, ``md`` max depth, ``dl`` the chain's deadline (unix
+milliseconds); ``cv`` 1 when the cost, steps and tokens are carved
+(reserved) out of the caller's chain, ``l`` the id of a ledger the caller
+shares (then ``a``, the caller's path on it, root first: ``[chain id, cost,
+steps, tokens, retries]`` ceilings per level, null for unlimited).
 
-    cost_nano=120;tokens=30;steps=2;retries=0;shared=0;nonce=<grant nonce>;sig=<base64url>
+What the downstream service's chain spent travels back in the
+``veronica-spent`` response header, signed with the service's own signing
+key and bound to the grant's nonce and audience::
+
+    v=2;cost_nano=120;tokens=30;steps=2;retries=0;nonce=<grant nonce>;aud=<audience>;
+    kid=<kid>;sig=<base64url HMAC-SHA256(key, "veronica-spent.v2." + the text before ";sig=")>
+
+(one line).
 
 Replay protection is per process: :class:`NonceCache` remembers the nonces of
 accepted grants until they expire (bounded; the oldest are forgotten first
 when it is full). A server running several worker processes has one cache
 per worker, so a captured grant could be presented once to each worker
 within its lifetime (60 s by default) -- and even then it can only lower
-that worker's limits, never raise them.
+that worker's limits, never raise them, and its budget is carved once.
 """
 
 from __future__ import annotations
@@ -55,20 +68,28 @@ from typing import Any
 from opentelemetry import metrics
 
 from ._errors import REASONS
+from ._ledger import Level, Limits
 from ._units import MAX_COUNT
 from ._version import __version__
 
 __all__ = [
+    "AUDIENCE_ENV",
     "DEFAULT_GRANT_TTL_S",
+    "GRANT_KEYS_ENV",
     "GRANT_KEY_ENV",
     "MAX_GRANT_BYTES",
     "REJECTION_REASONS",
     "SPENT_HEADER",
+    "SPENT_REJECTION_REASONS",
     "Grant",
+    "GrantKeys",
     "NonceCache",
     "Spent",
+    "audience_of",
+    "coerce_keys",
     "grant_key_from_env",
     "record_rejection",
+    "record_spent_rejection",
     "sign_grant",
     "sign_spent",
     "verify_grant",
@@ -76,6 +97,8 @@ __all__ = [
 ]
 
 GRANT_KEY_ENV = "VERONICA_GRANT_KEY"
+GRANT_KEYS_ENV = "VERONICA_GRANT_KEYS"
+AUDIENCE_ENV = "VERONICA_GRANT_AUDIENCE"
 SPENT_HEADER = "veronica-spent"
 DEFAULT_GRANT_TTL_S = 60.0
 MAX_GRANT_BYTES = 2048
@@ -85,20 +108,28 @@ MAX_HOP_DEPTH = 10_000
 # A grant dated this far in the future is refused (clock skew between hosts).
 MAX_SKEW_S = 30.0
 _MIN_KEY_BYTES = 16
-_GRANT_TAG = b"veronica-grant.v1."
-_SPENT_TAG = b"veronica-spent.v1."
+_GRANT_TAG = b"veronica-grant.v2."
+_SPENT_TAG = b"veronica-spent.v2."
+_KID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 REJECTION_REASONS = frozenset(
     {
         "unsigned",
         "bad_signature",
+        "unknown_key",
+        "wrong_audience",
         "expired",
         "not_yet_valid",
         "oversized",
         "malformed",
         "replayed",
         "no_key",
+        "ledger_mismatch",
     }
+)
+# Why a caller did not trust a spend-back (the whole carve is then committed).
+SPENT_REJECTION_REASONS = frozenset(
+    {"missing", "malformed", "bad_signature", "unknown_key", "wrong_grant", "over_carve"}
 )
 
 _logger = logging.getLogger("veronica_otel.grants")
@@ -107,6 +138,11 @@ _rejected = _meter.create_counter(
     "veronica.grants.rejected",
     unit="{grant}",
     description="Budget grants ignored by a receiving service, by reason",
+)
+_spent_rejected = _meter.create_counter(
+    "veronica.grants.spent_rejected",
+    unit="{response}",
+    description="Spend-back headers a caller did not trust (the whole carve is committed)",
 )
 
 
@@ -120,15 +156,20 @@ class Grant:
         nonce: Unique per grant; a nonce is accepted once per process.
         issued_at: Unix seconds when the grant was made.
         expires_at: Unix seconds after which the grant is refused.
-        cost_nano: Cost the chain has left, in nano-USD (None: unlimited).
-        steps: Steps left (None: unlimited).
+        audience: The receiving service, ``host[:port]`` (lower case).
+        cost_nano: Cost the service may spend, in nano-USD (None: unlimited).
+        steps: Steps it may take (None: unlimited).
         retries: Retries left (None: unlimited).
-        tokens: Tokens left (None: unlimited).
+        tokens: Tokens it may use (None: unlimited).
         max_depth: The chain's hop ceiling (None: unlimited).
         deadline_ms: The chain's wall-clock deadline, unix milliseconds.
         trip_reason: Why the caller's chain already stopped, if it did.
+        carved: Cost, steps and tokens are reserved in the caller's chain
+            until the spend-back settles them.
         ledger_id: Id of a ledger the caller shares with others (Redis).
-        ancestors: Chain ids above ``chain_id`` on that shared ledger, root first.
+        path: On that shared ledger, the caller's chain and the chains above
+            it with their ceilings, root first, ``chain_id`` last (the root and
+            the nearest levels when the path is deeper than a grant carries).
     """
 
     chain_id: str
@@ -136,6 +177,7 @@ class Grant:
     nonce: str
     issued_at: int
     expires_at: int
+    audience: str = ""
     cost_nano: int | None = None
     steps: int | None = None
     retries: int | None = None
@@ -143,8 +185,9 @@ class Grant:
     max_depth: int | None = None
     deadline_ms: int | None = None
     trip_reason: str | None = None
+    carved: bool = False
     ledger_id: str | None = None
-    ancestors: tuple[str, ...] = field(default=())
+    path: tuple[Level, ...] = field(default=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,15 +199,12 @@ class Spent:
         tokens: Tokens (committed plus still reserved).
         steps: Calls dispatched.
         retries: Retries drawn.
-        shared: The service charged a ledger it shares with the caller, so the
-            caller must not count it again.
     """
 
     cost_nano: int = 0
     tokens: int = 0
     steps: int = 0
     retries: int = 0
-    shared: bool = False
 
 
 # -- keys ---------------------------------------------------------------------------
@@ -183,17 +223,98 @@ def coerce_key(key: bytes | str, name: str = "grant_key") -> bytes:
     return raw
 
 
-def grant_key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:
-    """The key in ``VERONICA_GRANT_KEY``, None when unset or empty.
+def _derived_kid(secret: bytes) -> str:
+    return "k" + hashlib.sha256(b"veronica-kid." + secret).hexdigest()[:8]
+
+
+def _check_kid(kid: object, name: str) -> str:
+    if not isinstance(kid, str) or not 0 < len(kid) <= 32 or not set(kid) <= _KID_CHARS:
+        shown = repr(kid) if isinstance(kid, str) and len(kid) <= 40 else "(too long)"
+        raise ValueError(f"{name}: bad key id {shown} (1-32 of A-Z a-z 0-9 _ - .)")
+    return kid
+
+
+class GrantKeys:
+    """The keys a service signs and verifies grants and spend-backs with.
+
+    Args:
+        keys: ``(kid, secret)`` pairs; the first one signs, every one verifies.
+        name: What to name in error messages (an argument or a variable).
+    """
+
+    __slots__ = ("_by_id", "kid", "secret")
+
+    def __init__(self, keys: list[tuple[str, bytes | str]], name: str = "grant_key") -> None:
+        if not keys:
+            raise ValueError(f"{name}: at least one key is needed")
+        by_id: dict[str, bytes] = {}
+        for kid, secret in keys:
+            _check_kid(kid, name)
+            if kid in by_id:
+                raise ValueError(f"{name}: key id {kid!r} is listed twice")
+            by_id[kid] = coerce_key(secret, f"{name} (key {kid!r})")
+        self._by_id = by_id
+        self.kid, self.secret = keys[0][0], by_id[keys[0][0]]
+
+    @classmethod
+    def single(cls, secret: bytes | str, name: str = "grant_key") -> GrantKeys:
+        """One key whose id is derived from the secret."""
+        raw = coerce_key(secret, name)
+        return cls([(_derived_kid(raw), raw)], name)
+
+    def get(self, kid: str) -> bytes | None:
+        """The secret of ``kid``, or None when it is not one of ours."""
+        return self._by_id.get(kid)
+
+    @property
+    def kids(self) -> tuple[str, ...]:
+        return tuple(self._by_id)
+
+    def __repr__(self) -> str:  # never the secrets
+        return f"GrantKeys(kids={self.kids!r})"
+
+
+def coerce_keys(value: Any, name: str = "grant_key") -> GrantKeys:
+    """A :class:`GrantKeys` from a secret, a ``{kid: secret}`` mapping (first signs)
+    or a :class:`GrantKeys`; ``ValueError`` / ``TypeError`` naming ``name``."""
+    if isinstance(value, GrantKeys):
+        return value
+    if isinstance(value, Mapping):
+        return GrantKeys(list(value.items()), name)
+    return GrantKeys.single(value, name)
+
+
+def grant_key_from_env(environ: Mapping[str, str] | None = None) -> GrantKeys | None:
+    """The keys in ``VERONICA_GRANT_KEYS`` (else ``VERONICA_GRANT_KEY``); None when unset.
 
     Raises:
-        ValueError: The key is shorter than 16 bytes (naming the variable).
+        ValueError: A malformed value, naming the variable.
     """
     env = os.environ if environ is None else environ
+    listed = env.get(GRANT_KEYS_ENV, "")
+    if listed.strip():
+        pairs: list[tuple[str, bytes | str]] = []
+        for item in listed.split(","):
+            kid, colon, secret = item.strip().partition(":")
+            if not colon:
+                raise ValueError(
+                    f"{GRANT_KEYS_ENV}: each entry must be kid:secret (entry {len(pairs) + 1})"
+                )
+            pairs.append((kid, secret))
+        return GrantKeys(pairs, GRANT_KEYS_ENV)
     raw = env.get(GRANT_KEY_ENV, "")
     if not raw:
         return None
-    return coerce_key(raw, GRANT_KEY_ENV)
+    return GrantKeys.single(raw, GRANT_KEY_ENV)
+
+
+def audience_of(host: str, port: int | None, scheme: str = "http") -> str:
+    """The audience naming ``host`` and ``port`` (the port left out when it is the default)."""
+    host = host.lower().rstrip(".")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443, "ws": 80, "wss": 443}.get(scheme.lower())
+    return host if port is None or port == default else f"{host}:{port}"
 
 
 def _b64encode(data: bytes) -> str:
@@ -226,14 +347,15 @@ _OPTIONAL_INTS = (
 )
 
 
-def sign_grant(grant: Grant, key: bytes | str) -> str:
-    """Encode ``grant`` and sign it; the result is one baggage value."""
-    secret = coerce_key(key)
+def sign_grant(grant: Grant, keys: Any) -> str:
+    """Encode ``grant`` and sign it with the signing key; the result is one baggage value."""
+    signer = coerce_keys(keys)
     payload: dict[str, Any] = {
-        "v": 1,
+        "v": 2,
         "c": grant.chain_id,
         "d": grant.depth,
         "n": grant.nonce,
+        "aud": grant.audience,
         "iat": grant.issued_at,
         "exp": grant.expires_at,
     }
@@ -243,17 +365,21 @@ def sign_grant(grant: Grant, key: bytes | str) -> str:
             payload[short] = value
     if grant.trip_reason is not None:
         payload["tr"] = grant.trip_reason
+    if grant.carved:
+        payload["cv"] = 1
     if grant.ledger_id is not None:
         payload["l"] = grant.ledger_id
-        payload["a"] = list(grant.ancestors)
+        payload["a"] = [_level_json(level) for level in grant.path]
     body = _b64encode(json.dumps(payload, separators=(",", ":")).encode("utf-8"))
-    return f"{body}.{_b64encode(_mac(secret, _GRANT_TAG, body.encode('ascii')))}"
+    signed = f"{signer.kid}.{body}"
+    return f"{signed}.{_b64encode(_mac(signer.secret, _GRANT_TAG, signed.encode('ascii')))}"
 
 
 def verify_grant(
     raw: str | None,
-    key: bytes | str | None,
+    keys: Any,
     *,
+    audience: str | tuple[str, ...] | None,
     now: float | None = None,
     max_bytes: int = MAX_GRANT_BYTES,
     replay_cache: NonceCache | None = None,
@@ -261,43 +387,56 @@ def verify_grant(
     """Return the grant in ``raw`` if it can be trusted, else None.
 
     Rejected (and counted on ``veronica.grants.rejected``, and logged):
-    no signature (``unsigned``), a wrong signature (``bad_signature``, compared
-    in constant time), past its expiry (``expired``), issued more than 30 s in
-    the future (``not_yet_valid``), longer than ``max_bytes``
-    (``oversized``), undecodable or out of range (``malformed``), a nonce
-    already accepted in this process (``replayed``), or no key to check it
-    with (``no_key``).
+    no signature (``unsigned``), a key id not among ``keys``
+    (``unknown_key``), a wrong signature (``bad_signature``, compared in
+    constant time), addressed to another service (``wrong_audience``), past
+    its expiry (``expired``), issued more than 30 s in the future
+    (``not_yet_valid``), longer than ``max_bytes`` (``oversized``),
+    undecodable or out of range (``malformed``), a nonce already accepted in
+    this process (``replayed``), or no key to check it with (``no_key``).
 
     Args:
         raw: The ``veronica.grant`` baggage value.
-        key: The shared HMAC key.
+        keys: The keys (a :class:`GrantKeys`, a secret or a mapping).
+        audience: The names this service answers to (``host[:port]``);
+            None accepts any audience (tests and tools only).
         now: Unix time (``time.time()`` by default).
         max_bytes: Longest grant accepted.
         replay_cache: Nonces already accepted (the process-wide cache by default).
     """
-    result = _verify(raw, key, time.time() if now is None else now, max_bytes)
+    wall = time.time() if now is None else now
+    result = _verify(raw, keys, wall, max_bytes)
     if isinstance(result, str):
         record_rejection(result)
         return None
+    if audience is not None:
+        names = (audience,) if isinstance(audience, str) else audience
+        if result.audience not in names:
+            record_rejection("wrong_audience", result.chain_id)
+            return None
     cache = replay_cache if replay_cache is not None else _PROCESS_NONCES
-    if not cache.add(result.nonce, result.expires_at, time.time() if now is None else now):
+    if not cache.add(result.nonce, result.expires_at, wall):
         record_rejection("replayed", result.chain_id)
         return None
     return result
 
 
-def _verify(raw: str | None, key: bytes | str | None, now: float, max_bytes: int) -> Grant | str:
+def _verify(raw: str | None, keys: Any, now: float, max_bytes: int) -> Grant | str:
     if raw is None or not raw:
         return "unsigned"
     if len(raw) > max_bytes:
         return "oversized"
-    if key is None:
+    if keys is None:
         return "no_key"
-    body, dot, signature = raw.partition(".")
-    if not dot or not signature:
-        return "unsigned"
+    parts = raw.split(".")
+    if len(parts) != 3 or not all(parts):
+        return "unsigned" if len(parts) < 3 else "malformed"
+    kid, body, signature = parts
     try:
-        expected = _mac(coerce_key(key), _GRANT_TAG, body.encode("ascii"))
+        secret = coerce_keys(keys).get(kid)
+        if secret is None:
+            return "unknown_key"
+        expected = _mac(secret, _GRANT_TAG, f"{kid}.{body}".encode("ascii"))
         given = _b64decode(signature)
     except (ValueError, UnicodeEncodeError, binascii.Error):
         return "malformed"
@@ -335,24 +474,59 @@ def _chain_id(value: object) -> str:
     return value
 
 
+def _level_json(level: Level) -> list[Any]:
+    limits = level.limits
+    return [level.chain_id, limits.cost_nano, limits.steps, limits.tokens, limits.retries]
+
+
+def _level(item: object) -> Level:
+    if not isinstance(item, list) or len(item) != 5:
+        raise ValueError("bad level")
+    counts = []
+    for value in item[1:]:
+        if value is not None and (type(value) is not int or not 0 <= value <= MAX_COUNT):
+            raise ValueError("bad level limit")
+        counts.append(value)
+    cost, steps, tokens, retries = counts
+    return Level(_chain_id(item[0]), Limits(cost, steps, retries, tokens))
+
+
+def _audience(value: object) -> str:
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= 262
+        or not value.isascii()
+        or any(c in value for c in " ,;/?#@\t\r\n")
+    ):
+        raise ValueError("bad audience")
+    return value
+
+
 def _decode(payload: object) -> Grant:
-    if not isinstance(payload, dict) or payload.get("v") != 1:
+    if not isinstance(payload, dict) or payload.get("v") != 2:
         raise ValueError("unknown grant version")
     nonce = payload["n"]
     if not isinstance(nonce, str) or not 8 <= len(nonce) <= 64 or not nonce.isascii():
         raise ValueError("bad nonce")
+    if not all(c.isalnum() or c in "-_" for c in nonce):
+        raise ValueError("bad nonce")
     trip_reason = payload.get("tr")
     if trip_reason is not None and trip_reason not in REASONS:
         raise ValueError("bad trip reason")
+    carved = payload.get("cv", 0)
+    if carved not in (0, 1) or type(carved) is not int:
+        raise ValueError("bad carve flag")
     ledger_id = payload.get("l")
-    ancestors: tuple[str, ...] = ()
+    path: tuple[Level, ...] = ()
     if ledger_id is not None:
         if not isinstance(ledger_id, str) or not 0 < len(ledger_id) <= 128:
             raise ValueError("bad ledger id")
         listed = payload.get("a", [])
-        if not isinstance(listed, list) or len(listed) > MAX_ANCESTORS:
-            raise ValueError("bad ancestors")
-        ancestors = tuple(_chain_id(item) for item in listed)
+        if not isinstance(listed, list) or not 0 < len(listed) <= MAX_ANCESTORS:
+            raise ValueError("bad path")
+        path = tuple(_level(item) for item in listed)
+        if path[-1].chain_id != payload["c"]:
+            raise ValueError("the path must end at the caller's chain")
     values = {name: _count(payload, short) for short, name in _OPTIONAL_INTS}
     issued_at, expires_at = _count(payload, "iat"), _count(payload, "exp")
     depth = _count(payload, "d", MAX_HOP_DEPTH)
@@ -364,9 +538,11 @@ def _decode(payload: object) -> Grant:
         nonce=nonce,
         issued_at=issued_at,
         expires_at=expires_at,
+        audience=_audience(payload["aud"]),
         trip_reason=trip_reason,
+        carved=bool(carved),
         ledger_id=ledger_id,
-        ancestors=ancestors,
+        path=path,
         **values,
     )
 
@@ -431,36 +607,77 @@ def record_rejection(reason: str, chain_id: str | None = None) -> None:
         _logger.debug("recording a grant rejection failed", exc_info=True)
 
 
+def record_spent_rejection(reason: str, chain_id: str) -> None:
+    """Count a spend-back the caller did not trust, and log it (never raises)."""
+    try:
+        _spent_rejected.add(1, {"veronica.grant.reason": reason})
+        _logger.warning(
+            "veronica-otel: %s header not trusted (%s); chain %s is charged the whole carve",
+            SPENT_HEADER,
+            reason,
+            chain_id,
+        )
+    except Exception:
+        _logger.debug("recording a spend-back rejection failed", exc_info=True)
+
+
 # -- spent header ---------------------------------------------------------------------------
 
+_SPENT_COUNTS = ("cost_nano", "tokens", "steps", "retries")
 
-def sign_spent(spent: Spent, nonce: str, key: bytes | str) -> str:
-    """The signed ``veronica-spent`` header value answering the grant ``nonce``."""
+
+def sign_spent(spent: Spent, nonce: str, audience: str, keys: Any) -> str:
+    """The signed ``veronica-spent`` value answering the grant ``nonce`` sent to ``audience``."""
+    signer = coerce_keys(keys)
     text = (
-        f"cost_nano={spent.cost_nano};tokens={spent.tokens};steps={spent.steps};"
-        f"retries={spent.retries};shared={int(spent.shared)};nonce={nonce}"
+        f"v=2;cost_nano={spent.cost_nano};tokens={spent.tokens};steps={spent.steps};"
+        f"retries={spent.retries};nonce={nonce};aud={audience};kid={signer.kid}"
     )
-    mac = _mac(coerce_key(key), _SPENT_TAG, text.encode("ascii"))
+    mac = _mac(signer.secret, _SPENT_TAG, text.encode("ascii"))
     return f"{text};sig={_b64encode(mac)}"
 
 
-def verify_spent(raw: str | None, key: bytes | str, nonce: str) -> Spent | None:
-    """Parse a ``veronica-spent`` value; None unless signed and bound to ``nonce``."""
-    if not raw or len(raw) > MAX_SPENT_BYTES:
-        return None
+def verify_spent(raw: str | None, keys: Any, nonce: str, audience: str) -> Spent | str:
+    """Parse a ``veronica-spent`` value: the :class:`Spent`, or why it is not trusted.
+
+    Trusted only when signed by one of ``keys`` and bound to the grant
+    ``nonce`` and ``audience``; a reason from :data:`SPENT_REJECTION_REASONS`
+    otherwise. Every count is 0 to 10**15.
+    """
+    if raw is None:
+        return "missing"
+    if not raw or len(raw) > MAX_SPENT_BYTES or not raw.isascii():
+        return "malformed"
     text, marker, signature = raw.rpartition(";sig=")
     if not marker:
-        return None
+        return "malformed"
     try:
-        expected = _mac(coerce_key(key), _SPENT_TAG, text.encode("ascii"))
-        if not hmac.compare_digest(expected, _b64decode(signature)):
-            return None
-        fields = dict(part.split("=", 1) for part in text.split(";"))
-        if not hmac.compare_digest(fields["nonce"].encode("ascii"), nonce.encode("ascii")):
-            return None
-        values = {name: int(fields[name]) for name in ("cost_nano", "tokens", "steps", "retries")}
-    except (ValueError, KeyError, UnicodeEncodeError, binascii.Error):
-        return None
-    if any(not 0 <= value <= MAX_COUNT for value in values.values()):
-        return None
-    return Spent(shared=fields.get("shared") == "1", **values)
+        fields: dict[str, str] = {}
+        for part in text.split(";"):
+            name, equals, value = part.partition("=")
+            if not equals or name in fields:
+                return "malformed"
+            fields[name] = value
+        if fields.get("v") != "2" or "kid" not in fields:
+            return "malformed"
+        secret = coerce_keys(keys).get(fields["kid"])
+        if secret is None:
+            return "unknown_key"
+        if not hmac.compare_digest(_mac(secret, _SPENT_TAG, text.encode()), _b64decode(signature)):
+            return "bad_signature"
+        if not (
+            hmac.compare_digest(fields.get("nonce", "").encode(), nonce.encode())
+            and hmac.compare_digest(fields.get("aud", "").encode(), audience.encode())
+        ):
+            return "wrong_grant"
+        values = {}
+        for name in _SPENT_COUNTS:
+            digits = fields[name]
+            if not digits.isdigit() or len(digits) > 16:
+                return "malformed"
+            values[name] = int(digits)
+    except (ValueError, KeyError, binascii.Error):
+        return "malformed"
+    if any(value > MAX_COUNT for value in values.values()):
+        return "malformed"
+    return Spent(**values)

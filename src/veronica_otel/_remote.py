@@ -1,55 +1,98 @@
 """A chain across services: the grant a caller sends, the chain a service joins,
-and the spending that flows back.
+and the settlement of what came back.
 
-- :func:`issue_grant` (caller side): what the active chain has left now --
-  the tightest remaining cost, steps, retries and tokens on its path, its
-  deadline and hop ceiling -- as a :class:`~veronica_otel._grants.Grant`.
+- :func:`issue_grant` (caller side): *carves* the grant's budget out of the
+  active chain -- an ordinary ledger reservation of cost and tokens (and one
+  reservation per granted step), atomic, so concurrent grants can never hand
+  out more than the chain has left. A grant that cannot be carved is not
+  made: :class:`~veronica_otel.BudgetExceededError` before the request leaves.
+- :func:`settle` (caller side): the signed spend-back settles the carve --
+  what the service used is committed, capped at the carve, and the rest is
+  released. A missing or untrusted spend-back commits the whole carve (the
+  service may have spent all of it). One commit for cost and tokens; steps
+  are one reservation each, so settling k granted steps is k ledger
+  operations, k bounded by :data:`MAX_CARVE_STEPS`, never by what the
+  service reports.
 - :func:`join_chain` (service side): a per-request :class:`ExecutionContext`
   whose limits are the minimum of the local configuration and the grant, at
   the caller's depth plus one.
-- :func:`spent` / :func:`commit_spent`: what the service's chain used, and
-  committing it into the caller's chain when it comes back in the
-  ``veronica-spent`` header.
+- :func:`spent`: what the service's chain used (the spend-back's content).
 
-When both sides use one shared ledger (a ledger exposing ``shared_id``, as
-the Redis ledger does), the joined chain charges the caller's chain ids
-directly: its path holds them as unlimited levels above its own, so every
-call it makes is counted in the caller's chain atomically, and a trip there
-stops it. The ``veronica-spent`` header then says ``shared=1`` and the caller
-does not count it again.
-
-The remaining budget in a grant is what the caller had left when it sent the
-request: calls the caller makes while the service works are not reserved
-against it, so concurrent spending on both sides can overrun the caller's
-ceiling by at most what was granted; the caller's chain then trips.
+Shared ledger: when the caller's ledger has a ``shared_id`` (a Redis ledger
+does), nothing is carved. The grant names the ledger and the caller's path
+with its ceilings; a service on the same ledger runs the request as a child
+chain of the caller's chain (same chain tree, so one Redis Cluster slot),
+every call checked and charged in the caller's chain atomically, and the
+spend-back is not counted again. A service on another ledger refuses such a
+grant (it was not carved).
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
+from dataclasses import dataclass, field
 
+from ._children import min_limit
 from ._config import ExecutionConfig
 from ._context import ExecutionContext
-from ._grants import MAX_ANCESTORS, Grant, Spent
-from ._ledger import Ledger, Reservation
+from ._errors import BudgetExceededError, TripEvent, TripReason
+from ._grants import MAX_ANCESTORS, Grant, Spent, record_spent_rejection
+from ._ledger import Ledger, Level, Reservation
 from ._policy import PolicyPipeline
+from ._trips import emit_trip
 from ._units import MAX_COUNT, nano_to_usd
 
 __all__ = [
+    "MAX_CARVE_STEPS",
+    "Carve",
+    "GrantLimits",
     "child_chain_id",
-    "commit_spent",
     "effective_config",
     "issue_grant",
     "join_chain",
     "ledger_shared_id",
+    "settle",
     "spent",
 ]
 
+# Steps one grant can carry: each is one reservation, settled one by one.
+MAX_CARVE_STEPS = 32
 _NO_RESERVATION = Reservation("", 0, 0)
-# Counts committed from one response header, at most (a signed header is
-# trusted, but a loop must stay bounded whatever it says).
-_MAX_REMOTE_COUNT = 100_000
+# Snapshot-then-reserve of one carve at a time in this process, so two grants
+# made at once do not both ask for "all that is left".
+_carving = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class GrantLimits:
+    """The most one grant may carve (None: all that is left).
+
+    Attributes:
+        cost_nano: Cost per grant, nano-USD.
+        steps: Steps per grant (at most :data:`MAX_CARVE_STEPS` in any case).
+        tokens: Tokens per grant.
+    """
+
+    cost_nano: int | None = None
+    steps: int | None = None
+    tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Carve:
+    """What one grant holds in the caller's chain until its spend-back settles it."""
+
+    ctx: ExecutionContext
+    path: tuple[Level, ...]
+    main: Reservation | None  # cost, tokens and the first step; None: nothing limited
+    extra_steps: list[Reservation] = field(default_factory=list)
+    cost_nano: int | None = None
+    tokens: int | None = None
+    steps: int | None = None
+    settled: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def ledger_shared_id(ledger: object) -> str | None:
@@ -62,61 +105,170 @@ def _ledger(ctx: ExecutionContext) -> Ledger:
     return ctx._ledger
 
 
-def issue_grant(ctx: ExecutionContext, *, now: float | None = None, ttl_s: float = 60.0) -> Grant:
-    """What ``ctx`` lets a downstream service spend, as of now."""
+def issue_grant(
+    ctx: ExecutionContext,
+    *,
+    audience: str,
+    now: float | None = None,
+    ttl_s: float = 60.0,
+    limits: GrantLimits | None = None,
+) -> tuple[Grant, Carve | None]:
+    """A grant for ``audience`` and the carve that backs it (None on a shared ledger).
+
+    Raises:
+        BudgetExceededError: The chain has stopped, or nothing is left to
+            carve (not sticky: the chain itself is not tripped by a grant).
+    """
+    ctx.ensure_active()
     wall = time.time() if now is None else now
     ledger = _ledger(ctx)
-    steps: int | None = None
-    retries: int | None = None
-    for level in ctx._path:
-        limits = level.limits
-        if limits.steps is None and limits.retries is None:
-            continue
-        state = ledger.snapshot(level.chain_id)
-        if limits.steps is not None:
-            left = max(0, limits.steps - state.steps)
-            steps = left if steps is None else min(steps, left)
-        if limits.retries is not None:
-            left = max(0, limits.retries - state.retries)
-            retries = left if retries is None else min(retries, left)
     deadline_ms: int | None = None
     if ctx._deadline is not None:
         left_s = ctx._deadline - time.monotonic()
         deadline_ms = max(0, int((wall + left_s) * 1000))
+    nonce = secrets.token_urlsafe(12)
+    base = {
+        "chain_id": ctx.chain_id,
+        "depth": ctx.depth,
+        "nonce": nonce,
+        "issued_at": int(wall),
+        "expires_at": int(wall + ttl_s) + 1,
+        "audience": audience,
+        "max_depth": ctx.config.max_depth,
+        "deadline_ms": deadline_ms,
+    }
     shared = ledger_shared_id(ledger)
-    trip = ctx.trip
-    return Grant(
-        chain_id=ctx.chain_id,
-        depth=ctx.depth,
-        nonce=secrets.token_urlsafe(12),
-        issued_at=int(wall),
-        expires_at=int(wall + ttl_s) + 1,
-        cost_nano=ctx.remaining_cost_nano(),
-        steps=steps,
+    if shared is not None:
+        return Grant(**base, ledger_id=shared, path=_shared_path(ctx)), None  # type: ignore[arg-type]
+    carve = _carve(ctx, ledger, limits or GrantLimits())
+    retries = _retries_left(ctx, ledger)
+    grant = Grant(
+        **base,  # type: ignore[arg-type]
+        cost_nano=carve.cost_nano,
+        steps=carve.steps,
         retries=retries,
-        tokens=ctx.remaining_tokens(),
-        max_depth=ctx.config.max_depth,
-        deadline_ms=deadline_ms,
-        trip_reason=trip.reason if trip is not None else None,
-        ledger_id=shared,
-        # Root and the nearest levels when the path is deeper than a grant carries.
-        ancestors=_ancestors(ctx) if shared is not None else (),
+        tokens=carve.tokens,
+        carved=True,
     )
+    return grant, carve
 
 
-def _ancestors(ctx: ExecutionContext) -> tuple[str, ...]:
-    above = tuple(level.chain_id for level in ctx._path[:-1])
-    if len(above) > MAX_ANCESTORS:
-        above = (above[0], *above[-(MAX_ANCESTORS - 1) :])
-    return above
+def _shared_path(ctx: ExecutionContext) -> tuple[Level, ...]:
+    path = ctx._path
+    if len(path) > MAX_ANCESTORS:
+        path = (path[0], *path[-(MAX_ANCESTORS - 1) :])
+    return tuple(path)
 
 
-def _min(local: int | None, granted: int | None) -> int | None:
-    if local is None:
-        return granted
-    if granted is None:
-        return local
-    return min(local, granted)
+def _retries_left(ctx: ExecutionContext, ledger: Ledger) -> int | None:
+    left: int | None = None
+    for level in ctx._path:
+        if level.limits.retries is not None:
+            used = ledger.snapshot(level.chain_id).retries
+            left = min_limit(left, max(0, level.limits.retries - used))
+    return left
+
+
+def _carve(ctx: ExecutionContext, ledger: Ledger, caps: GrantLimits) -> Carve:
+    path = ctx._path
+    with _carving:
+        cost_left, steps_left = ctx.remaining_cost_and_steps()
+        cost = min_limit(cost_left, caps.cost_nano)
+        steps = min_limit(steps_left, caps.steps)
+        if steps is not None:
+            steps = min(steps, MAX_CARVE_STEPS)
+        tokens = min_limit(ctx.remaining_tokens(), caps.tokens)
+        for reason, value in (("steps", steps), ("cost", cost), ("tokens", tokens)):
+            if value == 0:
+                _nothing_left(ctx, reason)  # type: ignore[arg-type]
+        if cost is None and steps is None and tokens is None:
+            return Carve(ctx, path, None)
+        main = ledger.reserve(path, cost or 0, tokens or 0, step=steps is not None)
+        if type(main) is not Reservation:
+            ctx._tripped(main)  # type: ignore[arg-type]
+        carve = Carve(ctx, path, main, [], cost, tokens, steps)  # type: ignore[arg-type]
+        try:
+            for _ in range((steps or 1) - 1):
+                extra = ledger.reserve(path, 0, 0, step=True)
+                if type(extra) is not Reservation:
+                    ctx._tripped(extra, raise_error=False)  # type: ignore[arg-type]
+                    break
+                carve.extra_steps.append(extra)
+        except BaseException:  # the store failed half-way: give it all back
+            _release(carve)
+            raise
+        if steps is not None:
+            carve.steps = 1 + len(carve.extra_steps)
+        return carve
+
+
+def _nothing_left(ctx: ExecutionContext, reason: TripReason) -> None:
+    trip = TripEvent(
+        reason,
+        0.0,
+        0.0,
+        ctx.chain_id,
+        f"chain {ctx.chain_id}: no {reason} left to grant a downstream service "
+        "(in-flight calls and grants may hold it; try again once they finish)",
+        sticky=False,
+    )
+    emit_trip(trip)
+    raise BudgetExceededError(trip)
+
+
+def _release(carve: Carve) -> None:
+    ledger = _ledger(carve.ctx)
+    for reservation in (carve.main, *carve.extra_steps):
+        if reservation is not None:
+            ledger.release(carve.path, reservation)
+
+
+def settle(carve: Carve, used: Spent | None) -> None:
+    """Settle ``carve`` with the service's trusted spend-back (None: commit it all).
+
+    What is reported is capped at the carve on every limited measure;
+    reporting more is counted (``over_carve``) and charged as the carve.
+    Settles once; later calls do nothing. Never raises for a trip.
+    """
+    with carve.lock:
+        if carve.settled:
+            return
+        carve.settled = True
+    ctx = carve.ctx
+    ledger = _ledger(ctx)
+    if carve.main is None:  # nothing limited: count the reported spend, if any
+        if used is not None and (used.cost_nano or used.tokens):
+            _trip_on(ctx, ledger.commit(carve.path, _NO_RESERVATION, used.cost_nano, used.tokens))
+        return
+    if used is None:
+        cost, tokens, steps = carve.cost_nano or 0, carve.tokens or 0, carve.steps or 0
+    else:
+        cost, over_cost = _capped(used.cost_nano, carve.cost_nano)
+        tokens, over_tokens = _capped(used.tokens, carve.tokens)
+        steps, over_steps = _capped(used.steps, carve.steps)
+        if over_cost or over_tokens or over_steps:
+            record_spent_rejection("over_carve", ctx.chain_id)
+    if steps == 0 and cost == 0 and tokens == 0:
+        ledger.release(carve.path, carve.main)
+    else:
+        _trip_on(ctx, ledger.commit(carve.path, carve.main, cost, tokens))
+    for i, extra in enumerate(carve.extra_steps):
+        if i + 1 < steps:  # the main reservation holds the first step
+            ledger.commit(carve.path, extra, 0, 0)
+        else:
+            ledger.release(carve.path, extra)
+
+
+def _capped(value: int, carved: int | None) -> tuple[int, bool]:
+    value = min(value, MAX_COUNT)
+    if carved is None:
+        return value, False
+    return (carved, True) if value > carved else (value, False)
+
+
+def _trip_on(ctx: ExecutionContext, overrun: TripEvent | None) -> None:
+    if overrun is not None:
+        ctx._tripped(overrun, raise_error=False)
 
 
 def effective_config(local: ExecutionConfig, grant: Grant, now: float) -> ExecutionConfig:
@@ -128,21 +280,25 @@ def effective_config(local: ExecutionConfig, grant: Grant, now: float) -> Execut
     timeout_ms = local.timeout_ms
     if grant.deadline_ms is not None:
         left = min(MAX_COUNT, max(0, grant.deadline_ms - int(now * 1000)))
-        timeout_ms = _min(timeout_ms, left)
+        timeout_ms = min_limit(timeout_ms, left)
     return ExecutionConfig(
         max_cost_usd=cost,
-        max_steps=_min(local.max_steps, grant.steps),
-        max_retries_total=_min(local.max_retries_total, grant.retries),
+        max_steps=min_limit(local.max_steps, grant.steps),
+        max_retries_total=min_limit(local.max_retries_total, grant.retries),
         timeout_ms=timeout_ms,
-        max_tokens=_min(local.max_tokens, grant.tokens),
+        max_tokens=min_limit(local.max_tokens, grant.tokens),
         max_repeats=local.max_repeats,
         max_handoffs=local.max_handoffs,
-        max_depth=_min(local.max_depth, grant.max_depth),
+        max_depth=min_limit(local.max_depth, grant.max_depth),
     )
 
 
 def child_chain_id(grant: Grant) -> str:
-    """This request's chain id: the caller's, plus a suffix unique to the grant."""
+    """This request's chain id: the caller's, ``:``, and a suffix unique to the grant.
+
+    In the caller's chain tree (see ``distributed/_keys.py``), so on a shared
+    Redis ledger every key of the request's path is in one cluster slot.
+    """
     suffix = grant.nonce[:12]
     return f"{grant.chain_id[: 127 - len(suffix)]}:{suffix}"
 
@@ -158,15 +314,24 @@ def join_chain(
 ) -> ExecutionContext:
     """The chain a request joins under ``grant`` (not entered yet).
 
-    A joined chain deeper than its ``max_depth`` is born tripped (reason
-    ``depth``).
+    Shared: the caller's path, with its ceilings, sits above the request's
+    chain, so every call is checked against and charged to the caller's
+    chain in one atomic ledger step. A joined chain deeper than its
+    ``max_depth`` is born tripped (reason ``depth``).
     """
     parent: ExecutionContext | None = None
     if shared:
-        # The caller's chain ids, unlimited here: charged, and their trips stop us.
-        for chain_id in (*grant.ancestors, grant.chain_id):
+        for level in grant.path:
+            limits = level.limits
+            cost = limits.cost_nano
             parent = ExecutionContext(
-                chain_id=chain_id,
+                ExecutionConfig(
+                    max_cost_usd=None if cost is None else nano_to_usd(cost),
+                    max_steps=limits.steps,
+                    max_retries_total=limits.retries,
+                    max_tokens=limits.tokens,
+                ),
+                chain_id=level.chain_id,
                 ledger=ledger,
                 name="remote",
                 _parent=parent,
@@ -183,7 +348,7 @@ def join_chain(
     )
 
 
-def spent(ctx: ExecutionContext, *, shared: bool = False) -> Spent:
+def spent(ctx: ExecutionContext) -> Spent:
     """What ``ctx``'s own chain has used so far (in-flight reservations included)."""
     state = _ledger(ctx).snapshot(ctx.chain_id)
     return Spent(
@@ -191,28 +356,4 @@ def spent(ctx: ExecutionContext, *, shared: bool = False) -> Spent:
         tokens=state.tokens + state.reserved_tokens,
         steps=state.steps,
         retries=state.retries,
-        shared=shared,
     )
-
-
-def commit_spent(ctx: ExecutionContext, used: Spent) -> None:
-    """Count a downstream service's spending in ``ctx``'s chain.
-
-    Cost and tokens go through :meth:`ExecutionContext.record_usage` (into
-    the running wrapped call, if any). Steps and retries are drawn one by one,
-    check-before-increment: spending that no longer fits trips the chain
-    (sticky), exactly as a local call would. Never raises for a trip.
-    """
-    if used.shared:
-        return
-    if used.cost_nano or used.tokens:
-        ctx.record_usage(cost_usd=nano_to_usd(used.cost_nano), input_tokens=used.tokens)
-    ledger = _ledger(ctx)
-    path = ctx._path
-    for count, step in ((used.steps, True), (used.retries, False)):
-        for _ in range(min(count, _MAX_REMOTE_COUNT)):
-            result = ledger.reserve(path, 0, 0, step=step, retry=not step)
-            if type(result) is not Reservation:
-                ctx._tripped(result, raise_error=False)  # type: ignore[arg-type]
-                return
-            ledger.commit(path, result, 0, 0)

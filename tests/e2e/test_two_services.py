@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from veronica_otel._grants import Grant, sign_grant
+from veronica_otel._grants import Grant, GrantKeys, sign_grant
 from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps"
@@ -81,9 +81,18 @@ def llm() -> Iterator[FakeLLMServer]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def service_b(llm: FakeLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceB]:
+def start_service_b(
+    llm: FakeLLMServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    audience: bool = False,
+    **env: str,
+) -> ServiceB:
+    """Service B under uvicorn on a free port; ``audience``: it names itself
+    (``VERONICA_GRANT_AUDIENCE``) instead of trusting the Host header."""
     port = free_port()
+    if audience:
+        env["VERONICA_GRANT_AUDIENCE"] = f"127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("service_b") / "stderr.log"
     with log.open("wb") as stderr:
         process = subprocess.Popen(
@@ -102,30 +111,38 @@ def service_b(llm: FakeLLMServer, tmp_path_factory: pytest.TempPathFactory) -> I
                 "warning",
                 "--no-access-log",
             ],
-            env=environment(llm, VERONICA_MAX_STEPS="10"),
+            env=environment(llm, VERONICA_MAX_STEPS="10", **env),
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
     service = ServiceB(port, log, process)
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:  # bounded poll for start-up
-            try:
-                if service.get("/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"service B did not start:\n{log.read_text()}")
-            time.sleep(0.05)
-        yield service
-    finally:
-        process.terminate()
+    deadline = time.monotonic() + STARTUP_S
+    while True:  # bounded poll for start-up
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+            if service.get("/health")[0] == 200:
+                return service
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(service)
+            pytest.fail(f"service B did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def stop(service: ServiceB) -> None:
+    service.process.terminate()
+    try:
+        service.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        service.process.kill()
+        service.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def service_b(llm: FakeLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceB]:
+    service = start_service_b(llm, tmp_path_factory)
+    yield service
+    stop(service)
 
 
 def run_client_a(llm: FakeLLMServer, service: ServiceB, calls: int) -> dict[str, Any]:
@@ -142,7 +159,7 @@ def run_client_a(llm: FakeLLMServer, service: ServiceB, calls: int) -> dict[str,
     return report
 
 
-def grant_header(key: str = KEY, **overrides: Any) -> str:
+def grant_header(service: ServiceB, key: Any = KEY, **overrides: Any) -> str:
     now = int(time.time())
     fields: dict[str, Any] = {
         "chain_id": "outside-chain",
@@ -150,7 +167,9 @@ def grant_header(key: str = KEY, **overrides: Any) -> str:
         "nonce": secrets.token_urlsafe(12),
         "issued_at": now,
         "expires_at": now + 60,
+        "audience": f"127.0.0.1:{service.port}",
         "steps": 1,
+        "carved": True,
     }
     fields.update(overrides)
     return f"veronica.chain=outside-chain,veronica.grant={sign_grant(Grant(**fields), key)}"
@@ -180,12 +199,13 @@ def test_two_processes_share_one_chain(llm: FakeLLMServer, service_b: ServiceB) 
 
 def test_forged_and_oversized_grants_are_ignored_by_b(service_b: ServiceB) -> None:
     before = service_b.get("/stats")[1]
-    forged = grant_header(key="an-attackers-key-0123456789abcdef", steps=1)
+    forger = {GrantKeys.single(KEY).kid: "an-attackers-key-0123456789abcdef"}
+    forged = grant_header(service_b, key=forger, steps=1)
     status, seen = service_b.get("/agent?calls=0", {"baggage": forged})
     assert status == 200
     assert (seen["depth"], seen["max_steps"]) == (0, 10)  # B's local config
     assert not seen["chain_id"].startswith("outside-chain")
-    oversized = grant_header(steps=1) + ",padding=" + "p" * 9000
+    oversized = grant_header(service_b, steps=1) + ",padding=" + "p" * 9000
     status, seen = service_b.get("/agent?calls=0", {"baggage": oversized})
     assert (status, seen["depth"], seen["max_steps"]) == (200, 0, 10)
     after = service_b.get("/stats")[1]
@@ -197,7 +217,7 @@ def test_forged_and_oversized_grants_are_ignored_by_b(service_b: ServiceB) -> No
 
 
 def test_a_grant_is_good_for_one_request_only(service_b: ServiceB) -> None:
-    header = grant_header(steps=4)
+    header = grant_header(service_b, steps=4)
     status, joined = service_b.get("/agent?calls=0", {"baggage": header})
     assert (status, joined["depth"], joined["max_steps"]) == (200, 1, 4)
     before = service_b.get("/stats")[1]
@@ -210,7 +230,7 @@ def test_b_refuses_before_the_handler_when_the_caller_has_nothing_left(
     service_b: ServiceB, llm: FakeLLMServer
 ) -> None:
     sent = llm.count("/v1/chat/completions")
-    status, body = service_b.get("/agent?calls=3", {"baggage": grant_header(steps=0)})
+    status, body = service_b.get("/agent?calls=3", {"baggage": grant_header(service_b, steps=0)})
     assert status == 429
     assert (body["error"], body["reason"]) == ("budget_exceeded", "steps")
     assert llm.count("/v1/chat/completions") == sent

@@ -33,7 +33,7 @@ from veronica_otel import (
     WrapOptions,
     current_context,
 )
-from veronica_otel._grants import Grant, NonceCache, sign_grant, verify_spent
+from veronica_otel._grants import Grant, GrantKeys, NonceCache, Spent, sign_grant, verify_spent
 from veronica_otel._remote import issue_grant
 from veronica_otel.middleware import VeronicaASGIMiddleware, VeronicaWSGIMiddleware
 
@@ -49,12 +49,14 @@ def make_grant(**overrides: Any) -> Grant:
         "nonce": secrets.token_urlsafe(12),
         "issued_at": now,
         "expires_at": now + 60,
+        "audience": "testserver",  # the Host the test clients send
+        "carved": True,
     }
     fields.update(overrides)
     return Grant(**fields)
 
 
-def baggage(grant: Grant, key: str = KEY, extra: str = "") -> dict[str, str]:
+def baggage(grant: Grant, key: Any = KEY, extra: str = "") -> dict[str, str]:
     value = (
         f"veronica.chain={grant.chain_id},veronica.depth={grant.depth},"
         f"veronica.grant={sign_grant(grant, key)}"
@@ -238,9 +240,9 @@ def test_a_joined_chain_is_held_to_the_grant_and_reports_its_spend(
     response = client_for().get("/spend", params={"n": 5}, headers=baggage(grant))
     assert response.status_code == 200
     assert response.json()["made"] == 2
-    spent = verify_spent(response.headers["veronica-spent"], KEY.encode(), grant.nonce)
-    assert spent is not None
-    assert (spent.steps, spent.cost_nano, spent.shared) == (2, 20_000_000, False)
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent)
+    assert (spent.steps, spent.cost_nano) == (2, 20_000_000)
 
 
 def test_depth_grows_by_one_per_hop_and_max_depth_is_enforced_before_the_app(
@@ -304,8 +306,8 @@ def test_the_spend_of_a_denied_request_still_goes_back(
     grant = make_grant(steps=2)
     response = client_for().get("/spend", params={"n": 5, "escape": 1}, headers=baggage(grant))
     assert response.status_code == 429
-    spent = verify_spent(response.headers["veronica-spent"], KEY.encode(), grant.nonce)
-    assert spent is not None and spent.steps == 2
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 2
 
 
 def test_forged_and_oversized_grants_are_ignored_and_counted(
@@ -313,7 +315,8 @@ def test_forged_and_oversized_grants_are_ignored_and_counted(
 ) -> None:
     client = client_for(ExecutionConfig(max_steps=10))
     before = rejected(metric_reader)
-    forged = client.get("/chain", headers=baggage(make_grant(steps=1), key="x" * 32)).json()
+    forger = {GrantKeys.single(KEY).kid: "x" * 32}  # our key id, another secret
+    forged = client.get("/chain", headers=baggage(make_grant(steps=1), key=forger)).json()
     oversized = client.get(
         "/chain", headers=baggage(make_grant(steps=1), extra="pad=" + "p" * 9000)
     ).json()
@@ -358,8 +361,8 @@ def test_shared_ledger_charges_the_callers_chain_directly() -> None:
 
     ledger = SharedLedger()
     caller = ExecutionContext(ExecutionConfig(max_steps=5), chain_id="caller-x", ledger=ledger)
-    grant = issue_grant(caller)
-    assert grant.ledger_id == "ledger-under-test"
+    grant, carve = issue_grant(caller, audience="testserver")
+    assert (grant.ledger_id, carve) == ("ledger-under-test", None)  # nothing carved
     recorder = Recorder()
     app = VeronicaASGIMiddleware(
         build_app(recorder), ledger=ledger, grant_key=KEY, replay_cache=NonceCache()
@@ -368,8 +371,11 @@ def test_shared_ledger_charges_the_callers_chain_directly() -> None:
     response = TestClient(app).get("/spend", params={"n": 2}, headers={"baggage": value})
     assert response.json()["made"] == 2
     assert caller.snapshot().steps == 2  # counted in the caller's chain, no header needed
-    spent = verify_spent(response.headers["veronica-spent"], KEY.encode(), grant.nonce)
-    assert spent is not None and spent.shared
+    again, _ = issue_grant(caller, audience="testserver")
+    value = f"veronica.grant={sign_grant(again, KEY)}"
+    response = TestClient(app).get("/spend", params={"n": 9}, headers={"baggage": value})
+    assert response.json()["made"] == 3  # the caller's own ceiling holds exactly
+    assert caller.snapshot().steps == 5
 
 
 # -- HTTP: what only a raw ASGI driver shows ------------------------------------------
@@ -423,6 +429,48 @@ def test_a_genuine_500_is_passed_through_unchanged() -> None:
     sent = drive(VeronicaASGIMiddleware(failing, grant_key=KEY))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 500 and sent[1]["body"] == b"boom"
+
+
+def streaming_spender(chunks: int, size: int) -> Any:
+    """An ASGI app streaming ``chunks`` bodies of ``size`` bytes, one step spent per chunk."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(chunks):
+            ctx = current_context()
+            assert ctx is not None
+            ctx.begin_call("tool", CENT).finish()
+            await send({"type": "http.response.body", "body": b"x" * size, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+def test_spend_while_a_granted_body_streams_is_in_the_spend_back() -> None:
+    grant = make_grant(steps=5)
+    app = VeronicaASGIMiddleware(
+        streaming_spender(3, 10), grant_key=KEY, replay_cache=NonceCache(), audience="testserver"
+    )
+    headers = [(b"baggage", baggage(grant)["baggage"].encode())]
+    sent = drive(app, headers)
+    start = dict(sent[0]["headers"])
+    spent = verify_spent(start[b"veronica-spent"].decode(), KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 3  # all three, not the first one only
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"x" * 30
+
+
+def test_a_granted_body_too_long_to_hold_goes_without_a_spend_back() -> None:
+    grant = make_grant(steps=5)
+    app = VeronicaASGIMiddleware(
+        streaming_spender(3, 10),
+        grant_key=KEY,
+        replay_cache=NonceCache(),
+        audience="testserver",
+        spent_buffer_bytes=15,
+    )
+    sent = drive(app, [(b"baggage", baggage(grant)["baggage"].encode())])
+    assert b"veronica-spent" not in dict(sent[0]["headers"])  # the caller commits its carve
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b"x" * 30
 
 
 # -- WebSocket ---------------------------------------------------------------------------
@@ -509,7 +557,7 @@ def wsgi_client() -> Iterator[Callable[..., httpx2.Client]]:
         # Like a real server: start_response(..., exc_info) before any body replaces
         # the response instead of raising.
         transport = httpx2.WSGITransport(app=wrapped, raise_app_exceptions=False)
-        client = httpx2.Client(transport=transport, base_url="http://b")
+        client = httpx2.Client(transport=transport, base_url="http://testserver")
         clients.append(client)
         return client
 
@@ -526,8 +574,8 @@ def test_wsgi_joins_the_callers_chain(wsgi_client: Callable[..., httpx2.Client])
     response = client.get("/", params={"n": 2}, headers=baggage(grant))
     joined = response.json()
     assert (joined["depth"], joined["max_steps"]) == (4, 2)
-    spent = verify_spent(response.headers["veronica-spent"], KEY.encode(), grant.nonce)
-    assert spent is not None and spent.steps == 2
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 2
 
 
 def test_wsgi_pre_flight_and_escaping_trips_are_429(
@@ -546,3 +594,47 @@ def test_wsgi_trip_while_iterating_the_body(wsgi_client: Callable[..., httpx2.Cl
     assert (early.status_code, early.json()["reason"]) == (429, "steps")
     with pytest.raises(BudgetExceededError):  # headers are out: the response is aborted
         client.get("/", params={"late": 1})
+
+
+def spending_body_app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+    """Starts the answer, then spends one step per body chunk while it is iterated."""
+    start_response("200 OK", [("Content-Type", "text/plain")])
+
+    def body() -> Iterator[bytes]:
+        for _ in range(3):
+            ctx = current_context()
+            assert ctx is not None
+            ctx.begin_call("tool", CENT).finish()
+            yield b"chunk "
+
+    return body()
+
+
+def test_wsgi_spend_while_the_body_is_iterated_is_in_the_spend_back(
+    wsgi_client: Callable[..., httpx2.Client],
+) -> None:
+    client = wsgi_client(spending_body_app, ExecutionConfig(max_steps=10))
+    grant = make_grant(steps=5)
+    response = client.get("/", headers=baggage(grant))
+    assert response.text == "chunk " * 3
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 3  # not 0: counted after the body
+
+
+def test_wsgi_a_trip_in_a_held_body_is_still_a_429(
+    wsgi_client: Callable[..., httpx2.Client],
+) -> None:
+    client = wsgi_client(spending_body_app, ExecutionConfig(max_steps=10))
+    grant = make_grant(steps=2)  # the third chunk trips: nothing was sent yet
+    response = client.get("/", headers=baggage(grant))
+    assert (response.status_code, response.json()["reason"]) == (429, "steps")
+    spent = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(spent, Spent) and spent.steps == 2
+
+
+def test_a_malformed_audience_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERONICA_GRANT_AUDIENCE", "orders.internal, bad host")
+    with pytest.raises(ValueError, match="VERONICA_GRANT_AUDIENCE"):
+        VeronicaASGIMiddleware(wsgi_app, grant_key=KEY)
+    with pytest.raises(ValueError, match="audience"):
+        VeronicaWSGIMiddleware(wsgi_app, grant_key=KEY, audience=["a/b"])

@@ -27,7 +27,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 
 from veronica_otel import ExecutionConfig, ExecutionContext, WrapOptions
-from veronica_otel._grants import NonceCache, Spent, sign_spent, verify_grant
+from veronica_otel._grants import Grant, NonceCache, Spent, sign_spent, verify_grant
 from veronica_otel.instrumentors.httpx import HTTPXInstrumentor
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.instrumentors.requests import RequestsInstrumentor
@@ -60,10 +60,11 @@ class Service:
                     return
                 body = b"{}"
                 self.send_response(200)
-                nonce = service.nonce(headers)
-                if nonce is not None and service.spent is not None:
+                grant = service.grant(headers)
+                if grant is not None and service.spent is not None:
                     self.send_header(
-                        "veronica-spent", sign_spent(service.spent, nonce, service.key)
+                        "veronica-spent",
+                        sign_spent(service.spent, grant.nonce, grant.audience, service.key),
                     )
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -86,10 +87,11 @@ class Service:
         extracted = W3CBaggagePropagator().extract(headers, otel_context.Context())
         return {k: str(v) for k, v in baggage.get_all(extracted).items()}
 
-    def nonce(self, headers: dict[str, str]) -> str | None:
+    def grant(self, headers: dict[str, str]) -> Grant | None:
         raw = self.entries(headers).get("veronica.grant")
-        grant = verify_grant(raw, KEY, replay_cache=NonceCache()) if raw else None
-        return grant.nonce if grant is not None else None
+        if not raw:
+            return None
+        return verify_grant(raw, KEY, audience=f"127.0.0.1:{self.port}", replay_cache=NonceCache())
 
     def close(self) -> None:
         self.server.shutdown()
@@ -138,12 +140,13 @@ def check_grant_and_spend(service: Service, ctx: ExecutionContext) -> None:
     entries = Service.entries(service.headers[-1])
     assert entries["veronica.chain"] == ctx.chain_id
     assert entries["veronica.depth"] == "0"
-    grant = verify_grant(entries["veronica.grant"], KEY, replay_cache=NonceCache())
+    grant = verify_grant(entries["veronica.grant"], KEY, audience=None, replay_cache=NonceCache())
     assert grant is not None
     assert (grant.chain_id, grant.depth, grant.steps, grant.retries) == (ctx.chain_id, 0, 4, 4)
-    assert grant.cost_nano == 990_000_000
-    snap = ctx.snapshot()  # one local step + what the service reported
-    assert (snap.steps, snap.retries, snap.tokens) == (3, 1, 100)
+    assert (grant.cost_nano, grant.carved) == (990_000_000, True)  # all that was left
+    assert grant.audience == f"127.0.0.1:{service.port}"
+    snap = ctx.snapshot()  # one local step + what the service reported, the rest released
+    assert (snap.steps, snap.tokens, snap.reserved_usd) == (3, 100, 0)
     assert snap.cost_usd == pytest.approx(0.04)
 
 
@@ -243,7 +246,8 @@ def test_each_redirect_hop_is_checked(
         client.get(f"{service.url}/redirect?to={other_service.url}/")
         assert "veronica.grant" in service.headers[-1]["baggage"]
         assert "veronica" not in json.dumps(other_service.headers[-1])
-        assert ctx.snapshot().steps == 0  # the redirect answer carried no spend
+        # The redirect answer carried no spend-back: its whole carve is committed.
+        assert ctx.snapshot().steps == 5
 
 
 def test_without_a_key_nothing_is_propagated(
@@ -264,10 +268,10 @@ def test_a_forged_spend_header_is_not_committed(
     try:
         instrument(HTTPXInstrumentor(), propagate_hosts="127.0.0.1", grant_key=KEY)
         with chain() as ctx, httpx2.Client() as client:
-            with caplog.at_level(logging.WARNING, logger="veronica_otel.instrumentors"):
+            with caplog.at_level(logging.WARNING, logger="veronica_otel.grants"):
                 client.get(forger.url)
-            assert ctx.snapshot().steps == 0
-        assert "ignored a veronica-spent header" in caplog.text
+            assert ctx.snapshot().steps == 5  # not 3: the whole carve is committed
+        assert "veronica-spent header not trusted (unknown_key)" in caplog.text
     finally:
         forger.close()
 

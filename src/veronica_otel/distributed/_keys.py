@@ -1,9 +1,11 @@
 """Key names and script arguments of the shared ledger, computed once and cached.
 
 Every key of one chain tree carries the tree's Redis Cluster hash tag, the
-id of its root chain (the text before the first ``.``: ``root`` for
-``root.1.2``, as ``spawn_child`` names children), so the keys of any path
-hash to one slot. See ``_scripts.py`` for what each key holds.
+id of its root chain: the text before the first ``.`` or ``:`` (``root`` for
+``root.1.2``, as ``spawn_child`` names children, and for ``root:ab12cd``, as
+a service joining ``root`` over a shared ledger names its request chain), so
+the keys of any path hash to one slot (:func:`tree_tag`). See
+``_scripts.py`` for what each key holds.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from veronica_otel._ledger import Level
 
 from ._scripts import STORE_MAX
 
-__all__ = ["ChainKeys", "KeySpace"]
+__all__ = ["ChainKeys", "KeySpace", "tree_tag"]
 
 _CACHE_LIMIT = 4096
 _FORBIDDEN = "{} \t\r\n"
@@ -53,14 +55,14 @@ class KeySpace:
             if (
                 not isinstance(chain_id, str)
                 or not chain_id
-                or chain_id.startswith(".")
+                or chain_id.startswith((".", ":"))
                 or any(c in chain_id for c in _FORBIDDEN)
             ):
                 raise ValueError(
                     f"chain id {chain_id!r} cannot be stored: it must be non-empty, "
-                    "not start with '.', and contain no braces or whitespace"
+                    "not start with '.' or ':', and contain no braces or whitespace"
                 )
-            tree = f"{self.prefix}{{{chain_id.split('.', 1)[0]}}}:"
+            tree = f"{self.prefix}{{{tree_tag(chain_id)}}}:"
             keys = ChainKeys(
                 tree + "c:" + chain_id,
                 tree + "s:" + chain_id,
@@ -82,7 +84,8 @@ class KeySpace:
         if any(k.base != keys[0].base for k in keys):
             raise ValueError(
                 "every level of a path must belong to one chain tree "
-                f"(ids sharing the root before the first '.'): {[lv.chain_id for lv in path]}"
+                "(ids sharing the root before the first '.' or ':'): "
+                f"{[lv.chain_id for lv in path]}"
             )
         return keys
 
@@ -112,6 +115,16 @@ class KeySpace:
             self._levels.clear()
         self._levels[id(level)] = (level, args)  # holding the level keeps its id unique
         return args
+
+
+def tree_tag(chain_id: str) -> str:
+    """The hash tag of ``chain_id``'s tree: its id up to the first ``.`` or ``:``."""
+    end = len(chain_id)
+    for separator in ".:":
+        at = chain_id.find(separator)
+        if 0 <= at < end:
+            end = at
+    return chain_id[:end]
 
 
 def _limit(value: int | None) -> str:

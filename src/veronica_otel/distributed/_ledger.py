@@ -55,6 +55,7 @@ What the store adds:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
@@ -137,6 +138,9 @@ class RedisLedger:
         chain_ttl_s: Keys expire this long after their last write.
         fail_open: ``True`` to fall back to a process-local ledger when the
             store fails; ``None`` reads ``VERONICA_FAIL_OPEN``.
+        shared_id: Names this ledger to other services (grants across
+            services are charged directly when both sides have the same id);
+            derived from the store's address and ``key_prefix`` when omitted.
 
     Raises:
         ValueError: A malformed argument or ``VERONICA_FAIL_OPEN`` value.
@@ -150,8 +154,10 @@ class RedisLedger:
         reservation_ttl_s: float = 600.0,
         chain_ttl_s: float = 86400.0,
         fail_open: bool | None = None,
+        shared_id: str | None = None,
     ) -> None:
         space = KeySpace(key_prefix)  # validates the prefix
+        self._shared_id = _shared_id(shared_id, describe(client), key_prefix)
         reservation_ttl = check_seconds("reservation_ttl_s", reservation_ttl_s)
         chain_ttl = check_seconds("chain_ttl_s", chain_ttl_s, minimum=1.0)
         for name, ttl in (("reservation_ttl_s", reservation_ttl), ("chain_ttl_s", chain_ttl)):
@@ -227,6 +233,11 @@ class RedisLedger:
             chain_ttl_s=chain_ttl_s,
             fail_open=fail_open,
         )
+
+    @property
+    def shared_id(self) -> str | None:
+        """This ledger's name to other services; None once it failed open (not shared)."""
+        return self._shared_id if self._local is None else None
 
     @property
     def client(self) -> redis.Redis:
@@ -603,6 +614,15 @@ class RedisLedger:
 
 
 _LOCAL: Any = object()
+
+
+def _shared_id(given: str | None, store: str, prefix: str) -> str:
+    if given is None:
+        digest = hashlib.sha256(f"{store}\n{prefix}".encode()).hexdigest()[:24]
+        return f"redis:{digest}"
+    if not isinstance(given, str) or not 0 < len(given) <= 128 or not given.isprintable():
+        raise ValueError(f"shared_id must be 1-128 printable characters, got {given!r}")
+    return given
 
 
 def _amount(name: str, value: int) -> int:

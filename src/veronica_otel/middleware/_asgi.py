@@ -15,7 +15,9 @@ the request fails in any other way), the answer is 503 with a JSON body
 ``{"error": "budget store unavailable", "reason": ...}`` and the handler does
 not run; a store failure escaping the handler before the response started
 is a 503 too. A WebSocket is then refused with 503 (or closed with 1013,
-"try again later").
+"try again later"). A response to a granted request is held until the
+application returns (up to ``spent_buffer_bytes``), then sent with the signed
+``veronica-spent`` header counting everything the handler spent.
 
 WebSocket: each data message is one step of the session's chain
 (``websocket.receive`` delivered to the application, ``websocket.send``
@@ -31,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -60,6 +62,7 @@ _RECEIVE = WrapOptions(operation_name="websocket.receive")
 _SEND = WrapOptions(operation_name="websocket.send")
 _POLICY_VIOLATION = 1008
 _TRY_AGAIN_LATER = 1013
+SPENT_BUFFER_BYTES = 64 * 1024
 
 
 class VeronicaASGIMiddleware:
@@ -81,6 +84,12 @@ class VeronicaASGIMiddleware:
         max_grant_bytes: Longest grant accepted.
         replay_cache: Accepted grant nonces (process-wide by default).
         clock: Wall clock in unix seconds.
+        audience: The ``host[:port]`` names this service accepts grants for
+            (else ``VERONICA_GRANT_AUDIENCE``, else the request's Host header).
+        spent_buffer_bytes: How much of a granted request's response is held
+            back so its ``veronica-spent`` header can count everything the
+            handler spent (64 KiB). A longer body is streamed without one,
+            and the caller commits its whole carve.
     """
 
     def __init__(
@@ -95,8 +104,13 @@ class VeronicaASGIMiddleware:
         max_grant_bytes: int = MAX_GRANT_BYTES,
         replay_cache: NonceCache | None = None,
         clock: Callable[[], float] = time.time,
+        audience: str | Sequence[str] | None = None,
+        spent_buffer_bytes: int = SPENT_BUFFER_BYTES,
     ) -> None:
+        if type(spent_buffer_bytes) is not int or spent_buffer_bytes < 0:
+            raise ValueError(f"spent_buffer_bytes must be an int >= 0, got {spent_buffer_bytes!r}")
         self.app = app
+        self.spent_buffer_bytes = spent_buffer_bytes
         self.gate = Gate(
             config,
             ledger=ledger,
@@ -106,6 +120,7 @@ class VeronicaASGIMiddleware:
             max_grant_bytes=max_grant_bytes,
             replay_cache=replay_cache,
             clock=clock,
+            audience=audience,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -128,7 +143,11 @@ class VeronicaASGIMiddleware:
         if admission.denial is not None:
             await _send_denial(send, admission.denial, admission.spent_header(key))
             return
-        responder = _Responder(send, lambda: admission.spent_header(key))
+        responder = _Responder(
+            send,
+            lambda: admission.spent_header(key),
+            self.spent_buffer_bytes if admission.grant is not None else None,
+        )
         token = otel_context.attach(admission.otel_context)
         try:
             with admission.ctx:
@@ -231,37 +250,63 @@ def _reason(trip: TripEvent) -> str:
 
 
 class _Responder:
-    """Forwards the application's messages, adding the spent header; holds a 500 back."""
+    """Forwards the application's messages; holds a 500 back, and a granted response.
 
-    def __init__(self, send: Send, spent_header: Callable[[], tuple[str, str] | None]) -> None:
+    A response to a request that came with a grant is held until the
+    application returns (up to ``buffer`` body bytes), so the signed
+    ``veronica-spent`` header added to it then counts everything the
+    handler spent, the body's streaming included. A longer body is sent on
+    as it comes, with no spend-back: the caller then commits its whole carve.
+    """
+
+    def __init__(
+        self,
+        send: Send,
+        spent_header: Callable[[], tuple[str, str] | None],
+        buffer: int | None,
+    ) -> None:
         self._send = send
         self._spent_header = spent_header
         self._held: list[Message] | None = None
+        self._buffer = buffer  # None: no grant, nothing to report
+        self._size = 0
         self.started = False
 
     async def send(self, message: Message) -> None:
         if self._held is not None:
             self._held.append(message)
+            if self._buffer is not None and message.get("type") == "http.response.body":
+                self._size += len(message.get("body") or b"")
+                if self._size > self._buffer:
+                    await self._release(report=False)
             return
         if message.get("type") == "http.response.start":
-            extra = self._spent_header()
-            if extra is not None:
-                headers = list(message.get("headers") or ())
-                headers.append((extra[0].encode("latin-1"), extra[1].encode("latin-1")))
-                message = {**message, "headers": headers}
-            if message.get("status") == 500:
-                # Maybe a framework's answer to a BudgetExceededError it re-raises next.
+            if self._buffer is not None or message.get("status") == 500:
+                # A granted response waits for the final spend; a 500 may be a
+                # framework's answer to a BudgetExceededError it re-raises next.
                 self._held = [message]
                 return
             self.started = True
         await self._send(message)
 
-    async def flush(self) -> None:
+    async def _release(self, *, report: bool) -> None:
         held, self._held = self._held, None
-        if held:
-            self.started = True
-            for message in held:
+        self._buffer = None
+        if not held:
+            return
+        self.started = True
+        extra = self._spent_header() if report else None
+        for message in held:
+            if extra is not None and message.get("type") == "http.response.start":
+                headers = list(message.get("headers") or ())
+                headers.append((extra[0].encode("latin-1"), extra[1].encode("latin-1")))
+                await self._send({**message, "headers": headers})
+            else:
                 await self._send(message)
+
+    async def flush(self) -> None:
+        """The application returned (or raised): send what was held, with the spend."""
+        await self._release(report=True)
 
     def discard(self) -> None:
         self._held = None

@@ -9,6 +9,15 @@ already stopped -- too deep, past its deadline, tripped in the caller, or
 with nothing left of a granted budget -- is refused before the application
 runs, with HTTP 429 and a JSON body naming the reason.
 
+A grant is trusted only when it is signed with a known key id and addressed
+to this service (``audience`` / ``VERONICA_GRANT_AUDIENCE``, else the
+request's ``Host``). A trusted grant whose budget was not carved -- one meant
+for a shared Redis ledger this service does not use -- is refused with 429,
+never run on local limits. The answer to a granted request carries the
+signed ``veronica-spent`` header (:meth:`Admission.spent_header`), computed
+when the handler is done (both middlewares hold the response until then, up
+to a size limit), so spend while the body streams is counted.
+
 When the budget store cannot be reached (the shared ledger is down, or
 admitting the request failed in any other way), the request is refused with
 HTTP 503 and a JSON body (``{"error": "budget store unavailable", ...}``)
@@ -21,9 +30,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -35,11 +45,13 @@ from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent, TripReason
 from veronica_otel._grants import (
+    AUDIENCE_ENV,
     MAX_GRANT_BYTES,
     SPENT_HEADER,
     Grant,
+    GrantKeys,
     NonceCache,
-    coerce_key,
+    coerce_keys,
     grant_key_from_env,
     record_rejection,
     sign_spent,
@@ -57,6 +69,7 @@ __all__ = [
     "Gate",
     "budget_error",
     "denial_body",
+    "parse_audience",
     "refusal",
 ]
 
@@ -88,12 +101,16 @@ class Admission:
     shared: bool
     otel_context: otel_context.Context
 
-    def spent_header(self, key: bytes | None) -> tuple[str, str] | None:
-        """The signed ``veronica-spent`` header to answer with, if the caller sent a grant."""
+    def spent_header(self, key: GrantKeys | None) -> tuple[str, str] | None:
+        """The signed ``veronica-spent`` header to answer with, if the caller sent a grant.
+
+        Signed with this service's signing key, bound to the grant's nonce and
+        audience. Without it (a failure here) the caller commits its whole carve.
+        """
         if self.grant is None or key is None:
             return None
         try:
-            value = sign_spent(spent(self.ctx, shared=self.shared), self.grant.nonce, key)
+            value = sign_spent(spent(self.ctx), self.grant.nonce, self.grant.audience, key)
         except Exception:
             _logger.exception("building the veronica-spent header failed")
             return None
@@ -113,6 +130,10 @@ class Gate:
         max_grant_bytes: Longest grant accepted.
         replay_cache: Nonces already accepted (the process-wide cache by default).
         clock: Wall clock, unix seconds (for grant expiry and deadlines).
+        audience: The ``host[:port]`` names this service accepts grants for
+            (``VERONICA_GRANT_AUDIENCE``, comma-separated, when omitted; else
+            the request's ``Host`` header, which a client chooses: configure
+            it wherever one key is shared by several services).
     """
 
     def __init__(
@@ -126,6 +147,7 @@ class Gate:
         max_grant_bytes: int = MAX_GRANT_BYTES,
         replay_cache: NonceCache | None = None,
         clock: Callable[[], float] = time.time,
+        audience: str | Sequence[str] | None = None,
     ) -> None:
         if config is not None and not isinstance(config, ExecutionConfig):
             raise TypeError(f"config must be an ExecutionConfig, got {config!r}")
@@ -137,7 +159,12 @@ class Gate:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.config = config if config is not None else ExecutionConfig.from_env()
         self.ledger = ledger
-        self.key = coerce_key(grant_key) if grant_key is not None else grant_key_from_env()
+        self.key = coerce_keys(grant_key) if grant_key is not None else grant_key_from_env()
+        self.audience = (
+            parse_audience(audience, "audience")
+            if audience is not None
+            else parse_audience(os.environ.get(AUDIENCE_ENV, ""), AUDIENCE_ENV)
+        )
         self.pipeline = pipeline
         self.max_baggage_bytes = max_baggage_bytes
         self.max_grant_bytes = max_grant_bytes
@@ -153,11 +180,20 @@ class Gate:
             headers = {k: v for k, v in headers.items() if k != "baggage"}
             header = None
         carrier_context = _request_context(headers)
-        grant = self._grant(header) if header else None
+        grant = self._grant(header, headers.get("host", "")) if header else None
         now = self.clock()
         shared = (
             grant is not None and self._shared_id is not None and grant.ledger_id == self._shared_id
         )
+        if grant is not None and not shared and not grant.carved:
+            # Meant for a shared ledger this service does not use: nothing was
+            # carved for it, so running it on local limits could overspend.
+            record_rejection("ledger_mismatch", grant.chain_id)
+            ctx = ExecutionContext(self.config, self.pipeline, ledger=self.ledger, name="request")
+            denial = _deny(
+                ctx, "cost", 0, 0, f"grant of chain {grant.chain_id} is for another ledger"
+            )
+            return Admission(ctx, None, denial, False, carrier_context)
         if grant is not None:
             ctx = join_chain(
                 self.config,
@@ -171,7 +207,7 @@ class Gate:
             ctx = ExecutionContext(self.config, self.pipeline, ledger=self.ledger, name="request")
         return Admission(ctx, grant, _preflight(ctx, grant), shared, carrier_context)
 
-    def _grant(self, header: str) -> Grant | None:
+    def _grant(self, header: str, host: str) -> Grant | None:
         entries = {
             key: str(value)
             for key, value in baggage.get_all(
@@ -185,13 +221,36 @@ class Gate:
         if raw is None:
             record_rejection("unsigned", entries.get("veronica.chain"))
             return None
+        audience = self.audience or (host.strip().lower(),)
         return verify_grant(
             raw,
             self.key,
+            audience=audience,
             now=self.clock(),
             max_bytes=self.max_grant_bytes,
             replay_cache=self.replay_cache,
         )
+
+
+def parse_audience(value: str | Sequence[str], name: str) -> tuple[str, ...]:
+    """``host[:port]`` names from a comma-separated string or a sequence.
+
+    Raises:
+        ValueError: A malformed name (naming ``name``).
+    """
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"{name} must hold strings, got {item!r}")
+        text = item.strip().lower()
+        if not text:
+            continue
+        if not text.isascii() or any(c in text for c in " ,;/?#@*\t") or text.startswith(":"):
+            shown = repr(item) if len(item) <= 80 else repr(item[:77]) + "..."
+            raise ValueError(f"{name}: bad audience {shown} (expected host or host:port)")
+        names.append(text)
+    return tuple(names)
 
 
 def _request_context(headers: Mapping[str, str]) -> otel_context.Context:

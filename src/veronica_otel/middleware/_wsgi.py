@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -24,7 +24,7 @@ from opentelemetry import context as otel_context
 
 from veronica_otel._config import ExecutionConfig
 from veronica_otel._errors import TripEvent
-from veronica_otel._grants import MAX_GRANT_BYTES, NonceCache
+from veronica_otel._grants import MAX_GRANT_BYTES, GrantKeys, NonceCache
 from veronica_otel._ledger import Ledger
 from veronica_otel._policy import PolicyPipeline
 from veronica_otel._propagation import CONTEXT_KEY
@@ -33,6 +33,7 @@ from ._core import MAX_BAGGAGE_BYTES, Admission, Gate, budget_error, denial_body
 
 __all__ = ["VeronicaWSGIMiddleware"]
 
+SPENT_BUFFER_BYTES = 64 * 1024
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -61,8 +62,13 @@ class VeronicaWSGIMiddleware:
         max_grant_bytes: int = MAX_GRANT_BYTES,
         replay_cache: NonceCache | None = None,
         clock: Callable[[], float] = time.time,
+        audience: str | Sequence[str] | None = None,
+        spent_buffer_bytes: int = SPENT_BUFFER_BYTES,
     ) -> None:
+        if type(spent_buffer_bytes) is not int or spent_buffer_bytes < 0:
+            raise ValueError(f"spent_buffer_bytes must be an int >= 0, got {spent_buffer_bytes!r}")
         self.app = app
+        self.spent_buffer_bytes = spent_buffer_bytes
         self.gate = Gate(
             config,
             ledger=ledger,
@@ -72,6 +78,7 @@ class VeronicaWSGIMiddleware:
             max_grant_bytes=max_grant_bytes,
             replay_cache=replay_cache,
             clock=clock,
+            audience=audience,
         )
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -84,12 +91,15 @@ class VeronicaWSGIMiddleware:
         if admission.denial is not None:
             return _deny(start_response, admission.denial, admission, key, None)
         started = False
+        held = _Held() if admission.grant is not None else None
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             nonlocal started
+            if held is not None:  # answered once the body is complete (see _Held)
+                held.status, held.headers = status, list(headers)
+                return held.chunks.append
             started = True
-            extra = admission.spent_header(key)
-            return start_response(status, [*headers, *([extra] if extra else [])], exc_info)
+            return start_response(status, headers, exc_info)
 
         token = otel_context.attach(admission.otel_context)
         try:
@@ -104,7 +114,69 @@ class VeronicaWSGIMiddleware:
             return _answer(start_response, status, body, admission.spent_header(key), exc_info)
         finally:
             otel_context.detach(token)
+        if held is not None:
+            held_body = _Body(result, admission, key, start_response)
+            return held.answer(held_body, start_response, self.spent_buffer_bytes)
         return _Body(result, admission, key, start_response)
+
+
+class _Held:
+    """A granted request's response, held until its body is complete (up to a limit).
+
+    Then ``start_response`` is called with the signed ``veronica-spent``
+    header, which counts everything the application spent while producing
+    the body. A longer body is sent on as it comes, with no spend-back: the
+    caller commits its whole carve. A trip before the answer starts is a 429.
+    """
+
+    def __init__(self) -> None:
+        self.status: str | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.chunks: list[bytes] = []
+
+    def answer(self, body: _Body, start_response: StartResponse, limit: int) -> Iterable[bytes]:
+        admission, key = body._admission, body._key
+        size = sum(len(chunk) for chunk in self.chunks)
+        iterator = body.iterate(held=True)
+        complete = False
+        try:
+            while size <= limit:
+                try:
+                    chunk = next(iterator)
+                except StopIteration:
+                    complete = True
+                    break
+                self.chunks.append(chunk)
+                size += len(chunk)
+        except BaseException as exc:
+            error = budget_error(exc)
+            body.close()
+            if error is None:
+                raise
+            status, text, _ = refusal(error)
+            return _answer(start_response, status, text, admission.spent_header(key), None)
+        extra = admission.spent_header(key) if complete else None
+        start_response(self.status or "200 OK", [*self.headers, *([extra] if extra else [])])
+        if complete:
+            body.close()
+            return self.chunks
+        return _Rest(self.chunks, iterator, body)
+
+
+class _Rest:
+    """What was held, then the rest of a body too long to hold."""
+
+    def __init__(self, chunks: list[bytes], iterator: Iterator[bytes], body: _Body) -> None:
+        self._chunks = chunks
+        self._iterator = iterator
+        self._body = body
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._chunks
+        yield from self._iterator
+
+    def close(self) -> None:
+        self._body.close()
 
 
 def _headers(environ: dict[str, Any]) -> dict[str, str]:
@@ -122,7 +194,7 @@ def _deny(
     start_response: StartResponse,
     trip: TripEvent,
     admission: Admission,
-    key: bytes | None,
+    key: GrantKeys | None,
     exc_info: ExcInfo | tuple[None, None, None] | None,
 ) -> list[bytes]:
     return _answer(start_response, 429, denial_body(trip), admission.spent_header(key), exc_info)
@@ -149,7 +221,7 @@ class _Body:
         self,
         result: Iterable[bytes],
         admission: Admission,
-        key: bytes | None,
+        key: GrantKeys | None,
         start_response: StartResponse,
     ) -> None:
         self._result = result
@@ -159,7 +231,11 @@ class _Body:
         self._context = otel_context.set_value(CONTEXT_KEY, admission.ctx, admission.otel_context)
 
     def __iter__(self) -> Iterator[bytes]:
-        sent = False
+        return self.iterate(held=False)
+
+    def iterate(self, *, held: bool) -> Iterator[bytes]:
+        """The chunks, each produced inside the chain; ``held``: a trip propagates."""
+        sent = held
         token = otel_context.attach(self._context)
         try:
             iterator = iter(self._result)

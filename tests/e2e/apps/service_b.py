@@ -1,14 +1,19 @@
 """Service B of the two-service test: a Starlette app under uvicorn, behind
 ``VeronicaASGIMiddleware``. Its ``/agent`` handler asks the LLM (the fake server
 at ``OPENAI_BASE_URL``) through the openai SDK, as many times as it is told or
-until its chain says no. Local limits come from ``VERONICA_*``; the grant key
-from ``VERONICA_GRANT_KEY``. ``/stats`` reports the grant rejections counted on
-the ``veronica.grants.rejected`` metric of this process.
+until its chain says no. Local limits come from ``VERONICA_*``; the grant keys
+from ``VERONICA_GRANT_KEY(S)``, its audience from ``VERONICA_GRANT_AUDIENCE``,
+a shared Redis ledger from ``VERONICA_REDIS_URL``. Paths under ``/via-gateway``
+pass a gateway that strips the ``veronica-spent`` header. ``/stats`` reports
+the grant rejections counted on the ``veronica.grants.rejected`` metric of
+this process.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -83,6 +88,44 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True})
 
 
-app = VeronicaASGIMiddleware(
-    Starlette(routes=[Route("/agent", agent), Route("/stats", stats), Route("/health", health)])
+def _ledger() -> Any:
+    """The shared Redis ledger when ``VERONICA_REDIS_URL`` is set, else in-process."""
+    url = os.environ.get("VERONICA_REDIS_URL")
+    if not url:
+        return None
+    from veronica_otel.distributed import RedisLedger
+
+    return RedisLedger.from_url(url)
+
+
+class StrippingGateway:
+    """A gateway in front of B that drops the ``veronica-spent`` header of every
+    answer under ``/via-gateway`` (as some proxies drop unknown headers)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        prefix = "/via-gateway"
+        if scope["type"] != "http" or not scope["path"].startswith(prefix):
+            await self.app(scope, receive, send)
+            return
+
+        async def stripped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message["headers"] if k != b"veronica-spent"]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        inner = {**scope, "path": scope["path"][len(prefix) :]}
+        await self.app(inner, receive, stripped)
+
+
+app = StrippingGateway(
+    VeronicaASGIMiddleware(
+        Starlette(
+            routes=[Route("/agent", agent), Route("/stats", stats), Route("/health", health)]
+        ),
+        ledger=_ledger(),
+    )
 )
