@@ -5,4 +5,6 @@ set -x
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy --strict
-.venv/bin/pytest "$@"
+# Tests in parallel: most wait on subprocesses and servers, so four workers
+# help even on two cores (PYTEST_WORKERS=0 runs them in this process).
+.venv/bin/pytest -n "${PYTEST_WORKERS:-4}" "$@"

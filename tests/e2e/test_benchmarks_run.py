@@ -2,6 +2,10 @@
 
 Speed is never asserted here (machines are noisy); only that each script
 measures what it claims, with its baselines, in the same run.
+
+Marked ``bench``: benchmarks are not part of the test command (one of them
+runs Python under cachegrind for minutes). Run them with
+``bash scripts/bench.sh`` (``pytest -m bench``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).parents[2] / "benchmarks"
+pytestmark = pytest.mark.bench
 
 
 def run(script: str, *args: str) -> dict[str, object]:

@@ -195,7 +195,8 @@ def _runnable(path: str, cwd: Path | None = None) -> str:
 
 def test_the_hint_is_the_bare_name_when_it_is_on_path(tmp_path: Path) -> None:
     assert _runnable(f"{BIN}:/usr/bin:/bin") == "veronica-otel"
-    assert _runnable("/usr/bin:/bin") == str(BIN / "veronica-otel")
+    # From a folder the venv is not under: the absolute path.
+    assert _runnable("/usr/bin:/bin", cwd=tmp_path) == str(BIN / "veronica-otel")
     assert _runnable("/usr/bin:/bin", cwd=BIN.parent) == "bin/veronica-otel"
 
 

@@ -101,6 +101,7 @@ def test_exported_names() -> None:
         "BilledUsage",
         "FakeLLMServer",
         "RecordedRequest",
+        "RedisClusterProcess",
         "RedisServerProcess",
         "ScriptedReply",
         "ScriptedToolCall",
