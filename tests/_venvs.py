@@ -133,24 +133,21 @@ RECIPE: tuple[tuple[str, ...], ...] = (
 )
 
 # Peer GenAI instrumentors. openai-v2 2.4b0 needs util-genai 1.1b0; openlit
-# declares openai<3 (and anthropic<1), so it goes in with --no-deps after its
-# other requirements.
+# declares openai<3 (and anthropic<1), so it goes in with --no-deps after the
+# requirements it imports (pinned to this OpenTelemetry release: unpinned,
+# pip's resolver spent over ten minutes backtracking: urllib's has no 0.66b2).
 PEERS: tuple[tuple[str, ...], ...] = (
     (
         f"{OURS}[openai]",
         "opentelemetry-instrumentation-openai-v2==2.4b0",
         "opentelemetry-util-genai==1.1b0",
         "opentelemetry-instrumentation-openai",
+        "httpx",  # openai-v2 imports it (openai 3 itself uses httpx2)
     ),
-    (
-        "boto3>=1.34,<2",
-        "opentelemetry-exporter-otlp>=1.38,<2",
-        "opentelemetry-instrumentation-httpx",
-        "opentelemetry-instrumentation-requests",
-        "opentelemetry-instrumentation-urllib",
-        "opentelemetry-instrumentation-urllib3",
-        "opentelemetry-instrumentation-asgi",
-        "opentelemetry-instrumentation-aiohttp-client",
+    (  # what openlit imports (its other requirements are for other libraries)
+        "opentelemetry-exporter-otlp==1.45.2",
+        "opentelemetry-instrumentation-httpx==0.66b2",
+        "opentelemetry-instrumentation-requests==0.66b2",
         "pydantic>=2,<3",
         "requests>=2.26,<3",
         "schedule>=1.2.2,<2",
