@@ -126,6 +126,7 @@ RECIPE: tuple[tuple[str, ...], ...] = (
         "opentelemetry-distro",
         "opentelemetry-exporter-otlp",
         "gunicorn",
+        "uvicorn",
         "httpx",
         "requests",
     ),

@@ -7,7 +7,7 @@ programmatic, with a peer GenAI instrumentor (``openai-v2``, ``openllmetry``,
 ``openlit`` or ``none``) instrumented before or after ours (``peer-first`` /
 ``ours-first``), six calls in a chain limited by ``steps`` (3) or ``cost``.
 Each call prints ``step N ok`` or ``step N refused: <error>``; the peer mode
-also prints ``spans: [...]``, the spans that describe the calls.
+also prints ``spans: {"ours": N, "theirs": M}``, the CLIENT spans made.
 """
 
 import json
@@ -83,15 +83,14 @@ def peer(name: str, order: str, limit: str) -> None:
         Ours().instrument()
         instrument_peer(name)
     steps_limit = ExecutionConfig(max_steps=3)
-    config = steps_limit if limit == "steps" else ExecutionConfig(max_cost_usd=2e-4)
+    config = steps_limit if limit == "steps" else ExecutionConfig(max_cost_usd=6.5e-5)
     client = openai.OpenAI(max_retries=0)
     with ExecutionContext(config):
         for step in range(6):
             print(call(client, step), flush=True)
-    spans = [
-        span.name for span in exporter.get_finished_spans() if span.kind == trace.SpanKind.CLIENT
-    ]
-    print("spans:", json.dumps(spans), flush=True)
+    spans = [span for span in exporter.get_finished_spans() if span.kind == trace.SpanKind.CLIENT]
+    ours = [s.name for s in spans if any(k.startswith("veronica.") for k in s.attributes or {})]
+    print("spans:", json.dumps({"ours": len(ours), "theirs": len(spans) - len(ours)}), flush=True)
 
 
 if __name__ == "__main__":
