@@ -184,18 +184,21 @@ def test_zero_code_propagates_to_your_service_and_sends_vendors_no_baggage(
 # -- pre-fork servers
 
 
-def test_gunicorn_preload_two_workers_each_contained(recipe: Path, llm: FakeLLMServer) -> None:
+def serve(recipe: Path, llm: FakeLLMServer, server: str, *args: str) -> tuple[list[str], str]:
+    """Run ``server`` under opentelemetry-instrument on a socket we own; ten requests."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    server = subprocess.Popen(
+    bind = (
+        [f"--bind=fd://{listener.fileno()}"]
+        if server == "gunicorn"
+        else [f"--fd={listener.fileno()}"]
+    )
+    proc = subprocess.Popen(
         [
             str(recipe / "bin" / "opentelemetry-instrument"),
-            str(recipe / "bin" / "gunicorn"),
-            "--preload",
-            "--workers=2",
-            f"--bind=fd://{listener.fileno()}",
-            f"--chdir={APPS}",
-            "wsgi_agent:application",
+            str(recipe / "bin" / server),
+            *bind,
+            *args,
         ],
         env=environment(llm, VERONICA_MAX_STEPS="2"),
         pass_fds=[listener.fileno()],
@@ -210,12 +213,29 @@ def test_gunicorn_preload_two_workers_each_contained(recipe: Path, llm: FakeLLMS
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
                 answers.append(reply.read().decode())
     finally:
-        server.terminate()
-        _, stderr = server.communicate(timeout=30)
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    return answers, stderr
+
+
+@pytest.mark.parametrize(
+    ("server", "args"),
+    [
+        ("gunicorn", ("--preload", "--workers=2", f"--chdir={APPS}", "wsgi_agent:application")),
+        ("uvicorn", ("--workers=2", f"--app-dir={APPS}", "asgi_agent:app")),
+    ],
+    ids=["gunicorn-preload", "uvicorn-workers"],
+)
+def test_pre_fork_server_two_workers_each_contained(
+    recipe: Path, llm: FakeLLMServer, server: str, args: tuple[str, ...]
+) -> None:
+    answers, stderr = serve(recipe, llm, server, *args)
     sent = Counter(request.headers["x-worker"] for request in llm.requests)
     served = Counter(answer.split()[0] for answer in answers)
     assert sum(sent.values()) == sum(answer.endswith(" ok") for answer in answers)
-    assert all(count <= 2 for count in sent.values()), (sent, stderr[-2000:])  # per worker
+    # A default chain per worker, VERONICA_MAX_STEPS each.
+    assert all(count <= 2 for count in sent.values()), (sent, stderr[-2000:])
+    assert all(answer.endswith((" ok", "BudgetExceededError")) for answer in answers), answers
     assert len(served) <= 2
     assert "Traceback" not in stderr, stderr[-2000:]  # no worker crashed
 
