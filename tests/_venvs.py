@@ -44,7 +44,13 @@ def _locked(path: Path) -> Iterator[None]:
 
 def _sources_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted([ROOT / "pyproject.toml", ROOT / "setup.py", *(ROOT / "src").rglob("*")]):
+    # os.walk, not rglob: src/veronica_otel/instrumentors and exporters are symlinks.
+    files = [
+        Path(top, name)
+        for top, dirs, names in os.walk(ROOT / "src", followlinks=True)
+        for name in names
+    ]
+    for path in sorted([ROOT / "pyproject.toml", ROOT / "setup.py", *files]):
         if path.is_file() and "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(ROOT)).encode())
             digest.update(path.read_bytes())

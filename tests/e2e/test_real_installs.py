@@ -285,9 +285,9 @@ def test_each_peer_in_either_order_leaves_every_limit_exact(
         outcomes[key] = [line for line in lines if line.startswith("step ")]
         assert len(outcomes[key]) == 6, (key, stderr[-3000:])
         spans = next(json.loads(line[7:]) for line in lines if line.startswith("spans: "))
-        # Ours: one CLIENT span per call, sent or refused; a peer adds its own
-        # (the README says so: we do not merge them yet).
-        assert spans == {"ours": 6, "theirs": 0 if key[0] == "none" else 6}, (key, spans)
+        # One CLIENT span per call, sent or refused: a peer's, with our
+        # attributes on it, or ours when no peer describes the call.
+        assert spans == {"ours": 6, "theirs": 0}, (key, spans)
     sent = [sum(line.endswith(" ok") for line in lines) for lines in outcomes.values()]
     # Every run refused the same calls as the run without a peer, and the
     # server saw exactly the calls the apps saw succeed.
