@@ -2,7 +2,8 @@
 
 Policy for each outgoing request (every hop, redirects included):
 
-1. A request to an LLM vendor never carries ``veronica.*`` baggage. A vendor
+1. A request to an LLM vendor carries no baggage at all (``veronica.*`` or
+   any other entry an OpenTelemetry HTTP instrumentation would inject). A vendor
    is a host on the built-in list (:data:`DEFAULT_VENDOR_HOSTS`, extended by
    ``vendor_hosts`` / ``VERONICA_VENDOR_HOSTS``), or any request sent by a
    vendor SDK (it carries ``x-stainless-lang``, as the ``openai`` and
@@ -255,9 +256,27 @@ class Propagation:
 
     def is_vendor(self, host: str, port: int | None, has_header: Callable[[str], bool]) -> bool:
         """Whether a request goes to (or is sent by the SDK of) an LLM vendor."""
-        if any(pattern.matches(host, port) for pattern in self.vendors):
+        if any(has_header(name) for name in _SDK_HEADERS):  # the cheap test first
             return True
-        return any(has_header(name) for name in _SDK_HEADERS)
+        return any(pattern.matches(host, port) for pattern in self.vendors)
+
+    def to_vendor(
+        self, scheme: str, host: str | None, port: int | None, has_header: Callable[[str], bool]
+    ) -> bool:
+        """:meth:`is_vendor` for a raw URL: such a request carries no baggage at all.
+
+        Not only ours: an OpenTelemetry HTTP instrumentation would forward
+        every baggage entry of the context (user ids, tenant names) to the
+        vendor. The HTTP instrumentors remove the header and clear the context.
+        """
+        if any(has_header(name) for name in _SDK_HEADERS):
+            return True
+        if not host:
+            return False
+        if port is None:
+            port = _DEFAULT_PORTS.get(scheme.lower())
+        host = host.lower().rstrip(".")
+        return any(pattern.matches(host, port) for pattern in self.vendors)
 
     def plan(
         self, scheme: str, host: str | None, port: int | None, has_header: Callable[[str], bool]

@@ -8,13 +8,13 @@ Usage::
     with ExecutionContext(ExecutionConfig(max_cost_usd=1.0, max_steps=20)):
         httpx2.get("http://orders.internal/plan")   # carries the chain's signed grant
 
-Trace and baggage headers come from OpenTelemetry's own instrumentation
-(``opentelemetry-instrumentation-httpx``: ``HTTPX2ClientInstrumentor`` and
-``HTTPXClientInstrumentor``), which this instrumentor enables when it is
-installed (``enable_otel_http=False`` to leave it alone). This one adds only
-the chain's ``veronica.*`` baggage entries, only for allowed hosts, keeps
-them off every request to an LLM vendor, and commits the ``veronica-spent``
-answer of the downstream service into the chain. See
+This one writes only the chain's ``veronica.*`` baggage entries, only for
+allowed hosts, and commits the ``veronica-spent`` answer of the downstream
+service into the chain. A request to an LLM vendor carries no baggage at all,
+whoever would add it. Trace headers (``traceparent``) come from OpenTelemetry's
+own instrumentation (``opentelemetry-instrumentation-httpx``), which this one
+turns on only when asked (``enable_otel_http=True``); ``opentelemetry-instrument``
+turns it on by itself when it is installed. See
 :mod:`veronica_otel.instrumentors._outbound` for the policy.
 
 Configuration (argument, else environment, else default):
@@ -47,6 +47,7 @@ from contextvars import Token
 from typing import Any
 
 import wrapt
+from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
@@ -88,6 +89,12 @@ def _prepare(policy: Propagation, request: Any) -> tuple[Plan, Token[Context] | 
         url = request.url
         headers = request.headers
         plan = policy.plan(url.scheme, url.host, url.port, headers.__contains__)
+        if not plan.entries and policy.to_vendor(
+            url.scheme, url.host, url.port, headers.__contains__
+        ):
+            if "baggage" in headers:
+                del headers["baggage"]
+            return plan, otel_context.attach(baggage.clear())
         current = headers.get_list("baggage")
         if current or plan.entries:
             value = rewrite_baggage(current, plan.entries)
@@ -190,7 +197,7 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         otel_kwargs: dict[str, Any] = {
             k: kwargs[k] for k in ("tracer_provider", "meter_provider") if k in kwargs
         }
-        enable_otel = bool(kwargs.get("enable_otel_http", True))
+        enable_otel = bool(kwargs.get("enable_otel_http", False))
         for name in _MODULES:
             hook = functools.partial(self._patch, policy, enable_otel, otel_kwargs)
             wrapt.register_post_import_hook(hook, name)
@@ -218,13 +225,11 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _patch_module(
         self, policy: Propagation, module: Any, otel_httpx: Any, otel_kwargs: dict[str, Any]
     ) -> None:
+        # Ours first, on its own: OpenTelemetry's may fail (imported half-way:
+        # its own import of httpx2 is what runs this hook), ours must not.
+        # Either order is right: ours writes the header itself, and clears
+        # the context it runs the request in.
         try:
-            if otel_httpx is not None:
-                # Theirs first, ours outside it: our context is the one they inject.
-                instrumentor = getattr(otel_httpx, _OTEL_INSTRUMENTORS[module.__name__])()
-                if not instrumentor.is_instrumented_by_opentelemetry:
-                    instrumentor.instrument(skip_dep_check=True, **otel_kwargs)
-                    self._otel = (*self._otel, instrumentor)
             for cls, method, is_async in _TRANSPORTS:
                 owner = getattr(module, cls, None)
                 if owner is None:
@@ -234,6 +239,18 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 self._patched = (*self._patched, (owner, method, wrapper))
         except Exception:
             _logger.exception("veronica-otel: could not instrument %s", module.__name__)
+        if otel_httpx is None:
+            return
+        try:
+            instrumentor = getattr(otel_httpx, _OTEL_INSTRUMENTORS[module.__name__])()
+            if not instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.instrument(skip_dep_check=True, **otel_kwargs)
+                self._otel = (*self._otel, instrumentor)
+        except Exception:
+            _logger.exception(
+                "veronica-otel: could not enable OpenTelemetry's %s instrumentation",
+                module.__name__,
+            )
 
     def _uninstrument(self, **kwargs: Any) -> None:
         if self._policy is not None:

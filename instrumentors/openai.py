@@ -218,7 +218,8 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
     n_messages = len(messages) if type(messages) is list else 1
     cap, cap_key = _requested_cap(body, cap_keys)
     agent = current_agent() if ctx.tracks_handoffs else None
-    span = start_span(operation, PROVIDER, model, agent)
+    peer = _peer_span(operation, agent)
+    span = peer if peer is not None else start_span(operation, PROVIDER, model, agent)
     # Current from here until the request returns (one attach for both): a
     # denial's trip event lands on this span, and HTTP spans nest under it.
     span_token = otel_context.attach(trace.set_span_in_context(span))
@@ -226,7 +227,7 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
         call, clamp, fallback = admit(
             ctx,
             span,
-            True,
+            peer is None,
             provider=PROVIDER,
             operation=operation,
             model=model,
@@ -248,6 +249,31 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
 
 
 # -- settlement ----------------------------------------------------------------------
+
+
+def _peer_span(operation: str, agent: str | None) -> Any:
+    """A peer GenAI instrumentor's span for this very call, when one is current.
+
+    The official ``opentelemetry-instrumentation-openai-v2``, OpenLLMetry and
+    openlit wrap ``create()``, above our hook: their CLIENT span for the same
+    operation is current here. Our attributes go on it and it stays theirs
+    to end, so the call is described once. Anything else (no span, another
+    operation, a span already used for one of our calls): None, our own span.
+    """
+    span = trace.get_current_span()
+    if not span.is_recording() or getattr(span, "kind", None) is not trace.SpanKind.CLIENT:
+        return None
+    attributes = getattr(span, "attributes", None) or {}
+    if "veronica.chain.id" in attributes:
+        return None
+    scope = getattr(span, "instrumentation_scope", None)
+    if scope is not None and scope.name.startswith("veronica_otel"):
+        return None
+    if attributes.get("gen_ai.operation.name", attributes.get("llm.request.type")) != operation:
+        return None
+    if agent is not None:
+        span.set_attribute("gen_ai.agent.name", agent)
+    return span
 
 
 def _stream_error(exc: BaseException | None) -> BaseException | None:

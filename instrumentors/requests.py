@@ -7,14 +7,15 @@ Usage::
     RequestsInstrumentor().instrument(propagate_hosts="orders.internal")
 
 Same policy and configuration as
-:class:`~veronica_otel.instrumentors.httpx.HTTPXInstrumentor`: trace and
-baggage headers come from ``opentelemetry-instrumentation-requests`` (enabled
-here when installed); this adds only the chain's ``veronica.*`` entries, only
-for allowed hosts, never for LLM vendors, and commits the ``veronica-spent``
-answer. It hooks ``requests.Session.send`` (every hop, redirects included),
-inside OpenTelemetry's wrapper: that one replaces ``Session.send`` with a
-plain function, and wrapping it from outside would make its uninstrument
-remove ours too. ``requests`` is patched when the application imports it.
+:class:`~veronica_otel.instrumentors.httpx.HTTPXInstrumentor`: this writes
+only the chain's ``veronica.*`` entries, only for allowed hosts, sends no
+baggage at all to LLM vendors, and commits the ``veronica-spent`` answer.
+Trace headers come from ``opentelemetry-instrumentation-requests``, enabled
+here only when asked (``enable_otel_http=True``). It hooks
+``requests.Session.send`` (every hop, redirects included), inside
+OpenTelemetry's wrapper: that one replaces ``Session.send`` with a plain
+function, and wrapping it from outside would make its uninstrument remove
+ours too. ``requests`` is patched when the application imports it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import wrapt
+from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
@@ -57,6 +59,11 @@ def _prepare(policy: Propagation, request: Any) -> tuple[Plan, Token[Context] | 
         parts = urlsplit(request.url)
         headers = request.headers
         plan = policy.plan(parts.scheme, parts.hostname, parts.port, headers.__contains__)
+        if not plan.entries and policy.to_vendor(
+            parts.scheme, parts.hostname, parts.port, headers.__contains__
+        ):
+            headers.pop("baggage", None)
+            return plan, otel_context.attach(baggage.clear())
         current = headers.get("baggage")
         if current or plan.entries:
             value = rewrite_baggage([current] if current else [], plan.entries)
@@ -119,7 +126,7 @@ class RequestsInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         otel_kwargs: dict[str, Any] = {
             k: kwargs[k] for k in ("tracer_provider", "meter_provider") if k in kwargs
         }
-        enable_otel = bool(kwargs.get("enable_otel_http", True))
+        enable_otel = bool(kwargs.get("enable_otel_http", False))
         hook = functools.partial(self._patch, policy, enable_otel, otel_kwargs)
         wrapt.register_post_import_hook(hook, "requests")
 

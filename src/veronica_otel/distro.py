@@ -24,7 +24,19 @@ and a new chain id: N forked workers have N budgets. With
 ``VERONICA_REDIS_URL`` the default chain lives in the shared store, and a
 forked child keeps counting the same chain there: one budget for all.
 
-Several distros installed? Select ours with ``OTEL_PYTHON_DISTRO=veronica``.
+Whatever else is installed, enforcement goes in through every door that
+runs, once (:func:`ensure_installed`): this distro when it is the one
+selected; the ``opentelemetry_pre_instrument`` hook and each of our
+``opentelemetry_instrumentor`` entry points when another distro
+(``opentelemetry-distro``) wins, in any entry-point order; and, when a
+configurator or exporter fails and ``opentelemetry-instrument`` loads no
+instrumentor at all, the ``veronica_otel_zero_code.pth`` start-up file, which
+runs it after OpenTelemetry's own initialisation, whatever that raised
+(:mod:`veronica_otel._autostart`). Selecting a distro is never needed.
+
+``VERONICA_THREADS=false`` leaves ``threading`` alone: work started in
+threads then runs outside the chain (the process default chain still
+applies there).
 """
 
 from __future__ import annotations
@@ -47,7 +59,14 @@ from ._ledger import Ledger
 from ._propagation import set_default_context, set_default_context_error
 from .policy_file import PolicyFile, install_default_chain
 
-__all__ = ["VeronicaConfigurator", "VeronicaDistro", "install_zero_code"]
+__all__ = [
+    "VeronicaConfigurator",
+    "VeronicaDistro",
+    "ZeroCodeEntry",
+    "ensure_installed",
+    "install_zero_code",
+    "pre_instrument",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -58,8 +77,8 @@ _INSTRUMENTORS = (
     ("mcp.client.session", "veronica_otel.instrumentors.mcp", "MCPInstrumentor"),
     ("langchain_core.tools.base", "veronica_otel.instrumentors.langchain", "LangChainInstrumentor"),
     ("ag2.agent", "veronica_otel.instrumentors.ag2", "AG2Instrumentor"),
-    # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS); these
-    # also enable OpenTelemetry's httpx / requests instrumentations when installed.
+    # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS), and
+    # the vendor rule: no baggage at all on requests to LLM vendors.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
     ("httpx", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
     ("requests", "veronica_otel.instrumentors.requests", "RequestsInstrumentor"),
@@ -76,7 +95,8 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_threading",
     }
 )
-_installed = False
+_installed = False  # the enforcement hooks (tests set it to skip them)
+_ensured = False  # a door ran install_zero_code: the others do nothing
 
 
 def _instrument(instrumentor_module: str, class_name: str) -> Any:
@@ -131,13 +151,13 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
     (calls then fail closed with an error naming the variable or the file).
     """
     global _installed
+    env = os.environ if environ is None else environ
     if not _installed:
         for trigger, module, name in _INSTRUMENTORS:
             wrapt.register_post_import_hook(_instrument(module, name), trigger)
-        # threading is always imported: the chain follows into threads and pools.
-        _instrument("veronica_otel.instrumentors.threading", "ThreadingInstrumentor")(None)
+        if _threads_wanted(env):  # the chain follows into threads and pools
+            _instrument("veronica_otel.instrumentors.threading", "ThreadingInstrumentor")(None)
         _installed = True
-    env = os.environ if environ is None else environ
     try:
         _check_environment(env)
         ledger, chain_id = _shared_store(env)
@@ -157,6 +177,62 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
     set_default_context(ctx)
     _logger.info("veronica-otel: default chain %s with %s", ctx.chain_id, config)
     return ctx
+
+
+def ensure_installed() -> None:
+    """The door every zero-code path calls: :func:`install_zero_code` once, never raising.
+
+    Whichever runs first (our distro, the pre-instrument hook, one of our
+    instrumentor entry points, the start-up file) installs; the others find
+    it done. A failure here is reported and makes LLM calls fail closed.
+    """
+    global _ensured
+    if _ensured:
+        return
+    _ensured = True
+    try:
+        install_zero_code()
+    except Exception as exc:  # registering the hooks failed: say so, refuse calls
+        error = _configuration_error(exc)
+        set_default_context_error(error)
+        print(f"veronica-otel: ERROR: {error}; LLM calls will be refused", file=sys.stderr)
+
+
+def pre_instrument() -> None:
+    """The ``opentelemetry_pre_instrument`` hook: runs under any distro."""
+    ensure_installed()
+
+
+class ZeroCodeEntry:
+    """What each of our ``opentelemetry_instrumentor`` entry points loads.
+
+    Under another distro, ``opentelemetry-instrument`` calls
+    ``load()().instrument()`` on every entry point: here that installs zero
+    code (once), whose import hooks then instrument each library the app
+    imports, exactly as under our own distro. Programmatic use takes the
+    instrumentor classes (``veronica_otel.instrumentors.*``), not these.
+    """
+
+    @property
+    def is_instrumented_by_opentelemetry(self) -> bool:
+        return _ensured
+
+    def instrument(self, **kwargs: Any) -> None:
+        ensure_installed()
+
+    def uninstrument(self, **kwargs: Any) -> None:
+        """Zero code stays for the life of the process: uninstrument each class instead."""
+        _logger.debug("veronica-otel: zero-code entry points cannot be uninstrumented")
+
+
+def _threads_wanted(environ: Mapping[str, str]) -> bool:
+    """``VERONICA_THREADS`` (default true); a malformed value is reported by the checks."""
+    try:
+        return not environ.get("VERONICA_THREADS", "").strip() or parse_env_bool(
+            "VERONICA_THREADS", environ
+        )
+    except ValueError:
+        return True  # fail closed: the chain still follows into threads
 
 
 def _check_environment(environ: Mapping[str, str]) -> None:
@@ -180,6 +256,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     from veronica_otel.policy_file import _env_unknown_price
 
     parse_env_bool("VERONICA_FAIL_OPEN", environ)
+    parse_env_bool("VERONICA_THREADS", environ)
     grant_key_from_env(environ)
     for var in (PROPAGATE_HOSTS_ENV, VENDOR_HOSTS_ENV):
         parse_hosts(environ.get(var, ""), var)
@@ -235,7 +312,7 @@ class VeronicaDistro(BaseDistro):  # type: ignore[misc]
     """Installs enforcement before the configurator runs, then the usual hooks."""
 
     def _configure(self, **kwargs: Any) -> None:
-        install_zero_code()
+        ensure_installed()
 
     def load_instrumentor(self, entry_point: EntryPoint, **kwargs: Any) -> None:
         # Ours are already installed by post-import hooks; instrumenting again
@@ -245,7 +322,7 @@ class VeronicaDistro(BaseDistro):  # type: ignore[misc]
             return
         try:
             if getattr(entry_point.load()(), "is_instrumented_by_opentelemetry", False):
-                return  # already on: ours enable OpenTelemetry's httpx / requests ones
+                return  # already on (a peer instrumentor the app turned on itself)
             super().load_instrumentor(entry_point, **kwargs)
         except Exception:
             _logger.exception("instrumentor %s failed to load", entry_point.name)

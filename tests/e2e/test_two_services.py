@@ -190,11 +190,12 @@ def test_two_processes_share_one_chain(llm: FakeLLMServer, service_b: ServiceB) 
     assert after["cost_usd"] == pytest.approx(own["cost_usd"] + b["cost_usd"], abs=1e-9)
     assert after["tokens"] == own["tokens"] + b["tokens"] > own["tokens"] > 0
     assert report["last_call"] == "steps"
-    # Ground truth: three model calls in all, and no chain baggage on any of them.
+    # Ground truth: three model calls in all, traced, and no baggage on any of them.
     assert llm.count("/v1/chat/completions") == 3
     for request in llm.requests:
         assert "traceparent" in request.headers
         assert "veronica" not in json.dumps(dict(request.headers)).lower()
+        assert "baggage" not in request.headers
 
 
 def test_forged_and_oversized_grants_are_ignored_by_b(service_b: ServiceB) -> None:

@@ -158,12 +158,28 @@ def chain() -> ExecutionContext:
 def test_httpx2_sends_the_grant_to_an_allowed_host_and_commits_the_spend(
     service: Service, instrument: Callable[..., None]
 ) -> None:
-    instrument(HTTPXInstrumentor(), propagate_hosts=["127.0.0.1"], grant_key=KEY)
+    instrument(
+        HTTPXInstrumentor(), propagate_hosts=["127.0.0.1"], grant_key=KEY, enable_otel_http=True
+    )
     with chain() as ctx, httpx2.Client() as client:
         ctx.begin_call("tool", CENT).finish()
         client.get(service.url)
         check_grant_and_spend(service, ctx)
-    assert "traceparent" in service.headers[-1]  # OpenTelemetry's own injection is on
+    assert "traceparent" in service.headers[-1]  # OpenTelemetry's own injection, as asked
+
+
+@pytest.mark.usefixtures("tracer_provider")
+def test_opentelemetry_http_instrumentation_is_not_turned_on_unless_asked(
+    service: Service, instrument: Callable[..., None]
+) -> None:
+    instrument(HTTPXInstrumentor(), propagate_hosts=["127.0.0.1"], grant_key=KEY)
+    instrument(RequestsInstrumentor(), propagate_hosts=["127.0.0.1"], grant_key=KEY)
+    with chain() as ctx, httpx2.Client() as client, requests.Session() as session:
+        client.get(service.url)
+        session.get(service.url, timeout=10)
+        for headers in service.headers:
+            assert Service.entries(headers)["veronica.chain"] == ctx.chain_id
+            assert "traceparent" not in headers
 
 
 @pytest.mark.asyncio
@@ -186,7 +202,9 @@ def test_legacy_httpx(service: Service, instrument: Callable[..., None]) -> None
 
 @pytest.mark.usefixtures("tracer_provider")
 def test_requests(service: Service, instrument: Callable[..., None]) -> None:
-    instrument(RequestsInstrumentor(), propagate_hosts="127.0.0.*", grant_key=KEY)
+    instrument(
+        RequestsInstrumentor(), propagate_hosts="127.0.0.*", grant_key=KEY, enable_otel_http=True
+    )
     with chain() as ctx, requests.Session() as session:
         ctx.begin_call("tool", CENT).finish()
         session.get(service.url, timeout=10)
@@ -198,7 +216,12 @@ def test_requests(service: Service, instrument: Callable[..., None]) -> None:
 def test_a_host_not_on_the_allow_list_gets_no_veronica_baggage(
     service: Service, instrument: Callable[..., None]
 ) -> None:
-    instrument(HTTPXInstrumentor(), propagate_hosts="orders.internal", grant_key=KEY)
+    instrument(
+        HTTPXInstrumentor(),
+        propagate_hosts="orders.internal",
+        grant_key=KEY,
+        enable_otel_http=True,  # it injects the context's baggage: the app's entry stays
+    )
     with chain() as ctx, httpx2.Client() as client:
         client.get(service.url)
         assert Service.entries(service.headers[-1]) == {"tenant": "acme"}
@@ -210,7 +233,9 @@ def test_llm_vendors_never_get_veronica_baggage_even_on_an_allowed_host(
     instrument: Callable[..., None],
 ) -> None:
     instrument(OpenAIInstrumentor())
-    instrument(HTTPXInstrumentor(), propagate_hosts="127.0.0.1", grant_key=KEY)
+    instrument(
+        HTTPXInstrumentor(), propagate_hosts="127.0.0.1", grant_key=KEY, enable_otel_http=True
+    )
     with FakeLLMServer(output_tokens=5) as llm, chain():
         client = openai.OpenAI(base_url=llm.openai_base_url, api_key="test", max_retries=0)
         client.chat.completions.create(
@@ -221,7 +246,29 @@ def test_llm_vendors_never_get_veronica_baggage_even_on_an_allowed_host(
         sdk_call, raw_call = llm.requests
     assert "traceparent" in sdk_call.headers
     assert "veronica" not in json.dumps(dict(sdk_call.headers))
+    # No baggage at all: OpenTelemetry's instrumentation would forward the app's too.
+    assert "baggage" not in sdk_call.headers
     assert "veronica.grant" in raw_call.headers["baggage"]
+    assert "tenant=acme" in raw_call.headers["baggage"]
+
+
+@pytest.mark.usefixtures("inbound_baggage", "tracer_provider")
+@pytest.mark.parametrize("client", ["httpx2", "requests"])
+def test_a_vendor_host_gets_no_baggage_at_all_whoever_injects_it(
+    service: Service, instrument: Callable[..., None], client: str
+) -> None:
+    # OpenTelemetry's HTTP instrumentations on, as opentelemetry-instrument does:
+    # they inject every baggage entry of the context; the vendor rule removes them.
+    vendor = [f"127.0.0.1:{service.port}"]
+    instrument(HTTPXInstrumentor(), vendor_hosts=vendor, enable_otel_http=True)
+    instrument(RequestsInstrumentor(), vendor_hosts=vendor, enable_otel_http=True)
+    with chain():
+        if client == "httpx2":
+            httpx2.get(service.url)
+        else:
+            requests.get(service.url, timeout=10)
+    assert "traceparent" in service.headers[-1]
+    assert "baggage" not in service.headers[-1]
 
 
 def test_vendor_hosts_are_never_sent_a_grant(

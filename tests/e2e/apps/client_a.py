@@ -26,7 +26,7 @@ from veronica_otel.instrumentors.httpx import HTTPXInstrumentor  # noqa: E402
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor  # noqa: E402
 
 OpenAIInstrumentor().instrument()
-HTTPXInstrumentor().instrument()
+HTTPXInstrumentor().instrument(enable_otel_http=True)  # traceparent too, as asked
 
 
 def snap(ctx: ExecutionContext) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from veronica_otel.middleware import VeronicaASGIMiddleware  # noqa: E402
 OpenAIInstrumentor().instrument()
 # The fake LLM server is on an allowed host (127.0.0.1): only the vendor rule
 # keeps the chain's baggage off its requests.
-HTTPXInstrumentor().instrument()
+HTTPXInstrumentor().instrument(enable_otel_http=True)  # traceparent too, as asked
 llm = openai.AsyncOpenAI(max_retries=0)
 
 

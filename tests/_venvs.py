@@ -1,0 +1,164 @@
+"""Fresh virtualenvs for end-to-end tests of real installs, cached between runs.
+
+Each venv is built with ``python -m venv`` and pip from the package indexes,
+as a user would, and cached outside the clone under
+``~/.cache/veronica-otel-e2e/<name>-<hash>`` (``VERONICA_E2E_CACHE`` moves
+it). The hash covers what is installed (the steps and the Python version), so
+a changed recipe builds a new venv. This checkout is installed into it as a
+regular (non-editable) copy, and re-installed without dependencies whenever
+its sources change, so the cached third-party set is reused. A file lock
+keeps parallel test processes from building the same venv twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("VERONICA_E2E_CACHE", Path.home() / ".cache" / "veronica-otel-e2e"))
+OURS = "<checkout>"  # in a step: this checkout (as a built copy)
+BOOTSTRAP = ("<bootstrap>",)  # a step: `opentelemetry-bootstrap -a install`
+_BUILD_TIMEOUT = 900
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _sources_hash() -> str:
+    digest = hashlib.sha256()
+    # os.walk, not rglob: src/veronica_otel/instrumentors and exporters are symlinks.
+    files = [
+        Path(top, name)
+        for top, dirs, names in os.walk(ROOT / "src", followlinks=True)
+        for name in names
+    ]
+    for path in sorted([ROOT / "pyproject.toml", ROOT / "setup.py", *files]):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(ROOT)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@contextmanager
+def _checkout_copy() -> Iterator[Path]:
+    """A copy of the sources to build from, so no build files land in the clone."""
+    with tempfile.TemporaryDirectory(prefix="veronica-src-") as tmp:
+        copy = Path(tmp) / "veronica-otel"
+        shutil.copytree(ROOT / "src", copy / "src", ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+            if (ROOT / name).exists():
+                shutil.copy(ROOT / name, copy / name)
+        yield copy
+
+
+def _pip(venv: Path, *args: str) -> None:
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args],
+        check=True,
+        timeout=_BUILD_TIMEOUT,
+        capture_output=True,
+        text=True,
+    )
+
+
+def _run_step(venv: Path, step: Sequence[str], checkout: Path) -> None:
+    if tuple(step) == BOOTSTRAP:
+        subprocess.run(
+            [str(venv / "bin" / "opentelemetry-bootstrap"), "-a", "install"],
+            check=True,
+            timeout=_BUILD_TIMEOUT,
+            capture_output=True,
+            text=True,
+        )
+        return
+    _pip(venv, *(arg.replace(OURS, str(checkout)) for arg in step))
+
+
+def venv(name: str, steps: Sequence[Sequence[str]]) -> Path:
+    """A venv with ``steps`` installed (each a pip install argument list), cached.
+
+    Returns the venv's directory; its programs are under ``bin/``. A failed
+    build raises ``subprocess.CalledProcessError`` with pip's output.
+    """
+    key = hashlib.sha256(json.dumps([sys.version, list(map(list, steps))]).encode()).hexdigest()
+    root = CACHE / f"{name}-{key[:12]}"
+    with _locked(CACHE / f"{root.name}.lock"):
+        stamp = _sources_hash()
+        ours = root / ".veronica-sources"
+        if not (root / ".complete").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
+            with _checkout_copy() as checkout:
+                for step in steps:
+                    _run_step(root, step, checkout)
+            ours.write_text(stamp)
+            (root / ".complete").write_text("ok")
+        elif not ours.exists() or ours.read_text() != stamp:
+            with _checkout_copy() as checkout:
+                _pip(root, "--no-deps", "--force-reinstall", str(checkout))
+            ours.write_text(stamp)
+    return root
+
+
+def build_error(exc: subprocess.CalledProcessError) -> str:
+    """pip's own words for a failed build, for a skip or failure message."""
+    tail = (exc.stderr or exc.stdout or "").strip().splitlines()[-5:]
+    return f"{' '.join(map(str, exc.cmd))} failed: " + " | ".join(tail)
+
+
+# The standard OpenTelemetry recipe, as its docs give it, plus the servers and
+# HTTP clients the tests run.
+RECIPE: tuple[tuple[str, ...], ...] = (
+    (
+        f"{OURS}[openai]",
+        "opentelemetry-distro",
+        "opentelemetry-exporter-otlp",
+        "gunicorn",
+        "uvicorn",
+        "httpx",
+        "requests",
+    ),
+    BOOTSTRAP,
+)
+
+# Peer GenAI instrumentors. openai-v2 2.4b0 needs util-genai 1.1b0; openlit
+# declares openai<3 (and anthropic<1), so it goes in with --no-deps after the
+# requirements it imports (pinned to this OpenTelemetry release: unpinned,
+# pip's resolver spent over ten minutes backtracking: urllib's has no 0.66b2).
+PEERS: tuple[tuple[str, ...], ...] = (
+    (
+        f"{OURS}[openai]",
+        "opentelemetry-instrumentation-openai-v2==2.4b0",
+        "opentelemetry-util-genai==1.1b0",
+        "opentelemetry-instrumentation-openai",
+        "httpx",  # openai-v2 imports it (openai 3 itself uses httpx2)
+    ),
+    (  # what openlit imports (its other requirements are for other libraries)
+        "opentelemetry-exporter-otlp==1.45.2",
+        "opentelemetry-instrumentation-httpx==0.66b2",
+        "opentelemetry-instrumentation-requests==0.66b2",
+        "pydantic>=2,<3",
+        "requests>=2.26,<3",
+        "schedule>=1.2.2,<2",
+        "xmltodict>=0.13,<2",
+    ),
+    ("--no-deps", "openlit==1.45.0"),
+)

@@ -1,0 +1,103 @@
+"""Six chat calls, as an app does them, for the real-install tests.
+
+``python real_install_agent.py`` (under ``opentelemetry-instrument``): six
+calls in the process default chain. ``... threads``: an explicit chain of 2
+steps, its four calls made in a thread pool. ``... peer NAME ORDER LIMIT``:
+programmatic, with a peer GenAI instrumentor (``openai-v2``, ``openllmetry``,
+``openlit`` or ``none``) instrumented before or after ours (``peer-first`` /
+``ours-first``), six calls in a chain limited by ``steps`` (3) or ``cost``.
+Each call prints ``step N ok`` or ``step N refused: <error>``; the peer mode
+also prints ``spans: {"ours": N, "theirs": M}``, the CLIENT spans made.
+"""
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+MODEL = "gpt-4o-mini"
+
+
+def call(client: openai.OpenAI, step: int) -> str:
+    try:
+        client.chat.completions.create(
+            model=MODEL,
+            max_tokens=50,
+            messages=[{"role": "user", "content": f"step {step}: what next?"}],
+        )
+    except Exception as exc:
+        return f"step {step} refused: {type(exc).__name__}: {exc}"
+    return f"step {step} ok"
+
+
+def plain() -> None:
+    client = openai.OpenAI(max_retries=0)
+    for step in range(6):
+        print(call(client, step), flush=True)
+
+
+def threads() -> None:
+    from veronica_otel import ExecutionConfig, ExecutionContext
+
+    client = openai.OpenAI(max_retries=0)
+    with ExecutionContext(ExecutionConfig(max_steps=2)), ThreadPoolExecutor(2) as pool:
+        for line in pool.map(lambda step: call(client, step), range(4)):
+            print(line, flush=True)
+
+
+def instrument_peer(name: str) -> None:
+    if name == "openai-v2":
+        from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+        OpenAIInstrumentor().instrument()
+    elif name == "openllmetry":
+        from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+
+        OpenAIInstrumentor().instrument()
+    elif name == "openlit":
+        import openlit
+
+        openlit.init(disable_batch=True, disable_metrics=True, collect_gpu_stats=False)
+    elif name != "none":
+        raise SystemExit(f"unknown peer {name!r}")
+
+
+def peer(name: str, order: str, limit: str) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from veronica_otel import ExecutionConfig, ExecutionContext
+    from veronica_otel.instrumentors.openai import OpenAIInstrumentor as Ours
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    if order == "peer-first":
+        instrument_peer(name)
+        Ours().instrument()
+    else:
+        Ours().instrument()
+        instrument_peer(name)
+    steps_limit = ExecutionConfig(max_steps=3)
+    config = steps_limit if limit == "steps" else ExecutionConfig(max_cost_usd=6.5e-5)
+    client = openai.OpenAI(max_retries=0)
+    with ExecutionContext(config):
+        for step in range(6):
+            print(call(client, step), flush=True)
+    spans = [span for span in exporter.get_finished_spans() if span.kind == trace.SpanKind.CLIENT]
+    ours = [s.name for s in spans if any(k.startswith("veronica.") for k in s.attributes or {})]
+    print("spans:", json.dumps({"ours": len(ours), "theirs": len(spans) - len(ours)}), flush=True)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "plain"
+    if mode == "threads":
+        threads()
+    elif mode == "peer":
+        peer(*sys.argv[2:5])
+    else:
+        plain()

@@ -1,0 +1,297 @@
+"""Contained wherever it is installed: real installs in fresh venvs, as users make them.
+
+Each venv is built by pip from the package indexes (cached between runs,
+:mod:`tests._venvs`) with this checkout installed as a regular copy. The
+apps are unchanged scripts; the LLM is the fake server in this process,
+whose request counts are the truth of what was sent.
+
+- RECIPE: OpenTelemetry's standard recipe (``opentelemetry-distro``,
+  ``opentelemetry-exporter-otlp``, ``opentelemetry-bootstrap -a install``,
+  which adds the official openai-v2 instrumentation among others), so two
+  distros and two configurators, with no ``OTEL_PYTHON_*`` selection.
+- PEERS: the official ``opentelemetry-instrumentation-openai-v2``,
+  OpenLLMetry's ``opentelemetry-instrumentation-openai`` and ``openlit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import _venvs
+from veronica_otel.testing import FakeLLMServer
+
+APPS = Path(__file__).parent / "apps"
+AGENT = APPS / "real_install_agent.py"
+CHAT = "/v1/chat/completions"
+KEY = "k" * 32
+TIMEOUT = 120
+
+
+def _venv(name: str) -> Path:
+    try:
+        return _venvs.venv(name.lower(), getattr(_venvs, name))
+    except subprocess.CalledProcessError as exc:  # say what pip said, do not hide it
+        pytest.fail(f"building the {name} venv: {_venvs.build_error(exc)}")
+
+
+@pytest.fixture(scope="module")
+def recipe() -> Path:
+    return _venv("RECIPE")
+
+
+@pytest.fixture(scope="module")
+def peers() -> Path:
+    return _venv("PEERS")
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=10) as server:
+        yield server
+
+
+def environment(llm: FakeLLMServer, **env: str) -> dict[str, str]:
+    """This process's environment minus any VERONICA_/OTEL_/OPENAI_ setting and PYTHONPATH."""
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON"))
+    }
+    environ.update(
+        OPENAI_BASE_URL=llm.openai_base_url,
+        OPENAI_API_KEY="test-key",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_TRACES_EXPORTER="none",
+    )
+    environ.update(env)
+    return environ
+
+
+def instrumented(
+    venv: Path, llm: FakeLLMServer, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``opentelemetry-instrument python <args>`` in ``venv``."""
+    return subprocess.run(
+        [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), *args],
+        env=environment(llm, **env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def steps(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stdout.splitlines() if line.startswith("step ")]
+
+
+def oks(result: subprocess.CompletedProcess[str]) -> int:
+    return sum(line.endswith(" ok") for line in steps(result))
+
+
+# -- the standard recipe: two distros, two configurators, bootstrap's instrumentations
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [
+        {},  # whatever order the entry points come in here
+        {"OTEL_PYTHON_DISTRO": "distro", "OTEL_PYTHON_CONFIGURATOR": "configurator"},
+        {"OTEL_PYTHON_DISTRO": "veronica", "OTEL_PYTHON_CONFIGURATOR": "veronica"},
+    ],
+    ids=["no-selection", "theirs-first", "ours-first"],
+)
+def test_standard_recipe_sends_exactly_max_steps(
+    recipe: Path, llm: FakeLLMServer, selection: dict[str, str]
+) -> None:
+    result = instrumented(recipe, llm, str(AGENT), VERONICA_MAX_STEPS="3", **selection)
+    assert llm.count(CHAT) == 3, result.stderr
+    assert oks(result) == 3
+    assert all("steps limit reached" in line for line in steps(result)[3:]), result.stdout
+
+
+def test_standard_recipe_with_a_broken_exporter_is_still_contained(
+    recipe: Path, llm: FakeLLMServer
+) -> None:
+    # The configurator raises, so opentelemetry-instrument loads no instrumentor
+    # at all: the start-up file is the door that still runs.
+    result = instrumented(
+        recipe, llm, str(AGENT), VERONICA_MAX_STEPS="3", OTEL_TRACES_EXPORTER="nonexistent"
+    )
+    assert "Failed to auto initialize OpenTelemetry" in result.stderr
+    assert llm.count(CHAT) == 3
+    assert oks(result) == 3
+
+
+def test_standard_recipe_reports_a_malformed_value_and_refuses_calls(
+    recipe: Path, llm: FakeLLMServer
+) -> None:
+    result = instrumented(recipe, llm, str(AGENT), VERONICA_MAX_STEPS="3x")
+    assert "VERONICA_MAX_STEPS='3x'" in result.stderr
+    assert llm.count(CHAT) == 0
+    assert all("VERONICA_MAX_STEPS" in line for line in steps(result)), result.stdout
+    assert len(steps(result)) == 6
+
+
+@pytest.mark.parametrize("threads", ["", "false"])
+def test_threads_follow_the_chain_unless_turned_off(
+    recipe: Path, llm: FakeLLMServer, threads: str
+) -> None:
+    result = instrumented(recipe, llm, str(AGENT), "threads", VERONICA_THREADS=threads)
+    # Carried into the pool: the chain's 2 steps; off: the pool's calls run
+    # outside it (in the unlimited process default chain), all 4 sent.
+    assert llm.count(CHAT) == (2 if threads == "" else 4), result.stderr
+    assert oks(result) == llm.count(CHAT)
+
+
+# -- zero-code propagation to your own service
+
+
+@pytest.mark.parametrize("selection", [{}, {"OTEL_PYTHON_DISTRO": "veronica"}], ids=["any", "ours"])
+def test_zero_code_propagates_to_your_service_and_sends_vendors_no_baggage(
+    recipe: Path, llm: FakeLLMServer, selection: dict[str, str]
+) -> None:
+    with FakeLLMServer() as service:
+        result = instrumented(
+            recipe,
+            llm,
+            str(APPS / "propagating_agent.py"),
+            SERVICE_URL=f"{service.base_url}/orders",
+            VERONICA_PROPAGATE_HOSTS=f"127.0.0.1:{service.port}",
+            VERONICA_GRANT_KEY=KEY,
+            VERONICA_MAX_STEPS="10",
+            **selection,
+        )
+        assert result.stdout.strip() == "done", result.stderr
+        (to_service,) = service.requests
+    (to_vendor,) = llm.requests
+    entries = dict(member.split("=", 1) for member in to_service.headers["baggage"].split(","))
+    assert {"veronica.chain", "veronica.depth", "veronica.grant"} <= entries.keys()
+    assert "traceparent" in to_service.headers  # opentelemetry-instrument turned theirs on
+    assert "baggage" not in to_vendor.headers  # neither ours nor the app's tenant=acme
+
+
+# -- pre-fork servers
+
+
+def serve(recipe: Path, llm: FakeLLMServer, server: str, *args: str) -> tuple[list[str], str]:
+    """Run ``server`` under opentelemetry-instrument on a socket we own; ten requests."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    bind = (
+        [f"--bind=fd://{listener.fileno()}"]
+        if server == "gunicorn"
+        else [f"--fd={listener.fileno()}"]
+    )
+    proc = subprocess.Popen(
+        [
+            str(recipe / "bin" / "opentelemetry-instrument"),
+            str(recipe / "bin" / server),
+            *bind,
+            *args,
+        ],
+        env=environment(llm, VERONICA_MAX_STEPS="2"),
+        pass_fds=[listener.fileno()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    listener.close()  # the server holds its copy; requests wait in its backlog
+    try:
+        answers = []
+        for _ in range(10):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
+                answers.append(reply.read().decode())
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    return answers, stderr
+
+
+@pytest.mark.parametrize(
+    ("server", "args"),
+    [
+        ("gunicorn", ("--preload", "--workers=2", f"--chdir={APPS}", "wsgi_agent:application")),
+        ("uvicorn", ("--workers=2", f"--app-dir={APPS}", "asgi_agent:app")),
+    ],
+    ids=["gunicorn-preload", "uvicorn-workers"],
+)
+def test_pre_fork_server_two_workers_each_contained(
+    recipe: Path, llm: FakeLLMServer, server: str, args: tuple[str, ...]
+) -> None:
+    answers, stderr = serve(recipe, llm, server, *args)
+    sent = Counter(request.headers["x-worker"] for request in llm.requests)
+    served = Counter(answer.split()[0] for answer in answers)
+    assert sum(sent.values()) == sum(answer.endswith(" ok") for answer in answers)
+    # A default chain per worker, VERONICA_MAX_STEPS each.
+    assert all(count <= 2 for count in sent.values()), (sent, stderr[-2000:])
+    assert all(answer.endswith((" ok", "BudgetExceededError")) for answer in answers), answers
+    assert len(served) <= 2
+    assert "Traceback" not in stderr, stderr[-2000:]  # no worker crashed
+
+
+# -- peer GenAI instrumentors
+
+
+def test_peers_under_zero_code_send_exactly_max_steps(peers: Path, llm: FakeLLMServer) -> None:
+    # openai-v2 and OpenLLMetry load through their entry points, alongside ours.
+    result = instrumented(peers, llm, str(AGENT), VERONICA_MAX_STEPS="3")
+    assert llm.count(CHAT) == 3, result.stderr
+    assert oks(result) == 3
+
+
+def run_peer(
+    peers: Path, llm: FakeLLMServer, name: str, order: str, limit: str
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(peers / "bin" / "python"), str(AGENT), "peer", name, order, limit],
+        env=environment(llm, OTEL_SDK_DISABLED="false"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("limit", ["steps", "cost"])
+def test_each_peer_in_either_order_leaves_every_limit_exact(
+    peers: Path, llm: FakeLLMServer, limit: str
+) -> None:
+    runs = {
+        (name, order): run_peer(peers, llm, name, order, limit)
+        for name in ("none", "openai-v2", "openllmetry", "openlit")
+        for order in ("peer-first", "ours-first")
+    }
+    outputs = {}
+    try:
+        for key, proc in runs.items():
+            outputs[key] = proc.communicate(timeout=TIMEOUT)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+            proc.communicate()
+    outcomes = {}
+    for key, (stdout, stderr) in outputs.items():
+        lines = stdout.splitlines()
+        outcomes[key] = [line for line in lines if line.startswith("step ")]
+        assert len(outcomes[key]) == 6, (key, stderr[-3000:])
+        spans = next(json.loads(line[7:]) for line in lines if line.startswith("spans: "))
+        # One CLIENT span per call, sent or refused: a peer's, with our
+        # attributes on it, or ours when no peer describes the call.
+        assert spans == {"ours": 6, "theirs": 0}, (key, spans)
+    sent = [sum(line.endswith(" ok") for line in lines) for lines in outcomes.values()]
+    # Every run refused the same calls as the run without a peer, and the
+    # server saw exactly the calls the apps saw succeed.
+    expected = 3 if limit == "steps" else sent[0]
+    assert 0 < expected < 6
+    assert sent == [expected] * len(runs), dict(zip(runs, sent, strict=True))
+    assert llm.count(CHAT) == expected * len(runs)
