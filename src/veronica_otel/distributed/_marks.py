@@ -1,0 +1,229 @@
+"""What a RedisLedger client remembers so the store can never forget a chain.
+
+* **Marks** (``Marks.seen``): per chain, the last ``(e, c, s, t, ov, trip)``
+  the store reported, as the reply gave them (bytes or str: they go back to
+  the scripts as ARGV unchanged, no conversion on the hot path). The scripts
+  re-seed a chain from them when the store lost it (``_scripts.py``).
+  At most :data:`MARKS_LIMIT` chains; the oldest inserted is forgotten first.
+* **Live reservations** and the heartbeat thread that keeps them alive in
+  the store while their calls run (one HEARTBEAT script per chain tree every
+  ``reservation_ttl_s / 3`` seconds; started at the first reservation, a
+  daemon that ends with its ledger).
+* Seeding the process-local fallback from the marks (fail open).
+* The persistence check of a store (``CONFIG GET``), once per store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from veronica_otel._ledger import Level, LocalLedger
+
+from ._scripts import MARKS
+from ._store import TripCodec, text
+
+if TYPE_CHECKING:
+    from ._ledger import RedisLedger
+
+__all__ = ["MARKS_LIMIT", "NO_MARKS", "Marks", "check_persistence", "lost_words", "seed_local"]
+
+_logger = logging.getLogger("veronica_otel.distributed")
+
+MARKS_LIMIT = 65536
+NO_MARKS: tuple[Any, ...] = ("", "0", "0", "0", "0", "")
+
+_all: weakref.WeakSet[Marks] = weakref.WeakSet()
+
+
+class Marks:
+    """A client's marks of each chain, and its live reservations."""
+
+    __slots__ = ("__weakref__", "_ledger", "_lock", "_period", "_stop", "_thread", "live", "seen")
+
+    def __init__(self, ledger: RedisLedger, reservation_ttl_s: float) -> None:
+        self.seen: dict[str, tuple[Any, ...]] = {}
+        self.live: dict[str, tuple[str, str]] = {}  # reservation id -> (rh, rz)
+        self._ledger = weakref.ref(ledger)
+        self._period = reservation_ttl_s / 3 if reservation_ttl_s > 0 else None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        _all.add(self)
+
+    def of(self, chain_id: str) -> tuple[Any, ...]:
+        return self.seen.get(chain_id, NO_MARKS)
+
+    def remember(self, path: Sequence[Level], reply: Sequence[Any], start: int) -> None:
+        """Keep the report that starts at ``reply[start]`` (MARKS values per level)."""
+        seen = self.seen
+        for level in path:
+            chain = level.chain_id
+            if chain not in seen and len(seen) >= MARKS_LIMIT:
+                with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                    del seen[next(iter(seen))]  # (another thread may have got there)
+            seen[chain] = tuple(reply[start : start + MARKS])
+            start += MARKS
+
+    def hold(self, rid: str, rh: str, rz: str) -> None:
+        """Track a live reservation (the heartbeat keeps it alive)."""
+        self.live[rid] = (rh, rz)
+        if self._thread is None and self._period is not None:
+            self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            thread = threading.Thread(
+                target=_beat,
+                args=(weakref.ref(self), self._stop, self._period),
+                name="veronica-ledger-heartbeat",
+                daemon=True,
+            )
+            self._thread = thread
+        thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def groups(self) -> dict[tuple[str, str], list[str]]:
+        """Live reservation ids by chain tree."""
+        out: dict[tuple[str, str], list[str]] = {}
+        for rid, tree in list(self.live.items()):
+            out.setdefault(tree, []).append(rid)
+        return out
+
+    def after_fork(self) -> None:
+        # The child holds none of the parent's calls and has no heartbeat thread.
+        self.live = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+
+
+def _beat(ref: weakref.ref[Marks], stop: threading.Event, period: float) -> None:
+    while not stop.wait(period):
+        marks = ref()
+        ledger = None if marks is None else marks._ledger()
+        if ledger is None:
+            return
+        try:
+            ledger.heartbeat()
+        except Exception:  # never let the thread die; the next beat tries again
+            _logger.debug("ledger heartbeat failed", exc_info=True)
+        del marks, ledger
+
+
+def _after_fork() -> None:
+    for marks in list(_all):
+        marks.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def seed_local(local: LocalLedger, seen: dict[str, tuple[Any, ...]], codec: TripCodec) -> int:
+    """Give the local fallback every chain this client saw; returns how many."""
+    seeded = 0
+    with local._lock:
+        for chain, mark in list(seen.items()):
+            if not text(mark[0]):
+                continue
+            state = local._state(chain)
+            state.cost_nano = max(state.cost_nano, int(mark[1]))
+            state.steps = max(state.steps, int(mark[2]))
+            state.tokens = max(state.tokens, int(mark[3]))
+            raw = text(mark[5])
+            if raw and state.trip is None:
+                try:
+                    state.trip = codec.decode(raw, chain)
+                except Exception:  # a trip we cannot read still stops the chain
+                    _logger.warning("chain %s: its stored trip could not be read", chain)
+            seeded += 1
+    return seeded
+
+
+def lost_words(mark: tuple[Any, ...], found: Sequence[Any]) -> str:
+    """What the store lost of a chain: its report ``found`` against ``mark``."""
+    mine, now = text(mark[0]), text(found[0])
+    words = []
+    if not now:
+        words.append("the chain is gone")
+    elif now != mine:
+        words.append(f"epoch {now} instead of {mine}")
+    c0, c1 = int(mark[1]), int(found[1])
+    if c1 < c0:
+        words.append(f"committed {c0 / 1e9:g} USD -> {c1 / 1e9:g} USD")
+    t0, t1 = int(mark[3]), int(found[3])
+    if t1 < t0:
+        words.append(f"tokens {t0} -> {t1}")
+    if text(mark[5]) and not text(found[5]):
+        words.append("its trip")
+    return ", ".join(words) or "an older copy of the chain"
+
+
+_checked: set[str] = set()
+_checked_lock = threading.Lock()
+
+
+def check_persistence(client: redis.Redis, store: str) -> bool:
+    """Warn once per store when it can lose or evict the ledger's keys.
+
+    Returns False when the store could not be asked (try again later).
+    """
+    with _checked_lock:
+        if store in _checked:
+            return True
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.config_get("appendonly")
+        pipe.config_get("save")
+        pipe.config_get("maxmemory-policy")
+        replies = pipe.execute()
+    except redis.ResponseError as exc:
+        _logger.info(
+            "ledger store %s: CONFIG is disabled (%s), so its persistence and eviction "
+            "policy cannot be checked; it needs appendonly yes and maxmemory-policy noeviction",
+            store,
+            exc,
+        )
+        replies = None
+    except redis.RedisError:
+        return False
+    with _checked_lock:
+        if store in _checked:
+            return True
+        _checked.add(store)
+    if replies is None:
+        return True
+    values = [{text(k): text(v) for k, v in reply.items()} for reply in replies]
+    aof = values[0].get("appendonly", "")
+    save = values[1].get("save", "")
+    policy = values[2].get("maxmemory-policy", "")
+    if aof == "no" and not save.strip():
+        _logger.warning(
+            "ledger store %s has no persistence (appendonly no, save ''): a restart empties "
+            "it. Chains a live client saw are re-seeded from its marks, but a chain no live "
+            "client knows starts again at zero; set appendonly yes",
+            store,
+        )
+    if policy.startswith(("allkeys-", "volatile-")):
+        _logger.warning(
+            "ledger store %s has maxmemory-policy %s, which evicts keys under memory "
+            "pressure: an evicted chain starts again at zero unless a live client re-seeds "
+            "it; set maxmemory-policy noeviction",
+            store,
+            policy,
+        )
+    return True
