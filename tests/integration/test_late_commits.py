@@ -103,7 +103,6 @@ def _outlive(
             else:
                 assert isinstance(got, TripEvent) and not got.sticky
             time.sleep(0.05)  # pacing of the other client's attempts
-        return None
 
     server.set_responder(meanwhile)
     with ExecutionContext(ExecutionConfig(max_cost_usd=limit), chain_id="late", ledger=ledger):
@@ -174,7 +173,6 @@ def test_a_commit_queued_in_an_outage_counts_after_an_empty_restart(
         seen.append(request)
         if len(seen) == 2:
             valkey.kill()  # the reply is on its way; its commit finds no store
-        return None
 
     server.set_responder(store_dies)
     ctx = ExecutionContext(config, chain_id="job", ledger=ledger)
