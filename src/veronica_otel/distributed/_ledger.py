@@ -387,7 +387,7 @@ class RedisLedger:
             if reply[3]:
                 self._reseeded(path)
             if rid:
-                self._marks.hold(rid, ck.reservations, ck.expiries)
+                self._marks.hold(rid, (ck.reservations, ck.expiries, ck.base))
             return Reservation(rid, cost_nano, tokens, step, retry)
         return self._denied(path, keys, reply)
 
@@ -597,11 +597,10 @@ class RedisLedger:
         renewed = 0
         token = _attach(quiet())
         try:
-            for (rh, rz), ids in self._marks.groups().items():
+            for (rh, rz, base), ids in self._marks.groups().items():
                 try:
-                    renewed += int(
-                        self._heartbeat([rh, rz], [self._rsv_ttl, self._chain_ttl, *ids])
-                    )
+                    args = [self._rsv_ttl, self._chain_ttl, base, *ids]
+                    renewed += int(self._heartbeat([rh, rz], args))
                 except redis.RedisError as exc:
                     _logger.debug("ledger heartbeat to %s failed: %s", self.store, exc)
         finally:

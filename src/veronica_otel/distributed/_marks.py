@@ -50,7 +50,7 @@ class Marks:
 
     def __init__(self, ledger: RedisLedger, reservation_ttl_s: float) -> None:
         self.seen: dict[str, tuple[Any, ...]] = {}
-        self.live: dict[str, tuple[str, str]] = {}  # reservation id -> (rh, rz)
+        self.live: dict[str, tuple[str, str, str]] = {}  # id -> (rh, rz, chain key base)
         self._ledger = weakref.ref(ledger)
         self._period = reservation_ttl_s / 3 if reservation_ttl_s > 0 else None
         self._lock = threading.Lock()
@@ -72,9 +72,9 @@ class Marks:
             seen[chain] = tuple(reply[start : start + MARKS])
             start += MARKS
 
-    def hold(self, rid: str, rh: str, rz: str) -> None:
+    def hold(self, rid: str, tree: tuple[str, str, str]) -> None:
         """Track a live reservation (the heartbeat keeps it alive)."""
-        self.live[rid] = (rh, rz)
+        self.live[rid] = tree
         if self._thread is None and self._period is not None:
             self._start()
 
@@ -97,9 +97,9 @@ class Marks:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
 
-    def groups(self) -> dict[tuple[str, str], list[str]]:
+    def groups(self) -> dict[tuple[str, str, str], list[str]]:
         """Live reservation ids by chain tree."""
-        out: dict[tuple[str, str], list[str]] = {}
+        out: dict[tuple[str, str, str], list[str]] = {}
         for rid, tree in list(self.live.items()):
             out.setdefault(tree, []).append(rid)
         return out

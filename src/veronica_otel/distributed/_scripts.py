@@ -77,12 +77,22 @@ its id was dropped counts twice: never less.
 ``RESERVE`` first gives back (at most 64 of) the tree's expired
 reservations. A live client keeps its running calls' reservations alive
 with HEARTBEAT (every reservation_ttl / 3 seconds: expiry = now +
-reservation_ttl for each of its ids that still has a held record), so only
-a dead or frozen holder's reservation is reaped.
+reservation_ttl for each of its ids that still has a held record, and the
+chain keys of that record refreshed for chain_ttl), so only a dead or frozen
+holder's reservation is reaped, and no chain key expires under a running call.
 
 *Expiry.* Every write refreshes the key's TTL (``PEXPIRE`` chain_ttl,
 1 day by default): a chain is forgotten only after that long without any
 write, and if a client that ran it is still alive, its marks bring it back.
+
+*Known limits* (all in the safe direction: they deny earlier, never later).
+A loss while calls are in flight loses their reservations: the re-seeded
+chain holds no ``rc``/``rt`` for them until their commits arrive (applied as
+spend, limits checked then), so other calls may be admitted against that
+budget meanwhile (bounded by what was in flight). A reservation record lost
+without its chain hash (``rh`` evicted alone) leaves its ``rc``/``rt`` held
+on the chain. An epoch lost twice before a client of the first comes back,
+or a replay whose id left ``ad``, overcounts.
 
 Replies: every chain-writing script ends with the report of each level, 6
 values per level (``e c s t ov trip``), after its own fields.
@@ -606,18 +616,24 @@ return st.trip
 )
 
 # KEYS: the tree's reservation hash and expiry zset. ARGV: reservation_ttl_us
-# chain_ttl_ms id... Keeps each id whose record is still held alive until
-# now + reservation_ttl. Returns how many were renewed.
+# chain_ttl_ms chain_key_base id... Keeps each id whose record is still held
+# alive until now + reservation_ttl, and the keys of its chains for chain_ttl.
+# Returns how many were renewed.
 HEARTBEAT = (
     _PRELUDE
     + r"""
-local rh, rz = KEYS[1], KEYS[2]
+local rh, rz, base = KEYS[1], KEYS[2], ARGV[3]
 local until_us = fmt(now_us() + tonumber(ARGV[1]))
 local renewed = 0
-for j = 3, #ARGV do
+for j = 4, #ARGV do
   local rec = probe('HGET', rh, ARGV[j])
   if rec and rec ~= 'R' then
     probe('ZADD', rz, 'XX', until_us, ARGV[j])
+    local k = 0
+    for word in string.gmatch(rec, '%S+') do
+      k = k + 1
+      if k > 2 then redis.call('PEXPIRE', base .. word, ARGV[2]) end
+    end
     renewed = renewed + 1
   end
 end
