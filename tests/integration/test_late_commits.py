@@ -262,3 +262,21 @@ def test_record_usage_outside_a_call_is_replay_safe(valkey: RedisServerProcess) 
     ids = ledger.client.zrange(ledger.key("usage").replace(":c:usage", ":ad"), 0, -1)
     assert len(ids) == 1  # the commit without a reservation carried an id
     assert ledger.snapshot("usage").cost_nano == usd_to_nano(0.25)
+
+
+def test_a_call_in_flight_when_the_store_is_lost_stays_held(valkey: RedisServerProcess) -> None:
+    a, b = _ledger(valkey), _ledger(valkey)
+    path = (Level("inflight", Limits(cost_nano=NANO_PER_USD)),)
+    running = a.reserve(path, usd_to_nano(0.6), 0)  # a's call is out at the provider
+    assert isinstance(running, Reservation)
+    quick = b.reserve(path, usd_to_nano(0.1), 0)
+    assert isinstance(quick, Reservation)
+    b.commit(path, quick, usd_to_nano(0.1), 0)  # b saw 0.6 held by a
+    b.client.flushall()
+    denied = b.reserve(path, usd_to_nano(0.5), 0)  # 0.1 + 0.6 (ghost) + 0.5 > 1
+    assert isinstance(denied, TripEvent) and not denied.sticky
+    assert a.commit(path, running, usd_to_nano(0.6), 0) is None  # no record: applied
+    state = b.snapshot("inflight")
+    assert (state.cost_nano, state.reserved_nano) == (usd_to_nano(0.7), 0)  # ghost settled
+    assert isinstance(b.reserve(path, usd_to_nano(0.3), 0), Reservation)
+    assert isinstance(b.reserve(path, 1, 0), TripEvent)

@@ -583,7 +583,7 @@ class RedisLedger:
             return ov > 0
         if text(epoch) != text(mark[0]) or ov <= int(mark[4]):
             return False
-        self._marks.seen[chain_id] = (mark[0], mark[1], mark[2], mark[3], str(ov), "")
+        self._marks.seen[chain_id] = (*mark[:4], str(ov), "", *mark[6:])
         return True
 
     def heartbeat(self) -> int:
@@ -772,7 +772,7 @@ class RedisLedger:
         marks = self._marks
         for level in path:
             args += marks.of(level.chain_id)
-        args += (rid, *self._applied)
+        args += (rid, *self._applied, self._rsv_ttl)
 
     def _remember_one(self, chain_id: str, reply: Any, start: int) -> None:
         self._marks.remember((Level(chain_id, _NO_LIMITS),), reply, start)

@@ -1,6 +1,6 @@
 """What a RedisLedger client remembers so the store can never forget a chain.
 
-* **Marks** (``Marks.seen``): per chain, the last ``(e, c, s, t, ov, trip)``
+* **Marks** (``Marks.seen``): per chain, the last ``(e, c, s, t, ov, trip, rc, rt)``
   the store reported, as the reply gave them (bytes or str: they go back to
   the scripts as ARGV unchanged, no conversion on the hot path). The scripts
   re-seed a chain from them when the store lost it (``_scripts.py``).
@@ -38,7 +38,7 @@ __all__ = ["MARKS_LIMIT", "NO_MARKS", "Marks", "check_persistence", "lost_words"
 _logger = logging.getLogger("veronica_otel.distributed")
 
 MARKS_LIMIT = 65536
-NO_MARKS: tuple[Any, ...] = ("", "0", "0", "0", "0", "")
+NO_MARKS: tuple[Any, ...] = ("", "0", "0", "0", "0", "", "0", "0")
 
 _all: weakref.WeakSet[Marks] = weakref.WeakSet()
 

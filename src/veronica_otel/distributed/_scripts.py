@@ -31,11 +31,12 @@ fresh id with every call, ARGV ``fresh``). A chain that is deleted, flushed,
 expired, evicted or lost in a restart comes back with another epoch.
 
 *Marks.* After every script a client keeps, per chain, what the store said
-(the script's *report*): ``(e, c, s, t, ov, trip)`` as text, ``trip`` empty
-when none. ``c`` and ``t`` only grow within an epoch, so they are high-water
-marks. Every chain-writing script (RESERVE, COMMIT, RELEASE, TRIP, OVERRIDE)
-is given the caller's marks of each level (six ARGV per level, ``""`` /
-``0`` for a chain it never saw) and first runs ``sync`` on each level:
+(the script's *report*): ``(e, c, s, t, ov, trip, rc, rt)`` as text,
+``trip`` empty when none. ``c`` and ``t`` only grow within an epoch, so they
+are high-water marks. Every chain-writing script (RESERVE, COMMIT, RELEASE,
+TRIP, OVERRIDE) is given the caller's marks of each level (eight ARGV per
+level, ``""`` / ``0`` for a chain it never saw) and first runs ``sync`` on
+each level:
 
 * no marks (epoch ``""``): a chain without ``e`` gets ``e = fresh``; else as is.
 * marks of the current epoch, ``c >= mark c``, ``t >= mark t`` and, if the
@@ -45,8 +46,16 @@ is given the caller's marks of each level (six ARGV per level, ``""`` /
   base already absorbed from the client's epoch: the store's own counters if
   it still has that epoch (a rolled-back copy: the chain then gets a new
   epoch, so every client of the old one re-checks), else field
-  ``x:{mark epoch}`` (0 0 0 when absent). For each of c, s, t the store adds
-  ``max(0, mark - B)`` and ``x:{mark epoch}`` becomes the max. So the first
+  ``x:{mark epoch}`` ("c s t rc rt", zeros when absent). For each of c, s, t
+  the store adds ``max(0, mark - B)`` and ``x:{mark epoch}`` becomes the
+  max. What the marks saw reserved beyond ``B`` (rc, rt: calls in flight at
+  the loss, whose records are gone) is held again by a *ghost reservation*
+  (record ``g{fresh}.{chain}`` = "rc rt chain", expiry now +
+  reservation_ttl; RESERVE, COMMIT and RELEASE only; chain field ``gh``
+  names it), which the reaper gives back like any expired reservation. The
+  calls' commits and releases arrive without a record: each takes its own
+  reserved amounts out of the ghost (``unghost``: at most what it holds;
+  gone at zero), and a commit is applied as spend. So the first
   client of a lost epoch restores its marks, and each later client of the
   same epoch adds only what it saw beyond them: counted once, exactly what
   the highest mark saw; spend made in the new epoch is kept on top. A trip
@@ -85,17 +94,18 @@ holder's reservation is reaped, and no chain key expires under a running call.
 1 day by default): a chain is forgotten only after that long without any
 write, and if a client that ran it is still alive, its marks bring it back.
 
-*Known limits* (all in the safe direction: they deny earlier, never later).
-A loss while calls are in flight loses their reservations: the re-seeded
-chain holds no ``rc``/``rt`` for them until their commits arrive (applied as
-spend, limits checked then), so other calls may be admitted against that
-budget meanwhile (bounded by what was in flight). A reservation record lost
-without its chain hash (``rh`` evicted alone) leaves its ``rc``/``rt`` held
-on the chain. An epoch lost twice before a client of the first comes back,
-or a replay whose id left ``ad``, overcounts.
+*Known limits.* A call in flight at a loss that outlives its ghost
+reservation (one reservation_ttl) holds nothing meanwhile: its commit is
+still applied (limits checked then), but calls admitted after the ghost
+expired may have used that budget (the one way past a ceiling; persistence
+closes it). Otherwise in the safe direction (denies earlier): a reservation
+record lost without its chain hash (``rh`` evicted alone) leaves its
+``rc``/``rt`` held on the chain; a ghost also holds marks' reservations
+that settled elsewhere until it expires; an epoch lost twice before a client
+of the first comes back, or a replay whose id left ``ad``, overcounts.
 
-Replies: every chain-writing script ends with the report of each level, 6
-values per level (``e c s t ov trip``), after its own fields.
+Replies: every chain-writing script ends with the report of each level, 8
+values per level (``e c s t ov trip rc rt``), after its own fields.
 
 Time is the server's ``TIME``, so every process agrees on it.
 
@@ -138,7 +148,7 @@ CORRUPT_TAG = "VERONICA_CORRUPT"
 STORE_MAX = 2**50
 
 # Values per level in a script's report and in a client's marks.
-MARKS = 6
+MARKS = 8
 
 # Helpers shared by every script.
 _PRELUDE = r"""
@@ -197,13 +207,15 @@ local function limit_trip(reason, limit, observed, chain, now, soft)
   end
   return trip_json(reason, limit, observed, chain, message, now)
 end
--- A client's marks of one chain, ARGV[a + 1 .. a + 6]: e c s t ov trip.
+-- A client's marks of one chain, ARGV[a + 1 .. a + 8]: e c s t ov trip rc rt.
 local function marks(a)
   local m = {e = ARGV[a + 1], trip = ARGV[a + 6]}
   m.c = count('(marks)', 'c', ARGV[a + 2])
   m.s = count('(marks)', 's', ARGV[a + 3])
   m.t = count('(marks)', 't', ARGV[a + 4])
   m.o = count('(marks)', 'ov', ARGV[a + 5])
+  m.rc = count('(marks)', 'rc', ARGV[a + 7])
+  m.rt = count('(marks)', 'rt', ARGV[a + 8])
   return m
 end
 -- Whether the store lost what marks m saw of the chain in state st.
@@ -213,8 +225,10 @@ local function lost(st, m)
     and (m.trip == '' or st.trip or st.ov > m.o))
 end
 -- Bring the chain at key in line with marks m (see "The store never
--- forgets" in _scripts.py). Returns 1 when it re-seeded, else 0.
-local function sync(key, st, m, fresh, chain_ttl)
+-- forgets" in _scripts.py). Returns 1 when it re-seeded, else 0. With the
+-- tree's reservation keys (rsv = {rh, rz, now, ttl_us}), what the marks saw
+-- reserved is held again by a ghost reservation that expires after ttl_us.
+local function sync(key, st, m, fresh, chain_ttl, rsv)
   if not lost(st, m) then
     if not st.e then
       redis.call('HSET', key, 'e', fresh)
@@ -223,10 +237,10 @@ local function sync(key, st, m, fresh, chain_ttl)
     return 0
   end
   local field = 'x:' .. m.e
-  local base = {0, 0, 0}
+  local base = {0, 0, 0, 0, 0}
   local epoch = st.e
   if epoch == m.e then
-    base = {st.c, st.s, st.t}
+    base = {st.c, st.s, st.t, st.rc, st.rt}
     epoch = false
   else
     local seen = probe('HGET', key, field)
@@ -234,9 +248,9 @@ local function sync(key, st, m, fresh, chain_ttl)
       local j = 0
       for w in string.gmatch(seen, '%S+') do
         j = j + 1
-        if j <= 3 then base[j] = count(key, field, w) end
+        if j <= 5 then base[j] = count(key, field, w) end
       end
-      if j ~= 3 then fail(key, field, seen) end
+      if j ~= 5 then fail(key, field, seen) end
     end
   end
   local want, names = {m.c, m.s, m.t}, {'c', 's', 't'}
@@ -247,22 +261,68 @@ local function sync(key, st, m, fresh, chain_ttl)
       base[j] = want[j]
     end
   end
-  redis.call('HSET', key, field, fmt(base[1]) .. ' ' .. fmt(base[2]) .. ' ' .. fmt(base[3]))
+  -- Calls in flight when the store lost the chain: hold what was reserved
+  -- again, for one reservation TTL (their commits arrive without a record).
+  local gc, gt = m.rc - base[4], m.rt - base[5]
+  if gc < 0 then gc = 0 end
+  if gt < 0 then gt = 0 end
+  local at = string.find(key, '}:c:', 1, true)
+  if rsv and at and (gc > 0 or gt > 0) then
+    local gid = 'g' .. fresh .. '.' .. string.sub(key, at + 4)
+    redis.call('HSET', rsv[1], gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. string.sub(key, at + 4))
+    redis.call('ZADD', rsv[2], fmt(rsv[3] + rsv[4]), gid)
+    redis.call('PEXPIRE', rsv[1], chain_ttl)
+    redis.call('PEXPIRE', rsv[2], chain_ttl)
+    if gc > 0 then redis.call('HINCRBY', key, 'rc', fmt(gc)) end
+    if gt > 0 then redis.call('HINCRBY', key, 'rt', fmt(gt)) end
+    redis.call('HSET', key, 'gh', gid)
+    base[4], base[5] = base[4] + gc, base[5] + gt
+  end
+  redis.call('HSET', key, field, fmt(base[1]) .. ' ' .. fmt(base[2]) .. ' ' .. fmt(base[3])
+    .. ' ' .. fmt(base[4]) .. ' ' .. fmt(base[5]))
   if not epoch then redis.call('HSET', key, 'e', fresh) end
   if m.trip ~= '' and not st.trip then redis.call('HSET', key, 'trip', m.trip) end
   redis.call('PEXPIRE', key, chain_ttl)
   return 1
 end
--- Append the report of KEYS[1..n] (e c s t ov trip per level) to out.
+-- A settlement without a record (its call was in flight at a loss) takes
+-- its reserved amounts out of the chain's ghost reservation, if one holds them.
+local function unghost(key, rh, rz, rcost, rtokens)
+  local gid = probe('HGET', key, 'gh')
+  if not gid then return end
+  local rec = probe('HGET', rh, gid)
+  if rec == false or rec == 'R' then
+    redis.call('HDEL', key, 'gh')
+    return
+  end
+  local parts = {}
+  for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
+  if #parts ~= 3 then fail(rh, gid, rec) end
+  local gc, gt = count(rh, gid, parts[1]), count(rh, gid, parts[2])
+  local dc, dt = math.min(gc, rcost), math.min(gt, rtokens)
+  if dc > 0 then redis.call('HINCRBY', key, 'rc', fmt(-dc)) end
+  if dt > 0 then redis.call('HINCRBY', key, 'rt', fmt(-dt)) end
+  gc, gt = gc - dc, gt - dt
+  if gc == 0 and gt == 0 then
+    redis.call('HDEL', rh, gid)
+    redis.call('ZREM', rz, gid)
+    redis.call('HDEL', key, 'gh')
+  else
+    redis.call('HSET', rh, gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. parts[3])
+  end
+end
+-- Append the report of KEYS[1..n] (e c s t ov trip rc rt per level) to out.
 local function report(out, n)
   for i = 1, n do
-    local v = redis.call('HMGET', KEYS[i], 'e', 'c', 's', 't', 'ov', 'trip')
+    local v = redis.call('HMGET', KEYS[i], 'e', 'c', 's', 't', 'ov', 'trip', 'rc', 'rt')
     out[#out + 1] = v[1] or ''
     out[#out + 1] = v[2] or '0'
     out[#out + 1] = v[3] or '0'
     out[#out + 1] = v[4] or '0'
     out[#out + 1] = v[5] or '0'
     out[#out + 1] = v[6] or ''
+    out[#out + 1] = v[7] or '0'
+    out[#out + 1] = v[8] or '0'
   end
   return out
 end
@@ -295,7 +355,7 @@ end
 # ARGV: n cost tokens step retry signature id reservation_ttl_us chain_ttl_ms
 #       marker_ttl_us signature_memory chain_key_base, then per level:
 #       chain_id steps retries tokens cost_nano repeats (-1 = unlimited), then
-#       per level the client's marks (6), then fresh_epoch on_loss(reseed|fail).
+#       per level the client's marks (8), then fresh_epoch on_loss(reseed|fail).
 # Returns {code, level, trip, reseeded, report...}: code 1 charged; 2 denied,
 # the chain tripped (nothing charged); 3 a denial that only other calls'
 # in-flight reservations cause (the call fits against committed spend
@@ -312,7 +372,7 @@ local sig, id = ARGV[6], ARGV[7]
 local rsv_ttl, chain_ttl, marker_ttl = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 local memory, base = tonumber(ARGV[11]), ARGV[12]
 local mb = 12 + 6 * n
-local fresh, on_loss = ARGV[mb + 6 * n + 1], ARGV[mb + 6 * n + 2]
+local fresh, on_loss = ARGV[mb + 8 * n + 1], ARGV[mb + 8 * n + 2]
 local rh, rz = KEYS[3 * n + 1], KEYS[3 * n + 2]
 local now = now_us()
 
@@ -320,11 +380,12 @@ local now = now_us()
 local mk, reseeded = {}, 0
 for i = 1, n do
   local st = state(KEYS[i])
-  mk[i] = marks(mb + (i - 1) * 6)
+  mk[i] = marks(mb + (i - 1) * 8)
   if on_loss == 'fail' and lost(st, mk[i]) then return report({4, i, '', 0}, n) end
   mk[i].st = st
 end
-for i = 1, n do reseeded = reseeded + sync(KEYS[i], mk[i].st, mk[i], fresh, chain_ttl) end
+local rsv = {rh, rz, now, rsv_ttl}
+for i = 1, n do reseeded = reseeded + sync(KEYS[i], mk[i].st, mk[i], fresh, chain_ttl, rsv) end
 
 -- 1. Give back what expired reservations of this tree hold (their holder died
 --    or hung); their steps stay counted, the call may have been sent. A reaped
@@ -453,7 +514,8 @@ return report({1, 0, '', reseeded}, n)
 # KEYS: chain hashes (n, root first), reservation hash, expiry zset, applied zset.
 # ARGV: n id reserved_cost reserved_tokens cost tokens chain_ttl_ms, then per
 #       level: chain_id cost_nano_limit tokens_limit (-1 = unlimited), then per
-#       level the client's marks (6), then fresh_epoch applied_ttl_us applied_cap.
+#       level the client's marks (8), then fresh_epoch applied_ttl_us applied_cap
+#       reservation_ttl_us.
 # Returns {level, trip, reseeded, report...}: level 0 and trip '' unless the
 # amounts overran a level (the first one is returned).
 COMMIT = (
@@ -464,8 +526,9 @@ local n = tonumber(ARGV[1])
 local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local cost, tokens, chain_ttl = ARGV[5], ARGV[6], ARGV[7]
 local mb = 7 + 3 * n
-local fresh = ARGV[mb + 6 * n + 1]
-local aptl, cap = tonumber(ARGV[mb + 6 * n + 2]), tonumber(ARGV[mb + 6 * n + 3])
+local fresh = ARGV[mb + 8 * n + 1]
+local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
+local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
 local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
@@ -473,12 +536,16 @@ local how = standing(rh, rz, ad, id)
 if how == 'done' then return report({0, '', 0}, n) end
 local now = now_us()
 local reseeded = 0
+local rsv = {rh, rz, now, rsv_ttl}
 for i = 1, n do
-  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 6), fresh, chain_ttl)
+  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 8), fresh, chain_ttl, rsv)
 end
 if reseeded > 0 then for i = 1, n do states[i] = state(KEYS[i]) end end
 applied(rh, rz, ad, id, now, aptl, cap)
 local held = how == 'held'
+if how == 'none' then
+  for i = 1, n do unghost(KEYS[i], rh, rz, tonumber(rcost), tonumber(rtokens)) end
+end
 -- Without a held reservation nothing was checked against the limits for it.
 local over = not held or tonumber(cost) > tonumber(rcost) or tonumber(tokens) > tonumber(rtokens)
 local first = {0, ''}
@@ -521,7 +588,8 @@ return report({first[1], first[2], reseeded}, n)
 
 # KEYS: chain hashes (n, root first), reservation hash, expiry zset, applied zset.
 # ARGV: n id reserved_cost reserved_tokens step retry chain_ttl_ms, then per
-#       level the client's marks (6), then fresh_epoch applied_ttl_us applied_cap.
+#       level the client's marks (8), then fresh_epoch applied_ttl_us applied_cap
+#       reservation_ttl_us.
 # Returns {0, '', reseeded, report...}.
 RELEASE = (
     _PRELUDE
@@ -531,20 +599,26 @@ local n = tonumber(ARGV[1])
 local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local step, retry, chain_ttl = ARGV[5] == '1', ARGV[6] == '1', ARGV[7]
 local mb = 7
-local fresh = ARGV[mb + 6 * n + 1]
-local aptl, cap = tonumber(ARGV[mb + 6 * n + 2]), tonumber(ARGV[mb + 6 * n + 3])
+local fresh = ARGV[mb + 8 * n + 1]
+local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
+local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
 local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
 local how = standing(rh, rz, ad, id)
 if how == 'done' then return report({0, '', 0}, n) end
 local reseeded = 0
+local now = now_us()
+local rsv = {rh, rz, now, rsv_ttl}
 for i = 1, n do
-  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 6), fresh, chain_ttl)
+  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 8), fresh, chain_ttl, rsv)
 end
-applied(rh, rz, ad, id, now_us(), aptl, cap)
+applied(rh, rz, ad, id, now, aptl, cap)
 -- Without a record the reservation was lost with the store: its step may
 -- have been re-seeded from marks, so it stays counted (never less).
+if how == 'none' then
+  for i = 1, n do unghost(KEYS[i], rh, rz, tonumber(rcost), tonumber(rtokens)) end
+end
 if how ~= 'none' then
   for i = 1, n do
     local key = KEYS[i]
@@ -561,7 +635,7 @@ return report({0, '', reseeded}, n)
 """
 )
 
-# KEYS: the chain hash. ARGV: trip_json chain_ttl_ms, the client's marks (6),
+# KEYS: the chain hash. ARGV: trip_json chain_ttl_ms, the client's marks (8),
 # fresh_epoch. Returns {sticky, reseeded, report...}: sticky is '' when this
 # trip was stored, else the sticky one already there.
 TRIP = (
@@ -569,7 +643,7 @@ TRIP = (
     + r"""
 local key = KEYS[1]
 local st = state(key)
-local reseeded = sync(key, st, marks(2), ARGV[9], ARGV[2])
+local reseeded = sync(key, st, marks(2), ARGV[11], ARGV[2])
 local v = read(key, 'trip')
 if v[1] then return report({v[1], reseeded}, 1) end
 redis.call('HSET', key, 'trip', ARGV[1])
@@ -579,7 +653,7 @@ return report({'', reseeded}, 1)
 )
 
 # KEYS: the chain hash. ARGV: duration_us add_cost_nano add_steps chain_ttl_ms,
-# the client's marks (6), fresh_epoch.
+# the client's marks (8), fresh_epoch.
 # Lifts the sticky trip and widens the ceilings until now + duration (server
 # clock); ov + 1 tells every client the lift was an override. Returns
 # {lifted_trip or '', reseeded, report...}, or {'-'} when the chain does not
@@ -591,7 +665,7 @@ local key = KEYS[1]
 local st = state(key)
 local m = marks(4)
 if m.e == '' and redis.call('EXISTS', key) == 0 then return {'-'} end
-local reseeded = sync(key, st, m, ARGV[11], ARGV[4])
+local reseeded = sync(key, st, m, ARGV[13], ARGV[4])
 local trip = read(key, 'trip')[1]
 local now = now_us()
 redis.call('HDEL', key, 'trip')
