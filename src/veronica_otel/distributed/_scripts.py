@@ -208,15 +208,13 @@ local function limit_trip(reason, limit, observed, chain, now, soft)
   return trip_json(reason, limit, observed, chain, message, now)
 end
 -- A client's marks of one chain, ARGV[a + 1 .. a + 8]: e c s t ov trip rc rt.
+-- (Values the store reported to our own client: read, not re-validated.)
 local function marks(a)
-  local m = {e = ARGV[a + 1], trip = ARGV[a + 6]}
-  m.c = count('(marks)', 'c', ARGV[a + 2])
-  m.s = count('(marks)', 's', ARGV[a + 3])
-  m.t = count('(marks)', 't', ARGV[a + 4])
-  m.o = count('(marks)', 'ov', ARGV[a + 5])
-  m.rc = count('(marks)', 'rc', ARGV[a + 7])
-  m.rt = count('(marks)', 'rt', ARGV[a + 8])
-  return m
+  return {
+    e = ARGV[a + 1], c = tonumber(ARGV[a + 2]), s = tonumber(ARGV[a + 3]),
+    t = tonumber(ARGV[a + 4]), o = tonumber(ARGV[a + 5]), trip = ARGV[a + 6],
+    rc = tonumber(ARGV[a + 7]), rt = tonumber(ARGV[a + 8]),
+  }
 end
 -- Whether the store lost what marks m saw of the chain in state st.
 local function lost(st, m)
@@ -392,6 +390,7 @@ for i = 1, n do reseeded = reseeded + sync(KEYS[i], mk[i].st, mk[i], fresh, chai
 --    reservation leaves a marker "R": its late commit adds its cost, once.
 probe('HLEN', rh)
 local due = probe('ZRANGEBYSCORE', rz, '-inf', fmt(now), 'LIMIT', 0, 64)
+local reaped = false
 for _, rid in ipairs(due) do
   local rec = probe('HGET', rh, rid)
   if rec == false or rec == 'R' then
@@ -404,6 +403,7 @@ for _, rid in ipairs(due) do
     count(rh, rid, parts[1])
     count(rh, rid, parts[2])
     local held = {}
+    reaped = true
     for j = 3, #parts do
       local key = base .. parts[j]
       state(key)
@@ -423,9 +423,10 @@ end
 --    and any trip found on a later check or level still wins over it.
 local sizes = {}
 local soft = false
+local fresh_state = reseeded == 0 and not reaped  -- step 0's reads still hold
 for i = 1, n do
   local key = KEYS[i]
-  local st = state(key)
+  local st = fresh_state and mk[i].st or state(key)
   if st.trip then return report({2, i, st.trip, reseeded}, n) end
   local c, rc, s, r, t, rt = st.c, st.rc, st.s, st.r, st.t, st.rt
   local a = 12 + (i - 1) * 6
