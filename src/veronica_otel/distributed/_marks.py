@@ -5,10 +5,10 @@
   the scripts as ARGV unchanged, no conversion on the hot path). The scripts
   re-seed a chain from them when the store lost it (``_scripts.py``).
   At most :data:`MARKS_LIMIT` chains; the oldest inserted is forgotten first.
-* **Live reservations** and the heartbeat thread that keeps them alive in
-  the store while their calls run (one HEARTBEAT script per chain tree every
-  ``reservation_ttl_s / 3`` seconds; started at the first reservation, a
-  daemon that ends with its ledger).
+* **Live reservations** and the heartbeat that keeps them alive in the store
+  while their calls run (one HEARTBEAT script per chain tree every
+  ``reservation_ttl_s / 3`` seconds), from one daemon thread per process,
+  started at the first reservation; clients are held weakly.
 * Seeding the process-local fallback from the marks (fail open).
 * The persistence check of a store (``CONFIG GET``), once per store.
 """
@@ -19,9 +19,10 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 
@@ -40,23 +41,19 @@ _logger = logging.getLogger("veronica_otel.distributed")
 MARKS_LIMIT = 65536
 NO_MARKS: tuple[Any, ...] = ("", "0", "0", "0", "0", "", "0", "0")
 
-_all: weakref.WeakSet[Marks] = weakref.WeakSet()
-
 
 class Marks:
     """A client's marks of each chain, and its live reservations."""
 
-    __slots__ = ("__weakref__", "_ledger", "_lock", "_period", "_stop", "_thread", "live", "seen")
+    __slots__ = ("__weakref__", "_due", "_ledger", "_period", "_stopped", "live", "seen")
 
     def __init__(self, ledger: RedisLedger, reservation_ttl_s: float) -> None:
         self.seen: dict[str, tuple[Any, ...]] = {}
         self.live: dict[str, tuple[str, str, str]] = {}  # id -> (rh, rz, chain key base)
         self._ledger = weakref.ref(ledger)
         self._period = reservation_ttl_s / 3 if reservation_ttl_s > 0 else None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        _all.add(self)
+        self._due = 0.0  # next heartbeat (monotonic); 0: not scheduled
+        self._stopped = False
 
     def of(self, chain_id: str) -> tuple[Any, ...]:
         return self.seen.get(chain_id, NO_MARKS)
@@ -75,27 +72,14 @@ class Marks:
     def hold(self, rid: str, tree: tuple[str, str, str]) -> None:
         """Track a live reservation (the heartbeat keeps it alive)."""
         self.live[rid] = tree
-        if self._thread is None and self._period is not None:
-            self._start()
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                return
-            thread = threading.Thread(
-                target=_beat,
-                args=(weakref.ref(self), self._stop, self._period),
-                name="veronica-ledger-heartbeat",
-                daemon=True,
-            )
-            self._thread = thread
-        thread.start()
+        if not self._due and self._period is not None and not self._stopped:
+            self._due = time.monotonic() + self._period
+            _Heartbeat.add(self)
 
     def stop(self) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
+        """No more heartbeats for this client."""
+        self._stopped = True
+        _Heartbeat.remove(self)
 
     def groups(self) -> dict[tuple[str, str, str], list[str]]:
         """Live reservation ids by chain tree."""
@@ -104,33 +88,73 @@ class Marks:
             out.setdefault(tree, []).append(rid)
         return out
 
-    def after_fork(self) -> None:
-        # The child holds none of the parent's calls and has no heartbeat thread.
-        self.live = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
+    def beat(self, now: float) -> float:
+        """Heartbeat if due; returns when the next one is due."""
+        period = self._period
+        if period is None:
+            return now + 3600.0
+        if now >= self._due:
+            ledger = self._ledger()
+            if ledger is not None:
+                try:
+                    ledger.heartbeat()
+                except Exception:  # never let the thread die; the next beat tries again
+                    _logger.debug("ledger heartbeat failed", exc_info=True)
+            self._due = now + period
+        return self._due
 
 
-def _beat(ref: weakref.ref[Marks], stop: threading.Event, period: float) -> None:
-    while not stop.wait(period):
-        marks = ref()
-        ledger = None if marks is None else marks._ledger()
-        if ledger is None:
-            return
-        try:
-            ledger.heartbeat()
-        except Exception:  # never let the thread die; the next beat tries again
-            _logger.debug("ledger heartbeat failed", exc_info=True)
-        del marks, ledger
+class _Heartbeat:
+    """One daemon thread for every client of the process: it wakes when the
+    soonest heartbeat is due (clients are held weakly)."""
+
+    clients: ClassVar[weakref.WeakSet[Marks]] = weakref.WeakSet()
+    lock: ClassVar[threading.Lock] = threading.Lock()
+    wake: ClassVar[threading.Event] = threading.Event()
+    thread: ClassVar[threading.Thread | None] = None
+
+    @classmethod
+    def add(cls, marks: Marks) -> None:
+        with cls.lock:
+            cls.clients.add(marks)
+            if cls.thread is None:
+                cls.thread = threading.Thread(
+                    target=cls.run, name="veronica-ledger-heartbeat", daemon=True
+                )
+                cls.thread.start()
+        cls.wake.set()
+
+    @classmethod
+    def remove(cls, marks: Marks) -> None:
+        with cls.lock:
+            cls.clients.discard(marks)
+
+    @classmethod
+    def run(cls) -> None:
+        while True:
+            with cls.lock:
+                clients = list(cls.clients)
+            now = time.monotonic()
+            soonest = now + 3600.0
+            for marks in clients:
+                soonest = min(soonest, marks.beat(now))
+            del clients
+            cls.wake.wait(max(0.01, soonest - time.monotonic()))
+            cls.wake.clear()
+
+    @classmethod
+    def after_fork(cls) -> None:
+        # The child has no heartbeat thread and holds none of the parent's calls.
+        cls.lock = threading.Lock()
+        cls.wake = threading.Event()
+        cls.thread = None
+        for marks in list(cls.clients):
+            marks.live = {}
+            marks._due = 0.0
+        cls.clients = weakref.WeakSet()
 
 
-def _after_fork() -> None:
-    for marks in list(_all):
-        marks.after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+os.register_at_fork(after_in_child=_Heartbeat.after_fork)
 
 
 def seed_local(local: LocalLedger, seen: dict[str, tuple[Any, ...]], codec: TripCodec) -> int:
