@@ -23,8 +23,9 @@ What the store adds:
   the store lost (restart without persistence, ``FLUSHALL``, expiry,
   eviction, an older copy restored) is re-seeded from those marks, in the
   same script as the operation: committed spend, steps, tokens and the trip
-  come back, counted once across every client that saw them, and a WARNING
-  names the chain. Re-seeding is the default because it keeps a chain
+  come back, counted once across every client that saw them, what was
+  reserved by calls then in flight is held again for one reservation TTL
+  (their late commits settle it), and a WARNING names the chain. Re-seeding is the default because it keeps a chain
   running on what is known to be spent (it can only overcount, which denies
   earlier); ``on_loss="fail"`` denies calls with :class:`LedgerLostError`
   instead (settlements of calls that ran still re-seed: they always count).
