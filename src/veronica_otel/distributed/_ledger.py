@@ -25,8 +25,9 @@ What the store adds:
   same script as the operation: committed spend, steps, tokens and the trip
   come back, counted once across every client that saw them, what was
   reserved by calls then in flight is held again for one reservation TTL
-  (their late commits settle it), and a WARNING names the chain. Re-seeding is the default because it keeps a chain
-  running on what is known to be spent (it can only overcount, which denies
+  (their late commits settle it), and a WARNING names the chain.
+  Re-seeding is the default because it keeps a chain running on what is
+  known to be spent (it can only overcount, which denies
   earlier); ``on_loss="fail"`` denies calls with :class:`LedgerLostError`
   instead (settlements of calls that ran still re-seed: they always count).
   A client without marks (a new process) that finds no chain starts one.

@@ -224,7 +224,10 @@ def check_persistence(client: redis.Redis, store: str) -> bool:
         )
         replies = None
     except redis.RedisError:
-        return False
+        return False  # unreachable: the operation itself reports it; ask again later
+    except Exception as exc:  # a client that cannot pipeline CONFIG (cluster, proxy)
+        _logger.info("ledger store %s: persistence not checked (%r)", store, exc)
+        replies = None
     with _checked_lock:
         if store in _checked:
             return True
