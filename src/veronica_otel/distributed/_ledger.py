@@ -31,8 +31,9 @@ What the store adds:
   earlier); ``on_loss="fail"`` denies calls with :class:`LedgerLostError`
   instead (settlements of calls that ran still re-seed: they always count).
   A client without marks (a new process) that finds no chain starts one.
-  Keys expire ``chain_ttl_s`` after the chain's last write (1 day), never
-  while a live client with marks uses it: its marks bring it back.
+  Keys expire ``chain_ttl_s`` (1 day) after the chain's last write, never
+  under a running call (the heartbeat refreshes them); a chain that expired
+  while a live client still knows it comes back from that client's marks.
 * **Persistence check.** At the first reservation a store without
   persistence (``appendonly no`` and no ``save``) or with an evicting
   ``maxmemory-policy`` (``allkeys-*``, ``volatile-*``) is reported with a
