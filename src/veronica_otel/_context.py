@@ -463,8 +463,14 @@ class ExecutionContext(AsyncFromSync):
         trip = self._trip
         if trip is None or trip.reason == "timeout":
             return trip is None  # a deadline is not lifted by a budget override
-        if self._ledger.snapshot(trip.chain_id).trip is not None:
-            return False
+        # Only an explicit override lifts a trip: a store that lost the chain
+        # (restart, flush, eviction) shows no trip but lifted nothing.
+        lifted = getattr(self._ledger, "trip_lifted", None)
+        if lifted is not None:
+            if not lifted(trip.chain_id):
+                return False
+        elif self._ledger.snapshot(trip.chain_id).trip is not None:
+            return False  # an in-process ledger removes a trip only by override
         self._trip = None
         try:
             span = trace.get_current_span()

@@ -901,6 +901,7 @@ def test_exported_names_and_kernel_independence() -> None:
 
     assert distributed.__all__ == [
         "LedgerCorruptedError",
+        "LedgerLostError",
         "LedgerUnavailableError",
         "RedisCircuitBreaker",
         "RedisLedger",

@@ -51,7 +51,7 @@ def raw(redis_url: str) -> Iterator[redis.Redis]:
 def stored(raw: redis.Redis, ledger: RedisLedger, chain_id: str) -> dict[str, int]:
     """The chain's counters as the store holds them (every one an exact int)."""
     values = raw.hgetall(ledger.key(chain_id))
-    return {k: int(v) for k, v in values.items() if k != "trip"}
+    return {k: int(v) for k, v in values.items() if k not in ("trip", "e")}
 
 
 # -- through the SDKs -----------------------------------------------------------------

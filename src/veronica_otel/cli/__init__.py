@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     return status if status >= 0 else 128 - status
 
 
-def _override(args: argparse.Namespace) -> int:
+def _override_command(args: argparse.Namespace) -> int:
     from ._override import apply_override
 
     return apply_override(args)
@@ -207,7 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     override.add_argument(
         "--redis-url", default=None, help="ledger URL (default VERONICA_REDIS_URL)"
     )
-    override.set_defaults(handler=_override)
+    override.set_defaults(handler=_override_command)
 
     graph = sub.add_parser(
         "graph",

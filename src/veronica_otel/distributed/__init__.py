@@ -31,11 +31,12 @@ Configuration:
 """
 
 from ._breaker import RedisCircuitBreaker
-from ._errors import LedgerCorruptedError, LedgerUnavailableError
+from ._errors import LedgerCorruptedError, LedgerLostError, LedgerUnavailableError
 from ._ledger import RedisLedger
 
 __all__ = [
     "LedgerCorruptedError",
+    "LedgerLostError",
     "LedgerUnavailableError",
     "RedisCircuitBreaker",
     "RedisLedger",

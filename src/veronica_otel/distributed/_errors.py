@@ -5,6 +5,7 @@ Exception tree::
     Exception
      ├── BudgetExceededError          (veronica_otel: every denial)
      │    └── LedgerUnavailableError  store unreachable: the call is denied (fail closed)
+     │         └── LedgerLostError    the store lost a chain this process saw (on_loss="fail")
      └── LedgerCorruptedError         a key of ours holds something that is not ours
 
 A store that cannot be reached denies calls: :class:`LedgerUnavailableError` is
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from veronica_otel._errors import BudgetExceededError, TripEvent
 
-__all__ = ["LedgerCorruptedError", "LedgerUnavailableError"]
+__all__ = ["LedgerCorruptedError", "LedgerLostError", "LedgerUnavailableError"]
 
 
 class LedgerUnavailableError(BudgetExceededError):
@@ -52,6 +53,39 @@ class LedgerUnavailableError(BudgetExceededError):
 
     def __reduce__(self) -> tuple[type[LedgerUnavailableError], tuple[TripEvent, str]]:  # type: ignore[override]
         return (type(self), (self.trip, self.store))
+
+
+class LedgerLostError(LedgerUnavailableError):
+    """The store no longer has what this process saw of a chain: the call is denied.
+
+    Raised only by a :class:`RedisLedger` made with ``on_loss="fail"`` (the
+    default re-seeds the chain from this process's marks instead). The chain
+    was flushed, expired, evicted, lost in a restart without persistence or
+    rolled back to an older copy; admitting calls against it would hand its
+    spent budget out again or lift its trip. Not sticky: once the chain is
+    restored (or re-seeded by a settlement of a call that ran), calls run.
+
+    Attributes:
+        store: Where the store is, password never included.
+        lost: What was lost, in words (``"committed 0.95 USD -> 0"``, ...).
+    """
+
+    def __init__(self, trip: TripEvent, store: str = "", lost: str = "") -> None:
+        super().__init__(trip, store)
+        self.lost = lost
+
+    @classmethod
+    def for_chain(cls, store: str, chain_id: str, lost: str) -> LedgerLostError:
+        """Build the error for ``chain_id``, which ``store`` lost (``lost`` says what)."""
+        message = (
+            f"chain {chain_id}: ledger store {store} lost what this process saw of the "
+            f"chain ({lost}); failing closed, the call was not sent (restore the store, "
+            'or use on_loss="reseed" to re-seed the chain from this process\'s marks)'
+        )
+        return cls(TripEvent("circuit_open", 0.0, 0.0, chain_id, message), store, lost)
+
+    def __reduce__(self) -> tuple[type[LedgerLostError], tuple[TripEvent, str, str]]:  # type: ignore[override]
+        return (type(self), (self.trip, self.store, self.lost))
 
 
 class LedgerCorruptedError(RuntimeError):

@@ -32,6 +32,7 @@ class ChainKeys(NamedTuple):
     reservations: str  # the tree's reservation records (hash)
     expiries: str  # the tree's reservation expiries (zset)
     base: str  # prefix of every chain hash in the tree
+    applied: str  # the tree's applied settlement ids (zset: replay memory)
 
 
 class KeySpace:
@@ -70,6 +71,7 @@ class KeySpace:
                 tree + "rh",
                 tree + "rz",
                 tree + "c:",
+                tree + "ad",
             )
             if len(self._keys) >= _CACHE_LIMIT:
                 self._keys.clear()
@@ -93,9 +95,10 @@ class KeySpace:
         """KEYS of COMMIT and RELEASE: the chain hashes, then the tree's records."""
         if len(path) == 1:
             keys = self.chain(path[0].chain_id)
-            return [keys.chain, keys.reservations, keys.expiries]
+            return [keys.chain, keys.reservations, keys.expiries, keys.applied]
         tree = self.tree(path)
-        return [k.chain for k in tree] + [tree[0].reservations, tree[0].expiries]
+        first = tree[0]
+        return [k.chain for k in tree] + [first.reservations, first.expiries, first.applied]
 
     def level_args(self, level: Level) -> tuple[str, ...]:
         """``(chain_id, steps, retries, tokens, cost_nano, repeats)``, ``-1`` = unlimited."""

@@ -17,12 +17,38 @@ two round trips. The scripts and keys are described in ``_scripts.py``.
 
 What the store adds:
 
-* **Crashed holders.** A reservation expires ``reservation_ttl_s`` after it was
-  made (server time). The next reservation in the same chain tree gives its
-  cost and tokens back; its step and retry stay counted, since the call may
-  have been sent. A holder that was only slow still commits its real cost
-  once, as long as it does so within ``max(reservation_ttl_s, 60)`` seconds
-  of the expiry.
+* **The store never forgets** (see the protocol in ``_scripts.py``). Each
+  chain has an epoch; this client remembers, per chain, the last counters
+  and trip the store reported (its *marks*, at most 65536 chains). A chain
+  the store lost (restart without persistence, ``FLUSHALL``, expiry,
+  eviction, an older copy restored) is re-seeded from those marks, in the
+  same script as the operation: committed spend, steps, tokens and the trip
+  come back, counted once across every client that saw them, what was
+  reserved by calls then in flight is held again for one reservation TTL
+  (their late commits settle it), and a WARNING names the chain.
+  Re-seeding is the default because it keeps a chain running on what is
+  known to be spent (it can only overcount, which denies
+  earlier); ``on_loss="fail"`` denies calls with :class:`LedgerLostError`
+  instead (settlements of calls that ran still re-seed: they always count).
+  A client without marks (a new process) that finds no chain starts one.
+  Keys expire ``chain_ttl_s`` (1 day) after the chain's last write, never
+  under a running call (the heartbeat refreshes them); a chain that expired
+  while a live client still knows it comes back from that client's marks.
+* **Persistence check.** At the first reservation a store without
+  persistence (``appendonly no`` and no ``save``) or with an evicting
+  ``maxmemory-policy`` (``allkeys-*``, ``volatile-*``) is reported with a
+  WARNING, once per store and process (INFO where ``CONFIG`` is disabled).
+* **Late commits always count.** While a call runs, a heartbeat thread keeps
+  its reservation alive (every ``reservation_ttl_s / 3`` seconds), so a call
+  that outlives ``reservation_ttl_s`` (600 s x 3 attempts of an SDK) keeps
+  its budget held. Only a dead or frozen holder's reservation expires: the
+  next reservation in the same tree gives its cost and tokens back (its step
+  and retry stay counted, the call may have been sent). A commit that finds
+  no reservation record (reaped, or lost with the store) is applied as
+  spend, not dropped. Every commit and release carries an id (a fresh one
+  for a commit without a reservation); the store remembers applied ids for
+  ``applied_ttl_s`` (1 day, at most 100000 per chain tree), so a replayed
+  commit is counted once.
 * **Store unreachable** (fail closed). ``reserve`` raises
   :class:`LedgerUnavailableError` (not a sticky trip: calls run again once
   the store answers). A ``commit`` or ``release`` for a call that already ran
@@ -35,7 +61,8 @@ What the store adds:
 * **Fail open** (``fail_open=True`` or ``VERONICA_FAIL_OPEN=true``): at the
   first store error a WARNING is logged once and a process-local
   :class:`~veronica_otel.LocalLedger` takes over for the rest of the process
-  lifetime (queued commits are counted in it). Staying local is the simplest
+  lifetime, seeded from this client's marks (spend, steps, tokens, trips of
+  every chain it saw), then the queued commits are counted in it. Staying local is the simplest
   predictable choice: budgets stop being shared, but never flap between two
   ledgers with different counts.
 * **Corruption.** A value in our keys that the ledger did not write raises
@@ -73,13 +100,21 @@ from redis.commands.core import Script
 from veronica_otel._config import parse_env_bool
 from veronica_otel._errors import TripEvent
 from veronica_otel._fork import remake_locks_after_fork
-from veronica_otel._ledger import SIGNATURE_MEMORY, LedgerState, Level, LocalLedger, Reservation
+from veronica_otel._ledger import (
+    SIGNATURE_MEMORY,
+    LedgerState,
+    Level,
+    Limits,
+    LocalLedger,
+    Reservation,
+)
 
 from . import _scripts
 from ._connect import connect
-from ._errors import LedgerCorruptedError, LedgerUnavailableError
+from ._errors import LedgerCorruptedError, LedgerLostError, LedgerUnavailableError
 from ._keys import KeySpace
-from ._store import TripCodec, check_seconds, corruption, describe, parse_int, quiet
+from ._marks import Marks, check_persistence, lost_words, seed_local
+from ._store import TripCodec, check_seconds, corruption, describe, parse_int, quiet, text
 
 __all__ = ["RedisLedger"]
 
@@ -90,7 +125,9 @@ _MAX_AMOUNT = _scripts.STORE_MAX + 1
 # Longest TTL: server time (~1.8e15 us) plus it must stay below 2**53 us.
 _MAX_TTL_S = 1e9
 _MARKER_MIN_S = 60.0
-_SNAPSHOT_FIELDS = ("c", "rc", "s", "r", "t", "rt", "trip")
+_SNAPSHOT_FIELDS = ("c", "rc", "s", "r", "t", "rt", "trip", "e", "ov")
+_APPLIED_CAP = "100000"
+_ON_LOSS = ("reseed", "fail")
 _NO_RESERVATION = Reservation("", 0, 0)
 
 _attach = otel_context.attach
@@ -116,6 +153,10 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def _new_id() -> str:
+    return f"{_process_token}{next(_ids):x}"
+
+
 class _Pending(NamedTuple):
     script: Script
     keys: list[str]
@@ -135,12 +176,18 @@ class RedisLedger:
         key_prefix: Prefix of every key (no braces: the ledger adds a hash tag).
         reservation_ttl_s: How long a reservation may be held before it counts
             as abandoned (its holder crashed). Longer than any call you make.
-        chain_ttl_s: Keys expire this long after their last write.
+        chain_ttl_s: Keys expire this long after their last write (a live
+            client that saw the chain re-seeds it from its marks).
         fail_open: ``True`` to fall back to a process-local ledger when the
             store fails; ``None`` reads ``VERONICA_FAIL_OPEN``.
         shared_id: Names this ledger to other services (grants across
             services are charged directly when both sides have the same id);
             derived from the store's address and ``key_prefix`` when omitted.
+        on_loss: ``"reseed"`` (default) re-seeds a chain the store lost from
+            this client's marks; ``"fail"`` denies its calls with
+            :class:`LedgerLostError`.
+        applied_ttl_s: How long the store remembers a settled commit's id,
+            so a replay within that time counts once.
 
     Raises:
         ValueError: A malformed argument or ``VERONICA_FAIL_OPEN`` value.
@@ -155,12 +202,21 @@ class RedisLedger:
         chain_ttl_s: float = 86400.0,
         fail_open: bool | None = None,
         shared_id: str | None = None,
+        on_loss: str = "reseed",
+        applied_ttl_s: float = 86400.0,
     ) -> None:
         space = KeySpace(key_prefix)  # validates the prefix
         self._shared_id = _shared_id(shared_id, describe(client), key_prefix)
+        if on_loss not in _ON_LOSS:
+            raise ValueError(f"on_loss must be 'reseed' or 'fail', got {on_loss!r}")
+        applied_ttl = check_seconds("applied_ttl_s", applied_ttl_s, minimum=1.0)
         reservation_ttl = check_seconds("reservation_ttl_s", reservation_ttl_s)
         chain_ttl = check_seconds("chain_ttl_s", chain_ttl_s, minimum=1.0)
-        for name, ttl in (("reservation_ttl_s", reservation_ttl), ("chain_ttl_s", chain_ttl)):
+        for name, ttl in (
+            ("reservation_ttl_s", reservation_ttl),
+            ("chain_ttl_s", chain_ttl),
+            ("applied_ttl_s", applied_ttl),
+        ):
             if ttl > _MAX_TTL_S:
                 raise ValueError(
                     f"{name} must be <= {_MAX_TTL_S:g} seconds (the store counts time "
@@ -183,12 +239,16 @@ class RedisLedger:
         self._chain_ttl = str(round(chain_ttl * 1000))
         self._marker_ttl = str(round(max(reservation_ttl, _MARKER_MIN_S) * 1_000_000))
         self._memory = str(SIGNATURE_MEMORY)
+        self._on_loss = on_loss
+        self._applied = [str(round(applied_ttl * 1_000_000)), _APPLIED_CAP]
+        self._marks = Marks(self, reservation_ttl)
         self._reserve = client.register_script(_scripts.RESERVE)
         self._commit = client.register_script(_scripts.COMMIT)
         self._release = client.register_script(_scripts.RELEASE)
         self._trip = client.register_script(_scripts.TRIP)
         self._clear_trip = client.register_script(_scripts.CLEAR_TRIP)
         self._override = client.register_script(_scripts.OVERRIDE)
+        self._heartbeat = client.register_script(_scripts.HEARTBEAT)
         self._codec = TripCodec()
         self._space = space
         self._pending: deque[_Pending] = deque()
@@ -198,6 +258,7 @@ class RedisLedger:
         remake_locks_after_fork(self, "_pending_lock", "_state_lock")
         self._local: LocalLedger | None = None
         self._down = False
+        self._checked = False
 
     @classmethod
     def from_url(
@@ -295,7 +356,7 @@ class RedisLedger:
             keys += [k.signatures for k in cks]
             keys += [k.recency for k in cks]
             keys += [ck.reservations, ck.expiries]
-        rid = f"{_process_token}{next(_ids):x}" if (cost_nano or tokens or step) else ""
+        rid = _new_id() if (cost_nano or tokens or step or retry) else ""
         args = [
             str(n),
             str(cost_nano),
@@ -310,12 +371,18 @@ class RedisLedger:
             self._memory,
             ck.base,
         ]
+        marks = self._marks
         for level in path:
             args += self._space.level_args(level)
+        for level in path:
+            args += marks.of(level.chain_id)
+        args += (rid or _new_id(), self._on_loss)
         token = _attach(quiet())
         try:
             if self._pending:
                 self._flush()
+            if not self._checked:
+                self._checked = check_persistence(self._client, self.store)
             reply: Any = self._reserve(keys, args)
         except redis.RedisError as exc:
             return self._reserve_failed(exc, path, cost_nano, tokens, step, retry, signature)
@@ -323,10 +390,27 @@ class RedisLedger:
             _detach(token)
         if self._down:
             self._back()
-        if reply == 1:
+        if reply[0] == 1:
+            self._marks.remember(path, reply, 4)
+            if reply[3]:
+                self._reseeded(path)
+            if rid:
+                self._marks.hold(rid, (ck.reservations, ck.expiries, ck.base))
             return Reservation(rid, cost_nano, tokens, step, retry)
-        denial = self._codec.decode(reply[1], keys[int(reply[0]) - 1])
-        return denial if len(reply) == 2 else replace(denial, sticky=False)
+        return self._denied(path, keys, reply)
+
+    def _denied(self, path: Sequence[Level], keys: list[str], reply: Any) -> TripEvent:
+        code, at, marks = reply[0], int(reply[1]), self._marks
+        if code == 4:
+            start = 4 + (at - 1) * _scripts.MARKS
+            chain = path[at - 1].chain_id
+            lost = lost_words(marks.of(chain), reply[start : start + _scripts.MARKS])
+            raise LedgerLostError.for_chain(self.store, chain, lost)
+        marks.remember(path, reply, 4)
+        if reply[3]:
+            self._reseeded(path)
+        denial = self._codec.decode(reply[2], keys[at - 1])
+        return denial if code == 2 else replace(denial, sticky=False)
 
     def commit(
         self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
@@ -341,9 +425,14 @@ class RedisLedger:
         cost_nano = _amount("cost_nano", cost_nano)
         tokens = _amount("tokens", tokens)
         keys = self._space.settle_keys(path)
+        rid = reservation.id
+        if rid:
+            self._marks.live.pop(rid, None)
+        else:  # a commit without a reservation gets an id too: a replay counts once
+            rid = _new_id()
         args = [
             str(len(path)),
-            reservation.id,
+            rid,
             str(reservation.cost_nano),
             str(reservation.tokens),
             str(cost_nano),
@@ -353,9 +442,10 @@ class RedisLedger:
         for level in path:
             cached = self._space.level_args(level)
             args += (cached[0], cached[4], cached[3])
+        self._settle_args(path, args, rid)
         pending = _Pending(self._commit, keys, args, path, cost_nano, tokens)
         reply = self._settle(pending)
-        if not reply:
+        if reply is None or not reply[0]:
             return None
         return self._codec.decode(reply[1], keys[int(reply[0]) - 1])
 
@@ -366,6 +456,9 @@ class RedisLedger:
             if not reservation.id:
                 local.release(path, reservation)
             return
+        if not reservation.id:
+            return  # nothing was reserved (no step, retry, cost or tokens)
+        self._marks.live.pop(reservation.id, None)
         keys = self._space.settle_keys(path)
         args = [
             str(len(path)),
@@ -376,6 +469,7 @@ class RedisLedger:
             "1" if reservation.retry else "0",
             self._chain_ttl,
         ]
+        self._settle_args(path, args, reservation.id)
         self._settle(_Pending(self._release, keys, args, path, 0, 0))
 
     def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
@@ -389,12 +483,14 @@ class RedisLedger:
             return local.trip(chain_id, event)
         key = self._space.chain(chain_id).chain
         raw = self._codec.encode(event)
-        reply = self._call(chain_id, self._trip, [key], [raw, self._chain_ttl])
+        args = [raw, self._chain_ttl, *self._marks.of(chain_id), _new_id()]
+        reply = self._call(chain_id, self._trip, [key], args)
         if reply is _LOCAL:
             return self.trip(chain_id, event)
-        if reply is None:
+        self._remember_one(chain_id, reply, 2)
+        if not text(reply[0]):
             return event
-        return self._codec.decode(reply, key)
+        return self._codec.decode(reply[0], key)
 
     def clear_trip(self, chain_id: str) -> TripEvent | None:
         """Remove a sticky trip (only the logged override path calls this).
@@ -429,12 +525,19 @@ class RedisLedger:
         key = self._space.chain(chain_id).chain
         extra = [min(limit, int(add_cost_nano)), min(limit, int(add_steps))]
         args = [str(duration_us), str(extra[0]), str(extra[1]), self._chain_ttl]
+        args += (*self._marks.of(chain_id), _new_id())
         reply = self._call(chain_id, self._override, [key], args)
         if reply is _LOCAL:
             return self.override(
                 chain_id, expires_at=expires_at, add_cost_nano=add_cost_nano, add_steps=add_steps
             )
-        return None if reply is None else self._codec.decode(reply, key)
+        if len(reply) == 1:
+            raise ValueError(
+                f"chain {chain_id!r} does not exist in the ledger store {self.store} "
+                f"(key {key!r}): nothing to override; check the chain id and the key prefix"
+            )
+        self._remember_one(chain_id, reply, 2)
+        return self._codec.decode(reply[0], key) if text(reply[0]) else None
 
     def snapshot(self, chain_id: str) -> LedgerState:
         """The chain's counters in one ``HMGET`` (zero for an unknown chain).
@@ -455,9 +558,66 @@ class RedisLedger:
             for field, value in zip(_SNAPSHOT_FIELDS[:6], values[:6], strict=True)
         )
         trip = values[6]
+        mark = self._marks.seen.get(chain_id)
+        if mark is not None and self._lost(mark, values):
+            # The store lost what we saw: report at least that (the next
+            # write re-seeds it); never a lifted trip.
+            c, s, t = max(c, int(mark[1])), max(s, int(mark[2])), max(t, int(mark[3]))
+            if trip is None and text(mark[5]):
+                trip = mark[5]
         return LedgerState(
             c, rc, s, r, t, rt, None if trip is None else self._codec.decode(trip, key)
         )
+
+    def trip_lifted(self, chain_id: str) -> bool:
+        """Whether an override (maybe by another process) lifted ``chain_id``'s trip.
+
+        Only an explicit override record lifts it: the chain still in the
+        epoch we saw, no trip, and its override generation past the one we
+        saw with the trip. A chain the store lost is not lifted. One ``HMGET``.
+        """
+        local = self._local
+        if local is not None:
+            return local.snapshot(chain_id).trip is None
+        key = self._space.chain(chain_id).chain
+        values = self._call(chain_id, None, [key], [])
+        if values is _LOCAL:
+            return self.trip_lifted(chain_id)
+        epoch, trip, ov = values[7], values[6], parse_int(key, "ov", values[8])
+        if trip is not None or epoch is None:
+            return False
+        mark = self._marks.seen.get(chain_id)
+        if mark is None:
+            return ov > 0
+        if text(epoch) != text(mark[0]) or ov <= int(mark[4]):
+            return False
+        self._marks.seen[chain_id] = (*mark[:4], str(ov), "", *mark[6:])
+        return True
+
+    def heartbeat(self) -> int:
+        """Keep this process's running calls' reservations alive; returns how many.
+
+        The heartbeat thread calls it every ``reservation_ttl_s / 3`` seconds.
+        A store error is logged at DEBUG and left to the next beat.
+        """
+        if self._local is not None:
+            return 0
+        renewed = 0
+        token = _attach(quiet())
+        try:
+            for (rh, rz, base), ids in self._marks.groups().items():
+                try:
+                    args = [self._rsv_ttl, self._chain_ttl, base, *ids]
+                    renewed += int(self._heartbeat([rh, rz], args))
+                except redis.RedisError as exc:
+                    _logger.debug("ledger heartbeat to %s failed: %s", self.store, exc)
+        finally:
+            _detach(token)
+        return renewed
+
+    def close(self) -> None:
+        """Stop the heartbeat thread (the client stays open)."""
+        self._marks.stop()
 
     def flush(self) -> int:
         """Try to replay queued commits now; returns how many are still queued."""
@@ -496,6 +656,9 @@ class RedisLedger:
             _detach(token)
         if self._down:
             self._back()
+        self._marks.remember(op.path, reply, 3)
+        if reply[2]:
+            self._reseeded(op.path)
         return reply
 
     def _call(self, chain_id: str, script: Script | None, keys: list[str], args: list[str]) -> Any:
@@ -559,7 +722,8 @@ class RedisLedger:
                 reply: Any = op.script(op.keys, op.args)
                 pending.popleft()
                 replayed += 1
-                if op.script is self._commit and reply:
+                self._marks.remember(op.path, reply, 3)
+                if op.script is self._commit and reply[0]:
                     _logger.warning(
                         "a replayed commit overran a limit of chain %s; the chain is tripped",
                         op.path[int(reply[0]) - 1].chain_id,
@@ -594,6 +758,7 @@ class RedisLedger:
             if self._local is not None:
                 return self._local
             local = LocalLedger()
+            seeded = seed_local(local, self._marks.seen, self._codec)
             with self._pending_lock:
                 for op in self._pending:
                     if op.cost_nano or op.tokens:
@@ -602,18 +767,56 @@ class RedisLedger:
             self._local = local
         _logger.warning(
             "VERONICA_FAIL_OPEN: ledger store %s failed (%s: %s); using a process-local "
-            "ledger for the rest of this process (budgets are no longer shared)",
+            "ledger for the rest of this process (budgets are no longer shared), seeded "
+            "with the %d chains this process saw",
             self.store,
             type(exc).__name__,
             exc,
+            seeded,
         )
         return local
+
+    def _settle_args(self, path: Sequence[Level], args: list[str], rid: str) -> None:
+        marks = self._marks
+        for level in path:
+            args += marks.of(level.chain_id)
+        args += (rid, *self._applied, self._rsv_ttl)
+
+    def _remember_one(self, chain_id: str, reply: Any, start: int) -> None:
+        self._marks.remember((Level(chain_id, _NO_LIMITS),), reply, start)
+        if reply[1]:
+            _logger.warning(_RESEEDED, chain_id, self.store)
+
+    def _reseeded(self, path: Sequence[Level]) -> None:
+        _logger.warning(_RESEEDED, " / ".join(lv.chain_id for lv in path), self.store)
+
+    @staticmethod
+    def _lost(mark: tuple[Any, ...], values: Sequence[Any]) -> bool:
+        """The script's ``lost`` test, on a snapshot's ``HMGET`` values."""
+        if not text(mark[0]):
+            return False
+        c = 0 if values[0] is None else int(values[0])
+        t = 0 if values[4] is None else int(values[4])
+        ov = 0 if values[8] is None else int(values[8])
+        return not (
+            values[7] is not None
+            and text(values[7]) == text(mark[0])
+            and c >= int(mark[1])
+            and t >= int(mark[3])
+            and (not text(mark[5]) or values[6] is not None or ov > int(mark[4]))
+        )
 
     def __repr__(self) -> str:
         return f"RedisLedger({self.store!r}, key_prefix={self._prefix!r})"
 
 
 _LOCAL: Any = object()
+_NO_LIMITS = Limits()
+_RESEEDED = (
+    "chain %s: ledger store %s had lost it (restart without persistence, flush, expiry, "
+    "eviction or an older copy); re-seeded from this process's marks: committed spend, "
+    "steps, tokens and trip are counted again"
+)
 
 
 def _shared_id(given: str | None, store: str, prefix: str) -> str:

@@ -8,20 +8,106 @@ root chain (``root`` for ``root.1.2``), so a path's keys are in one slot::
     {prefix}{root}:o:{chain}   zset    signature -> recency (least recent forgotten first)
     {prefix}{root}:rh          hash    reservation id -> "cost tokens chain..." or "R"
     {prefix}{root}:rz          zset    reservation id -> expiry (server time, microseconds)
+    {prefix}{root}:ad          zset    applied settlement id -> expiry (replay memory)
     {prefix}breaker:{name}     hash    a circuit breaker (st, f, at, p, pe)
 
 Chain hash fields: ``c`` committed nano-USD, ``rc`` reserved nano-USD, ``s``
 steps, ``r`` retries, ``t`` tokens, ``rt`` reserved tokens, ``q`` signature
-sequence, ``trip`` the sticky trip as JSON. Every value is a decimal integer
-written by ``HINCRBY``; a script reads every field it will touch before it
-writes anything (scripts are not rolled back), and a value that is not a
-canonical integer, or a key of the wrong type, aborts the script with
-``VERONICA_CORRUPT<TAB>key<TAB>field<TAB>value<TAB>`` instead of counting as 0.
+sequence, ``trip`` the sticky trip as JSON, ``oe``/``oc``/``os`` a logged
+override (expiry, extra cost, extra steps), ``ov`` override generation
+(+1 per override or cleared trip), ``e`` the chain's epoch, ``x:{epoch}``
+what the chain absorbed from a lost epoch ("c s t"). Every counter is a
+decimal integer written by ``HINCRBY``; a script reads every field it will
+touch before it writes anything (scripts are not rolled back), and a value
+that is not a canonical integer, or a key of the wrong type, aborts the
+script with ``VERONICA_CORRUPT<TAB>key<TAB>field<TAB>value<TAB>`` instead of
+counting as 0.
 
-Each reservation gets a record and an expiry; every ``RESERVE`` first gives
-back (at most 64 of) the tree's expired reservations. Every write refreshes
-the key's TTL (``PEXPIRE``). Time is the server's
-``TIME``, so every process agrees on it.
+The store never forgets (protocol)
+----------------------------------
+*Epoch.* Each chain hash carries ``e``, an opaque id written when the chain
+is created (by the first script that finds no ``e``; the client proposes a
+fresh id with every call, ARGV ``fresh``). A chain that is deleted, flushed,
+expired, evicted or lost in a restart comes back with another epoch.
+
+*Marks.* After every script a client keeps, per chain, what the store said
+(the script's *report*): ``(e, c, s, t, ov, trip, rc, rt)`` as text,
+``trip`` empty when none. ``c`` and ``t`` only grow within an epoch, so they
+are high-water marks. Every chain-writing script (RESERVE, COMMIT, RELEASE,
+TRIP, OVERRIDE) is given the caller's marks of each level (eight ARGV per
+level, ``""`` / ``0`` for a chain it never saw) and first runs ``sync`` on
+each level:
+
+* no marks (epoch ``""``): a chain without ``e`` gets ``e = fresh``; else as is.
+* marks of the current epoch, ``c >= mark c``, ``t >= mark t`` and, if the
+  mark holds a trip, the store still has one or ``ov > mark ov`` (an
+  override lifted it): nothing to do.
+* otherwise the store lost what this client saw (*re-seed*). Let ``B`` be the
+  base already absorbed from the client's epoch: the store's own counters if
+  it still has that epoch (a rolled-back copy: the chain then gets a new
+  epoch, so every client of the old one re-checks), else field
+  ``x:{mark epoch}`` ("c s t rc rt", zeros when absent). For each of c, s, t
+  the store adds ``max(0, mark - B)`` and ``x:{mark epoch}`` becomes the
+  max. What the marks saw reserved beyond ``B`` (rc, rt: calls in flight at
+  the loss, whose records are gone) is held again by a *ghost reservation*
+  (record ``g{fresh}.{chain}`` = "rc rt chain", expiry now +
+  reservation_ttl; RESERVE, COMMIT and RELEASE only; chain field ``gh``
+  names it), which the reaper gives back like any expired reservation. The
+  calls' commits and releases arrive without a record: each takes its own
+  reserved amounts out of the ghost (``unghost``: at most what it holds;
+  gone at zero), and a commit is applied as spend. So the first
+  client of a lost epoch restores its marks, and each later client of the
+  same epoch adds only what it saw beyond them: counted once, exactly what
+  the highest mark saw; spend made in the new epoch is kept on top. A trip
+  in the marks is stored again if the chain has none. ``e`` becomes
+  ``fresh`` when the chain had none (or was rolled back). c and t saturate
+  at SATURATE. Re-seeding never lowers a counter and never lifts a trip;
+  what it can overcount (a release or override the client did not see, an
+  epoch lost twice before its clients came back) only denies earlier.
+
+In RESERVE, ``on_loss = fail`` (ARGV) makes a loss return code 4 without
+writing anything; the client raises ``LedgerLostError``. Settlements always
+re-seed: a call that ran is always counted.
+
+*Commit ids.* Every COMMIT and RELEASE carries an id: its reservation's, or
+a fresh one for a commit without a reservation. An id found in ``ad`` is a
+replay: the script does nothing and only reports. Otherwise a reservation
+record ``held`` is settled normally; a record ``R`` (reaped: its cost and
+tokens were already given back) or no record at all (lost with the store,
+or its holder outlived everything) is applied as spend (COMMIT: cost and
+tokens added, the limits checked as for an overrun) or keeps its step
+(RELEASE without a record: the step may have been re-seeded). The id then
+goes into ``ad`` with expiry now + ``applied_ttl`` (ARGV); expired ids are
+removed on every settlement and ``ad`` holds at most ``applied_cap`` ids
+(soonest-expiring dropped first), so memory stays bounded. A replay after
+its id was dropped counts twice: never less.
+
+*Reservations.* Each reservation gets a record and an expiry; every
+``RESERVE`` first gives back (at most 64 of) the tree's expired
+reservations. A live client keeps its running calls' reservations alive
+with HEARTBEAT (every reservation_ttl / 3 seconds: expiry = now +
+reservation_ttl for each of its ids that still has a held record, and the
+chain keys of that record refreshed for chain_ttl), so only a dead or frozen
+holder's reservation is reaped, and no chain key expires under a running call.
+
+*Expiry.* Every write refreshes the key's TTL (``PEXPIRE`` chain_ttl,
+1 day by default): a chain is forgotten only after that long without any
+write, and if a client that ran it is still alive, its marks bring it back.
+
+*Known limits.* A call in flight at a loss that outlives its ghost
+reservation (one reservation_ttl) holds nothing meanwhile: its commit is
+still applied (limits checked then), but calls admitted after the ghost
+expired may have used that budget (the one way past a ceiling; persistence
+closes it). Otherwise in the safe direction (denies earlier): a reservation
+record lost without its chain hash (``rh`` evicted alone) leaves its
+``rc``/``rt`` held on the chain; a ghost also holds marks' reservations
+that settled elsewhere until it expires; an epoch lost twice before a client
+of the first comes back, or a replay whose id left ``ad``, overcounts.
+
+Replies: every chain-writing script ends with the report of each level, 8
+values per level (``e c s t ov trip rc rt``), after its own fields.
+
+Time is the server's ``TIME``, so every process agrees on it.
 
 Lua numbers are doubles, exact only below 2**53, so the client keeps every
 sum a script computes below that: limits and the amounts of one reserve,
@@ -29,12 +115,14 @@ commit or override are at most :data:`STORE_MAX` (2**50: about 1.13 million
 USD in nano-USD, 1.1e15 tokens; a larger cost ceiling counts as STORE_MAX,
 which only denies earlier, and a larger amount as STORE_MAX + 1, which any
 limited level refuses or trips on), and spent cost and tokens saturate at
-2**51 in ``COMMIT``. A limited level then holds at most 2**51 reserved
-(reserve admits only up to its limit, override included), so the largest
-sum, committed + reserved + one amount, stays under 2**52 + 2**50 + 1.
-Reserved amounts of an unlimited level are summed by ``HINCRBY`` alone
-(exact in 64 bits) and never compared. Timestamps are microseconds of the
-server clock plus a duration of at most 1e15 us.
+2**51 in ``COMMIT`` and in a re-seed (marks are values the store reported,
+so at most 2**51; a re-seed adds at most that to at most 2**51 and then
+saturates). A limited level then holds at most 2**51 reserved (reserve
+admits only up to its limit, override included), so the largest sum,
+committed + reserved + one amount, stays under 2**52 + 2**50 + 1. Reserved
+amounts of an unlimited level are summed by ``HINCRBY`` alone (exact in 64
+bits) and never compared. Steps only grow by one per call. Timestamps are
+microseconds of the server clock plus a duration of at most 1e15 us.
 """
 
 from __future__ import annotations
@@ -45,6 +133,8 @@ __all__ = [
     "CLEAR_TRIP",
     "COMMIT",
     "CORRUPT_TAG",
+    "HEARTBEAT",
+    "MARKS",
     "OVERRIDE",
     "RELEASE",
     "RESERVE",
@@ -56,6 +146,9 @@ CORRUPT_TAG = "VERONICA_CORRUPT"
 # The largest limit or single amount a script is given (see the docstring);
 # COMMIT saturates spent counters at 2 * STORE_MAX (its SATURATE).
 STORE_MAX = 2**50
+
+# Values per level in a script's report and in a client's marks.
+MARKS = 8
 
 # Helpers shared by every script.
 _PRELUDE = r"""
@@ -83,12 +176,12 @@ local function probe(cmd, key, ...)
   return r
 end
 local function state(key)
-  local v = read(key, 'trip', 'c', 'rc', 's', 'r', 't', 'rt', 'q', 'oe', 'oc', 'os')
+  local v = read(key, 'trip', 'c', 'rc', 's', 'r', 't', 'rt', 'q', 'oe', 'oc', 'os', 'ov', 'e')
   return {
     trip = v[1], c = int(key, 'c', v[2]), rc = int(key, 'rc', v[3]), s = int(key, 's', v[4]),
     r = int(key, 'r', v[5]), t = int(key, 't', v[6]), rt = int(key, 'rt', v[7]),
     q = int(key, 'q', v[8]), oe = int(key, 'oe', v[9]), oc = int(key, 'oc', v[10]),
-    os = int(key, 'os', v[11]),
+    os = int(key, 'os', v[11]), ov = int(key, 'ov', v[12]), e = v[13],
   }
 end
 local function fmt(n) return string.format('%d', n) end
@@ -114,16 +207,158 @@ local function limit_trip(reason, limit, observed, chain, now, soft)
   end
   return trip_json(reason, limit, observed, chain, message, now)
 end
+-- A client's marks of one chain, ARGV[a + 1 .. a + 8]: e c s t ov trip rc rt.
+-- (Values the store reported to our own client: read, not re-validated.)
+local function marks(a)
+  return {
+    e = ARGV[a + 1], c = tonumber(ARGV[a + 2]), s = tonumber(ARGV[a + 3]),
+    t = tonumber(ARGV[a + 4]), o = tonumber(ARGV[a + 5]), trip = ARGV[a + 6],
+    rc = tonumber(ARGV[a + 7]), rt = tonumber(ARGV[a + 8]),
+  }
+end
+-- Whether the store lost what marks m saw of the chain in state st.
+local function lost(st, m)
+  if m.e == '' then return false end
+  return not (st.e == m.e and st.c >= m.c and st.t >= m.t
+    and (m.trip == '' or st.trip or st.ov > m.o))
+end
+-- Bring the chain at key in line with marks m (see "The store never
+-- forgets" in _scripts.py). Returns 1 when it re-seeded, else 0. With the
+-- tree's reservation keys (rsv = {rh, rz, now, ttl_us}), what the marks saw
+-- reserved is held again by a ghost reservation that expires after ttl_us.
+local function sync(key, st, m, fresh, chain_ttl, rsv)
+  if not lost(st, m) then
+    if not st.e then
+      redis.call('HSET', key, 'e', fresh)
+      redis.call('PEXPIRE', key, chain_ttl)
+    end
+    return 0
+  end
+  local field = 'x:' .. m.e
+  local base = {0, 0, 0, 0, 0}
+  local epoch = st.e
+  if epoch == m.e then
+    base = {st.c, st.s, st.t, st.rc, st.rt}
+    epoch = false
+  else
+    local seen = probe('HGET', key, field)
+    if seen then
+      local j = 0
+      for w in string.gmatch(seen, '%S+') do
+        j = j + 1
+        if j <= 5 then base[j] = count(key, field, w) end
+      end
+      if j ~= 5 then fail(key, field, seen) end
+    end
+  end
+  local want, names = {m.c, m.s, m.t}, {'c', 's', 't'}
+  for j = 1, 3 do
+    if want[j] > base[j] then
+      local v = redis.call('HINCRBY', key, names[j], fmt(want[j] - base[j]))
+      if j ~= 2 and v > SATURATE then redis.call('HSET', key, names[j], fmt(SATURATE)) end
+      base[j] = want[j]
+    end
+  end
+  -- Calls in flight when the store lost the chain: hold what was reserved
+  -- again, for one reservation TTL (their commits arrive without a record).
+  local gc, gt = m.rc - base[4], m.rt - base[5]
+  if gc < 0 then gc = 0 end
+  if gt < 0 then gt = 0 end
+  local at = string.find(key, '}:c:', 1, true)
+  if rsv and at and (gc > 0 or gt > 0) then
+    local gid = 'g' .. fresh .. '.' .. string.sub(key, at + 4)
+    redis.call('HSET', rsv[1], gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. string.sub(key, at + 4))
+    redis.call('ZADD', rsv[2], fmt(rsv[3] + rsv[4]), gid)
+    redis.call('PEXPIRE', rsv[1], chain_ttl)
+    redis.call('PEXPIRE', rsv[2], chain_ttl)
+    if gc > 0 then redis.call('HINCRBY', key, 'rc', fmt(gc)) end
+    if gt > 0 then redis.call('HINCRBY', key, 'rt', fmt(gt)) end
+    redis.call('HSET', key, 'gh', gid)
+    base[4], base[5] = base[4] + gc, base[5] + gt
+  end
+  redis.call('HSET', key, field, fmt(base[1]) .. ' ' .. fmt(base[2]) .. ' ' .. fmt(base[3])
+    .. ' ' .. fmt(base[4]) .. ' ' .. fmt(base[5]))
+  if not epoch then redis.call('HSET', key, 'e', fresh) end
+  if m.trip ~= '' and not st.trip then redis.call('HSET', key, 'trip', m.trip) end
+  redis.call('PEXPIRE', key, chain_ttl)
+  return 1
+end
+-- A settlement without a record (its call was in flight at a loss) takes
+-- its reserved amounts out of the chain's ghost reservation, if one holds them.
+local function unghost(key, rh, rz, rcost, rtokens)
+  local gid = probe('HGET', key, 'gh')
+  if not gid then return end
+  local rec = probe('HGET', rh, gid)
+  if rec == false or rec == 'R' then
+    redis.call('HDEL', key, 'gh')
+    return
+  end
+  local parts = {}
+  for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
+  if #parts ~= 3 then fail(rh, gid, rec) end
+  local gc, gt = count(rh, gid, parts[1]), count(rh, gid, parts[2])
+  local dc, dt = math.min(gc, rcost), math.min(gt, rtokens)
+  if dc > 0 then redis.call('HINCRBY', key, 'rc', fmt(-dc)) end
+  if dt > 0 then redis.call('HINCRBY', key, 'rt', fmt(-dt)) end
+  gc, gt = gc - dc, gt - dt
+  if gc == 0 and gt == 0 then
+    redis.call('HDEL', rh, gid)
+    redis.call('ZREM', rz, gid)
+    redis.call('HDEL', key, 'gh')
+  else
+    redis.call('HSET', rh, gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. parts[3])
+  end
+end
+-- Append the report of KEYS[1..n] (e c s t ov trip rc rt per level) to out.
+local function report(out, n)
+  for i = 1, n do
+    local v = redis.call('HMGET', KEYS[i], 'e', 'c', 's', 't', 'ov', 'trip', 'rc', 'rt')
+    out[#out + 1] = v[1] or ''
+    out[#out + 1] = v[2] or '0'
+    out[#out + 1] = v[3] or '0'
+    out[#out + 1] = v[4] or '0'
+    out[#out + 1] = v[5] or '0'
+    out[#out + 1] = v[6] or ''
+    out[#out + 1] = v[7] or '0'
+    out[#out + 1] = v[8] or '0'
+  end
+  return out
+end
 """.replace("@SATURATE@", str(2 * STORE_MAX))
+
+# Shared by COMMIT and RELEASE: how a settlement id stands, and remembering it.
+_SETTLE = r"""
+-- 'done' (applied before: a replay), 'held', 'reaped' or 'none' (no record).
+local function standing(rh, rz, ad, id)
+  probe('ZSCORE', rz, id)
+  if probe('ZSCORE', ad, id) then return 'done' end
+  local rec = probe('HGET', rh, id)
+  if rec == false then return 'none' end
+  if rec == 'R' then return 'reaped' end
+  return 'held'
+end
+local function applied(rh, rz, ad, id, now, ttl, cap)
+  redis.call('HDEL', rh, id)
+  redis.call('ZREM', rz, id)
+  redis.call('ZADD', ad, fmt(now + ttl), id)
+  redis.call('ZREMRANGEBYSCORE', ad, '-inf', fmt(now))
+  local size = redis.call('ZCARD', ad)
+  if size > cap then redis.call('ZREMRANGEBYRANK', ad, 0, size - cap - 1) end
+  redis.call('PEXPIRE', ad, fmt(math.floor(ttl / 1000) + 1))
+end
+"""
 
 # KEYS: chain hashes (n, root first), signature hashes (n), signature recency
 #       zsets (n), the tree's reservation hash and expiry zset.
 # ARGV: n cost tokens step retry signature id reservation_ttl_us chain_ttl_ms
 #       marker_ttl_us signature_memory chain_key_base, then per level:
-#       chain_id steps retries tokens cost_nano repeats (-1 = unlimited).
-# Returns 1 (charged), {level, trip_json} (denied, the chain tripped; nothing
-# charged) or {level, trip_json, 0}: a denial that only other calls' in-flight
-# reservations cause (the call fits against committed spend alone), not stored.
+#       chain_id steps retries tokens cost_nano repeats (-1 = unlimited), then
+#       per level the client's marks (8), then fresh_epoch on_loss(reseed|fail).
+# Returns {code, level, trip, reseeded, report...}: code 1 charged; 2 denied,
+# the chain tripped (nothing charged); 3 a denial that only other calls'
+# in-flight reservations cause (the call fits against committed spend
+# alone), not stored; 4 the store lost level's chain and on_loss is fail
+# (nothing written).
 RESERVE = (
     _PRELUDE
     + r"""
@@ -134,14 +369,28 @@ local step, retry = ARGV[4] == '1', ARGV[5] == '1'
 local sig, id = ARGV[6], ARGV[7]
 local rsv_ttl, chain_ttl, marker_ttl = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 local memory, base = tonumber(ARGV[11]), ARGV[12]
+local mb = 12 + 6 * n
+local fresh, on_loss = ARGV[mb + 8 * n + 1], ARGV[mb + 8 * n + 2]
 local rh, rz = KEYS[3 * n + 1], KEYS[3 * n + 2]
 local now = now_us()
 
+-- 0. Every level against the caller's marks: re-seed what the store lost.
+local mk, reseeded = {}, 0
+for i = 1, n do
+  local st = state(KEYS[i])
+  mk[i] = marks(mb + (i - 1) * 8)
+  if on_loss == 'fail' and lost(st, mk[i]) then return report({4, i, '', 0}, n) end
+  mk[i].st = st
+end
+local rsv = {rh, rz, now, rsv_ttl}
+for i = 1, n do reseeded = reseeded + sync(KEYS[i], mk[i].st, mk[i], fresh, chain_ttl, rsv) end
+
 -- 1. Give back what expired reservations of this tree hold (their holder died
 --    or hung); their steps stay counted, the call may have been sent. A reaped
---    reservation leaves a marker "R" so a late commit still adds its cost once.
+--    reservation leaves a marker "R": its late commit adds its cost, once.
 probe('HLEN', rh)
 local due = probe('ZRANGEBYSCORE', rz, '-inf', fmt(now), 'LIMIT', 0, 64)
+local reaped = false
 for _, rid in ipairs(due) do
   local rec = probe('HGET', rh, rid)
   if rec == false or rec == 'R' then
@@ -154,6 +403,7 @@ for _, rid in ipairs(due) do
     count(rh, rid, parts[1])
     count(rh, rid, parts[2])
     local held = {}
+    reaped = true
     for j = 3, #parts do
       local key = base .. parts[j]
       state(key)
@@ -173,10 +423,11 @@ end
 --    and any trip found on a later check or level still wins over it.
 local sizes = {}
 local soft = false
+local fresh_state = reseeded == 0 and not reaped  -- step 0's reads still hold
 for i = 1, n do
   local key = KEYS[i]
-  local st = state(key)
-  if st.trip then return {i, st.trip} end
+  local st = fresh_state and mk[i].st or state(key)
+  if st.trip then return report({2, i, st.trip, reseeded}, n) end
   local c, rc, s, r, t, rt = st.c, st.rc, st.s, st.r, st.t, st.rt
   local a = 12 + (i - 1) * 6
   local chain = ARGV[a + 1]
@@ -221,11 +472,11 @@ for i = 1, n do
   if denial then
     redis.call('HSET', key, 'trip', denial)
     redis.call('PEXPIRE', key, chain_ttl)
-    return {i, denial}
+    return report({2, i, denial, reseeded}, n)
   end
-  if held and not soft then soft = {i, held, 0} end
+  if held and not soft then soft = {3, i, held, reseeded} end
 end
-if soft then return soft end
+if soft then return report(soft, n) end
 
 -- 3. Charge every level, and record the reservation so it can expire.
 local chains = {}
@@ -257,44 +508,48 @@ if id ~= '' then
   redis.call('PEXPIRE', rh, chain_ttl)
   redis.call('PEXPIRE', rz, chain_ttl)
 end
-return 1
+return report({1, 0, '', reseeded}, n)
 """
 )
 
-# Shared start of COMMIT and RELEASE: find the reservation. A settled one
-# (no record) makes the script a no-op, so replaying a commit whose reply was
-# lost never counts it twice; a reaped one ("R") holds nothing any more.
-_SETTLE = r"""
-local n = tonumber(ARGV[1])
-local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
-local rh, rz = KEYS[n + 1], KEYS[n + 2]
-local held = true
-if id ~= '' then
-  local rec = probe('HGET', rh, id)
-  probe('ZSCORE', rz, id)
-  if rec == false then return false end
-  held = rec ~= 'R'
-end
-"""
-
-# KEYS: chain hashes (n, root first), reservation hash, expiry zset.
+# KEYS: chain hashes (n, root first), reservation hash, expiry zset, applied zset.
 # ARGV: n id reserved_cost reserved_tokens cost tokens chain_ttl_ms, then per
-#       level: chain_id cost_nano_limit tokens_limit (-1 = unlimited).
-# Returns nil, or {level, trip_json} for the first level the amounts overran.
+#       level: chain_id cost_nano_limit tokens_limit (-1 = unlimited), then per
+#       level the client's marks (8), then fresh_epoch applied_ttl_us applied_cap
+#       reservation_ttl_us.
+# Returns {level, trip, reseeded, report...}: level 0 and trip '' unless the
+# amounts overran a level (the first one is returned).
 COMMIT = (
     _PRELUDE
     + _SETTLE
     + r"""
+local n = tonumber(ARGV[1])
+local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local cost, tokens, chain_ttl = ARGV[5], ARGV[6], ARGV[7]
+local mb = 7 + 3 * n
+local fresh = ARGV[mb + 8 * n + 1]
+local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
+local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
+local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
-if id ~= '' then
-  redis.call('HDEL', rh, id)
-  redis.call('ZREM', rz, id)
+local how = standing(rh, rz, ad, id)
+if how == 'done' then return report({0, '', 0}, n) end
+local now = now_us()
+local reseeded = 0
+local rsv = {rh, rz, now, rsv_ttl}
+for i = 1, n do
+  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 8), fresh, chain_ttl, rsv)
 end
-local over = tonumber(cost) > tonumber(rcost) or tonumber(tokens) > tonumber(rtokens)
-local now = over and now_us() or 0
-local first = false
+if reseeded > 0 then for i = 1, n do states[i] = state(KEYS[i]) end end
+applied(rh, rz, ad, id, now, aptl, cap)
+local held = how == 'held'
+if how == 'none' then
+  for i = 1, n do unghost(KEYS[i], rh, rz, tonumber(rcost), tonumber(rtokens)) end
+end
+-- Without a held reservation nothing was checked against the limits for it.
+local over = not held or tonumber(cost) > tonumber(rcost) or tonumber(tokens) > tonumber(rtokens)
+local first = {0, ''}
 for i = 1, n do
   local key = KEYS[i]
   if held then
@@ -323,76 +578,145 @@ for i = 1, n do
     end
     if trip then
       redis.call('HSET', key, 'trip', trip)
-      if not first then first = {i, trip} end
+      if first[1] == 0 then first = {i, trip} end
     end
   end
   redis.call('PEXPIRE', key, chain_ttl)
 end
-return first
+return report({first[1], first[2], reseeded}, n)
 """
 )
 
-# KEYS: chain hashes (n, root first), reservation hash, expiry zset.
-# ARGV: n id reserved_cost reserved_tokens step retry chain_ttl_ms.
+# KEYS: chain hashes (n, root first), reservation hash, expiry zset, applied zset.
+# ARGV: n id reserved_cost reserved_tokens step retry chain_ttl_ms, then per
+#       level the client's marks (8), then fresh_epoch applied_ttl_us applied_cap
+#       reservation_ttl_us.
+# Returns {0, '', reseeded, report...}.
 RELEASE = (
     _PRELUDE
     + _SETTLE
     + r"""
+local n = tonumber(ARGV[1])
+local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local step, retry, chain_ttl = ARGV[5] == '1', ARGV[6] == '1', ARGV[7]
-for i = 1, n do state(KEYS[i]) end
-if id ~= '' then
-  redis.call('HDEL', rh, id)
-  redis.call('ZREM', rz, id)
-end
+local mb = 7
+local fresh = ARGV[mb + 8 * n + 1]
+local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
+local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
+local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
+local states = {}
+for i = 1, n do states[i] = state(KEYS[i]) end
+local how = standing(rh, rz, ad, id)
+if how == 'done' then return report({0, '', 0}, n) end
+local reseeded = 0
+local now = now_us()
+local rsv = {rh, rz, now, rsv_ttl}
 for i = 1, n do
-  local key = KEYS[i]
-  if held then
-    if rcost ~= '0' then redis.call('HINCRBY', key, 'rc', '-' .. rcost) end
-    if rtokens ~= '0' then redis.call('HINCRBY', key, 'rt', '-' .. rtokens) end
-  end
-  if step then redis.call('HINCRBY', key, 's', -1) end
-  if retry then redis.call('HINCRBY', key, 'r', -1) end
-  redis.call('PEXPIRE', key, chain_ttl)
+  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 8), fresh, chain_ttl, rsv)
 end
-return false
+applied(rh, rz, ad, id, now, aptl, cap)
+-- Without a record the reservation was lost with the store: its step may
+-- have been re-seeded from marks, so it stays counted (never less).
+if how == 'none' then
+  for i = 1, n do unghost(KEYS[i], rh, rz, tonumber(rcost), tonumber(rtokens)) end
+end
+if how ~= 'none' then
+  for i = 1, n do
+    local key = KEYS[i]
+    if how == 'held' then
+      if rcost ~= '0' then redis.call('HINCRBY', key, 'rc', '-' .. rcost) end
+      if rtokens ~= '0' then redis.call('HINCRBY', key, 'rt', '-' .. rtokens) end
+    end
+    if step then redis.call('HINCRBY', key, 's', -1) end
+    if retry then redis.call('HINCRBY', key, 'r', -1) end
+    redis.call('PEXPIRE', key, chain_ttl)
+  end
+end
+return report({0, '', reseeded}, n)
 """
 )
 
-# KEYS: the chain hash. ARGV: trip_json chain_ttl_ms.
-# Returns nil when this trip was stored, else the sticky one already there.
+# KEYS: the chain hash. ARGV: trip_json chain_ttl_ms, the client's marks (8),
+# fresh_epoch. Returns {sticky, reseeded, report...}: sticky is '' when this
+# trip was stored, else the sticky one already there.
 TRIP = (
     _PRELUDE
     + r"""
-local v = read(KEYS[1], 'trip')
-if v[1] then return v[1] end
-redis.call('HSET', KEYS[1], 'trip', ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return false
+local key = KEYS[1]
+local st = state(key)
+local reseeded = sync(key, st, marks(2), ARGV[11], ARGV[2])
+local v = read(key, 'trip')
+if v[1] then return report({v[1], reseeded}, 1) end
+redis.call('HSET', key, 'trip', ARGV[1])
+redis.call('PEXPIRE', key, ARGV[2])
+return report({'', reseeded}, 1)
 """
 )
 
-# KEYS: the chain hash. ARGV: duration_us add_cost_nano add_steps chain_ttl_ms.
+# KEYS: the chain hash. ARGV: duration_us add_cost_nano add_steps chain_ttl_ms,
+# the client's marks (8), fresh_epoch.
 # Lifts the sticky trip and widens the ceilings until now + duration (server
-# clock). Returns the lifted trip, or nil.
+# clock); ov + 1 tells every client the lift was an override. Returns
+# {lifted_trip or '', reseeded, report...}, or {'-'} when the chain does not
+# exist and the client has no marks of it (nothing to override).
 OVERRIDE = (
     _PRELUDE
     + r"""
-local st = state(KEYS[1])
+local key = KEYS[1]
+local st = state(key)
+local m = marks(4)
+if m.e == '' and redis.call('EXISTS', key) == 0 then return {'-'} end
+local reseeded = sync(key, st, m, ARGV[13], ARGV[4])
+local trip = read(key, 'trip')[1]
 local now = now_us()
-redis.call('HDEL', KEYS[1], 'trip')
-redis.call('HSET', KEYS[1], 'oe', fmt(now + tonumber(ARGV[1])), 'oc', ARGV[2], 'os', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('HDEL', key, 'trip')
+redis.call('HSET', key, 'oe', fmt(now + tonumber(ARGV[1])), 'oc', ARGV[2], 'os', ARGV[3])
+redis.call('HINCRBY', key, 'ov', 1)
+redis.call('PEXPIRE', key, ARGV[4])
+return report({trip or '', reseeded}, 1)
+"""
+)
+
+# KEYS: the chain hash. Returns the removed trip, or nil (ov + 1 if removed).
+CLEAR_TRIP = (
+    _PRELUDE
+    + r"""
+local st = state(KEYS[1])
+if st.trip then
+  redis.call('HDEL', KEYS[1], 'trip')
+  redis.call('HINCRBY', KEYS[1], 'ov', 1)
+end
 return st.trip
 """
 )
 
-# KEYS: the chain hash. Returns the removed trip, or nil.
-CLEAR_TRIP = (
+# KEYS: the tree's reservation hash and expiry zset. ARGV: reservation_ttl_us
+# chain_ttl_ms chain_key_base id... Keeps each id whose record is still held
+# alive until now + reservation_ttl, and the keys of its chains for chain_ttl.
+# Returns how many were renewed.
+HEARTBEAT = (
     _PRELUDE
     + r"""
-local v = read(KEYS[1], 'trip')
-if v[1] then redis.call('HDEL', KEYS[1], 'trip') end
-return v[1]
+local rh, rz, base = KEYS[1], KEYS[2], ARGV[3]
+local until_us = fmt(now_us() + tonumber(ARGV[1]))
+local renewed = 0
+for j = 4, #ARGV do
+  local rec = probe('HGET', rh, ARGV[j])
+  if rec and rec ~= 'R' then
+    probe('ZADD', rz, 'XX', until_us, ARGV[j])
+    local k = 0
+    for word in string.gmatch(rec, '%S+') do
+      k = k + 1
+      if k > 2 then redis.call('PEXPIRE', base .. word, ARGV[2]) end
+    end
+    renewed = renewed + 1
+  end
+end
+if renewed > 0 then
+  redis.call('PEXPIRE', rh, ARGV[2])
+  redis.call('PEXPIRE', rz, ARGV[2])
+end
+return renewed
 """
 )
 

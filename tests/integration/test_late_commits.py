@@ -1,0 +1,282 @@
+"""Late and replayed commits on a real Valkey are counted exactly once (DESIGN G11).
+
+* A call that outlives ``reservation_ttl_s`` keeps its budget held: the
+  client's heartbeat renews its reservation, so no other call is admitted
+  against it (without the heartbeat, one is: the test's own control).
+* A commit queued while the store was down, and replayed after it restarted
+  empty, is applied as spend; so is any commit whose reservation record is
+  gone. Real ``openai`` calls against FakeLLMServer: its count is the truth.
+* A replayed commit, with or without a reservation, counts once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import redis
+
+from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, TripEvent
+from veronica_otel._ledger import Level, Limits, Reservation
+from veronica_otel._units import NANO_PER_USD, usd_to_nano
+from veronica_otel.distributed import RedisLedger
+from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+from veronica_otel.testing import FakeLLMServer, RedisServerProcess
+from veronica_otel.testing._server import RecordedRequest
+
+CHAT = "/v1/chat/completions"
+MODEL = "gpt-4o"
+
+
+@pytest.fixture
+def valkey(redis_binary: str, tmp_path: Path) -> Iterator[RedisServerProcess]:
+    """A server of this test's own, without persistence: a restart empties it."""
+    server = RedisServerProcess(tmp_path / "valkey", binary=redis_binary, durable=False)
+    with server:
+        yield server
+
+
+@pytest.fixture
+def oai() -> Iterator[tuple[openai.OpenAI, FakeLLMServer]]:
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument()
+    try:
+        with (
+            FakeLLMServer(output_tokens=200) as server,
+            openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0) as client,
+        ):
+            yield client, server
+    finally:
+        instrumentor.uninstrument()
+
+
+def _ledger(server: RedisServerProcess, **kwargs: float) -> RedisLedger:
+    client = redis.Redis.from_url(server.url, socket_timeout=2.0, socket_connect_timeout=1.0)
+    return RedisLedger(client, fail_open=False, **kwargs)
+
+
+def _call(client: openai.OpenAI) -> None:
+    client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=200
+    )
+
+
+def _estimate_usd(ledger: RedisLedger, client: openai.OpenAI) -> float:
+    """What one call reserves: the denial of a 1 nano-USD chain says it."""
+    with (
+        pytest.raises(BudgetExceededError) as info,
+        ExecutionContext(ExecutionConfig(max_cost_usd=1e-9), chain_id="probe", ledger=ledger),
+    ):
+        _call(client)
+    return info.value.trip.observed
+
+
+# -- a call outliving the reservation TTL ----------------------------------------------
+
+
+def _outlive(
+    valkey: RedisServerProcess, oai: tuple[openai.OpenAI, FakeLLMServer], beat: bool
+) -> int:
+    """One slow call (1.6 s, TTL 1 s) under a ceiling of 1.5 reservations, while
+    the provider works on it another client keeps asking for one reservation.
+    Returns how many times that client was admitted during the slow call."""
+    client, server = oai
+    ledger = _ledger(valkey, reservation_ttl_s=1.0)
+    other = _ledger(valkey, reservation_ttl_s=1.0)
+    if not beat:
+        ledger.close()  # no heartbeat: as if the holder had frozen
+    estimate = _estimate_usd(ledger, client)
+    limit = round(estimate * 1.5, 9)
+    path = (Level("late", Limits(cost_nano=usd_to_nano(limit))),)
+    admitted = []
+
+    def meanwhile(request: RecordedRequest) -> None:
+        end = time.monotonic() + 1.6  # the call outlives the TTL: that is the scenario
+        while time.monotonic() < end:
+            got = other.reserve(path, usd_to_nano(estimate), 0)
+            if isinstance(got, Reservation):
+                admitted.append(got)
+                other.release(path, got)
+            else:
+                assert isinstance(got, TripEvent) and not got.sticky
+            time.sleep(0.05)  # pacing of the other client's attempts
+
+    server.set_responder(meanwhile)
+    with ExecutionContext(ExecutionConfig(max_cost_usd=limit), chain_id="late", ledger=ledger):
+        _call(client)
+    server.set_responder(None)
+    state = ledger.snapshot("late")
+    assert server.count(CHAT) == 1
+    assert state.reserved_nano == 0 and 0 < state.cost_nano <= usd_to_nano(limit)
+    ledger.close()
+    return len(admitted)
+
+
+def test_a_call_outliving_the_reservation_ttl_keeps_its_budget_held(
+    valkey: RedisServerProcess, oai: tuple[openai.OpenAI, FakeLLMServer]
+) -> None:
+    assert _outlive(valkey, oai, beat=True) == 0
+
+
+def test_without_the_heartbeat_the_budget_would_be_handed_out_again(
+    valkey: RedisServerProcess, oai: tuple[openai.OpenAI, FakeLLMServer]
+) -> None:
+    # The control for the test above: the same scenario, heartbeat stopped.
+    assert _outlive(valkey, oai, beat=False) > 0
+
+
+def test_the_heartbeat_renews_only_live_reservations(valkey: RedisServerProcess) -> None:
+    ledger = _ledger(valkey)
+    path = (Level("beat", Limits(cost_nano=NANO_PER_USD)),)
+    held = ledger.reserve(path, 10, 0)
+    assert isinstance(held, Reservation)
+    expiries = ledger.key("beat").replace(":c:beat", ":rz")
+    before = ledger.client.zscore(expiries, held.id)
+    ledger.client.pexpire(ledger.key("beat"), 5_000)  # as if its last write were long ago
+    assert ledger.heartbeat() == 1
+    after = ledger.client.zscore(expiries, held.id)
+    assert before is not None and after is not None and after >= before
+    assert ledger.client.pttl(ledger.key("beat")) > 5_000  # the chain outlives the call
+    ledger.commit(path, held, 10, 0)
+    assert ledger.heartbeat() == 0
+    ledger.close()
+
+
+# -- an outage with queued commits, then a restart that lost everything --------------------
+
+
+def test_a_commit_queued_in_an_outage_counts_after_an_empty_restart(
+    valkey: RedisServerProcess, oai: tuple[openai.OpenAI, FakeLLMServer]
+) -> None:
+    client, server = oai
+    ledger = _ledger(valkey)
+    config = ExecutionConfig(max_cost_usd=0.05)
+    fits = 0
+    with ExecutionContext(config, chain_id="base", ledger=ledger):
+        while True:
+            try:
+                _call(client)
+            except BudgetExceededError:
+                break
+            fits += 1
+    per_call = ledger.snapshot("base").cost_nano // fits
+    assert fits >= 4 and per_call * fits == ledger.snapshot("base").cost_nano
+    server.reset()
+
+    seen = []
+
+    def store_dies(request: RecordedRequest) -> None:
+        seen.append(request)
+        if len(seen) == 2:
+            valkey.kill()  # the reply is on its way; its commit finds no store
+
+    server.set_responder(store_dies)
+    ctx = ExecutionContext(config, chain_id="job", ledger=ledger)
+    with ctx:
+        _call(client)
+        _call(client)
+    server.set_responder(None)
+    assert ledger.pending == 1  # the second call's commit waits
+    valkey.start()  # empty: no persistence
+    ledger.client.connection_pool.disconnect()
+    ran = 2
+    with ctx:
+        while True:
+            try:
+                _call(client)
+            except BudgetExceededError:
+                break
+            ran += 1
+    assert ledger.pending == 0
+    assert ran == fits == server.count(CHAT)  # not one call more than the ceiling admits
+    assert ledger.snapshot("job").cost_nano == per_call * fits  # nothing committed was lost
+
+
+# -- commits without a record, replays ----------------------------------------------------
+
+
+def test_a_commit_whose_record_is_gone_is_applied_as_spend(valkey: RedisServerProcess) -> None:
+    ledger = _ledger(valkey)
+    path = (Level("gone", Limits(cost_nano=NANO_PER_USD)),)
+    first = ledger.reserve(path, usd_to_nano(0.5), 0)
+    assert isinstance(first, Reservation)
+    ledger.client.flushall()  # the record and the chain, lost
+    assert ledger.commit(path, first, usd_to_nano(0.7), 0) is None
+    assert ledger.snapshot("gone").cost_nano == usd_to_nano(0.7)
+    assert ledger.commit(path, first, usd_to_nano(0.7), 0) is None  # replay: once
+    assert ledger.snapshot("gone").cost_nano == usd_to_nano(0.7)
+    second = ledger.reserve(path, usd_to_nano(0.2), 0)
+    assert isinstance(second, Reservation)
+    ledger.client.flushall()
+    trip = ledger.commit(path, second, usd_to_nano(0.4), 0)  # 1.1: checked, it trips
+    assert trip is not None and trip.reason == "cost"
+    state = ledger.snapshot("gone")
+    assert state.cost_nano == usd_to_nano(1.1) and state.trip == trip
+
+
+def test_the_issue_case_late_commit_after_a_one_second_ttl(valkey: RedisServerProcess) -> None:
+    """1.8 committed against 1.0 before: the slow call's reservation was reaped
+    and re-spent, then its late commit was dropped. Now it counts, and trips."""
+    ledger = _ledger(valkey, reservation_ttl_s=0)  # expired at once: a frozen holder
+    path = (Level("reaped", Limits(cost_nano=NANO_PER_USD)),)
+    slow = ledger.reserve(path, usd_to_nano(0.9), 0)
+    assert isinstance(slow, Reservation)
+    fast = ledger.reserve(path, usd_to_nano(0.9), 0)  # reaps the slow one
+    assert isinstance(fast, Reservation)
+    assert ledger.commit(path, fast, usd_to_nano(0.9), 0) is None
+    trip = ledger.commit(path, slow, usd_to_nano(0.9), 0)
+    assert trip is not None and trip.reason == "cost"
+    assert ledger.snapshot("reaped").cost_nano == usd_to_nano(1.8)  # counted, not dropped
+    assert isinstance(ledger.reserve(path, 1, 0), TripEvent)
+
+
+def test_replayed_commits_count_once_with_or_without_a_reservation(
+    valkey: RedisServerProcess,
+) -> None:
+    ledger = _ledger(valkey)
+    path = (Level("replayed", Limits(cost_nano=NANO_PER_USD)),)
+    held = ledger.reserve(path, usd_to_nano(0.1), 0)
+    assert isinstance(held, Reservation)
+    valkey.kill()
+    ledger.commit(path, held, usd_to_nano(0.1), 0)  # queued
+    ledger.commit(path, Reservation("", 0, 0), usd_to_nano(0.2), 0)  # record_usage: queued
+    queued = list(ledger._pending)
+    assert len(queued) == 2
+    valkey.start()
+    ledger.client.connection_pool.disconnect()
+    assert ledger.flush() == 0
+    assert ledger.snapshot("replayed").cost_nano == usd_to_nano(0.3)
+    for op in queued:  # their replies were lost: the client sends them again
+        op.script(op.keys, op.args)
+    state = ledger.snapshot("replayed")
+    assert (state.cost_nano, state.reserved_nano) == (usd_to_nano(0.3), 0)
+
+
+def test_record_usage_outside_a_call_is_replay_safe(valkey: RedisServerProcess) -> None:
+    ledger = _ledger(valkey)
+    ctx = ExecutionContext(ExecutionConfig(max_cost_usd=1.0), chain_id="usage", ledger=ledger)
+    ctx.record_usage(cost_usd=0.25)
+    ids = ledger.client.zrange(ledger.key("usage").replace(":c:usage", ":ad"), 0, -1)
+    assert len(ids) == 1  # the commit without a reservation carried an id
+    assert ledger.snapshot("usage").cost_nano == usd_to_nano(0.25)
+
+
+def test_a_call_in_flight_when_the_store_is_lost_stays_held(valkey: RedisServerProcess) -> None:
+    a, b = _ledger(valkey), _ledger(valkey)
+    path = (Level("inflight", Limits(cost_nano=NANO_PER_USD)),)
+    running = a.reserve(path, usd_to_nano(0.6), 0)  # a's call is out at the provider
+    assert isinstance(running, Reservation)
+    quick = b.reserve(path, usd_to_nano(0.1), 0)
+    assert isinstance(quick, Reservation)
+    b.commit(path, quick, usd_to_nano(0.1), 0)  # b saw 0.6 held by a
+    b.client.flushall()
+    denied = b.reserve(path, usd_to_nano(0.5), 0)  # 0.1 + 0.6 (ghost) + 0.5 > 1
+    assert isinstance(denied, TripEvent) and not denied.sticky
+    assert a.commit(path, running, usd_to_nano(0.6), 0) is None  # no record: applied
+    state = b.snapshot("inflight")
+    assert (state.cost_nano, state.reserved_nano) == (usd_to_nano(0.7), 0)  # ghost settled
+    assert isinstance(b.reserve(path, usd_to_nano(0.3), 0), Reservation)
+    assert isinstance(b.reserve(path, 1, 0), TripEvent)
