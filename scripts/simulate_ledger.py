@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from veronica_otel.testing._sim_ledger import FAULTS, run, run_many  # noqa: E402
+from veronica_otel.testing._sim_ledger import FAULTS, run, run_many
 
 
 def _faults(text: str) -> tuple[str, ...]:

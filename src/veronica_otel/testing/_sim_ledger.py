@@ -54,7 +54,7 @@ import itertools
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -330,10 +330,8 @@ class Simulation:
         reply = apply()
         if self._on("duplicate"):
             self._fault(f"{client.name} {label}: delivered twice")
-            try:
+            with suppress(redis.ResponseError):
                 apply()
-            except redis.ResponseError:
-                pass
         if self._on("lost_reply"):
             self._fault(f"{client.name} {label}: reply lost")
             raise redis.ConnectionError(f"simulated: reply lost ({label})")
@@ -352,10 +350,9 @@ class Simulation:
             self._send_or_release(c)
         elif state == "sent":
             self._commit(c)
-        elif state == "draining":
-            if c.ledger.flush() == 0:
-                c.state = "done"
-                self._log(f"c{c.idx} done")
+        elif state == "draining" and c.ledger.flush() == 0:
+            c.state = "done"
+            self._log(f"c{c.idx} done")
         if c.unconfirmed and c.ledger.pending == 0:
             for call in c.unconfirmed:
                 call.confirmed = True

@@ -636,7 +636,7 @@ class _Lua:
     """One Lua 5.1 runtime for the whole process; scripts compiled once."""
 
     def __init__(self) -> None:
-        import lupa.lua51 as lua51  # an optional test dependency (the dev extra)
+        from lupa import lua51  # an optional test dependency (the dev extra)
 
         self._lua51: Any = lua51
         self.runtime: Any = lua51.LuaRuntime(encoding="utf-8", unpack_returned_tuples=True)
@@ -703,8 +703,9 @@ class _Lua:
             return self.runtime.table_from(
                 {"err": "ERR Lua redis lib command arguments must be strings or integers"}
             )
+        checked: list[str] = words  # type: ignore[assignment]  # no None (checked above)
         try:
-            reply = store.command(words[0], words[1:])
+            reply = store.command(checked[0], checked[1:])
         except NotEmulatedError as exc:
             self.missing = exc
             return self.runtime.table_from({"err": str(exc)})
