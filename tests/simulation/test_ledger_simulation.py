@@ -31,6 +31,7 @@ BROKEN_TODAY = {
     "crash": "a crashed holder's sent call is given back by the reaper: committed_lost",
     "late_commit": "a reaped reservation is re-spent (over the ceiling) and a commit "
     "after the marker expired is dropped: committed_over_ceiling, committed_lost",
+    "freeze": "as late_commit, for a process stopped dead past the TTL",
     "restart_wipe": "the chain starts again at zero: committed_lost, billed_over_ceiling, "
     "sent_over_steps, trip_lifted, trip_lost",
     "clock_jump": "as late_commit: committed_over_ceiling, committed_lost",

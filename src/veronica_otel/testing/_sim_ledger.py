@@ -11,13 +11,20 @@ interleaves the clients one ledger operation at a time and injects faults:
   need no change here): ``drop_request`` (never applied), ``lost_reply``
   (applied, then ``ConnectionError``), ``duplicate`` (applied twice);
 * per client step: ``crash`` (the client and its in-memory state vanish
-  mid-protocol), ``late_commit`` (the clock jumps past the reservation TTL,
-  sometimes past the late-commit marker too, right before a commit);
+  mid-protocol); before a commit, ``late_commit`` (the call outlives the
+  reservation TTL, sometimes the late-commit marker too: time passes for
+  everyone, heartbeats fire) and ``freeze`` (the same, but this process is
+  stopped dead meanwhile, its heartbeat too);
 * per scheduler step: ``restart_persist`` (store down a few steps, data
-  kept), ``restart_wipe`` (down, data lost), ``clock_jump`` (past the
-  reservation TTL), ``expiry`` (past the chain TTL);
+  kept), ``restart_wipe`` (down, data lost), ``clock_jump`` (the store's
+  clock steps past the reservation TTL: no client time passes, no heartbeat
+  fires), ``expiry`` (the same past the chain TTL: keys expire or are evicted);
 * per run: ``skew`` (each client's clock is off by up to 5 s; passed to the
   ledger as ``clock=`` when its constructor takes one).
+
+A ledger with a ``heartbeat()`` method has it called every
+``RESERVATION_TTL_S / 3`` of simulated time while its client is alive and not
+frozen (its own heartbeat thread is kept from starting).
 
 Each enabled fault class is switched on or off per run by the seed (swarm
 testing), so runs with one fault class alone are common. Once the chaos
@@ -83,6 +90,7 @@ FAULTS = (
     "duplicate",
     "crash",
     "late_commit",
+    "freeze",
     "restart_persist",
     "restart_wipe",
     "clock_jump",
@@ -97,6 +105,7 @@ RATES = {
     "duplicate": 0.02,
     "crash": 0.02,
     "late_commit": 0.15,
+    "freeze": 0.1,
     "restart_persist": 0.02,
     "restart_wipe": 0.01,
     "clock_jump": 0.02,
@@ -108,6 +117,7 @@ CEILING = 1000  # nano-USD; calls reserve 50..400 each
 RESERVATION_TTL_S = 30.0
 CHAIN_TTL_S = 3600.0
 MARKER_TTL_S = 60.0  # RedisLedger keeps a reaped reservation's marker max(ttl, 60) s
+BEAT_US = int(RESERVATION_TTL_S / 3 * 1_000_000)  # a ledger's heartbeat period, if it has one
 MAX_SKEW_US = 5_000_000
 _CHAOS_STEPS = 60
 _DRAIN_STEPS = 400
@@ -121,13 +131,20 @@ def default_ledger(client: SimClient, clock: Callable[[], float]) -> Any:
     kwargs: dict[str, Any] = {}
     if _TAKES_CLOCK:
         kwargs["clock"] = clock
-    return RedisLedger(
+    ledger = RedisLedger(
         client,  # type: ignore[arg-type]
         reservation_ttl_s=RESERVATION_TTL_S,
         chain_ttl_s=CHAIN_TTL_S,
         fail_open=False,
         **kwargs,
     )
+    # A ledger with a heartbeat thread beats on the wall clock, from another
+    # thread: here it must beat on the simulated clock, from the scheduler
+    # (Simulation._advance calls ledger.heartbeat()), so the thread never starts.
+    marks = getattr(ledger, "_marks", None)
+    if marks is not None and hasattr(marks, "_period"):
+        marks._period = None
+    return ledger
 
 
 _TAKES_CLOCK = "clock" in inspect.signature(RedisLedger.__init__).parameters
@@ -157,6 +174,7 @@ class _Client:
     ledger: Any
     calls_left: int
     skew_us: int
+    next_beat: int = 0  # when its heartbeat fires next (store clock)
     state: str = "idle"  # idle, reserved, sent, draining, done, crashed
     call: _Call | None = None
     reservation: Reservation | None = None
@@ -233,6 +251,7 @@ class Simulation:
         ]
         for c in self.clients:
             c.ledger = self._new_ledger(c.skew_us, f"c{c.idx}")
+            c.next_beat = self.store.now_us + rng.randint(1, BEAT_US)
 
     # -- the run ------------------------------------------------------------------
 
@@ -266,7 +285,7 @@ class Simulation:
             self._world_faults()
             client = rng.choice(live)
             self._step(client)
-            self.store.advance(rng.randint(0, 200_000))
+            self._advance(rng.randint(0, 200_000))
 
     def _drain(self) -> None:
         self.chaos = False
@@ -278,7 +297,7 @@ class Simulation:
                 return
             for client in live:
                 self._step(client)
-            self.store.advance(self.rng.randint(0, 200_000))
+            self._advance(self.rng.randint(0, 200_000))
         self._violate("stuck", "clients still running after the drain")
 
     def _janitor(self) -> None:
@@ -432,12 +451,16 @@ class Simulation:
     def _commit(self, c: _Client) -> None:
         call, rsv = c.call, c.reservation
         assert call is not None and rsv is not None
-        if self._on("late_commit"):
-            us = int(RESERVATION_TTL_S * 1_000_000) + self.rng.randint(
-                0, int(2 * MARKER_TTL_S * 1_000_000)
-            )
-            self.store.advance(us)
-            self._fault(f"c{c.idx} commit late by +{us}us")
+        for fault in ("late_commit", "freeze"):
+            if self._on(fault):
+                us = int(RESERVATION_TTL_S * 1_000_000) + self.rng.randint(
+                    0, int(2 * MARKER_TTL_S * 1_000_000)
+                )
+                # late_commit: a long call, every live process (its heartbeat
+                # included) runs on; freeze: this process stops dead meanwhile.
+                self._fault(f"c{c.idx} {fault}: commit after +{us}us")
+                self._advance(us, frozen=c if fault == "freeze" else None)
+                break
         call.settled = True
         c.unconfirmed.append(call)
         c.state, c.call, c.reservation = "idle", None, None
@@ -455,6 +478,32 @@ class Simulation:
         c.state, c.call, c.reservation, c.unconfirmed = "crashed", None, None, []
         c.ledger = None
         self._fault(f"c{c.idx} crashed with {len(lost)} unsettled calls")
+
+    def _advance(self, us: int, *, frozen: _Client | None = None) -> None:
+        """Time passes for everyone: live clients' heartbeats fire when due."""
+        store = self.store
+        end = store.now_us + us
+        while True:
+            due = [
+                c
+                for c in self.clients
+                if c.next_beat <= end
+                and c is not frozen
+                and c.state not in ("done", "crashed")
+                and hasattr(c.ledger, "heartbeat")
+            ]
+            if not due:
+                break
+            first = min(c.next_beat for c in due)
+            store.now_us = max(store.now_us, first)
+            for c in due:
+                if c.next_beat == first:
+                    c.next_beat += BEAT_US
+                    self._log(f"c{c.idx} heartbeat")
+                    c.ledger.heartbeat()
+        if frozen is not None:
+            frozen.next_beat = max(frozen.next_beat, end)
+        store.now_us = max(store.now_us, end)
 
     # -- invariants ---------------------------------------------------------------
 

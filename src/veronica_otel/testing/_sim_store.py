@@ -34,6 +34,7 @@ import redis
 __all__ = [
     "NotEmulatedError",
     "SimClient",
+    "SimPipeline",
     "SimScript",
     "SimStore",
     "Transport",
@@ -515,13 +516,31 @@ def _zremrangebyscore(s: SimStore, a: list[str]) -> Any:
     return len(gone)
 
 
+def _rank_slice(n: int, start: int, stop: int) -> tuple[int, int]:
+    start = max(start + n if start < 0 else start, 0)
+    stop = stop + n if stop < 0 else stop
+    return start, stop
+
+
+def _zremrangebyrank(s: SimStore, a: list[str]) -> Any:
+    _arity(a, 3, "ZREMRANGEBYRANK")
+    z = s._zset(a[0])
+    if z is None:
+        return 0
+    items = z.ordered()
+    start, stop = _rank_slice(len(items), _parse_int(a[1]), _parse_int(a[2]))
+    gone = items[start : stop + 1]
+    for member, _ in gone:
+        del z[member]
+    s._drop_if_empty(a[0])
+    return len(gone)
+
+
 def _zrange(s: SimStore, a: list[str]) -> Any:
     _arity(a, 3, "ZRANGE", more=True)
     items = (s._zset(a[0]) or _ZSet()).ordered()
     start, stop = _parse_int(a[1]), _parse_int(a[2])
-    n = len(items)
-    start = max(start + n if start < 0 else start, 0)
-    stop = stop + n if stop < 0 else stop
+    start, stop = _rank_slice(len(items), start, stop)
     scores = any(o.upper() == "WITHSCORES" for o in a[3:])
     out: list[str] = []
     for member, score in items[start : stop + 1]:
@@ -594,6 +613,7 @@ _COMMANDS: dict[str, Callable[[SimStore, list[str]], Any]] = {
     "ZRANGE": _zrange,
     "ZRANGEBYSCORE": _zrangebyscore,
     "ZREMRANGEBYSCORE": _zremrangebyscore,
+    "ZREMRANGEBYRANK": _zremrangebyrank,
     "ZPOPMIN": _zpopmin,
     "ZINCRBY": _zincrby,
     "PING": _ping,
@@ -892,10 +912,55 @@ class SimClient:
 
     def config_get(self, pattern: str = "*") -> dict[str, str]:
         """CONFIG is disabled here, as on many managed stores."""
-        raise redis.ResponseError("ERR unknown command 'CONFIG' (disabled in the simulation)")
+
+        def apply() -> Any:
+            raise redis.ResponseError("ERR unknown command 'CONFIG' (disabled in the simulation)")
+
+        result: dict[str, str] = self.transport(self, "CONFIG", apply)
+        return result
+
+    def pipeline(self, transaction: bool = True) -> SimPipeline:
+        return SimPipeline(self)
 
     def close(self) -> None:
         pass
+
+
+class SimPipeline:
+    """``client.pipeline()``: calls are queued, ``execute()`` runs them in order
+    and raises the first error (as redis-py does with ``raise_on_error``)."""
+
+    def __init__(self, client: SimClient) -> None:
+        self._client = client
+        self._queued: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Callable[..., SimPipeline]:
+        if name.startswith("_") or not callable(getattr(self._client, name, None)):
+            raise AttributeError(name)
+
+        def queue(*args: Any) -> SimPipeline:
+            self._queued.append((name, args))
+            return self
+
+        return queue
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        queued, self._queued = self._queued, []
+        replies: list[Any] = []
+        for name, args in queued:
+            try:
+                replies.append(getattr(self._client, name)(*args))
+            except redis.ResponseError as exc:
+                if raise_on_error:
+                    raise
+                replies.append(exc)
+        return replies
+
+    def __enter__(self) -> SimPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._queued = []
 
 
 def _plain(reply: Any) -> Any:
