@@ -29,8 +29,10 @@ frozen (its own heartbeat thread is kept from starting).
 Each enabled fault class is switched on or off per run by the seed (swarm
 testing), so runs with one fault class alone are common. Once the chaos
 phase ends, the store comes back and the surviving clients finish their calls
-and drain their queues; then the clock passes the reservation TTL and one
-zero-amount reserve lets the store reap what crashed clients held.
+and drain their queues; then the clock passes the reservation TTL and each
+surviving client, then a new one, makes one zero-amount reserve: the store
+reaps what crashed clients held, and a protocol whose clients remember the
+chain may restore what the store lost. The invariants judge that state.
 
 Invariants checked after each run (names as reported):
 
@@ -175,6 +177,8 @@ class _Client:
     calls_left: int
     skew_us: int
     next_beat: int = 0  # when its heartbeat fires next (store clock)
+    paused: int = 0  # scheduler steps it waits (a long call) before going on
+    frozen: bool = False  # while paused, its heartbeat is stopped too
     state: str = "idle"  # idle, reserved, sent, draining, done, crashed
     call: _Call | None = None
     reservation: Reservation | None = None
@@ -283,14 +287,21 @@ class Simulation:
             if not live:
                 return
             self._world_faults()
-            client = rng.choice(live)
-            self._step(client)
+            ready = [c for c in live if not c.paused]
+            for c in live:
+                if c.paused:
+                    c.paused -= 1
+                    c.frozen = c.frozen and c.paused > 0
+            if ready:
+                self._step(rng.choice(ready))
             self._advance(rng.randint(0, 200_000))
 
     def _drain(self) -> None:
         self.chaos = False
         self.down_steps = 0
         self.store.up = True
+        for c in self.clients:
+            c.paused, c.frozen = 0, False
         for _ in range(_DRAIN_STEPS):
             live = [c for c in self.clients if c.state not in ("done", "crashed")]
             if not live:
@@ -301,13 +312,20 @@ class Simulation:
         self._violate("stuck", "clients still running after the drain")
 
     def _janitor(self) -> None:
-        """Let the store reap what crashed clients held: past the TTL, one reserve."""
+        """Past the reservation TTL, every surviving client and then a new one
+        make one zero-amount reserve: the store reaps what crashed clients
+        held, and a client that remembers the chain may restore what it lost.
+        The invariants judge the store as the clients see it next."""
         self.store.advance(int((RESERVATION_TTL_S + 1) * 1_000_000))
-        ledger = self._new_ledger(0, "janitor")
-        try:
-            ledger.reserve(self.path, 0, 0, step=False)
-        except Exception as exc:  # a protocol may refuse (e.g. a lost chain)
-            self._log(f"janitor refused: {type(exc).__name__}")
+        survivors = [(f"c{c.idx}", c.ledger) for c in self.clients if c.state != "crashed"]
+        for name, ledger in [*survivors, ("janitor", self._new_ledger(0, "janitor"))]:
+            try:
+                got = ledger.reserve(self.path, 0, 0, step=False)
+            except Exception as exc:  # a protocol may refuse (e.g. a lost chain)
+                self._log(f"{name} final reserve refused: {type(exc).__name__}")
+                continue
+            if isinstance(got, TripEvent) and got.sticky:
+                self.trip_seen = True
 
     # -- faults -------------------------------------------------------------------
 
@@ -453,14 +471,17 @@ class Simulation:
         assert call is not None and rsv is not None
         for fault in ("late_commit", "freeze"):
             if self._on(fault):
+                # The call outlives the reservation TTL (sometimes the late
+                # commit marker too) while the other clients go on: for
+                # late_commit its process runs on (heartbeat included), for
+                # freeze it is stopped dead. It commits once it resumes.
                 us = int(RESERVATION_TTL_S * 1_000_000) + self.rng.randint(
                     0, int(2 * MARKER_TTL_S * 1_000_000)
                 )
-                # late_commit: a long call, every live process (its heartbeat
-                # included) runs on; freeze: this process stops dead meanwhile.
-                self._fault(f"c{c.idx} {fault}: commit after +{us}us")
-                self._advance(us, frozen=c if fault == "freeze" else None)
-                break
+                c.paused, c.frozen = self.rng.randint(1, 6), fault == "freeze"
+                self._fault(f"c{c.idx} {fault}: +{us}us, {c.paused} steps before its commit")
+                self._advance(us)
+                return
         call.settled = True
         c.unconfirmed.append(call)
         c.state, c.call, c.reservation = "idle", None, None
@@ -479,7 +500,7 @@ class Simulation:
         c.ledger = None
         self._fault(f"c{c.idx} crashed with {len(lost)} unsettled calls")
 
-    def _advance(self, us: int, *, frozen: _Client | None = None) -> None:
+    def _advance(self, us: int) -> None:
         """Time passes for everyone: live clients' heartbeats fire when due."""
         store = self.store
         end = store.now_us + us
@@ -488,7 +509,7 @@ class Simulation:
                 c
                 for c in self.clients
                 if c.next_beat <= end
-                and c is not frozen
+                and not c.frozen
                 and c.state not in ("done", "crashed")
                 and hasattr(c.ledger, "heartbeat")
             ]
@@ -501,8 +522,9 @@ class Simulation:
                     c.next_beat += BEAT_US
                     self._log(f"c{c.idx} heartbeat")
                     c.ledger.heartbeat()
-        if frozen is not None:
-            frozen.next_beat = max(frozen.next_beat, end)
+        for c in self.clients:
+            if c.frozen:  # a stopped thread beats again as soon as it resumes
+                c.next_beat = max(c.next_beat, end)
         store.now_us = max(store.now_us, end)
 
     # -- invariants ---------------------------------------------------------------
