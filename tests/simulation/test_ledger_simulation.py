@@ -29,15 +29,18 @@ SEEDS = range(1000)
 BROKEN_TODAY = {
     "duplicate": "a RESERVE delivered twice holds its cost twice: reserved_left",
     "crash": "a crashed holder's sent call is given back by the reaper: committed_lost",
-    "late_commit": "a reaped reservation is re-spent (over the ceiling) and a commit "
-    "after the marker expired is dropped: committed_over_ceiling, committed_lost",
-    "freeze": "as late_commit, for a process stopped dead past the TTL",
-    "restart_wipe": "the chain starts again at zero: committed_lost, billed_over_ceiling, "
-    "sent_over_steps, trip_lifted, trip_lost",
-    "clock_jump": "as late_commit: committed_over_ceiling, committed_lost",
+    "restart_wipe": "after repeated wipes, a reservation of a lost epoch stays held and "
+    "spend is counted twice or lost: reserved_left, committed_lost, committed_extra",
     "expiry": "as restart_wipe, through the chain TTL",
 }
-SURVIVED_TODAY = tuple(f for f in FAULTS if f not in BROKEN_TODAY)
+# Broken only on rarer seeds (past the 300 the per-class test runs; seeds 536
+# and 692 of 2,000): a holder frozen, or a store clock stepped, past the
+# reservation TTL has its reservation reaped and re-spent before its commit.
+RARE_TODAY = {
+    "freeze": "a reaped reservation of a frozen holder is re-spent: committed_over_ceiling",
+    "clock_jump": "as freeze, after a store clock step: committed_over_ceiling",
+}
+SURVIVED_TODAY = tuple(f for f in FAULTS if f not in BROKEN_TODAY and f not in RARE_TODAY)
 
 
 def _failures(summary: dict[str, Any]) -> str:
@@ -49,7 +52,8 @@ def _failures(summary: dict[str, Any]) -> str:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 13: the current ledger protocol breaks under " + ", ".join(sorted(BROKEN_TODAY)),
+    reason="issue 13: the current ledger protocol breaks under "
+    + ", ".join(sorted({*BROKEN_TODAY, *RARE_TODAY})),
 )
 def test_a_thousand_seeds_with_every_fault_class_hold_every_invariant() -> None:
     summary = run_many(SEEDS, FAULTS, stop_at_first=True)
