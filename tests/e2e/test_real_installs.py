@@ -170,6 +170,9 @@ def test_zero_code_propagates_to_your_service_and_sends_vendors_no_baggage(
             VERONICA_PROPAGATE_HOSTS=f"127.0.0.1:{service.port}",
             VERONICA_GRANT_KEY=KEY,
             VERONICA_MAX_STEPS="10",
+            # This service sends no spend-back, so its grant's whole carve is
+            # charged (fail closed): carve 2 steps, not all 10.
+            VERONICA_GRANT_MAX_STEPS="2",
             **selection,
         )
         assert result.stdout.strip() == "done", result.stderr
