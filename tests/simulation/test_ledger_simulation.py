@@ -27,8 +27,9 @@ SEEDS = range(1000)
 
 # What each fault class alone breaks today (scripts/simulate_ledger.py --matrix).
 BROKEN_TODAY = {
-    "restart_wipe": "after repeated wipes, a reservation of a lost epoch stays held and "
-    "spend is counted twice or lost: reserved_left, committed_lost, committed_extra",
+    "restart_wipe": "a store wiped while clients' marks lag behind: spend counted twice or "
+    "lost, a trip lifted, or calls past the ceiling (committed_lost, committed_extra, "
+    "trip_lifted, sent_over_steps, committed_over_ceiling)",
     "expiry": "as restart_wipe, through the chain TTL",
 }
 # Broken only on rarer seeds (past the 300 the per-class test runs).
