@@ -748,6 +748,7 @@ class RedisLedger:
             replayed = 0
             while pending:
                 op = pending[0]
+                op.args[-4] = _new_id()  # a fresh epoch id per attempt (see _settle_args)
                 reply: Any = op.script(op.keys, op.args)
                 pending.popleft()
                 replayed += 1
@@ -809,7 +810,10 @@ class RedisLedger:
         marks = self._marks
         for level in path:
             args += marks.of(level.chain_id)
-        args += (rid, *self._applied, self._rsv_ttl)
+        # A fresh epoch id of its own: the reservation's id may have named the
+        # epoch its reserve created, and a lost chain must never come back under
+        # the name it had (clients' marks of it would read as current).
+        args += (_new_id(), *self._applied, self._rsv_ttl)
 
     def _remember_one(self, chain_id: str, reply: Any, start: int) -> None:
         self._marks.remember((Level(chain_id, _NO_LIMITS),), reply, start)
