@@ -416,7 +416,8 @@ end
 #       marker_ttl_us signature_memory chain_key_base, then per level:
 #       chain_id steps retries tokens cost_nano repeats (-1 = unlimited), then
 #       per level the client's marks (8), then fresh_epoch on_loss(reseed|fail).
-# Returns {code, level, trip, reseeded, report...}: code 1 charged; 2 denied,
+# Returns {code, level, trip, reseeded, report...}: code 1 charged (or this id
+# was reserved or settled before: nothing charged again); 2 denied,
 # the chain tripped (nothing charged); 3 a denial that only other calls'
 # in-flight reservations cause (the call fits against committed spend
 # alone), not stored; 4 the store lost level's chain and on_loss is fail
