@@ -22,7 +22,7 @@ import redis
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, TripEvent
 from veronica_otel._ledger import Level, Limits, Reservation
 from veronica_otel._units import NANO_PER_USD, usd_to_nano
-from veronica_otel.distributed import RedisLedger
+from veronica_otel.distributed import LedgerUnavailableError, RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer, RedisServerProcess
 from veronica_otel.testing._server import RecordedRequest
@@ -339,3 +339,27 @@ def test_a_charge_replaced_by_a_smaller_commit_is_not_a_loss(valkey: RedisServer
     assert isinstance(fits, Reservation)
     other.commit(path, fits, usd_to_nano(0.8), 0)
     assert other.snapshot("lowered").cost_nano == NANO_PER_USD
+
+
+def test_a_reserve_whose_reply_was_lost_is_cancelled_once(valkey: RedisServerProcess) -> None:
+    ledger = _ledger(valkey)
+    script = ledger._reserve
+
+    def applied_then_lost(keys: list[str], args: list[str]) -> object:
+        script(keys, args)  # the store applied it; the reply never came
+        raise redis.ConnectionError("reply lost")
+
+    ledger._reserve = applied_then_lost  # type: ignore[assignment]
+    path = (Level("lost-reply", Limits(cost_nano=NANO_PER_USD)),)
+    with pytest.raises(LedgerUnavailableError):
+        ledger.reserve(path, usd_to_nano(0.6), 0)
+    assert ledger.pending == 1  # its cancel, queued
+    ledger._reserve = script  # type: ignore[assignment]
+    state = ledger.snapshot("lost-reply")  # the cancel is replayed first
+    assert (state.reserved_nano, state.steps, state.cost_nano) == (0, 0, 0)
+    assert ledger.pending == 0
+    valkey.kill()  # a store that is down: retries add nothing more to the queue
+    for _ in range(5):
+        with pytest.raises(LedgerUnavailableError):
+            ledger.reserve(path, usd_to_nano(0.1), 0)
+    assert ledger.pending == 1

@@ -385,14 +385,19 @@ class RedisLedger:
             args += marks.of(level.chain_id)
         args += (rid or _new_id(), self._on_loss)
         token = _attach(quiet())
+        sent = False
         try:
             if self._pending:
                 self._flush()
             if not self._checked:
                 self._checked = check_persistence(self._client, self.store)
+            sent = True
             reply: Any = self._reserve(keys, args)
         except redis.RedisError as exc:
-            if rid and corruption(exc) is None and not self._fail_open:
+            # Only a reserve that went out may have been applied; one that
+            # failed on the queue before it never did (so retries in an outage
+            # add nothing to the queue).
+            if sent and rid and corruption(exc) is None and not self._fail_open:
                 self._cancel(path, Reservation(rid, 0, 0, step, retry))
             return self._reserve_failed(exc, path, cost_nano, tokens, step, retry, signature)
         finally:
