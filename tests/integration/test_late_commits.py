@@ -22,7 +22,7 @@ import redis
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, TripEvent
 from veronica_otel._ledger import Level, Limits, Reservation
 from veronica_otel._units import NANO_PER_USD, usd_to_nano
-from veronica_otel.distributed import RedisLedger
+from veronica_otel.distributed import LedgerUnavailableError, RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer, RedisServerProcess
 from veronica_otel.testing._server import RecordedRequest
@@ -100,8 +100,8 @@ def _outlive(
             if isinstance(got, Reservation):
                 admitted.append(got)
                 other.release(path, got)
-            else:
-                assert isinstance(got, TripEvent) and not got.sticky
+            else:  # once reaped, the charge is spent: the denial may be sticky
+                assert isinstance(got, TripEvent) and (not beat or not got.sticky)
             time.sleep(0.05)  # pacing of the other client's attempts
 
     server.set_responder(meanwhile)
@@ -121,11 +121,12 @@ def test_a_call_outliving_the_reservation_ttl_keeps_its_budget_held(
     assert _outlive(valkey, oai, beat=True) == 0
 
 
-def test_without_the_heartbeat_the_budget_would_be_handed_out_again(
+def test_without_the_heartbeat_the_reaper_charges_and_hands_nothing_out_again(
     valkey: RedisServerProcess, oai: tuple[openai.OpenAI, FakeLLMServer]
 ) -> None:
-    # The control for the test above: the same scenario, heartbeat stopped.
-    assert _outlive(valkey, oai, beat=False) > 0
+    # The same scenario, heartbeat stopped (a frozen holder): the reaper counts
+    # the reservation as spent instead of giving it back, so nothing fits.
+    assert _outlive(valkey, oai, beat=False) == 0
 
 
 def test_the_heartbeat_renews_only_live_reservations(valkey: RedisServerProcess) -> None:
@@ -219,18 +220,20 @@ def test_a_commit_whose_record_is_gone_is_applied_as_spend(valkey: RedisServerPr
 
 def test_the_issue_case_late_commit_after_a_one_second_ttl(valkey: RedisServerProcess) -> None:
     """1.8 committed against 1.0 before: the slow call's reservation was reaped
-    and re-spent, then its late commit was dropped. Now it counts, and trips."""
+    and re-spent, then its late commit was dropped. Now the reaper charges the
+    reservation (fail closed): its budget is never handed out again, and the
+    late commit replaces the charge with what the call cost, once."""
     ledger = _ledger(valkey, reservation_ttl_s=0)  # expired at once: a frozen holder
     path = (Level("reaped", Limits(cost_nano=NANO_PER_USD)),)
     slow = ledger.reserve(path, usd_to_nano(0.9), 0)
     assert isinstance(slow, Reservation)
-    fast = ledger.reserve(path, usd_to_nano(0.9), 0)  # reaps the slow one
-    assert isinstance(fast, Reservation)
-    assert ledger.commit(path, fast, usd_to_nano(0.9), 0) is None
-    trip = ledger.commit(path, slow, usd_to_nano(0.9), 0)
-    assert trip is not None and trip.reason == "cost"
-    assert ledger.snapshot("reaped").cost_nano == usd_to_nano(1.8)  # counted, not dropped
-    assert isinstance(ledger.reserve(path, 1, 0), TripEvent)
+    fast = ledger.reserve(path, usd_to_nano(0.9), 0)  # reaps (charges) the slow one
+    assert isinstance(fast, TripEvent) and fast.reason == "cost"
+    assert ledger.snapshot("reaped").cost_nano == usd_to_nano(0.9)  # charged, not given back
+    assert ledger.commit(path, slow, usd_to_nano(0.4), 0) is None
+    assert ledger.commit(path, slow, usd_to_nano(0.4), 0) is None  # a replay: once
+    state = ledger.snapshot("reaped")
+    assert (state.cost_nano, state.reserved_nano) == (usd_to_nano(0.4), 0)
 
 
 def test_replayed_commits_count_once_with_or_without_a_reservation(
@@ -280,3 +283,83 @@ def test_a_call_in_flight_when_the_store_is_lost_stays_held(valkey: RedisServerP
     assert (state.cost_nano, state.reserved_nano) == (usd_to_nano(0.7), 0)  # ghost settled
     assert isinstance(b.reserve(path, usd_to_nano(0.3), 0), Reservation)
     assert isinstance(b.reserve(path, 1, 0), TripEvent)
+
+
+# -- the reaper charges; duplicated reserves --------------------------------------------
+
+
+def test_a_reserve_delivered_twice_holds_once(valkey: RedisServerProcess) -> None:
+    ledger = _ledger(valkey)
+    script, sent = ledger._reserve, []
+
+    def twice(keys: list[str], args: list[str]) -> object:
+        sent.append((keys, args))
+        script(keys, args)  # a retried request: the store runs it twice
+        return script(keys, args)
+
+    ledger._reserve = twice  # type: ignore[assignment]
+    path = (Level("twice", Limits(cost_nano=NANO_PER_USD, steps=5)),)
+    held = ledger.reserve(path, usd_to_nano(0.3), 5)
+    assert isinstance(held, Reservation)
+    state = ledger.snapshot("twice")
+    assert (state.reserved_nano, state.reserved_tokens, state.steps) == (usd_to_nano(0.3), 5, 1)
+    ledger.commit(path, held, usd_to_nano(0.1), 2)
+    script(*sent[0])  # the same reserve once more, after its commit: nothing again
+    state = ledger.snapshot("twice")
+    assert (state.cost_nano, state.tokens, state.steps) == (usd_to_nano(0.1), 2, 1)
+    assert (state.reserved_nano, state.reserved_tokens) == (0, 0)
+
+
+def test_a_late_release_gives_the_charge_back_once(valkey: RedisServerProcess) -> None:
+    ledger = _ledger(valkey, reservation_ttl_s=0)
+    path = (Level("unsent", Limits(cost_nano=NANO_PER_USD)),)
+    slow = ledger.reserve(path, usd_to_nano(0.7), 3)
+    assert isinstance(slow, Reservation)
+    assert isinstance(ledger.reserve(path, 0, 0, step=False), Reservation)  # reaps it
+    state = ledger.snapshot("unsent")
+    assert (state.cost_nano, state.tokens, state.steps) == (usd_to_nano(0.7), 3, 1)
+    ledger.release(path, slow)  # it was never sent after all
+    ledger.release(path, slow)  # a replay gives nothing back twice
+    state = ledger.snapshot("unsent")
+    assert (state.cost_nano, state.tokens, state.steps, state.reserved_nano) == (0, 0, 0, 0)
+
+
+def test_a_charge_replaced_by_a_smaller_commit_is_not_a_loss(valkey: RedisServerProcess) -> None:
+    """Another client saw the charge; the late commit lowers the spend below
+    its mark. That is no lost store: it neither re-seeds nor reports more."""
+    holder, other = _ledger(valkey, reservation_ttl_s=0), _ledger(valkey, reservation_ttl_s=0)
+    path = (Level("lowered", Limits(cost_nano=NANO_PER_USD)),)
+    slow = holder.reserve(path, usd_to_nano(0.9), 0)
+    assert isinstance(slow, Reservation)
+    assert isinstance(other.reserve(path, 0, 0, step=False), Reservation)  # charges 0.9
+    assert other.snapshot("lowered").cost_nano == usd_to_nano(0.9)
+    assert holder.commit(path, slow, usd_to_nano(0.2), 0) is None
+    assert other.snapshot("lowered").cost_nano == usd_to_nano(0.2)
+    fits = other.reserve(path, usd_to_nano(0.8), 0)  # no re-seed back to 0.9
+    assert isinstance(fits, Reservation)
+    other.commit(path, fits, usd_to_nano(0.8), 0)
+    assert other.snapshot("lowered").cost_nano == NANO_PER_USD
+
+
+def test_a_reserve_whose_reply_was_lost_is_cancelled_once(valkey: RedisServerProcess) -> None:
+    ledger = _ledger(valkey)
+    script = ledger._reserve
+
+    def applied_then_lost(keys: list[str], args: list[str]) -> object:
+        script(keys, args)  # the store applied it; the reply never came
+        raise redis.ConnectionError("reply lost")
+
+    ledger._reserve = applied_then_lost  # type: ignore[assignment]
+    path = (Level("lost-reply", Limits(cost_nano=NANO_PER_USD)),)
+    with pytest.raises(LedgerUnavailableError):
+        ledger.reserve(path, usd_to_nano(0.6), 0)
+    assert ledger.pending == 1  # its cancel, queued
+    ledger._reserve = script  # type: ignore[assignment]
+    state = ledger.snapshot("lost-reply")  # the cancel is replayed first
+    assert (state.reserved_nano, state.steps, state.cost_nano) == (0, 0, 0)
+    assert ledger.pending == 0
+    valkey.kill()  # a store that is down: retries add nothing more to the queue
+    for _ in range(5):
+        with pytest.raises(LedgerUnavailableError):
+            ledger.reserve(path, usd_to_nano(0.1), 0)
+    assert ledger.pending == 1

@@ -150,10 +150,11 @@ def test_an_abandoned_reservation_is_reclaimed_on_its_node(
     path = [Level(root, Limits(cost_nano=10 * U)), Level(f"{root}.1", Limits())]
     abandoned = ledger.reserve(path, 6 * U, 0)
     assert isinstance(abandoned, Reservation)
-    fresh = ledger.reserve(path, 6 * U, 0)  # fits only because the first was given back
+    fresh = ledger.reserve(path, 3 * U, 0)  # the first is charged (reaped) on every level
     assert isinstance(fresh, Reservation)
     for chain in (root, f"{root}.1"):
-        assert ledger.snapshot(chain).reserved_nano == 6 * U
+        state = ledger.snapshot(chain)
+        assert (state.cost_nano, state.reserved_nano) == (6 * U, 3 * U)
     ledger.commit(path, abandoned, 2 * U, 0)  # the slow holder's late commit still counts
     ledger.commit(path, fresh, 3 * U, 0)
     assert ledger.snapshot(root).cost_nano == 5 * U
@@ -263,7 +264,7 @@ def test_an_unreachable_cluster_fails_closed_and_nothing_is_sent_at_construction
     assert "secret" not in str(caught.value)
     assert "redis+cluster://127.0.0.1:" in str(caught.value)
     assert ledger.commit(path, Reservation("gone-1", U, 0, True), U, 0) is None
-    assert ledger.pending == 1  # queued for the store, not dropped
+    assert ledger.pending == 2  # the failed reserve's cancel and the commit: queued, not dropped
     decision = breaker.check()
     assert not decision.allowed and "unreachable" in decision.reason
 

@@ -5,7 +5,7 @@
   (trip messages included).
 * Four processes share one chain and never exceed it, counted exactly.
 * Each ledger operation is one round trip; a contained call is two.
-* A crashed holder's reservation expires and is given back; a late commit
+* A crashed holder's reservation expires and is charged (fail closed); a late commit
   still counts once; a replayed commit never counts twice.
 * The server killed mid-run: calls fail closed naming the store, commits of
   calls that ran wait and are replayed; restarted: the state is exactly what
@@ -557,7 +557,7 @@ def test_processes_share_one_step_ceiling_exactly(redis_url: str, redis_prefix: 
 # -- crashed holders ---------------------------------------------------------------
 
 
-def test_crashed_holders_reservation_expires_and_is_given_back(
+def test_crashed_holders_reservation_expires_and_is_charged(
     client: CountingRedis, redis_prefix: str
 ) -> None:
     # reservation_ttl_s=0: every reservation is already expired at the next reserve.
@@ -565,15 +565,18 @@ def test_crashed_holders_reservation_expires_and_is_given_back(
     path = (Level("crash", Limits(cost_nano=NANO_PER_USD, tokens=1_000)),)
     held = ledger.reserve(path, usd_to_nano(0.5), 600)  # its process "dies" here
     assert isinstance(held, Reservation)
-    second = ledger.reserve(path, usd_to_nano(0.6), 500)  # reaps the first, then fits
+    second = ledger.reserve(path, usd_to_nano(0.4), 300)  # reaps the first, then fits
     assert isinstance(second, Reservation)
     snap = ledger.snapshot("crash")
-    assert (snap.reserved_nano, snap.reserved_tokens) == (usd_to_nano(0.6), 500)
-    assert snap.steps == 2  # the dead holder's call may have been sent: still a step
-    # Without expiry the same two reservations do not fit.
-    patient = RedisLedger(client, key_prefix=redis_prefix + "p:")
-    assert isinstance(patient.reserve(path, usd_to_nano(0.5), 600), Reservation)
-    assert isinstance(patient.reserve(path, usd_to_nano(0.6), 500), TripEvent)
+    # The dead holder's call may have been sent: its reservation is spent, its step counts.
+    assert (snap.cost_nano, snap.tokens) == (usd_to_nano(0.5), 600)
+    assert (snap.reserved_nano, snap.reserved_tokens) == (usd_to_nano(0.4), 300)
+    assert snap.steps == 2
+    # Never handed out again: what is left after the charge is all that fits.
+    third = ledger.reserve(path, usd_to_nano(0.4), 300)  # reaps (charges) the second
+    assert isinstance(third, TripEvent) and third.sticky
+    snap = ledger.snapshot("crash")
+    assert (snap.cost_nano, snap.tokens, snap.reserved_nano) == (usd_to_nano(0.9), 900, 0)
 
 
 def test_late_commit_after_expiry_counts_once(client: CountingRedis, redis_prefix: str) -> None:

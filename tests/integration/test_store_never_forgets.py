@@ -168,6 +168,23 @@ def test_two_clients_reseed_a_deleted_chain_counting_each_spend_once(
     assert a.snapshot("twice").cost_nano == usd_to_nano(0.60)
 
 
+def test_a_chain_lost_under_a_call_never_comes_back_under_its_old_epoch(
+    valkey: RedisServerProcess,
+) -> None:
+    """The reserve that creates a chain names its epoch after its reservation
+    id; that call's commit after a flush must not re-create the same epoch, or
+    other clients' marks of the old one read as current (their spend lost)."""
+    first, other = _ledger(valkey), _ledger(valkey)
+    path = (Level("named", ONE_USD),)
+    slow = first.reserve(path, usd_to_nano(0.4), 0)  # creates the chain
+    assert isinstance(slow, Reservation)
+    _spend(other, path, 0.25)  # other saw 0.25 committed
+    first.client.flushall()
+    assert first.commit(path, slow, usd_to_nano(0.05), 0) is None  # re-seeds from first's marks
+    _spend(other, path, 0.0)  # re-seeds what only other saw
+    assert other.snapshot("named").cost_nano == usd_to_nano(0.30)
+
+
 def test_an_expired_key_and_an_older_copy_are_both_repaired(valkey: RedisServerProcess) -> None:
     ledger = _ledger(valkey)
     path = (Level("aged", Limits(cost_nano=NANO_PER_USD, steps=100)),)

@@ -27,19 +27,13 @@ SEEDS = range(1000)
 
 # What each fault class alone breaks today (scripts/simulate_ledger.py --matrix).
 BROKEN_TODAY = {
-    "duplicate": "a RESERVE delivered twice holds its cost twice: reserved_left",
-    "crash": "a crashed holder's sent call is given back by the reaper: committed_lost",
-    "restart_wipe": "after repeated wipes, a reservation of a lost epoch stays held and "
-    "spend is counted twice or lost: reserved_left, committed_lost, committed_extra",
+    "restart_wipe": "a store wiped while clients' marks lag behind: spend counted twice or "
+    "lost, a trip lifted, or calls past the ceiling (committed_lost, committed_extra, "
+    "trip_lifted, sent_over_steps, committed_over_ceiling)",
     "expiry": "as restart_wipe, through the chain TTL",
 }
-# Broken only on rarer seeds (past the 300 the per-class test runs; seeds 536
-# and 692 of 2,000): a holder frozen, or a store clock stepped, past the
-# reservation TTL has its reservation reaped and re-spent before its commit.
-RARE_TODAY = {
-    "freeze": "a reaped reservation of a frozen holder is re-spent: committed_over_ceiling",
-    "clock_jump": "as freeze, after a store clock step: committed_over_ceiling",
-}
+# Broken only on rarer seeds (past the 300 the per-class test runs).
+RARE_TODAY: dict[str, str] = {}
 SURVIVED_TODAY = tuple(f for f in FAULTS if f not in BROKEN_TODAY and f not in RARE_TODAY)
 
 
@@ -68,7 +62,8 @@ def test_a_thousand_seeds_with_the_faults_survived_today_hold_every_invariant() 
     # The runs do work and do meet faults: calls went out, spend was committed.
     assert stats["sent"] > 2 * len(SEEDS)
     assert stats["faults"] > len(SEEDS) // 2
-    assert stats["committed"] == stats["billed"]  # no crash here: every call settles
+    # Never less than billed; more only where a crashed holder's reservation was charged.
+    assert stats["committed"] >= stats["billed"]
 
 
 @pytest.mark.parametrize(

@@ -42,10 +42,14 @@ What the store adds:
   its reservation alive (every ``reservation_ttl_s / 3`` seconds), so a call
   that outlives ``reservation_ttl_s`` (600 s x 3 attempts of an SDK) keeps
   its budget held. Only a dead or frozen holder's reservation expires: the
-  next reservation in the same tree gives its cost and tokens back (its step
-  and retry stay counted, the call may have been sent). A commit that finds
-  no reservation record (reaped, or lost with the store) is applied as
-  spend, not dropped. Every commit and release carries an id (a fresh one
+  next reservation in the same tree charges it (fail closed: its cost and
+  tokens become spent, its step and retry stay counted, the call may have
+  been sent), so its budget is never handed out again; a late commit then
+  replaces the charge with the actual amounts, a late release gives it back,
+  once. A commit that finds no reservation record (lost with the store) is
+  applied as spend, not dropped. A reserve is idempotent (a duplicated
+  request holds once), and one whose reply never came is cancelled by a
+  queued release of its id. Every commit and release carries an id (a fresh one
   for a commit without a reservation); the store remembers applied ids for
   ``applied_ttl_s`` (1 day, at most 100000 per chain tree), so a replayed
   commit is counted once.
@@ -125,7 +129,7 @@ _MAX_AMOUNT = _scripts.STORE_MAX + 1
 # Longest TTL: server time (~1.8e15 us) plus it must stay below 2**53 us.
 _MAX_TTL_S = 1e9
 _MARKER_MIN_S = 60.0
-_SNAPSHOT_FIELDS = ("c", "rc", "s", "r", "t", "rt", "trip", "e", "ov")
+_SNAPSHOT_FIELDS = ("c", "rc", "s", "r", "t", "rt", "trip", "e", "ov", "k", "kt")
 _APPLIED_CAP = "100000"
 _ON_LOSS = ("reseed", "fail")
 _NO_RESERVATION = Reservation("", 0, 0)
@@ -237,7 +241,10 @@ class RedisLedger:
         self.store = describe(client)
         self._rsv_ttl = str(round(reservation_ttl * 1_000_000))
         self._chain_ttl = str(round(chain_ttl * 1000))
-        self._marker_ttl = str(round(max(reservation_ttl, _MARKER_MIN_S) * 1_000_000))
+        # A reaped reservation's marker lives as long as an applied id: its
+        # late commit must find it, or it would be counted on top of the charge.
+        marker_ttl = max(reservation_ttl, _MARKER_MIN_S, applied_ttl)
+        self._marker_ttl = str(round(marker_ttl * 1_000_000))
         self._memory = str(SIGNATURE_MEMORY)
         self._on_loss = on_loss
         self._applied = [str(round(applied_ttl * 1_000_000)), _APPLIED_CAP]
@@ -348,14 +355,14 @@ class RedisLedger:
         n = len(path)
         if n == 1:
             ck = self._space.chain(path[0].chain_id)
-            keys = [ck.chain, ck.signatures, ck.recency, ck.reservations, ck.expiries]
+            keys = [ck.chain, ck.signatures, ck.recency, ck.reservations, ck.expiries, ck.applied]
         else:
             cks = self._space.tree(path)
             ck = cks[0]
             keys = [k.chain for k in cks]
             keys += [k.signatures for k in cks]
             keys += [k.recency for k in cks]
-            keys += [ck.reservations, ck.expiries]
+            keys += [ck.reservations, ck.expiries, ck.applied]
         rid = _new_id() if (cost_nano or tokens or step or retry) else ""
         args = [
             str(n),
@@ -378,13 +385,20 @@ class RedisLedger:
             args += marks.of(level.chain_id)
         args += (rid or _new_id(), self._on_loss)
         token = _attach(quiet())
+        sent = False
         try:
             if self._pending:
                 self._flush()
             if not self._checked:
                 self._checked = check_persistence(self._client, self.store)
+            sent = True
             reply: Any = self._reserve(keys, args)
         except redis.RedisError as exc:
+            # Only a reserve that went out may have been applied; one that
+            # failed on the queue before it never did (so retries in an outage
+            # add nothing to the queue).
+            if sent and rid and corruption(exc) is None and not self._fail_open:
+                self._cancel(path, Reservation(rid, 0, 0, step, retry))
             return self._reserve_failed(exc, path, cost_nano, tokens, step, retry, signature)
         finally:
             _detach(token)
@@ -471,6 +485,26 @@ class RedisLedger:
         ]
         self._settle_args(path, args, reservation.id)
         self._settle(_Pending(self._release, keys, args, path, 0, 0))
+
+    def _cancel(self, path: Sequence[Level], reservation: Reservation) -> None:
+        """Queue the release of a reserve whose reply never came: the store may
+        have applied it (the reply was lost), and its call is not sent. Replayed
+        before the next operation; the release gives back what the record holds
+        (amounts 0 here: with no record there is nothing to take from a ghost),
+        and its id then refuses a late copy of the reserve."""
+        keys = self._space.settle_keys(path)
+        args = [
+            str(len(path)),
+            reservation.id,
+            "0",
+            "0",
+            "1" if reservation.step else "0",
+            "1" if reservation.retry else "0",
+            self._chain_ttl,
+        ]
+        self._settle_args(path, args, reservation.id)
+        with self._pending_lock:
+            self._pending.append(_Pending(self._release, keys, args, path, 0, 0))
 
     def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
         """Make a trip sticky; the first trip wins and is returned.
@@ -719,6 +753,7 @@ class RedisLedger:
             replayed = 0
             while pending:
                 op = pending[0]
+                op.args[-4] = _new_id()  # a fresh epoch id per attempt (see _settle_args)
                 reply: Any = op.script(op.keys, op.args)
                 pending.popleft()
                 replayed += 1
@@ -780,7 +815,10 @@ class RedisLedger:
         marks = self._marks
         for level in path:
             args += marks.of(level.chain_id)
-        args += (rid, *self._applied, self._rsv_ttl)
+        # A fresh epoch id of its own: the reservation's id may have named the
+        # epoch its reserve created, and a lost chain must never come back under
+        # the name it had (clients' marks of it would read as current).
+        args += (_new_id(), *self._applied, self._rsv_ttl)
 
     def _remember_one(self, chain_id: str, reply: Any, start: int) -> None:
         self._marks.remember((Level(chain_id, _NO_LIMITS),), reply, start)
@@ -798,11 +836,13 @@ class RedisLedger:
         c = 0 if values[0] is None else int(values[0])
         t = 0 if values[4] is None else int(values[4])
         ov = 0 if values[8] is None else int(values[8])
+        k = 0 if values[9] is None else int(values[9])
+        kt = 0 if values[10] is None else int(values[10])
         return not (
             values[7] is not None
             and text(values[7]) == text(mark[0])
-            and c >= int(mark[1])
-            and t >= int(mark[3])
+            and c + k >= int(mark[1])
+            and t + kt >= int(mark[3])
             and (not text(mark[5]) or values[6] is not None or ov > int(mark[4]))
         )
 

@@ -6,7 +6,8 @@ root chain (``root`` for ``root.1.2``), so a path's keys are in one slot::
     {prefix}{root}:c:{chain}   hash    the chain's counters (fields below)
     {prefix}{root}:s:{chain}   hash    signature -> times dispatched (repeat limit)
     {prefix}{root}:o:{chain}   zset    signature -> recency (least recent forgotten first)
-    {prefix}{root}:rh          hash    reservation id -> "cost tokens chain..." or "R"
+    {prefix}{root}:rh          hash    reservation id -> "cost tokens chain...", or a
+                                       reaped one's marker "C cost tokens" ("R": older)
     {prefix}{root}:rz          zset    reservation id -> expiry (server time, microseconds)
     {prefix}{root}:ad          zset    applied settlement id -> expiry (replay memory)
     {prefix}breaker:{name}     hash    a circuit breaker (st, f, at, p, pe)
@@ -16,7 +17,9 @@ steps, ``r`` retries, ``t`` tokens, ``rt`` reserved tokens, ``q`` signature
 sequence, ``trip`` the sticky trip as JSON, ``oe``/``oc``/``os`` a logged
 override (expiry, extra cost, extra steps), ``ov`` override generation
 (+1 per override or cleared trip), ``e`` the chain's epoch, ``x:{epoch}``
-what the chain absorbed from a lost epoch ("c s t"). Every counter is a
+what the chain absorbed from a lost epoch ("c s t"), ``k`` / ``kt`` the cost
+and tokens late settlements of charged reservations gave back (so ``c + k``
+and ``t + kt`` never fall within an epoch). Every counter is a
 decimal integer written by ``HINCRBY``; a script reads every field it will
 touch before it writes anything (scripts are not rolled back), and a value
 that is not a canonical integer, or a key of the wrong type, aborts the
@@ -32,14 +35,15 @@ expired, evicted or lost in a restart comes back with another epoch.
 
 *Marks.* After every script a client keeps, per chain, what the store said
 (the script's *report*): ``(e, c, s, t, ov, trip, rc, rt)`` as text,
-``trip`` empty when none. ``c`` and ``t`` only grow within an epoch, so they
-are high-water marks. Every chain-writing script (RESERVE, COMMIT, RELEASE,
-TRIP, OVERRIDE) is given the caller's marks of each level (eight ARGV per
+``trip`` empty when none. ``c + k`` and ``t + kt`` only grow within an
+epoch (``c`` and ``t`` fall only when a late settlement replaces a reaper's
+charge), so a mark is a high-water mark of them. Every chain-writing script
+(RESERVE, COMMIT, RELEASE, TRIP, OVERRIDE) is given the caller's marks of each level (eight ARGV per
 level, ``""`` / ``0`` for a chain it never saw) and first runs ``sync`` on
 each level:
 
 * no marks (epoch ``""``): a chain without ``e`` gets ``e = fresh``; else as is.
-* marks of the current epoch, ``c >= mark c``, ``t >= mark t`` and, if the
+* marks of the current epoch, ``c + k >= mark c``, ``t + kt >= mark t`` and, if the
   mark holds a trip, the store still has one or ``ov > mark ov`` (an
   override lifted it): nothing to do.
 * otherwise the store lost what this client saw (*re-seed*). Let ``B`` be the
@@ -72,29 +76,50 @@ re-seed: a call that ran is always counted.
 *Commit ids.* Every COMMIT and RELEASE carries an id: its reservation's, or
 a fresh one for a commit without a reservation. An id found in ``ad`` is a
 replay: the script does nothing and only reports. Otherwise a reservation
-record ``held`` is settled normally; a record ``R`` (reaped: its cost and
-tokens were already given back) or no record at all (lost with the store,
-or its holder outlived everything) is applied as spend (COMMIT: cost and
-tokens added, the limits checked as for an overrun) or keeps its step
-(RELEASE without a record: the step may have been re-seeded). The id then
+record ``held`` is settled normally (RELEASE gives back the record's
+amounts); a marker ``C cost tokens`` (reaped and charged, below) has the
+charge replaced: COMMIT adds ``actual - charged`` to c and t (limits
+checked), RELEASE (never sent) takes the charge back and the step; what
+either takes back is added to ``k`` / ``kt``. A marker ``R`` (an older
+version's reap, which gave cost and tokens back) or no record at all (lost
+with the store, or its holder outlived the marker) is applied as spend
+(COMMIT: cost and tokens added, the limits checked as for an overrun) or
+keeps its step (RELEASE without a record: the step may have been re-seeded).
+A reserve whose reply never came (store error) is cancelled by a queued
+RELEASE of its id with amounts 0: it gives back what the record holds, or
+nothing if the reserve never arrived. The id then
 goes into ``ad`` with expiry now + ``applied_ttl`` (ARGV); expired ids are
 removed on every settlement and ``ad`` holds at most ``applied_cap`` ids
 (soonest-expiring dropped first), so memory stays bounded. A replay after
 its id was dropped counts twice: never less.
 
-*Reservations.* Each reservation gets a record and an expiry; every
-``RESERVE`` first gives back (at most 64 of) the tree's expired
-reservations. A live client keeps its running calls' reservations alive
+*Reservations.* Each reservation gets a record and an expiry. RESERVE is
+idempotent: a reserve whose id already has a record (held or a marker) or is
+in ``ad`` (settled or cancelled) changes nothing and reports code 1, so a
+retried or duplicated request never holds twice. Every ``RESERVE`` first
+*charges* (at most 64 of) the tree's expired reservations (fail closed: the
+holder died or hung, its call may have been sent): cost and tokens move from
+``rc``/``rt`` to ``c``/``t`` (saturating), the step stays counted, and the
+record becomes the marker ``C cost tokens`` until ``marker_ttl`` (ARGV; the
+client passes the applied-id TTL, 1 day), after which it is dropped and a
+later commit counts on top of the charge (an overcount). A reaped ghost
+reservation (id ``g...``) is given back instead: its calls' settlements
+arrive without a record and are applied as spend.
+
+A live client keeps its running calls' reservations alive
 with HEARTBEAT (every reservation_ttl / 3 seconds: expiry = now +
 reservation_ttl for each of its ids that still has a held record, and the
 chain keys of that record refreshed for chain_ttl), so only a dead or frozen
-holder's reservation is reaped, and no chain key expires under a running call.
+holder's reservation is reaped (charged), and no chain key expires under a
+running call. A charge is committed spend: a denial it causes is sticky.
 
 *Expiry.* Every write refreshes the key's TTL (``PEXPIRE`` chain_ttl,
 1 day by default): a chain is forgotten only after that long without any
 write, and if a client that ran it is still alive, its marks bring it back.
 
-*Known limits.* A call in flight at a loss that outlives its ghost
+*Known limits.* A chain restored from an older copy with the same epoch
+(a rollback) that lost at most the ``k`` the marks saw goes undetected. A
+call in flight at a loss that outlives its ghost
 reservation (one reservation_ttl) holds nothing meanwhile: its commit is
 still applied (limits checked then), but calls admitted after the ghost
 expired may have used that budget (the one way past a ceiling; persistence
@@ -119,7 +144,11 @@ limited level refuses or trips on), and spent cost and tokens saturate at
 so at most 2**51; a re-seed adds at most that to at most 2**51 and then
 saturates). A limited level then holds at most 2**51 reserved (reserve
 admits only up to its limit, override included), so the largest sum,
-committed + reserved + one amount, stays under 2**52 + 2**50 + 1. Reserved
+committed + reserved + one amount, stays under 2**52 + 2**50 + 1.
+A reaper's charge moves one reserved amount to spent and saturates like
+COMMIT; a late settlement adds ``actual - charged``, the difference of two
+amounts (each at most STORE_MAX + 1), never below 0; ``k``/``kt``
+saturate at 2**51 too, so ``c + k`` stays under 2**52. Reserved
 amounts of an unlimited level are summed by ``HINCRBY`` alone (exact in 64
 bits) and never compared. Steps only grow by one per call. Timestamps are
 microseconds of the server clock plus a duration of at most 1e15 us.
@@ -176,12 +205,14 @@ local function probe(cmd, key, ...)
   return r
 end
 local function state(key)
-  local v = read(key, 'trip', 'c', 'rc', 's', 'r', 't', 'rt', 'q', 'oe', 'oc', 'os', 'ov', 'e')
+  local v = read(key, 'trip', 'c', 'rc', 's', 'r', 't', 'rt', 'q', 'oe', 'oc', 'os', 'ov', 'e',
+    'k', 'kt')
   return {
     trip = v[1], c = int(key, 'c', v[2]), rc = int(key, 'rc', v[3]), s = int(key, 's', v[4]),
     r = int(key, 'r', v[5]), t = int(key, 't', v[6]), rt = int(key, 'rt', v[7]),
     q = int(key, 'q', v[8]), oe = int(key, 'oe', v[9]), oc = int(key, 'oc', v[10]),
     os = int(key, 'os', v[11]), ov = int(key, 'ov', v[12]), e = v[13],
+    k = int(key, 'k', v[14]), kt = int(key, 'kt', v[15]),
   }
 end
 local function fmt(n) return string.format('%d', n) end
@@ -219,7 +250,9 @@ end
 -- Whether the store lost what marks m saw of the chain in state st.
 local function lost(st, m)
   if m.e == '' then return false end
-  return not (st.e == m.e and st.c >= m.c and st.t >= m.t
+  -- c + k and t + kt only grow within an epoch (k, kt: what late settlements
+  -- of charged reservations gave back), so c and t may fall below a mark.
+  return not (st.e == m.e and st.c + st.k >= m.c and st.t + st.kt >= m.t
     and (m.trip == '' or st.trip or st.ov > m.o))
 end
 -- Bring the chain at key in line with marks m (see "The store never
@@ -309,6 +342,29 @@ local function unghost(key, rh, rz, rcost, rtokens)
     redis.call('HSET', rh, gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. parts[3])
   end
 end
+-- Move spent counter `field` of key by delta (an actual amount minus what a
+-- reap charged): saturates at SATURATE, never below 0, and what it gives
+-- back is added to `back` (k or kt), so field + back never falls.
+local function respend(key, field, back, delta)
+  if delta == 0 then return end
+  local v = redis.call('HINCRBY', key, field, fmt(delta))
+  if v > SATURATE then redis.call('HSET', key, field, fmt(SATURATE)) end
+  if v < 0 then
+    redis.call('HSET', key, field, '0')
+    delta = delta - v
+  end
+  if delta < 0 then
+    local b = redis.call('HINCRBY', key, back, fmt(-delta))
+    if b > SATURATE then redis.call('HSET', key, back, fmt(SATURATE)) end
+  end
+end
+-- The charged amounts of a reaped reservation's marker "C cost tokens".
+local function charged(rh, id, rec)
+  local parts = {}
+  for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
+  if #parts ~= 3 then fail(rh, id, rec) end
+  return count(rh, id, parts[2]), count(rh, id, parts[3])
+end
 -- Append the report of KEYS[1..n] (e c s t ov trip rc rt per level) to out.
 local function report(out, n)
   for i = 1, n do
@@ -328,14 +384,20 @@ end
 
 # Shared by COMMIT and RELEASE: how a settlement id stands, and remembering it.
 _SETTLE = r"""
--- 'done' (applied before: a replay), 'held', 'reaped' or 'none' (no record).
+-- 'done' (applied before: a replay), 'held', 'charged' (reaped: its
+-- reservation is counted as spent; also returns what was charged), 'reaped'
+-- (an older marker "R": given back) or 'none' (no record).
 local function standing(rh, rz, ad, id)
   probe('ZSCORE', rz, id)
   if probe('ZSCORE', ad, id) then return 'done' end
   local rec = probe('HGET', rh, id)
   if rec == false then return 'none' end
   if rec == 'R' then return 'reaped' end
-  return 'held'
+  if string.sub(rec, 1, 2) == 'C ' then return 'charged', charged(rh, id, rec) end
+  local parts = {}
+  for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
+  if #parts < 3 then fail(rh, id, rec) end
+  return 'held', count(rh, id, parts[1]), count(rh, id, parts[2])
 end
 local function applied(rh, rz, ad, id, now, ttl, cap)
   redis.call('HDEL', rh, id)
@@ -349,12 +411,13 @@ end
 """
 
 # KEYS: chain hashes (n, root first), signature hashes (n), signature recency
-#       zsets (n), the tree's reservation hash and expiry zset.
+#       zsets (n), the tree's reservation hash, expiry zset and applied zset.
 # ARGV: n cost tokens step retry signature id reservation_ttl_us chain_ttl_ms
 #       marker_ttl_us signature_memory chain_key_base, then per level:
 #       chain_id steps retries tokens cost_nano repeats (-1 = unlimited), then
 #       per level the client's marks (8), then fresh_epoch on_loss(reseed|fail).
-# Returns {code, level, trip, reseeded, report...}: code 1 charged; 2 denied,
+# Returns {code, level, trip, reseeded, report...}: code 1 charged (or this id
+# was reserved or settled before: nothing charged again); 2 denied,
 # the chain tripped (nothing charged); 3 a denial that only other calls'
 # in-flight reservations cause (the call fits against committed spend
 # alone), not stored; 4 the store lost level's chain and on_loss is fail
@@ -371,7 +434,13 @@ local rsv_ttl, chain_ttl, marker_ttl = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV
 local memory, base = tonumber(ARGV[11]), ARGV[12]
 local mb = 12 + 6 * n
 local fresh, on_loss = ARGV[mb + 8 * n + 1], ARGV[mb + 8 * n + 2]
-local rh, rz = KEYS[3 * n + 1], KEYS[3 * n + 2]
+local rh, rz, ad = KEYS[3 * n + 1], KEYS[3 * n + 2], KEYS[3 * n + 3]
+
+-- A reserve delivered again (a retried or duplicated request): its id
+-- already has a record (held, or reaped) or was settled. Charge nothing again.
+if id ~= '' and (probe('HEXISTS', rh, id) == 1 or probe('ZSCORE', ad, id)) then
+  return report({1, 0, '', 0}, n)
+end
 local now = now_us()
 
 -- 0. Every level against the caller's marks: re-seed what the store lost.
@@ -385,15 +454,18 @@ end
 local rsv = {rh, rz, now, rsv_ttl}
 for i = 1, n do reseeded = reseeded + sync(KEYS[i], mk[i].st, mk[i], fresh, chain_ttl, rsv) end
 
--- 1. Give back what expired reservations of this tree hold (their holder died
---    or hung); their steps stay counted, the call may have been sent. A reaped
---    reservation leaves a marker "R": its late commit adds its cost, once.
+-- 1. Charge what expired reservations of this tree hold (their holder died
+--    or hung, and the call may have been sent: fail closed): cost and tokens
+--    move from reserved to spent, steps stay counted. The record becomes a
+--    marker "C cost tokens" until marker_ttl: a late commit then replaces the
+--    charge with its actual amounts, a late release gives it back, once.
+--    A ghost reservation (id "g...", re-held after a loss) is given back.
 probe('HLEN', rh)
 local due = probe('ZRANGEBYSCORE', rz, '-inf', fmt(now), 'LIMIT', 0, 64)
 local reaped = false
 for _, rid in ipairs(due) do
   local rec = probe('HGET', rh, rid)
-  if rec == false or rec == 'R' then
+  if rec == false or rec == 'R' or string.sub(rec, 1, 2) == 'C ' then
     redis.call('ZREM', rz, rid)
     redis.call('HDEL', rh, rid)
   else
@@ -409,12 +481,22 @@ for _, rid in ipairs(due) do
       state(key)
       if redis.call('EXISTS', key) == 1 then held[#held + 1] = key end
     end
+    local ghost = string.sub(rid, 1, 1) == 'g'
     for _, key in ipairs(held) do
       if parts[1] ~= '0' then redis.call('HINCRBY', key, 'rc', '-' .. parts[1]) end
       if parts[2] ~= '0' then redis.call('HINCRBY', key, 'rt', '-' .. parts[2]) end
+      if not ghost then
+        respend(key, 'c', 'k', tonumber(parts[1]))
+        respend(key, 't', 'kt', tonumber(parts[2]))
+      end
     end
-    redis.call('HSET', rh, rid, 'R')
-    redis.call('ZADD', rz, fmt(now + marker_ttl), rid)
+    if ghost then
+      redis.call('HDEL', rh, rid)
+      redis.call('ZREM', rz, rid)
+    else
+      redis.call('HSET', rh, rid, 'C ' .. parts[1] .. ' ' .. parts[2])
+      redis.call('ZADD', rz, fmt(now + marker_ttl), rid)
+    end
   end
 end
 
@@ -533,7 +615,7 @@ local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
 local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
-local how = standing(rh, rz, ad, id)
+local how, cc, ct = standing(rh, rz, ad, id)
 if how == 'done' then return report({0, '', 0}, n) end
 local now = now_us()
 local reseeded = 0
@@ -559,13 +641,20 @@ for i = 1, n do
   -- Spent cost and tokens saturate at SATURATE, so every sum a script makes
   -- of them stays exact (see STORE_MAX in the module docstring).
   local c, t = states[i].c, states[i].t
-  if cost ~= '0' then
-    c = redis.call('HINCRBY', key, 'c', cost)
-    if c > SATURATE then redis.call('HSET', key, 'c', fmt(SATURATE)) end
-  end
-  if tokens ~= '0' then
-    t = redis.call('HINCRBY', key, 't', tokens)
-    if t > SATURATE then redis.call('HSET', key, 't', fmt(SATURATE)) end
+  if how == 'charged' then
+    -- The reaper counted the reservation as spent: replace it with the actual.
+    respend(key, 'c', 'k', tonumber(cost) - cc)
+    respend(key, 't', 'kt', tonumber(tokens) - ct)
+    c, t = state(key).c, state(key).t
+  else
+    if cost ~= '0' then
+      c = redis.call('HINCRBY', key, 'c', cost)
+      if c > SATURATE then redis.call('HSET', key, 'c', fmt(SATURATE)) end
+    end
+    if tokens ~= '0' then
+      t = redis.call('HINCRBY', key, 't', tokens)
+      if t > SATURATE then redis.call('HSET', key, 't', fmt(SATURATE)) end
+    end
   end
   if over and not states[i].trip then
     local a = 7 + (i - 1) * 3
@@ -606,7 +695,7 @@ local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
 local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
-local how = standing(rh, rz, ad, id)
+local how, cc, ct = standing(rh, rz, ad, id)
 if how == 'done' then return report({0, '', 0}, n) end
 local reseeded = 0
 local now = now_us()
@@ -623,9 +712,12 @@ end
 if how ~= 'none' then
   for i = 1, n do
     local key = KEYS[i]
-    if how == 'held' then
-      if rcost ~= '0' then redis.call('HINCRBY', key, 'rc', '-' .. rcost) end
-      if rtokens ~= '0' then redis.call('HINCRBY', key, 'rt', '-' .. rtokens) end
+    if how == 'held' then  -- the record's amounts (a cancelled reserve sends 0 0)
+      if cc > 0 then redis.call('HINCRBY', key, 'rc', fmt(-cc)) end
+      if ct > 0 then redis.call('HINCRBY', key, 'rt', fmt(-ct)) end
+    elseif how == 'charged' then  -- never sent: what the reaper charged goes back
+      respend(key, 'c', 'k', -cc)
+      respend(key, 't', 'kt', -ct)
     end
     if step then redis.call('HINCRBY', key, 's', -1) end
     if retry then redis.call('HINCRBY', key, 'r', -1) end
@@ -702,7 +794,7 @@ local until_us = fmt(now_us() + tonumber(ARGV[1]))
 local renewed = 0
 for j = 4, #ARGV do
   local rec = probe('HGET', rh, ARGV[j])
-  if rec and rec ~= 'R' then
+  if rec and rec ~= 'R' and string.sub(rec, 1, 2) ~= 'C ' then
     probe('ZADD', rz, 'XX', until_us, ARGV[j])
     local k = 0
     for word in string.gmatch(rec, '%S+') do
