@@ -29,12 +29,17 @@ __all__ = [
     "Limits",
     "LocalLedger",
     "Reservation",
+    "MAX_RESERVE_STEPS",
     "SIGNATURE_MEMORY",
 ]
 
 # Distinct call signatures remembered per chain for the repeat limit; the
 # least recently seen are forgotten first, so memory per chain is bounded.
 SIGNATURE_MEMORY = 4096
+
+# The most steps one reservation may hold (a cross-service grant carves its
+# steps in one reservation); bounded so every sum a store script makes stays exact.
+MAX_RESERVE_STEPS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +71,14 @@ class Reservation:
     __slots__ = ("cost_nano", "id", "retry", "step", "tokens")
 
     def __init__(
-        self, id: str, cost_nano: int, tokens: int, step: bool = False, retry: bool = False
+        self, id: str, cost_nano: int, tokens: int, step: int = 0, retry: bool = False
     ) -> None:
         self.id = id
         self.cost_nano = cost_nano
         self.tokens = tokens
-        self.step = step  # a step was counted: released calls give it back
+        self.step = (
+            step  # how many steps were counted (0, 1, or a carve's k): a release gives them back
+        )
         self.retry = retry
 
     def __repr__(self) -> str:
@@ -102,6 +109,7 @@ class Ledger(Protocol):
         tokens: int,
         *,
         step: bool = True,
+        steps: int = 1,
         retry: bool = False,
         signature: str | None = None,
     ) -> Reservation | TripEvent:
@@ -109,6 +117,8 @@ class Ledger(Protocol):
 
         Returns the reservation, or the trip that denies the call.
         Check-before-increment: nothing is charged when any level says no.
+        With ``step``, ``steps`` (1..MAX_RESERVE_STEPS) steps are checked and
+        counted at once; the reservation remembers them for release.
         A cost or token denial that only other calls' in-flight reservations
         cause (the call fits against committed spend alone) is returned with
         ``sticky=False`` and not stored: the chain keeps running, and the
@@ -117,10 +127,18 @@ class Ledger(Protocol):
         ...
 
     def commit(
-        self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
+        self,
+        path: Sequence[Level],
+        reservation: Reservation,
+        cost_nano: int,
+        tokens: int,
+        *,
+        release_steps: int = 0,
     ) -> TripEvent | None:
         """Replace a reservation with the actual cost and tokens.
 
+        ``release_steps`` of the reservation's steps are given back (a carve
+        that used fewer than it held); the rest stay counted.
         Returns a trip when the actual amounts pushed a level past a ceiling
         (possible only when a caller reported more than it reserved).
         """
@@ -226,9 +244,11 @@ class LocalLedger:
         tokens: int,
         *,
         step: bool = True,
+        steps: int = 1,
         retry: bool = False,
         signature: str | None = None,
     ) -> Reservation | TripEvent:
+        count = step_count(steps) if step else 0
         chains = self._chains
         with self._lock:
             states = []
@@ -239,7 +259,7 @@ class LocalLedger:
                     state = chains[level.chain_id] = _ChainState()
                 if state.trip is not None:
                     return state.trip
-                denial = _check(level, state, cost_nano, tokens, step, retry, signature)
+                denial = _check(level, state, cost_nano, tokens, count, retry, signature)
                 if denial is not None:
                     if denial.sticky:
                         state.trip = denial
@@ -249,8 +269,8 @@ class LocalLedger:
             if soft is not None:
                 return soft
             for i, state in enumerate(states):
-                _charge(path[i], state, cost_nano, tokens, step, retry, signature)
-            return Reservation("", cost_nano, tokens, step, retry)
+                _charge(path[i], state, cost_nano, tokens, count, retry, signature)
+            return Reservation("", cost_nano, tokens, count, retry)
 
     def state_of(self, chain_id: str) -> _ChainState:
         """The live counters of ``chain_id`` (for :meth:`reserve_one`); hold it with acquire."""
@@ -285,7 +305,7 @@ class LocalLedger:
                     state.steps = steps
                     state.reserved_nano += cost_nano
                     state.reserved_tokens += tokens
-                    return Reservation("", cost_nano, tokens, True, False)
+                    return Reservation("", cost_nano, tokens, 1, False)
         return self.reserve((level,), cost_nano, tokens)
 
     def commit_one(
@@ -311,8 +331,15 @@ class LocalLedger:
             return None
 
     def commit(
-        self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
+        self,
+        path: Sequence[Level],
+        reservation: Reservation,
+        cost_nano: int,
+        tokens: int,
+        *,
+        release_steps: int = 0,
     ) -> TripEvent | None:
+        back = min(max(0, release_steps), reservation.step)
         overrun: TripEvent | None = None
         chains = self._chains
         with self._lock:
@@ -322,6 +349,7 @@ class LocalLedger:
                 state.reserved_tokens -= reservation.tokens
                 state.cost_nano += cost_nano
                 state.tokens += tokens
+                state.steps -= back
                 if cost_nano <= reservation.cost_nano and tokens <= reservation.tokens:
                     continue  # within what was reserved: cannot cross a ceiling
                 trip = _overrun(level, state)
@@ -412,7 +440,7 @@ def _check(
     state: _ChainState,
     cost_nano: int,
     tokens: int,
-    step: bool,
+    step: int,
     retry: bool,
     signature: str | None,
 ) -> TripEvent | None:
@@ -423,8 +451,8 @@ def _check(
             _, extra_cost, extra_steps = state.override
         else:
             state.override = None
-    if step and limits.steps is not None and state.steps + 1 > limits.steps + extra_steps:
-        return _trip(level, "steps", limits.steps + extra_steps, state.steps + 1)
+    if step and limits.steps is not None and state.steps + step > limits.steps + extra_steps:
+        return _trip(level, "steps", limits.steps + extra_steps, state.steps + step)
     if retry and limits.retries is not None and state.retries + 1 > limits.retries:
         return _trip(level, "retries", limits.retries, state.retries + 1)
     # A call that fits against committed spend alone is denied only by other
@@ -460,18 +488,24 @@ def _charge(
     state: _ChainState,
     cost_nano: int,
     tokens: int,
-    step: bool,
+    step: int,
     retry: bool,
     signature: str | None,
 ) -> None:
-    if step:
-        state.steps += 1
+    state.steps += step
     if retry:
         state.retries += 1
     state.reserved_nano += cost_nano
     state.reserved_tokens += tokens
     if signature is not None and level.limits.repeats is not None:
         _remember(state, signature)
+
+
+def step_count(steps: int) -> int:
+    """``steps`` checked: an int in 1..MAX_RESERVE_STEPS, else ValueError naming it."""
+    if type(steps) is not int or not 1 <= steps <= MAX_RESERVE_STEPS:
+        raise ValueError(f"steps must be an int in 1..{MAX_RESERVE_STEPS}, got {steps!r}")
+    return steps
 
 
 def _overrun(level: Level, state: _ChainState) -> TripEvent | None:

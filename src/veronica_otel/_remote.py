@@ -2,17 +2,16 @@
 and the settlement of what came back.
 
 - :func:`issue_grant` (caller side): *carves* the grant's budget out of the
-  active chain -- an ordinary ledger reservation of cost and tokens (and one
-  reservation per granted step), atomic, so concurrent grants can never hand
-  out more than the chain has left. A grant that cannot be carved is not
+  active chain -- one ordinary ledger reservation of cost, tokens and the
+  granted steps, atomic, so concurrent grants can never hand out more than
+  the chain has left. A grant that cannot be carved is not
   made: :class:`~veronica_otel.BudgetExceededError` before the request leaves.
 - :func:`settle` (caller side): the signed spend-back settles the carve --
   what the service used is committed, capped at the carve, and the rest is
   released. A missing or untrusted spend-back commits the whole carve (the
-  service may have spent all of it). One commit for cost and tokens; steps
-  are one reservation each, so settling k granted steps is k ledger
-  operations, k bounded by :data:`MAX_CARVE_STEPS`, never by what the
-  service reports.
+  service may have spent all of it). One ledger operation: a commit of cost
+  and tokens that gives the unused steps back (or a release when nothing was
+  used), whatever the service reports.
 - :func:`join_chain` (service side): a per-request :class:`ExecutionContext`
   whose limits are the minimum of the local configuration and the grant, at
   the caller's depth plus one.
@@ -57,7 +56,7 @@ __all__ = [
     "spent",
 ]
 
-# Steps one grant can carry: each is one reservation, settled one by one.
+# Steps one grant can carry (all in the carve's one reservation).
 MAX_CARVE_STEPS = 32
 _NO_RESERVATION = Reservation("", 0, 0)
 # Snapshot-then-reserve of one carve at a time in this process, so two grants
@@ -86,8 +85,7 @@ class Carve:
 
     ctx: ExecutionContext
     path: tuple[Level, ...]
-    main: Reservation | None  # cost, tokens and the first step; None: nothing limited
-    extra_steps: list[Reservation] = field(default_factory=list)
+    main: Reservation | None  # cost, tokens and the steps; None: nothing limited
     cost_nano: int | None = None
     tokens: int | None = None
     steps: int | None = None
@@ -183,23 +181,12 @@ def _carve(ctx: ExecutionContext, ledger: Ledger, caps: GrantLimits) -> Carve:
                 _nothing_left(ctx, reason)  # type: ignore[arg-type]
         if cost is None and steps is None and tokens is None:
             return Carve(ctx, path, None)
-        main = ledger.reserve(path, cost or 0, tokens or 0, step=steps is not None)
+        main = ledger.reserve(
+            path, cost or 0, tokens or 0, step=steps is not None, steps=steps or 1
+        )
         if type(main) is not Reservation:
             ctx._tripped(main)  # type: ignore[arg-type]
-        carve = Carve(ctx, path, main, [], cost, tokens, steps)  # type: ignore[arg-type]
-        try:
-            for _ in range((steps or 1) - 1):
-                extra = ledger.reserve(path, 0, 0, step=True)
-                if type(extra) is not Reservation:
-                    ctx._tripped(extra, raise_error=False)  # type: ignore[arg-type]
-                    break
-                carve.extra_steps.append(extra)
-        except BaseException:  # the store failed half-way: give it all back
-            _release(carve)
-            raise
-        if steps is not None:
-            carve.steps = 1 + len(carve.extra_steps)
-        return carve
+        return Carve(ctx, path, main, cost, tokens, steps)  # type: ignore[arg-type]
 
 
 def _nothing_left(ctx: ExecutionContext, reason: TripReason) -> None:
@@ -214,13 +201,6 @@ def _nothing_left(ctx: ExecutionContext, reason: TripReason) -> None:
     )
     emit_trip(trip)
     raise BudgetExceededError(trip)
-
-
-def _release(carve: Carve) -> None:
-    ledger = _ledger(carve.ctx)
-    for reservation in (carve.main, *carve.extra_steps):
-        if reservation is not None:
-            ledger.release(carve.path, reservation)
 
 
 def settle(carve: Carve, used: Spent | None) -> None:
@@ -250,13 +230,11 @@ def settle(carve: Carve, used: Spent | None) -> None:
             record_spent_rejection("over_carve", ctx.chain_id)
     if steps == 0 and cost == 0 and tokens == 0:
         ledger.release(carve.path, carve.main)
-    else:
-        _trip_on(ctx, ledger.commit(carve.path, carve.main, cost, tokens))
-    for i, extra in enumerate(carve.extra_steps):
-        if i + 1 < steps:  # the main reservation holds the first step
-            ledger.commit(carve.path, extra, 0, 0)
-        else:
-            ledger.release(carve.path, extra)
+        return
+    # A settlement that commits anything counts at least one of the carved steps.
+    unused = carve.main.step - max(1, steps)
+    overrun = ledger.commit(carve.path, carve.main, cost, tokens, release_steps=max(0, unused))
+    _trip_on(ctx, overrun)
 
 
 def _capped(value: int, carved: int | None) -> tuple[int, bool]:

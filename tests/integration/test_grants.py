@@ -36,7 +36,7 @@ from veronica_otel._grants import (
     verify_spent,
 )
 from veronica_otel._ledger import Level, Limits
-from veronica_otel._remote import GrantLimits, issue_grant, settle
+from veronica_otel._remote import MAX_CARVE_STEPS, GrantLimits, issue_grant, settle
 from veronica_otel.distributed import RedisLedger
 from veronica_otel.distributed._keys import KeySpace, tree_tag
 
@@ -413,15 +413,20 @@ def test_a_rejection_log_never_echoes_an_attackers_text(caplog: pytest.LogCaptur
 
 
 class CountingLedger(LocalLedger):
-    """A local ledger that counts the settling operations made on it."""
+    """A local ledger that counts the reserving and settling operations made on it."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.reserves = 0
         self.settles = 0
 
-    def commit(self, path: Any, reservation: Any, cost_nano: int, tokens: int) -> Any:
+    def reserve(self, path: Any, cost_nano: int, tokens: int, **kwargs: Any) -> Any:
+        self.reserves += 1
+        return super().reserve(path, cost_nano, tokens, **kwargs)
+
+    def commit(self, path: Any, reservation: Any, cost_nano: int, tokens: int, **kw: Any) -> Any:
         self.settles += 1
-        return super().commit(path, reservation, cost_nano, tokens)
+        return super().commit(path, reservation, cost_nano, tokens, **kw)
 
     def release(self, path: Any, reservation: Any) -> None:
         self.settles += 1
@@ -492,19 +497,34 @@ def test_a_missing_spend_back_commits_the_whole_carve() -> None:
     assert (snap.steps, snap.cost_usd, snap.reserved_usd) == (3, 0.3, 0)
 
 
-def test_an_inflated_spend_back_is_capped_at_the_carve_in_a_few_ledger_operations(
+def test_an_inflated_spend_back_is_capped_at_the_carve_in_two_ledger_operations(
     metric_reader: InMemoryMetricReader,
 ) -> None:
-    ctx = caller(max_steps=10, max_cost_usd=1.0)
+    ctx = caller(max_steps=100, max_cost_usd=1.0)
     ledger = ctx._ledger
     assert isinstance(ledger, CountingLedger)
-    _, carve = issue_grant(ctx, audience=AUD, limits=GrantLimits(steps=2, cost_nano=2 * 10**8))
-    assert carve is not None
+    caps = GrantLimits(steps=MAX_CARVE_STEPS, cost_nano=2 * 10**8)
+    grant, carve = issue_grant(ctx, audience=AUD, limits=caps)
+    assert carve is not None and (grant.steps, ctx.snapshot().steps) == (MAX_CARVE_STEPS, 32)
     settle(carve, Spent(cost_nano=10**15, tokens=10**15, steps=100_000, retries=100_000))
     snap = ctx.snapshot()
-    assert (snap.steps, snap.cost_usd, snap.aborted) == (2, 0.2, False)
-    assert ledger.settles == 2  # one per carved step, never one per reported step
+    assert (snap.steps, snap.cost_usd, snap.aborted) == (MAX_CARVE_STEPS, 0.2, False)
+    # One reserve carves all 32 steps, one commit settles them: never one per step.
+    assert (ledger.reserves, ledger.settles) == (1, 1)
     assert spent_rejections(metric_reader).get("over_carve", 0) >= 1
+
+
+@pytest.mark.parametrize(("used", "counted"), [(0, 0), (1, 1), (7, 7), (32, 32)])
+def test_settling_gives_back_the_unused_carved_steps_in_one_operation(
+    used: int, counted: int
+) -> None:
+    ctx = caller(max_steps=40)
+    ledger = ctx._ledger
+    assert isinstance(ledger, CountingLedger)
+    _, carve = issue_grant(ctx, audience=AUD, limits=GrantLimits(steps=MAX_CARVE_STEPS))
+    assert carve is not None and ctx.snapshot().steps == MAX_CARVE_STEPS
+    settle(carve, Spent(steps=used))
+    assert (ctx.snapshot().steps, ledger.reserves, ledger.settles) == (counted, 1, 1)
 
 
 def test_nothing_is_granted_from_a_stopped_chain() -> None:

@@ -942,3 +942,28 @@ def test_errors_survive_pickling() -> None:
     )
     corrupted = pickle.loads(pickle.dumps(LedgerCorruptedError("k", "f", "v")))
     assert (corrupted.key, corrupted.field, corrupted.value) == ("k", "f", "v")
+
+
+def test_k_steps_are_reserved_released_and_given_back_at_once(ledger: Ledger) -> None:
+    """A grant's carve holds k steps in one reservation (both ledgers alike):
+    checked at every level before any is counted, a release gives back all k,
+    a commit keeps them unless it gives some back."""
+    path = (Level("kroot", Limits(steps=40)), Level("kroot.1", Limits(steps=10)))
+    carve = ledger.reserve(path, 5, 3, steps=8)
+    assert isinstance(carve, Reservation) and carve.step == 8
+    denied = ledger.reserve(path, 0, 0, steps=3)  # 8 + 3 > 10 at the child
+    assert isinstance(denied, TripEvent) and (denied.chain_id, denied.observed) == ("kroot.1", 11)
+    assert [ledger.snapshot(c).steps for c in ("kroot", "kroot.1")] == [8, 8]
+    ledger.release(path, carve)
+    assert [ledger.snapshot(c).steps for c in ("kroot", "kroot.1")] == [0, 0]
+    other = (Level("kroot", Limits(steps=40)), Level("kroot.2", Limits(steps=10)))
+    carve = ledger.reserve(other, 5, 3, steps=10)
+    assert isinstance(carve, Reservation)
+    assert ledger.commit(other, carve, 2, 1, release_steps=7) is None  # 3 used, 7 back
+    snap = ledger.snapshot("kroot.2")
+    assert (snap.steps, snap.cost_nano, snap.reserved_nano, snap.tokens) == (3, 2, 0, 1)
+    assert ledger.snapshot("kroot").steps == 3
+    for bad in (0, 1001):
+        with pytest.raises(ValueError, match="steps"):
+            ledger.reserve(other, 0, 0, steps=bad)
+    assert ledger.snapshot("kroot").steps == 3

@@ -1,6 +1,8 @@
 """Property tests for LocalLedger: bounds, stickiness, atomic denials, integer money.
 
-A hypothesis state machine drives random reserve / commit / release (a call
+A hypothesis state machine drives random reserve (one step, or k at once as a
+grant's carve holds them) / commit (giving back some of a multi-step
+reservation's steps, as a carve's settlement does) / release (a call
 cancelled before it was sent) / raise (sent, then failed: its reservation is
 committed) / trip / settle sequences over a small tree of chains and compares
 the ledger, step by step, with a plain reference model written from the
@@ -98,7 +100,7 @@ class ReferenceLedger:
         path: Sequence[Level],
         cost: int,
         tokens: int,
-        step: bool,
+        step: int,
         retry: bool,
         signature: str | None,
     ) -> Denial | None:
@@ -116,7 +118,7 @@ class ReferenceLedger:
             return soft  # only in-flight reservations deny it: nothing is stored
         for level in path:
             chain = self.chain(level.chain_id)
-            chain.steps += int(step)
+            chain.steps += step
             chain.retries += int(retry)
             chain.reserved_nano += cost
             chain.reserved_tokens += tokens
@@ -130,15 +132,15 @@ class ReferenceLedger:
         chain: _ModelChain,
         cost: int,
         tokens: int,
-        step: bool,
+        step: int,
         retry: bool,
         signature: str | None,
     ) -> Denial | None:
         """The first sticky reason, else the first that only reservations cause."""
         lim = level.limits
         cid = level.chain_id
-        if step and lim.steps is not None and chain.steps + 1 > lim.steps:
-            return ("steps", cid, float(lim.steps), float(chain.steps + 1)), True
+        if step and lim.steps is not None and chain.steps + step > lim.steps:
+            return ("steps", cid, float(lim.steps), float(chain.steps + step)), True
         if retry and lim.retries is not None and chain.retries + 1 > lim.retries:
             return ("retries", cid, float(lim.retries), float(chain.retries + 1)), True
         found: list[Denial] = []
@@ -161,11 +163,17 @@ class ReferenceLedger:
         return (sticky_found or found or [None])[0]
 
     def commit(
-        self, path: Sequence[Level], reserved: tuple[int, int], cost: int, tokens: int
+        self,
+        path: Sequence[Level],
+        reserved: tuple[int, int],
+        cost: int,
+        tokens: int,
+        steps_back: int = 0,
     ) -> tuple[str, str, float, float] | None:
         first: tuple[str, str, float, float] | None = None
         for level in path:
             chain = self.chain(level.chain_id)
+            chain.steps -= steps_back  # a carve's unused steps
             chain.reserved_nano -= reserved[0]
             chain.reserved_tokens -= reserved[1]
             chain.cost_nano += cost
@@ -233,6 +241,7 @@ class LedgerMachine(RuleBasedStateMachine):
         step=st.booleans(),
         retry=st.booleans(),
         signature=st.sampled_from(SIGNATURES),
+        steps=st.sampled_from([1, 1, 1, 2, 3, 4, 5]),
     )
     def reserve(
         self,
@@ -242,13 +251,20 @@ class LedgerMachine(RuleBasedStateMachine):
         step: bool,
         retry: bool,
         signature: str | None,
+        steps: int = 1,
     ) -> None:
         path = self.path(path_index)
         before = {level.chain_id: self.ledger.snapshot(level.chain_id) for level in path}
-        expected = self.model.reserve(path, cost, tokens, step, retry, signature)
-        result = self.ledger.reserve(
-            path, cost, tokens, step=step, retry=retry, signature=signature
-        )
+        count = steps if step else 0
+        expected = self.model.reserve(path, cost, tokens, count, retry, signature)
+        if steps == 1:  # the default: no steps argument at all
+            result = self.ledger.reserve(
+                path, cost, tokens, step=step, retry=retry, signature=signature
+            )
+        else:
+            result = self.ledger.reserve(
+                path, cost, tokens, step=step, steps=steps, retry=retry, signature=signature
+            )
         after = {level.chain_id: self.ledger.snapshot(level.chain_id) for level in path}
         if isinstance(result, TripEvent):
             assert expected is not None, f"ledger denied {result} but the model allows"
@@ -273,7 +289,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert isinstance(result, Reservation)
             assert expected is None, f"model denies {expected} but the ledger allowed"
             assert all(not before[cid].trip for cid in before)
-            assert (result.cost_nano, result.tokens) == (cost, tokens)
+            assert (result.cost_nano, result.tokens, result.step) == (cost, tokens, count)
             self.outstanding.append((path, result))
 
     @rule(path_index=st.integers(0, len(PATHS) - 1), level=st.integers(0, 2))
@@ -289,9 +305,17 @@ class LedgerMachine(RuleBasedStateMachine):
         self.reserve(path_index, cost, tokens, step=False, retry=False, signature=None)
 
     @precondition(lambda self: bool(self.outstanding))
-    @rule(pick=st.integers(0, 10**6), percent=st.integers(0, 100), over=st.integers(0, 9))
-    def commit(self, pick: int, percent: int, over: int) -> None:
+    @rule(
+        pick=st.integers(0, 10**6),
+        percent=st.integers(0, 100),
+        over=st.integers(0, 9),
+        back=st.integers(0, 6),
+    )
+    def commit(self, pick: int, percent: int, over: int, back: int = 0) -> None:
+        """Commit actual amounts, giving back up to ``back`` of its steps
+        (more than it holds gives back only what it holds)."""
         path, reservation = self.outstanding.pop(pick % len(self.outstanding))
+        steps_back = min(back, reservation.step)
         cost = reservation.cost_nano * percent // 100
         tokens = reservation.tokens * percent // 100
         if self.ALLOW_OVERRUN and over == 0:
@@ -299,9 +323,12 @@ class LedgerMachine(RuleBasedStateMachine):
             tokens += 1 + reservation.tokens
             self.overrun = True
         expected = self.model.commit(
-            path, (reservation.cost_nano, reservation.tokens), cost, tokens
+            path, (reservation.cost_nano, reservation.tokens), cost, tokens, steps_back
         )
-        overrun = self.ledger.commit(path, reservation, cost, tokens)
+        if back:
+            overrun = self.ledger.commit(path, reservation, cost, tokens, release_steps=back)
+        else:
+            overrun = self.ledger.commit(path, reservation, cost, tokens)
         if expected is None:
             assert overrun is None
         else:
@@ -443,6 +470,22 @@ def ledger() -> LocalLedger:
 # The scenario table (trips across a family of chains, each limit at exactly
 # limit + 1, exact cents, overruns, releases, repeats) runs on this ledger and
 # on the Redis one alike: tests/integration/test_redis_ledger.py.
+
+
+@pytest.mark.parametrize("steps", [0, 1001, -1, True, 2.0])
+def test_a_step_count_out_of_range_is_refused_by_name(ledger: LocalLedger, steps: object) -> None:
+    path = (Level("c", Limits(steps=5)),)
+    with pytest.raises(ValueError, match="steps"):
+        ledger.reserve(path, 0, 0, steps=steps)  # type: ignore[arg-type]
+    assert ledger.snapshot("c").steps == 0
+
+
+def test_k_steps_are_checked_at_every_level_before_any_is_counted(ledger: LocalLedger) -> None:
+    path = (Level("root", Limits(steps=10)), Level("child", Limits(steps=3)))
+    assert isinstance(ledger.reserve(path, 0, 0, steps=2), Reservation)
+    denied = ledger.reserve(path, 0, 0, steps=2)  # 2 + 2 > 3 at the child
+    assert isinstance(denied, TripEvent) and (denied.chain_id, denied.observed) == ("child", 4)
+    assert (ledger.snapshot("root").steps, ledger.snapshot("child").steps) == (2, 2)
 
 
 def test_signature_memory_is_bounded(ledger: LocalLedger) -> None:

@@ -111,6 +111,7 @@ from veronica_otel._ledger import (
     Limits,
     LocalLedger,
     Reservation,
+    step_count,
 )
 
 from . import _scripts
@@ -335,6 +336,7 @@ class RedisLedger:
         tokens: int,
         *,
         step: bool = True,
+        steps: int = 1,
         retry: bool = False,
         signature: str | None = None,
     ) -> Reservation | TripEvent:
@@ -348,8 +350,9 @@ class RedisLedger:
         local = self._local
         if local is not None:
             return local.reserve(
-                path, cost_nano, tokens, step=step, retry=retry, signature=signature
+                path, cost_nano, tokens, step=step, steps=steps, retry=retry, signature=signature
             )
+        count = step_count(steps) if step else 0
         cost_nano = _amount("cost_nano", cost_nano)
         tokens = _amount("tokens", tokens)
         n = len(path)
@@ -363,12 +366,12 @@ class RedisLedger:
             keys += [k.signatures for k in cks]
             keys += [k.recency for k in cks]
             keys += [ck.reservations, ck.expiries, ck.applied]
-        rid = _new_id() if (cost_nano or tokens or step or retry) else ""
+        rid = _new_id() if (cost_nano or tokens or count or retry) else ""
         args = [
             str(n),
             str(cost_nano),
             str(tokens),
-            "1" if step else "0",
+            str(count),
             "1" if retry else "0",
             "" if signature is None else "=" + signature,
             rid,
@@ -398,8 +401,8 @@ class RedisLedger:
             # failed on the queue before it never did (so retries in an outage
             # add nothing to the queue).
             if sent and rid and corruption(exc) is None and not self._fail_open:
-                self._cancel(path, Reservation(rid, 0, 0, step, retry))
-            return self._reserve_failed(exc, path, cost_nano, tokens, step, retry, signature)
+                self._cancel(path, Reservation(rid, 0, 0, count, retry))
+            return self._reserve_failed(exc, path, cost_nano, tokens, step, steps, retry, signature)
         finally:
             _detach(token)
         if self._down:
@@ -410,7 +413,7 @@ class RedisLedger:
                 self._reseeded(path)
             if rid:
                 self._marks.hold(rid, (ck.reservations, ck.expiries, ck.base))
-            return Reservation(rid, cost_nano, tokens, step, retry)
+            return Reservation(rid, cost_nano, tokens, count, retry)
         return self._denied(path, keys, reply)
 
     def _denied(self, path: Sequence[Level], keys: list[str], reply: Any) -> TripEvent:
@@ -427,13 +430,21 @@ class RedisLedger:
         return denial if code == 2 else replace(denial, sticky=False)
 
     def commit(
-        self, path: Sequence[Level], reservation: Reservation, cost_nano: int, tokens: int
+        self,
+        path: Sequence[Level],
+        reservation: Reservation,
+        cost_nano: int,
+        tokens: int,
+        *,
+        release_steps: int = 0,
     ) -> TripEvent | None:
         """Replace a reservation with the actual amounts (never raises for an
         unreachable store: the commit waits in this process instead)."""
         local = self._local
         if local is not None:
-            return local.commit(path, _local_view(reservation), cost_nano, tokens)
+            view = _local_view(reservation)
+            return local.commit(path, view, cost_nano, tokens, release_steps=release_steps)
+        back = min(max(0, release_steps), reservation.step)
         # Usage too large for the store is counted as STORE_MAX + 1 (it trips
         # any limited level); raising here would leave the reservation held.
         cost_nano = _amount("cost_nano", cost_nano)
@@ -452,6 +463,7 @@ class RedisLedger:
             str(cost_nano),
             str(tokens),
             self._chain_ttl,
+            str(back),
         ]
         for level in path:
             cached = self._space.level_args(level)
@@ -479,7 +491,7 @@ class RedisLedger:
             reservation.id,
             str(reservation.cost_nano),
             str(reservation.tokens),
-            "1" if reservation.step else "0",
+            str(int(reservation.step)),
             "1" if reservation.retry else "0",
             self._chain_ttl,
         ]
@@ -498,7 +510,7 @@ class RedisLedger:
             reservation.id,
             "0",
             "0",
-            "1" if reservation.step else "0",
+            str(int(reservation.step)),
             "1" if reservation.retry else "0",
             self._chain_ttl,
         ]
@@ -733,6 +745,7 @@ class RedisLedger:
         cost_nano: int,
         tokens: int,
         step: bool,
+        steps: int,
         retry: bool,
         signature: str | None,
     ) -> Reservation | TripEvent:
@@ -742,7 +755,7 @@ class RedisLedger:
         self._went_down(exc)
         if self._fail_open:
             return self._go_local(exc).reserve(
-                path, cost_nano, tokens, step=step, retry=retry, signature=signature
+                path, cost_nano, tokens, step=step, steps=steps, retry=retry, signature=signature
             )
         raise LedgerUnavailableError.for_store(self.store, path[-1].chain_id, exc) from exc
 

@@ -412,7 +412,7 @@ end
 
 # KEYS: chain hashes (n, root first), signature hashes (n), signature recency
 #       zsets (n), the tree's reservation hash, expiry zset and applied zset.
-# ARGV: n cost tokens step retry signature id reservation_ttl_us chain_ttl_ms
+# ARGV: n cost tokens steps retry signature id reservation_ttl_us chain_ttl_ms
 #       marker_ttl_us signature_memory chain_key_base, then per level:
 #       chain_id steps retries tokens cost_nano repeats (-1 = unlimited), then
 #       per level the client's marks (8), then fresh_epoch on_loss(reseed|fail).
@@ -428,7 +428,8 @@ RESERVE = (
 local n = tonumber(ARGV[1])
 local cost, tokens = ARGV[2], ARGV[3]
 local ncost, ntokens = tonumber(cost), tonumber(tokens)
-local step, retry = ARGV[4] == '1', ARGV[5] == '1'
+-- steps: how many steps this reservation counts (0, 1, or a carve's k <= 1000)
+local nsteps, retry = tonumber(ARGV[4]), ARGV[5] == '1'
 local sig, id = ARGV[6], ARGV[7]
 local rsv_ttl, chain_ttl, marker_ttl = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 local memory, base = tonumber(ARGV[11]), ARGV[12]
@@ -522,8 +523,8 @@ for i = 1, n do
     if lcost >= 0 then lcost = lcost + st.oc end
   end
   local denial, held = nil, nil
-  if step and lsteps >= 0 and s + 1 > lsteps then
-    denial = limit_trip('steps', lsteps, s + 1, chain, now)
+  if nsteps > 0 and lsteps >= 0 and s + nsteps > lsteps then
+    denial = limit_trip('steps', lsteps, s + nsteps, chain, now)
   elseif retry and lretries >= 0 and r + 1 > lretries then
     denial = limit_trip('retries', lretries, r + 1, chain, now)
   else
@@ -566,7 +567,7 @@ for i = 1, n do
   local key = KEYS[i]
   local a = 12 + (i - 1) * 6
   chains[i] = ARGV[a + 1]
-  if step then redis.call('HINCRBY', key, 's', 1) end
+  if nsteps > 0 then redis.call('HINCRBY', key, 's', nsteps) end
   if retry then redis.call('HINCRBY', key, 'r', 1) end
   if ncost > 0 then redis.call('HINCRBY', key, 'rc', cost) end
   if ntokens > 0 then redis.call('HINCRBY', key, 'rt', tokens) end
@@ -595,7 +596,9 @@ return report({1, 0, '', reseeded}, n)
 )
 
 # KEYS: chain hashes (n, root first), reservation hash, expiry zset, applied zset.
-# ARGV: n id reserved_cost reserved_tokens cost tokens chain_ttl_ms, then per
+# ARGV: n id reserved_cost reserved_tokens cost tokens chain_ttl_ms
+#       release_steps (of the reservation's steps, given back: a carve's unused
+#       ones), then per
 #       level: chain_id cost_nano_limit tokens_limit (-1 = unlimited), then per
 #       level the client's marks (8), then fresh_epoch applied_ttl_us applied_cap
 #       reservation_ttl_us.
@@ -608,7 +611,8 @@ COMMIT = (
 local n = tonumber(ARGV[1])
 local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local cost, tokens, chain_ttl = ARGV[5], ARGV[6], ARGV[7]
-local mb = 7 + 3 * n
+local back = tonumber(ARGV[8])
+local mb = 8 + 3 * n
 local fresh = ARGV[mb + 8 * n + 1]
 local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
 local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
@@ -638,6 +642,9 @@ for i = 1, n do
     if rcost ~= '0' then redis.call('HINCRBY', key, 'rc', '-' .. rcost) end
     if rtokens ~= '0' then redis.call('HINCRBY', key, 'rt', '-' .. rtokens) end
   end
+  -- Unused steps go back as in RELEASE: not when the record was lost (its
+  -- steps may have been re-seeded from marks, so they stay counted).
+  if back > 0 and how ~= 'none' then redis.call('HINCRBY', key, 's', -back) end
   -- Spent cost and tokens saturate at SATURATE, so every sum a script makes
   -- of them stays exact (see STORE_MAX in the module docstring).
   local c, t = states[i].c, states[i].t
@@ -657,7 +664,7 @@ for i = 1, n do
     end
   end
   if over and not states[i].trip then
-    local a = 7 + (i - 1) * 3
+    local a = 8 + (i - 1) * 3
     local chain, lcost, ltokens = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
     local trip = nil
     if lcost >= 0 and c > lcost then
@@ -677,7 +684,7 @@ return report({first[1], first[2], reseeded}, n)
 )
 
 # KEYS: chain hashes (n, root first), reservation hash, expiry zset, applied zset.
-# ARGV: n id reserved_cost reserved_tokens step retry chain_ttl_ms, then per
+# ARGV: n id reserved_cost reserved_tokens steps retry chain_ttl_ms, then per
 #       level the client's marks (8), then fresh_epoch applied_ttl_us applied_cap
 #       reservation_ttl_us.
 # Returns {0, '', reseeded, report...}.
@@ -687,7 +694,7 @@ RELEASE = (
     + r"""
 local n = tonumber(ARGV[1])
 local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
-local step, retry, chain_ttl = ARGV[5] == '1', ARGV[6] == '1', ARGV[7]
+local nsteps, retry, chain_ttl = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7]
 local mb = 7
 local fresh = ARGV[mb + 8 * n + 1]
 local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
@@ -719,7 +726,7 @@ if how ~= 'none' then
       respend(key, 'c', 'k', -cc)
       respend(key, 't', 'kt', -ct)
     end
-    if step then redis.call('HINCRBY', key, 's', -1) end
+    if nsteps > 0 then redis.call('HINCRBY', key, 's', -nsteps) end
     if retry then redis.call('HINCRBY', key, 'r', -1) end
     redis.call('PEXPIRE', key, chain_ttl)
   end
