@@ -42,6 +42,12 @@ class TripEvent:
             reservations (the call would fit against committed spend alone):
             it is raised, but the chain is not stopped and later calls are
             checked afresh. Every trip that stops the chain is sticky.
+        pool: The :class:`BudgetPool` whose limit denied the call, or None.
+            A pool never trips: later chains run once its window frees room.
+        agent: The agent (``agent(name, config=...)``) whose own limits denied
+            the call, or None. Only that agent is stopped; the chain goes on.
+        retry_after_s: For a denial by a windowed pool, the seconds until the
+            window will have freed enough for the call; None otherwise.
     """
 
     reason: TripReason
@@ -51,6 +57,9 @@ class TripEvent:
     message: str = ""
     time: float = field(default_factory=time.time)
     sticky: bool = True
+    pool: str | None = None
+    agent: str | None = None
+    retry_after_s: float | None = None
 
 
 class BudgetExceededError(Exception):
@@ -64,6 +73,9 @@ class BudgetExceededError(Exception):
         limit: Shortcut for ``trip.limit``.
         observed: Shortcut for ``trip.observed``.
         chain_id: Shortcut for ``trip.chain_id``.
+        pool: Shortcut for ``trip.pool`` (the denying pool's name, or None).
+        agent: Shortcut for ``trip.agent`` (the denied agent's name, or None).
+        retry_after_s: Shortcut for ``trip.retry_after_s``.
     """
 
     def __init__(self, trip: TripEvent) -> None:
@@ -85,6 +97,18 @@ class BudgetExceededError(Exception):
     @property
     def chain_id(self) -> str:
         return self.trip.chain_id
+
+    @property
+    def pool(self) -> str | None:
+        return self.trip.pool
+
+    @property
+    def agent(self) -> str | None:
+        return self.trip.agent
+
+    @property
+    def retry_after_s(self) -> float | None:
+        return self.trip.retry_after_s
 
     def __reduce__(self) -> tuple[type[BudgetExceededError], tuple[TripEvent]]:
         return (type(self), (self.trip,))

@@ -61,6 +61,22 @@ class Level:
     limits: Limits
 
 
+@dataclass(frozen=True, slots=True)
+class PoolLevel:
+    """One budget pool a call is also reserved in (see ``BudgetPool``).
+
+    ``window_s`` None is a lifetime budget; else spend counts for
+    ``window_s`` seconds after it was committed, kept in buckets of
+    ``bucket_s`` (at most 1/60 of the window). Only ``cost_nano``, ``steps``
+    and ``tokens`` of ``limits`` apply to a pool.
+    """
+
+    name: str
+    limits: Limits
+    window_s: float | None = None
+    bucket_s: float | None = None
+
+
 class Reservation:
     """What one admitted call holds until it commits or releases.
 
