@@ -239,7 +239,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     """Validate every ``VERONICA_*`` variable read later, lazily, by some other part.
 
     The grant key and the host lists are read when the HTTP instrumentors
-    install, the unknown-model price at the first priced call, fail-open when
+    install, the unknown-model price and model aliases at the first priced call, fail-open when
     the store first fails: a bad value found then would turn a feature off
     (propagation) or fail far from its cause. Here it is a start-up error
     naming the variable.
@@ -248,6 +248,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
         ValueError: The first malformed variable, named in the message.
     """
     from veronica_otel._grants import grant_key_from_env
+    from veronica_otel._pricing import MODEL_ALIASES_ENV, parse_model_aliases
     from veronica_otel.instrumentors._outbound import (
         PROPAGATE_HOSTS_ENV,
         VENDOR_HOSTS_ENV,
@@ -261,6 +262,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     for var in (PROPAGATE_HOSTS_ENV, VENDOR_HOSTS_ENV):
         parse_hosts(environ.get(var, ""), var)
     _env_unknown_price(environ)
+    parse_model_aliases(environ.get(MODEL_ALIASES_ENV, ""))
 
 
 def _configuration_error(exc: Exception) -> ValueError:
