@@ -82,7 +82,9 @@ class PoolAccount:
         if self.forked is not None:
             return _forked(level, chain_id, self.forked)
         limits = level.limits
-        soft: TripEvent | None = None
+        denied: tuple[TripReason, int, int] | None = None  # reason, limit, observed
+        sticky = False
+        retry: float | None = 0.0  # when every measure that denies has room again
         for reason, limit, counter, reserved, amount in (
             ("steps", limits.steps, self.steps, self.reserved_steps, steps),
             ("tokens", limits.tokens, self.tokens, self.reserved_tokens, tokens),
@@ -94,16 +96,19 @@ class PoolAccount:
             total = spent + reserved + amount
             if total <= limit:
                 continue
-            # Only other calls' reservations stand in the way: they settle, so
-            # the chain is not stopped (as for a chain's own ceilings).
-            sticky = spent + amount > limit
+            # Not even the committed spend leaves room: the chain stops. When
+            # only other calls' reservations stand in the way (they settle),
+            # it does not (as for a chain's own ceilings).
+            hard = spent + amount > limit
+            if denied is None or (hard and not sticky):
+                denied = (reason, limit, total)  # type: ignore[assignment]
+            sticky = sticky or hard
             needed = total - limit
-            retry = counter.retry_after_s(needed) if needed <= spent else None
-            denial = pool_denial(level, chain_id, reason, limit, total, sticky, retry)  # type: ignore[arg-type]
-            if sticky:
-                return denial
-            soft = soft or denial
-        return soft
+            wait = counter.retry_after_s(needed) if needed <= spent else None
+            retry = None if retry is None or wait is None else max(retry, wait)
+        if denied is None:
+            return None
+        return pool_denial(level, chain_id, *denied, sticky, retry)
 
     def charge(self, cost_nano: int, tokens: int, steps: int) -> None:
         self.reserved_nano += cost_nano

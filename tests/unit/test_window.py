@@ -24,9 +24,8 @@ def steps_for(window: float) -> st.SearchStrategy[tuple[float, int]]:
     """(advance the clock by, then add) pairs; times land on and beside bucket edges."""
     bucket = window / 60
     dt = st.one_of(
-        st.sampled_from(
-            [0.0, 1e-9, bucket / 3, bucket, window / 2, window - bucket / 2, window, window + bucket]
-        ),
+        st.sampled_from([0.0, 1e-9, bucket / 3, bucket, window / 2, window - bucket / 2]),
+        st.sampled_from([window, window + bucket]),
         st.floats(min_value=0.0, max_value=2 * window, allow_nan=False),
     )
     amount = st.one_of(st.integers(0, 10), st.integers(0, 10**15))
@@ -179,7 +178,7 @@ def test_lifetime_counter_never_frees() -> None:
     ],
 )
 def test_bad_windows_are_refused(window: object, bucket: object, error: type[Exception]) -> None:
-    with pytest.raises(error, match="window|bucket_s"):
+    with pytest.raises(error, match=r"window|bucket_s"):
         check_window(window, bucket)  # type: ignore[arg-type]
 
 
