@@ -958,7 +958,7 @@ class ExecutionContext(AsyncFromSync):
         a ledger that knows no pools is called as before."""
         if not self._pools:
             return _NO_POOLS
-        return {"pools": tuple(pool.level for pool in self._pools)}
+        return {"pools": tuple([pool.level for pool in self._pools])}
 
     def get_partial_result(self) -> Any:
         """The last result of a wrapped call, or text received before a cut."""

@@ -364,6 +364,10 @@ class LocalLedger:
     def _pool(self, level: PoolLevel) -> PoolAccount:
         """``level``'s account, made on first use (under the lock)."""
         account = self._pools.get(level.name)
+        if account is not None and (
+            level.window_s == account.window_s and level.bucket_s == account.bucket_s
+        ):
+            return account  # the common case: known, same window
         if account is None:
             if len(self._pools) >= self._sweep_at:
                 for name in [n for n, a in self._pools.items() if a.idle]:

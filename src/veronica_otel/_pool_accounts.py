@@ -79,6 +79,28 @@ class PoolAccount:
         self, level: PoolLevel, chain_id: str, cost_nano: int, tokens: int, steps: int
     ) -> TripEvent | None:
         """The denial if this call does not fit the pool now, else None."""
+        limits = level.limits
+        now = self._clock()
+        if self.forked is None and (
+            (
+                limits.steps is None
+                or self.steps.total(now) + self.reserved_steps + steps <= limits.steps
+            )
+            and (
+                limits.tokens is None
+                or self.tokens.total(now) + self.reserved_tokens + tokens <= limits.tokens
+            )
+            and (
+                limits.cost_nano is None
+                or self.cost.total(now) + self.reserved_nano + cost_nano <= limits.cost_nano
+            )
+        ):
+            return None
+        return self._denial(level, chain_id, cost_nano, tokens, steps)
+
+    def _denial(
+        self, level: PoolLevel, chain_id: str, cost_nano: int, tokens: int, steps: int
+    ) -> TripEvent | None:
         if self.forked is not None:
             return _forked(level, chain_id, self.forked)
         limits = level.limits
@@ -122,9 +144,14 @@ class PoolAccount:
         self.reserved_nano -= held_nano
         self.reserved_tokens -= held_tokens
         self.reserved_steps -= held_steps
-        self.cost.add(cost)
-        self.tokens.add(tokens)
-        self.steps.add(steps)
+        if cost or tokens or steps:
+            now = self._clock()
+            if cost:
+                self.cost.add(cost, now)
+            if tokens:
+                self.tokens.add(tokens, now)
+            if steps:
+                self.steps.add(steps, now)
 
     @property
     def idle(self) -> bool:

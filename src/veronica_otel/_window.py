@@ -91,14 +91,25 @@ class RollingWindow:
         self._buckets: deque[_Bucket] = deque()  # oldest first
         self._total = 0
 
-    def add(self, amount: int) -> None:
-        """Count ``amount`` (an int >= 0) from now until it is older than the window."""
+    def add(self, amount: int, now: float | None = None) -> None:
+        """Count ``amount`` (an int >= 0) from now until it is older than the window.
+
+        ``now`` is the clock's reading if the caller already took it.
+        """
         if amount <= 0:
             return
-        now = self._clock()
-        self._put(now, amount)
+        if now is None:
+            now = self._clock()
+        buckets = self._buckets
+        if buckets and buckets[-1].index >= now // self.bucket_s:  # the common case, inline
+            last = buckets[-1]
+            last.newest = max(last.newest, now)
+            last.amount += amount
+        else:
+            self._put(now, amount)
         self._total += amount
-        self._expire(now)
+        if now >= buckets[0].newest + self.window_s:
+            self._expire(now)
 
     def _put(self, at: float, amount: int) -> None:
         index = at // self.bucket_s
@@ -112,9 +123,14 @@ class RollingWindow:
         else:
             buckets.append(_Bucket(index, at, amount))
 
-    def total(self) -> int:
-        """What was added within the window, as of now."""
-        self._expire(self._clock())
+    def total(self, now: float | None = None) -> int:
+        """What was added within the window, as of now (or ``now``)."""
+        buckets = self._buckets
+        if buckets:
+            if now is None:
+                now = self._clock()
+            if now >= buckets[0].newest + self.window_s:
+                self._expire(now)
         return self._total
 
     def retry_after_s(self, amount_needed: int) -> float | None:
@@ -174,11 +190,11 @@ class LifetimeCounter:
     def __init__(self, total: int = 0) -> None:
         self._total = total
 
-    def add(self, amount: int) -> None:
+    def add(self, amount: int, now: float | None = None) -> None:
         if amount > 0:
             self._total += amount
 
-    def total(self) -> int:
+    def total(self, now: float | None = None) -> int:
         return self._total
 
     def retry_after_s(self, amount_needed: int) -> float | None:
