@@ -454,3 +454,25 @@ def test_the_trip_event_names_the_pool(ledger: LocalLedger, spans: InMemorySpanE
     attributes = dict(trips[0].attributes or {})
     assert attributes["veronica.pool"] == "tenant:acme"
     assert attributes["veronica.trip.retry_after_s"] == pytest.approx(60.0)
+
+
+# -- grants to downstream services ------------------------------------------------------------
+
+
+def test_a_grant_carves_no_more_than_the_pool_has_and_settles_there(ledger: LocalLedger) -> None:
+    from veronica_otel._grants import Spent
+    from veronica_otel._remote import issue_grant, settle
+
+    pool = BudgetPool("tenant:acme", max_cost_usd=0.3, max_steps=4, ledger=ledger)
+    with chain(ledger, pool, max_cost_usd=1.0) as ctx:
+        assert spend(ctx) is Decision.ALLOW  # 0.01 and one step in the pool
+        grant, carve = issue_grant(ctx, audience="svc")
+        assert carve is not None
+        # The chain has 0.99 left, the pool 0.29 and three steps: the pool's room.
+        assert (grant.cost_nano, grant.steps) == (usd_to_nano(0.29), 3)
+        snap = pool.snapshot()
+        assert (snap.reserved_cost_usd, snap.reserved_steps) == (pytest.approx(0.29), 3)
+        settle(carve, Spent(cost_nano=usd_to_nano(0.05), tokens=9, steps=2))
+    assert pool.snapshot() == PoolSnapshot(
+        name="tenant:acme", cost_usd=pytest.approx(0.06), steps=3, tokens=9
+    )
