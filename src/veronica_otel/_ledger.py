@@ -306,6 +306,10 @@ class LocalLedger:
     def __len__(self) -> int:
         return len(self._chains)
 
+    def __repr__(self) -> str:
+        default = " (the process default)" if self is DEFAULT_LEDGER else ""
+        return f"<LocalLedger{default} at {id(self):#x}>"
+
     def _state(self, chain_id: str) -> _ChainState:
         state = self._chains.get(chain_id)
         if state is None:
