@@ -13,6 +13,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests._clock import FakeClock
@@ -26,9 +28,16 @@ from veronica_otel import (
     TripEvent,
     WrapOptions,
 )
-from veronica_otel._ledger import DEFAULT_LEDGER, Level, Limits, LocalLedger, PoolLevel
+from veronica_otel._ledger import (
+    DEFAULT_LEDGER,
+    Level,
+    Limits,
+    LocalLedger,
+    PoolLevel,
+    Reservation,
+)
 from veronica_otel._pools import MAX_POOLS_PER_CHAIN, parse_window
-from veronica_otel._units import usd_to_nano
+from veronica_otel._units import nano_to_usd, usd_to_nano
 
 CENT = WrapOptions(cost_estimate_hint=0.01)
 
@@ -476,3 +485,61 @@ def test_a_grant_carves_no_more_than_the_pool_has_and_settles_there(ledger: Loca
     assert pool.snapshot() == PoolSnapshot(
         name="tenant:acme", cost_usd=pytest.approx(0.06), steps=3, tokens=9
     )
+
+
+# -- the ledger against a plain reference -----------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.01, 0.5, 1.0, 3.3, 9.99, 10.0]),  # advance the clock
+            st.integers(1, 400),  # the call's reservation (nano)
+            st.integers(0, 100),  # percent of it actually spent
+            st.booleans(),  # settle it now (else it stays in flight)
+        ),
+        max_size=60,
+    )
+)
+def test_a_windowed_pool_admits_exactly_what_fits(ops: list[tuple[float, int, int, bool]]) -> None:
+    """Admission against a reference list of (time, amount) commits and held amounts.
+
+    Never more than the limit within any window (exact reference, reservations
+    included); never a denial when even the reference counted a bucket late
+    leaves room; after a windowed denial, waiting retry_after_s admits it.
+    """
+    clock = FakeClock(10.0)
+    ledger = LocalLedger(clock=clock)
+    limit, window = 1000, 10.0
+    level = PoolLevel("p", Limits(cost_nano=limit), window, window / 60)
+    path = (Level("c", Limits()),)
+    committed: list[tuple[float, int]] = []
+    in_flight: list[tuple[Reservation, int]] = []
+
+    def exact(slack: float = 0.0) -> int:
+        return sum(a for t, a in committed if clock.now < t + window + slack)
+
+    for dt, amount, percent, settle_now in ops:
+        clock.advance(dt)
+        held = sum(r.cost_nano for r, _ in in_flight)
+        got = ledger.reserve(path, amount, 0, step=False, pools=(level,))
+        if isinstance(got, TripEvent):
+            assert got.pool == "p"
+            assert exact(window / 60 * (1 + 1e-9)) + held + amount > limit  # no needless denial
+            if got.retry_after_s is not None:
+                start = clock.now
+                clock.now = start + got.retry_after_s
+                again = ledger.reserve(path, amount, 0, step=False, pools=(level,))
+                assert isinstance(again, Reservation)  # waiting that long was enough
+                ledger.release(path, again)
+        else:
+            assert exact() + held + amount <= limit  # never over, within any window
+            in_flight.append((got, amount * percent // 100))
+        if settle_now and in_flight:
+            reservation, actual = in_flight.pop(0)
+            ledger.commit(path, reservation, actual, 0)
+            if actual:
+                committed.append((clock.now, actual))
+        snap = ledger.pool_snapshot(level)
+        assert snap.reserved_cost_usd == nano_to_usd(sum(r.cost_nano for r, _ in in_flight))
