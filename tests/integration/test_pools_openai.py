@@ -10,6 +10,7 @@ what the pool can buy.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -93,17 +94,39 @@ def ask(client: openai.OpenAI, capped: bool = True) -> None:
         client.chat.completions.create(model=MODEL, messages=MESSAGES)
 
 
+class Settled:
+    """Counts calls that came back, so a thread can wait for the next one."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.count = 0
+
+    def bump(self) -> None:
+        with self._cond:
+            self.count += 1
+            self._cond.notify_all()
+
+    def wait_past(self, seen: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.count > seen, timeout=30)
+
+
 def run_until_denied(
-    client: openai.OpenAI, ctx: ExecutionContext, limit: int = 1000
+    client: openai.OpenAI, ctx: ExecutionContext, settled: Settled | None = None
 ) -> BudgetExceededError:
-    """Call in ``ctx`` until a sticky denial; retry denials that in-flight calls cause."""
+    """Call in ``ctx`` until a sticky denial; a denial that only other calls in
+    flight cause waits for one of them to come back, then tries again."""
+    settled = settled or Settled()
     with ctx:
-        for _ in range(limit):
+        for _ in range(1000):
+            seen = settled.count
             try:
                 ask(client)
+                settled.bump()
             except BudgetExceededError as denied:
                 if denied.trip.sticky:
                     return denied
+                settled.wait_past(seen)
     raise AssertionError("never denied")
 
 
@@ -134,13 +157,14 @@ def test_four_chains_on_eight_threads_spend_exactly_the_pool(
     pool = BudgetPool("tenant:acme", max_steps=23, ledger=ledger)
     chains = [chain(ledger, pool) for _ in range(4)]
     start = threading.Barrier(8, timeout=10)
+    settled = Settled()
     denials: list[BudgetExceededError] = []
     errors: list[BaseException] = []
 
     def worker(ctx: ExecutionContext) -> None:
         try:
             start.wait()
-            denials.append(run_until_denied(client, ctx))
+            denials.append(run_until_denied(client, ctx, settled))
         except BaseException as exc:  # surfaced below, not lost in the thread
             errors.append(exc)
 
@@ -257,3 +281,40 @@ def test_pools_on_the_default_ledger(client: openai.OpenAI, server: FakeLLMServe
     pool = BudgetPool("default-ledger-pool", max_steps=2)
     denied = run_until_denied(client, ExecutionContext(pools=[pool]))
     assert server.count(CHAT) == 2 and denied.pool == "default-ledger-pool"
+
+
+@pytest.mark.asyncio
+async def test_chains_as_async_tasks_share_one_pool_exactly(
+    server: FakeLLMServer, ledger: LocalLedger
+) -> None:
+    pool = BudgetPool("tenant:async", max_steps=10, ledger=ledger)
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument()
+    try:
+        async with openai.AsyncOpenAI(
+            base_url=server.openai_base_url, api_key="test", max_retries=0
+        ) as aclient:
+            settled = asyncio.Event()  # set whenever a call comes back
+
+            async def run(ctx: ExecutionContext) -> BudgetExceededError:
+                async with ctx:
+                    for _ in range(100):
+                        try:
+                            await aclient.chat.completions.create(
+                                model=MODEL, messages=MESSAGES, max_completion_tokens=CAP
+                            )
+                            settled.set()
+                        except BudgetExceededError as denied:
+                            if denied.trip.sticky:
+                                return denied
+                            # Only calls in flight held the room: wait for one to settle.
+                            settled.clear()
+                            await asyncio.wait_for(settled.wait(), 30)
+                raise AssertionError("never denied")
+
+            denials = await asyncio.gather(*(run(chain(ledger, pool)) for _ in range(3)))
+    finally:
+        instrumentor.uninstrument()
+    assert server.count(CHAT) == 10
+    assert all(d.pool == "tenant:async" for d in denials)
+    assert pool.snapshot().reserved_steps == 0
