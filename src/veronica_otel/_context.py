@@ -16,9 +16,9 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -31,9 +31,10 @@ from ._cm import AsyncFromSync, Entries
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._gc_safe import drain, pending
-from ._ledger import Ledger, Level, Limits, LocalLedger, Reservation
+from ._ledger import DEFAULT_LEDGER, Ledger, Level, Limits, LocalLedger, PoolLevel, Reservation
 from ._options import ChainSnapshot, Decision, WrapOptions
 from ._policy import ALLOW, PolicyContext, PolicyDecision, PolicyPipeline
+from ._pools import BudgetPool, PoolRoom, check_pools, pool_room
 from ._pricing import PriceTable, UnitPrices, default_price_table
 from ._propagation import CONTEXT_KEY
 from ._telemetry import record_call, track_chain
@@ -43,7 +44,14 @@ from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
 
 __all__ = ["CallHandle", "ExecutionContext"]
 
-_DEFAULT_LEDGER = LocalLedger()
+_DEFAULT_LEDGER = DEFAULT_LEDGER
+
+
+class _PoolArgs(TypedDict, total=False):
+    pools: tuple[PoolLevel, ...]
+
+
+_NO_POOLS: _PoolArgs = {}
 _MAX_OVERRIDE_S = 7 * 24 * 3600.0
 _override_logger = logging.getLogger("veronica_otel.overrides")
 _logger = logging.getLogger("veronica_otel")
@@ -71,6 +79,10 @@ class ExecutionContext(AsyncFromSync):
         ledger: Where counters live; an in-process ledger by default.
         price_table: Prices for ``model``-based reservations and usage.
         name: Shown on the chain's span.
+        pools: :class:`BudgetPool` budgets every call of the chain (and of
+            its children) is also reserved in, atomically with the chain's
+            own; they must live on the chain's ledger. A pool's denial stops
+            the chain; the pool itself never trips.
 
     Use it as a context manager (sync or async): entering makes it the
     active chain in the OpenTelemetry context, so instrumented clients,
@@ -86,6 +98,7 @@ class ExecutionContext(AsyncFromSync):
         ledger: Ledger | None = None,
         price_table: PriceTable | None = None,
         name: str = "chain",
+        pools: Sequence[BudgetPool] | None = None,
         _parent: ExecutionContext | None = None,
         _depth: int = 0,
     ) -> None:
@@ -104,6 +117,7 @@ class ExecutionContext(AsyncFromSync):
         self.name = name
         self.depth = check_count("depth", _depth)
         self._ledger: Ledger = ledger if ledger is not None else _DEFAULT_LEDGER
+        self._pools = check_pools(pools, self._ledger)
         self._prices = price_table
         self._parent = _parent
         self._children = itertools.count(1)
@@ -130,7 +144,9 @@ class ExecutionContext(AsyncFromSync):
                 ),
             ),
         )
-        self._priced = any(level.limits.cost_nano is not None for level in self._path)
+        self._priced = any(level.limits.cost_nano is not None for level in self._path) or any(
+            pool.max_cost_usd is not None for pool in self._pools
+        )
         self._repeats_limited = any(level.limits.repeats is not None for level in self._path)
         self._deadline: float | None = None
         self._timer: TimerHandle | None = None
@@ -167,7 +183,12 @@ class ExecutionContext(AsyncFromSync):
         # The live counters of every level of the path (this chain and its
         # ancestors, each held by its own context): ensure_active reads them.
         self._live = tuple(ledger.state_of(level.chain_id) for level in self._path)
-        if self._parent is None and not self._has_policies and self._handoffs is None:
+        if (
+            self._parent is None
+            and not self._has_policies
+            and self._handoffs is None
+            and not self._pools
+        ):
             # Held by acquire(): the live counters outlast nothing we use.
             self._fast = (ledger, self._path[0], self._live[0])
 
@@ -426,7 +447,12 @@ class ExecutionContext(AsyncFromSync):
                 reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
             else:
                 reservation = self._ledger.reserve(
-                    self._path, cost_nano, tokens, retry=retry, signature=signature
+                    self._path,
+                    cost_nano,
+                    tokens,
+                    retry=retry,
+                    signature=signature,
+                    **self._pool_args(),
                 )
         except BaseException:  # the store failed: give back what policies took
             if policy_context is not None:
@@ -615,8 +641,9 @@ class ExecutionContext(AsyncFromSync):
         """Whether any level of the chain limits repeated call signatures."""
         return self._repeats_limited
 
-    def remaining_tokens(self) -> int | None:
-        """What the tightest token ceiling on the path has left, or None."""
+    def remaining_tokens(self, *, pools: bool = True) -> int | None:
+        """What the tightest token ceiling on the path (and, with ``pools``, in the
+        chain's pools) has left unreserved, or None."""
         remaining: int | None = None
         for level in self._path:
             if level.limits.tokens is None:
@@ -624,6 +651,8 @@ class ExecutionContext(AsyncFromSync):
             state = self._ledger.snapshot(level.chain_id)
             left = max(0, level.limits.tokens - state.tokens - state.reserved_tokens)
             remaining = left if remaining is None else min(remaining, left)
+        if pools and self._pools:
+            remaining = min_limit(remaining, pool_room(self._pools).tokens)
         return remaining
 
     def prices_for(self, provider: str | None, model: str) -> UnitPrices | None:
@@ -754,7 +783,10 @@ class ExecutionContext(AsyncFromSync):
         if call is not None and call.context is self:
             call.add_usage(cost_nano, tokens)
             return
-        overrun = self._ledger.commit(self._path, _NO_RESERVATION, cost_nano, tokens)
+        held = _NO_RESERVATION
+        if self._pools:  # the chain's pools count it too
+            held = Reservation("", 0, 0, pools=self._pool_args()["pools"])
+        overrun = self._ledger.commit(self._path, held, cost_nano, tokens)
         if overrun is not None:
             self._tripped(overrun, raise_error=False)
 
@@ -824,6 +856,7 @@ class ExecutionContext(AsyncFromSync):
             ledger=self._ledger,
             price_table=self._prices,
             name=name,
+            pools=self._pools,
             _parent=self,
             _depth=depth,
         )
@@ -890,10 +923,15 @@ class ExecutionContext(AsyncFromSync):
             if limits.steps is not None:
                 steps = max(0, limits.steps - state.steps)
                 steps_left = steps if steps_left is None else min(steps_left, steps)
+        if self._pools:
+            room = pool_room(self._pools)
+            cost_left = min_limit(cost_left, room.cost_nano)
+            steps_left = min_limit(steps_left, room.steps)
         return cost_left, steps_left
 
-    def remaining_cost_nano(self) -> int | None:
-        """What the tightest cost ceiling on the path has left, or None."""
+    def remaining_cost_nano(self, *, pools: bool = True) -> int | None:
+        """What the tightest cost ceiling on the path (and, with ``pools``, in the
+        chain's pools) has left unreserved, or None."""
         remaining: int | None = None
         for level in self._path:
             if level.limits.cost_nano is None:
@@ -901,7 +939,26 @@ class ExecutionContext(AsyncFromSync):
             state = self._ledger.snapshot(level.chain_id)
             left = max(0, level.limits.cost_nano - state.cost_nano - state.reserved_nano)
             remaining = left if remaining is None else min(remaining, left)
+        if pools and self._pools:
+            remaining = min_limit(remaining, pool_room(self._pools).cost_nano)
         return remaining
+
+    def pool_room(self) -> PoolRoom | None:
+        """What the chain's pools have left unreserved; None for a chain with no pools."""
+        return pool_room(self._pools) if self._pools else None
+
+    @property
+    def pools(self) -> tuple[BudgetPool, ...]:
+        """The budget pools every call of the chain is also reserved in."""
+        return self._pools
+
+    def _pool_args(self) -> _PoolArgs:
+        """``pools=`` for a ledger reservation: each pool's current level (new
+        limits apply from the next call). Empty for a chain with no pools, so
+        a ledger that knows no pools is called as before."""
+        if not self._pools:
+            return _NO_POOLS
+        return {"pools": tuple([pool.level for pool in self._pools])}
 
     def get_partial_result(self) -> Any:
         """The last result of a wrapped call, or text received before a cut."""
@@ -987,6 +1044,10 @@ class ExecutionContext(AsyncFromSync):
         raise BudgetExceededError(trip)
 
     def _tripped(self, trip: TripEvent, *, raise_error: bool = True) -> None:
+        if trip.pool is not None and trip.sticky and trip.chain_id == self.chain_id:
+            # A pool never trips; the chain it denied does (stored, so it is
+            # sticky for every context of the chain, children included).
+            trip = self._ledger.trip(self.chain_id, trip)
         if not trip.sticky:  # only in-flight reservations denied it: deny, remember nothing
             emit_trip(trip)
         elif trip.chain_id == self.chain_id or self._trip is None:

@@ -182,7 +182,12 @@ def _carve(ctx: ExecutionContext, ledger: Ledger, caps: GrantLimits) -> Carve:
         if cost is None and steps is None and tokens is None:
             return Carve(ctx, path, None)
         main = ledger.reserve(
-            path, cost or 0, tokens or 0, step=steps is not None, steps=steps or 1
+            path,
+            cost or 0,
+            tokens or 0,
+            step=steps is not None,
+            steps=steps or 1,
+            **ctx._pool_args(),  # a grant spends the chain's pools too
         )
         if type(main) is not Reservation:
             ctx._tripped(main)  # type: ignore[arg-type]
