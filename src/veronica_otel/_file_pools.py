@@ -128,8 +128,8 @@ def pools_from_env(
 
     Raises:
         ValueError: The list is malformed, names a pool the file does not
-            define, or is set without a policy file (naming the variable).
-        TypeError: ``ledger`` cannot hold pools.
+            define, is set without a policy file, or ``ledger`` cannot hold
+            pools (naming the variable).
     """
     names = parse_pool_names(environ.get(POOLS_ENV, ""))
     if not names:
@@ -143,7 +143,7 @@ def pools_from_env(
     for name in names:
         try:
             pools.append(FilePool(policy_file, name, ledger=ledger))
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:  # TypeError: a ledger without pools
             raise ValueError(f"{POOLS_ENV}: {exc}") from None
     return tuple(pools)
 

@@ -432,6 +432,7 @@ class _DefaultChain(PolicyFileListener):
         self._environ = environ
         self._ledger = ledger
         self._pools = pools
+        self._priced = self._pools_priced()
         self._started = time.monotonic()
         self._config = policy_file.default_config(environ)
         rules = FilePolicy(policy_file)
@@ -450,11 +451,19 @@ class _DefaultChain(PolicyFileListener):
             pools=self._pools,
         )
 
+    def _pools_priced(self) -> tuple[bool, ...]:
+        # A chain decides at birth whether it prices calls (a cost ceiling on
+        # it or a pool): a reload that gives a pool its first cost limit, or
+        # takes it away, rebuilds the chain like a change of limits.
+        return tuple(pool.max_cost_usd is not None for pool in self._pools)
+
     def on_reload(self, policy_file: PolicyFile, spec: PolicySpec) -> None:
         config = policy_file.default_config(self._environ)
+        priced = self._pools_priced()
         with self._lock:
-            if config == self._config:
+            if config == self._config and priced == self._priced:
                 return
+            self._priced = priced
             old = self.context
             timeout = config.timeout_ms
             if timeout is not None:  # the deadline runs from the first chain's start

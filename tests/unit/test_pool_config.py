@@ -309,3 +309,21 @@ def test_gauges_report_each_pools_spent_and_remaining_usd(
     # A pool with no cost limit has spend but no remaining USD.
     assert gauge(metric_reader, "veronica.pool.spent_usd", steps_only.name) == pytest.approx(spent)
     assert gauge(metric_reader, "veronica.pool.remaining_usd", steps_only.name) is None
+
+
+@pytest.mark.usefixtures("zero_code")
+def test_a_pools_first_cost_limit_rebuilds_the_default_chain_so_calls_are_priced(
+    tmp_path: Path,
+) -> None:
+    name = f"tenant:{uuid.uuid4().hex}"
+    path = write(tmp_path / "policy.toml", f'[pools."{name}"]\nmax_steps = 4\n')
+    policy = PolicyFile(path, check_interval_s=0, clock=FakeClock(0.0))
+    from veronica_otel.policy_file import install_default_chain
+
+    first = install_default_chain(policy, {}, pools=[policy.pool(name)])
+    assert not first.has_cost_ceiling  # nothing to price calls for
+    write(path, f'[pools."{name}"]\nmax_steps = 4\nmax_cost_usd = 0.5\n')
+    assert policy.refresh()
+    rebuilt = _propagation.default_context()
+    assert rebuilt is not first and rebuilt.chain_id == first.chain_id
+    assert rebuilt.has_cost_ceiling  # calls now reserve their worst case in the pool
