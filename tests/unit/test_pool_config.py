@@ -15,6 +15,7 @@ from typing import Any
 
 import openai
 import pytest
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from tests._clock import FakeClock
@@ -327,3 +328,38 @@ def test_a_pools_first_cost_limit_rebuilds_the_default_chain_so_calls_are_priced
     rebuilt = _propagation.default_context()
     assert rebuilt is not first and rebuilt.chain_id == first.chain_id
     assert rebuilt.has_cost_ceiling  # calls now reserve their worst case in the pool
+
+
+def test_a_pool_denial_names_the_pool_on_the_trip_record_and_counter(
+    metric_reader: InMemoryMetricReader,
+    log_exporter: InMemoryLogRecordExporter,
+    client: openai.OpenAI,
+    server: FakeLLMServer,
+) -> None:
+    ledger = LocalLedger()
+    name = f"tenant:{uuid.uuid4().hex}"
+    pool = BudgetPool(name, max_steps=1, window="1h", ledger=ledger)
+    ctx = ExecutionContext(ExecutionConfig(max_steps=10), ledger=ledger, pools=[pool])
+    with ctx, pytest.raises(BudgetExceededError):
+        ask(client)
+        ask(client)
+    assert server.count(CHAT) == 1
+    records = [
+        r.log_record
+        for r in log_exporter.get_finished_logs()
+        if r.log_record.attributes and r.log_record.attributes.get("veronica.pool") == name
+    ]
+    assert len(records) == 1
+    attributes = records[0].attributes
+    assert attributes is not None and attributes["veronica.chain.id"] == ctx.chain_id
+    assert attributes["veronica.trip.reason"] == "steps"
+    counted = 0
+    data = metric_reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == "veronica.trips":
+                    for point in metric.data.data_points:
+                        if point.attributes.get("veronica.pool") == name:
+                            counted += int(point.value)
+    assert counted == 1
