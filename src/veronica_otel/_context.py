@@ -658,6 +658,12 @@ class ExecutionContext(AsyncFromSync):
         return self._handoffs is not None
 
     @property
+    def names_agents(self) -> bool:
+        """Whether a call's span should name its agent (``gen_ai.agent.name``):
+        the chain counts handoffs or some agent has limits of its own."""
+        return self._handoffs is not None or bool(self._agent_lookups) or _agents._limited_in_code
+
+    @property
     def tracks_repeats(self) -> bool:
         """Whether any level of the chain limits repeated call signatures."""
         return self._repeats_limited
