@@ -72,19 +72,21 @@ def test_planner_critic_loop_researcher_capped_critic_runs_to_the_chain_ceiling(
     client: openai.OpenAI, server: FakeLLMServer
 ) -> None:
     denials: list[BudgetExceededError] = []
-    with ExecutionContext(ExecutionConfig(max_steps=12)) as ctx:
-        with pytest.raises(BudgetExceededError) as chain_stop:
-            for _ in range(50):
-                with agent("researcher", config=RESEARCHER):  # re-entered every round
-                    try:
-                        ask(client, "researcher")
-                    except BudgetExceededError as exc:
-                        if exc.agent is None:  # the chain's own ceiling: the end
-                            raise
-                        denials.append(exc)
-                        assert ctx.trip is None  # the chain is not tripped by it
-                with agent("critic"):
-                    ask(client, "critic")
+    with (
+        ExecutionContext(ExecutionConfig(max_steps=12)) as ctx,
+        pytest.raises(BudgetExceededError) as chain_stop,
+    ):
+        for _ in range(50):
+            with agent("researcher", config=RESEARCHER):  # re-entered every round
+                try:
+                    ask(client, "researcher")
+                except BudgetExceededError as exc:
+                    if exc.agent is None:  # the chain's own ceiling: the end
+                        raise
+                    denials.append(exc)
+                    assert ctx.trip is None  # the chain is not tripped by it
+            with agent("critic"):
+                ask(client, "critic")
     # The researcher's 3 steps count across its entries; the critic goes on
     # until the chain's own 12 steps are spent (3 + 9).
     assert sent_by(server, "researcher") == 3
@@ -227,7 +229,7 @@ def test_policy_file_agents_by_scope_and_by_span_attribute(
     outcomes: dict[str, list[str | None]] = {"researcher": [], "writer": [], "critic": []}
     with policy_chain(tmp_path / "policy.toml", POLICY) as ctx:
         for _ in range(3):
-            for who in outcomes:
+            for who, seen in outcomes.items():
                 try:
                     if who == "writer":  # named only by a framework's span
                         with tracer.start_as_current_span(
@@ -237,9 +239,9 @@ def test_policy_file_agents_by_scope_and_by_span_attribute(
                     else:
                         with agent(who):  # no config in code: the file's limits
                             ask(client, who)
-                    outcomes[who].append(None)
+                    seen.append(None)
                 except BudgetExceededError as exc:
-                    outcomes[who].append(exc.agent)
+                    seen.append(exc.agent)
         assert ctx.trip is None
     assert outcomes == {
         "researcher": [None, None, "researcher"],
@@ -253,12 +255,14 @@ def test_policy_file_agents_by_scope_and_by_span_attribute(
 def test_code_config_wins_over_the_policy_file(
     client: openai.OpenAI, server: FakeLLMServer, tmp_path: Path
 ) -> None:
-    with policy_chain(tmp_path / "policy.toml", POLICY):
-        with agent("researcher", config=ExecutionConfig(max_steps=4)):
-            for _ in range(4):
-                ask(client, "researcher")
-            with pytest.raises(BudgetExceededError):
-                ask(client, "researcher")
+    with (
+        policy_chain(tmp_path / "policy.toml", POLICY),
+        agent("researcher", config=ExecutionConfig(max_steps=4)),
+    ):
+        for _ in range(4):
+            ask(client, "researcher")
+        with pytest.raises(BudgetExceededError):
+            ask(client, "researcher")
     assert sent_by(server, "researcher") == 4
 
 
@@ -288,40 +292,40 @@ def test_raising_an_agent_limit_by_reload_before_it_is_spent(
 ) -> None:
     clock = FakeClock()
     path = tmp_path / "policy.toml"
-    with policy_chain(path, '[agents."researcher"]\nmax_steps = 2\n', clock):
-        with agent("researcher"):
+    with policy_chain(path, '[agents."researcher"]\nmax_steps = 2\n', clock), agent("researcher"):
+        ask(client, "researcher")
+        path.write_text('[agents."researcher"]\nmax_steps = 4\n')
+        clock.advance(1.0)
+        for _ in range(3):
             ask(client, "researcher")
-            path.write_text('[agents."researcher"]\nmax_steps = 4\n')
-            clock.advance(1.0)
-            for _ in range(3):
-                ask(client, "researcher")
-            with pytest.raises(BudgetExceededError):
-                ask(client, "researcher")
+        with pytest.raises(BudgetExceededError):
+            ask(client, "researcher")
     assert sent_by(server, "researcher") == 4
 
 
 @pytest.mark.asyncio
 async def test_async_agent_scope_with_limits(server: FakeLLMServer) -> None:
+    async def ask_async(aclient: openai.AsyncOpenAI) -> None:
+        await aclient.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": "researcher: go"}],
+            max_tokens=8,
+        )
+
     instrumentor = OpenAIInstrumentor()
     instrumentor.instrument()
     try:
-        async with openai.AsyncOpenAI(
-            base_url=server.openai_base_url, api_key="t", max_retries=0
-        ) as aclient:
-            async with ExecutionContext(ExecutionConfig(max_steps=10)):
-                async with agent("researcher", config=ExecutionConfig(max_steps=2)):
-                    for _ in range(2):
-                        await aclient.chat.completions.create(
-                            model="gpt-4o-mini",
-                            messages=[{"role": "user", "content": "researcher: go"}],
-                            max_tokens=8,
-                        )
-                    with pytest.raises(BudgetExceededError) as err:
-                        await aclient.chat.completions.create(
-                            model="gpt-4o-mini",
-                            messages=[{"role": "user", "content": "researcher: go"}],
-                            max_tokens=8,
-                        )
+        async with (
+            openai.AsyncOpenAI(
+                base_url=server.openai_base_url, api_key="t", max_retries=0
+            ) as aclient,
+            ExecutionContext(ExecutionConfig(max_steps=10)),
+            agent("researcher", config=ExecutionConfig(max_steps=2)),
+        ):
+            await ask_async(aclient)
+            await ask_async(aclient)
+            with pytest.raises(BudgetExceededError) as err:
+                await ask_async(aclient)
     finally:
         instrumentor.uninstrument()
     assert err.value.agent == "researcher"

@@ -60,7 +60,7 @@ def sent_by(server: FakeLLMServer, who: str) -> int:
 def planner_critic(client: openai.OpenAI, ledger: RedisLedger, chain_id: str) -> int:
     """Researcher (max_steps=3) and critic rounds until the chain's 12 steps; the denials."""
     denied = 0
-    with ExecutionContext(ExecutionConfig(max_steps=12), chain_id=chain_id, ledger=ledger) as ctx:
+    with ExecutionContext(ExecutionConfig(max_steps=12), chain_id=chain_id, ledger=ledger):
         with pytest.raises(BudgetExceededError) as stop:
             for _ in range(50):
                 with agent("researcher", config=ExecutionConfig(max_steps=3)):
