@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from ._agents import bound_agents
+from ._agents import agent_scopes, bound_agents
 from ._errors import TripEvent
 from ._ledger import Level, Limits, LocalLedger
 
@@ -59,7 +59,7 @@ class AgentLevels:
     held (``acquire``) until the root context is garbage, like the chain's own.
     """
 
-    __slots__ = ("_cache", "_holder", "_ledger", "_lock", "_names", "_root", "_tripped")
+    __slots__ = ("_cache", "_holder", "_last", "_ledger", "_lock", "_names", "_root", "_tripped")
 
     def __init__(self, root: ExecutionContext) -> None:
         self._root = root.chain_id
@@ -69,17 +69,31 @@ class AgentLevels:
         self._cache: dict[tuple[str, Limits], Level] = {}
         self._names: dict[str, str] = {}  # level id -> agent name
         self._tripped: set[str] = set()  # level ids whose sticky trip was announced
+        # Limits from code alone depend on the scopes only: the last answer, by identity.
+        self._last: tuple[object, tuple[Level, ...], tuple[tuple[Level, ...], str] | None] = (
+            self,
+            (),
+            None,
+        )
 
     def path(
         self, base: tuple[Level, ...], lookups: tuple[Lookup, ...]
     ) -> tuple[tuple[Level, ...], str] | None:
         """``base`` plus the levels of the limited agents acting now, and the
         innermost agent's name; None when no agent limit applies."""
-        bound = bound_agents(lookups)
-        if not bound:
-            return None
-        levels = tuple(self._level(name, limits) for name, limits in bound)
-        return (*base, *levels), bound[-1][0]
+        scopes = agent_scopes()
+        if not lookups:
+            last = self._last
+            if last[0] is scopes and last[1] is base:
+                return last[2]
+        bound = bound_agents(lookups, scopes)
+        result: tuple[tuple[Level, ...], str] | None = None
+        if bound:
+            levels = tuple(self._level(name, limits) for name, limits in bound)
+            result = (*base, *levels), bound[-1][0]
+        if not lookups:
+            self._last = (scopes, base, result)
+        return result
 
     def _level(self, name: str, limits: Limits) -> Level:
         key = (name, limits)

@@ -41,6 +41,7 @@ __all__ = [
     "HandoffCounter",
     "agent",
     "agent_limits",
+    "agent_scopes",
     "bound_agents",
     "current_agent",
     "limits_in_code",
@@ -84,17 +85,25 @@ def agent_limits(config: ExecutionConfig, argument: str = "config") -> Limits:
     )
 
 
+def agent_scopes() -> object:
+    """The enclosing agent scopes as one immutable value (None when none):
+    the same object for as long as the same scopes enclose the code."""
+    return otel_context.get_value(_SCOPES_KEY)
+
+
 def bound_agents(
-    lookups: tuple[Callable[[str], Limits | None], ...],
+    lookups: tuple[Callable[[str], Limits | None], ...], scopes: Any = None
 ) -> tuple[tuple[str, Limits], ...]:
     """The limited agents the running code acts for, outer first.
 
     Each enclosing :func:`agent` scope (its own ``config``, else the first of
     ``lookups`` that knows the name: the chain's policy files), then the
     current span's ``gen_ai.agent.name`` when no scope named it. A name that
-    appears twice is bound once, by the tighter of each limit.
+    appears twice is bound once, by the tighter of each limit. ``scopes``:
+    :func:`agent_scopes`, when the caller read it already.
     """
-    scopes: Any = otel_context.get_value(_SCOPES_KEY)
+    if scopes is None:
+        scopes = otel_context.get_value(_SCOPES_KEY)
     found: dict[str, Limits] = {}
     named: set[str] = set()
     if scopes:

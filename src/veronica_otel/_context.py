@@ -454,7 +454,8 @@ class ExecutionContext(AsyncFromSync):
                 self._agent_denied(reservation)  # type: ignore[arg-type]
             self._tripped(reservation)  # type: ignore[arg-type]
         call = CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
-        call.agents = agents
+        if agents is not None:
+            call.agents = agents
         if self._metrics:
             call.metrics = True
             call.kind = kind
