@@ -114,6 +114,17 @@ class AgentLevels:
             self._cache[key] = level
         return level
 
+    def adopt(self, root: ExecutionContext) -> AgentLevels:
+        """Carry these agents' counters over to ``root``, a context replacing the
+        root under the same chain id (a policy reload rebuilding the default chain)."""
+        with self._lock:
+            if isinstance(self._ledger, LocalLedger):
+                for level_id in self._names:
+                    self._ledger.acquire(level_id)
+                    weakref.finalize(root, self._ledger.discard, level_id)
+            self._holder = weakref.ref(root)
+        return self
+
     def denial(self, trip: TripEvent, chain_id: str) -> tuple[TripEvent, bool] | None:
         """``trip`` as the agent's own denial in chain ``chain_id`` and whether
         it is news (announce it); None when no agent level made ``trip``."""

@@ -439,6 +439,8 @@ class _DefaultChain(PolicyFileListener):
                 price_table=self._prices,
                 name="default",
             )
+            if old._agent_tree is not None:  # its agents' counts carry over too
+                self.context._agent_tree = old._agent_tree.adopt(self.context)
             self._config = config
             if _propagation._default is old:  # unless someone else replaced it since
                 _propagation.set_default_context(self.context, renew=self.renew)

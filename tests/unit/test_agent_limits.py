@@ -7,9 +7,11 @@ real SDKs and a real Valkey are in tests/integration/test_agent_limits*.py.
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import pytest
 
+from tests._clock import FakeClock
 from veronica_otel import (
     BudgetExceededError,
     Decision,
@@ -22,6 +24,7 @@ from veronica_otel._agent_limits import agent_level_id
 from veronica_otel._ledger import LocalLedger
 from veronica_otel._policy_schema import PolicyFileError, parse_policy
 from veronica_otel._units import usd_to_nano
+from veronica_otel.policy_file import PolicyFile, _DefaultChain
 
 
 def _noop() -> None:
@@ -198,3 +201,27 @@ def test_agent_scope_without_limits_costs_no_ledger_level() -> None:
     with ExecutionContext(ledger=ledger) as ctx, agent("plain"):
         ctx.wrap_llm_call(_noop)
         assert len(ledger) == 1  # the chain alone
+
+
+def test_a_default_chain_rebuilt_by_a_reload_keeps_its_agents_counts(tmp_path: Path) -> None:
+    clock = FakeClock()
+    path = tmp_path / "policy.toml"
+    path.write_text('[limits]\nmax_steps = 50\n\n[agents."researcher"]\nmax_steps = 3\n')
+    policy = PolicyFile(path, clock=clock)
+    keeper = _DefaultChain(policy, {}, LocalLedger())
+    policy.add_listener(keeper)  # as install_default_chain does, without the process default
+    first = keeper.context
+    with first, agent("researcher"):
+        assert first.wrap_llm_call(_noop) is Decision.ALLOW
+        assert first.wrap_llm_call(_noop) is Decision.ALLOW
+    path.write_text('[limits]\nmax_steps = 600\n\n[agents."researcher"]\nmax_steps = 3\n')
+    clock.advance(5.0)
+    assert policy.refresh()
+    second = keeper.context
+    assert second is not first and second.chain_id == first.chain_id
+    del first
+    gc.collect()
+    with second, agent("researcher"):
+        assert second.wrap_llm_call(_noop) is Decision.ALLOW  # the researcher's 3rd
+        assert second.wrap_llm_call(_noop) is Decision.HALT
+    assert second.trip is None
