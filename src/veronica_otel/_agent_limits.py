@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from ._agents import agent_scopes, bound_agents
 from ._errors import TripEvent
+from ._fork import remake_locks_after_fork
 from ._ledger import Level, Limits, LocalLedger
 
 if TYPE_CHECKING:
@@ -59,13 +60,24 @@ class AgentLevels:
     held (``acquire``) until the root context is garbage, like the chain's own.
     """
 
-    __slots__ = ("_cache", "_holder", "_last", "_ledger", "_lock", "_names", "_root", "_tripped")
+    __slots__ = (
+        "__weakref__",
+        "_cache",
+        "_holder",
+        "_last",
+        "_ledger",
+        "_lock",
+        "_names",
+        "_root",
+        "_tripped",
+    )
 
     def __init__(self, root: ExecutionContext) -> None:
         self._root = root.chain_id
         self._ledger = root._ledger
         self._holder = weakref.ref(root)
         self._lock = threading.Lock()
+        remake_locks_after_fork(self)  # a parent thread may hold it at fork
         self._cache: dict[tuple[str, Limits], Level] = {}
         self._names: dict[str, str] = {}  # level id -> agent name
         self._tripped: set[str] = set()  # level ids whose sticky trip was announced

@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
-import threading
 import time
 import uuid
 import weakref
@@ -61,7 +60,6 @@ _STORE_RETRY_S = 5.0
 _DEFAULT_OPTIONS = WrapOptions()
 _NO_RESERVATION = Reservation("", 0, 0)
 _monotonic = time.monotonic
-_agent_tree_lock = threading.Lock()
 
 
 class ExecutionContext(AsyncFromSync):
@@ -469,10 +467,10 @@ class ExecutionContext(AsyncFromSync):
             root = self
             while root._parent is not None:
                 root = root._parent
-            with _agent_tree_lock:
-                tree = root._agent_tree
-                if tree is None:
-                    tree = root._agent_tree = AgentLevels(root)
+            # One tree per root, also when threads race here (setdefault is atomic).
+            tree = root.__dict__.get("_agent_tree") or root.__dict__.setdefault(
+                "_agent_tree", AgentLevels(root)
+            )
             self._agent_tree = tree
         return tree.path(self._path, self._agent_lookups)
 
