@@ -34,11 +34,13 @@ __all__ = [
 MAX_FILE_BYTES = 1 << 20  # a policy is a few kilobytes; more is a mistake
 _NO_VALUE = object()
 _SHOWN = 120  # longest value repr in a message
-_TOP_KEYS = ("unknown_model_price_usd_per_mtok", "limits", "prices", "models", "tools")
+_TOP_KEYS = ("unknown_model_price_usd_per_mtok", "limits", "prices", "models", "tools", "agents")
 _LIMIT_KEYS = tuple(f.name for f in fields(ExecutionConfig))
 _PRICE_KEYS = ("input", "output", "cached_input", "reasoning", "cache_write")
 _MODEL_KEYS = ("fallback", "max_tokens", "max_calls")
 _TOOL_KEYS = ("max_calls", "cost_usd")
+# An agent's limits add up across its entries (see veronica_otel.agent).
+_AGENT_KEYS = ("max_cost_usd", "max_steps", "max_tokens", "max_retries_total", "max_repeats")
 
 
 class PolicyFileError(ValueError):
@@ -161,6 +163,8 @@ class PolicySpec:
         aliases: Model names mapped to the model whose price they take
             (``[models] "my-gpt4o-deploy" = "gpt-4o"``), keyed lower-cased.
             Pricing only: a rule for ``gpt-4o`` does not apply to the alias.
+        agents: Per-agent limits (``[agents."researcher"]``) keyed by agent
+            name, exactly: what an agent of that name may use in one chain.
     """
 
     limits: ExecutionConfig = field(default_factory=ExecutionConfig)
@@ -169,6 +173,7 @@ class PolicySpec:
     models: Mapping[str, ModelRule] = field(default_factory=dict)
     tools: Mapping[str, ToolRule] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
+    agents: Mapping[str, ExecutionConfig] = field(default_factory=dict)
 
 
 def load_policy(path: Path) -> PolicySpec:
@@ -273,6 +278,7 @@ def parse_policy(data: object, source: str = "<policy>") -> PolicySpec:
         models=models,
         tools=_tools(source, top.get("tools", {})),
         aliases=aliases,
+        agents=_agents(source, top.get("agents", {})),
     )
 
 
@@ -389,6 +395,26 @@ def _tools(source: str, data: object) -> dict[str, ToolRule]:
             cost_usd = _usd(source, f"{path}.cost_usd", table["cost_usd"])
         rules[name] = ToolRule(name, path, max_calls, cost_usd)
     return rules
+
+
+def _agents(source: str, data: object) -> dict[str, ExecutionConfig]:
+    agents: dict[str, ExecutionConfig] = {}
+    for name, body in _named_tables(source, "agents", data).items():
+        path = f"agents.{_quote(name)}"
+        if len(name) > 256:
+            raise PolicyFileError(source, "is longer than 256 characters", path)
+        table = _table(source, path, body, _AGENT_KEYS)
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            where = f"{path}.{key}"
+            number = _usd if key == "max_cost_usd" else _count
+            values[key] = number(source, where, value)
+            try:
+                ExecutionConfig(**{key: values[key]})  # its own range rules
+            except ValueError as exc:
+                raise PolicyFileError(source, _problem(exc, key), where, value) from None
+        agents[name] = ExecutionConfig(**values)
+    return agents
 
 
 # -- value checks ------------------------------------------------------------------

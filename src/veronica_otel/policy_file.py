@@ -42,6 +42,11 @@ is installed)::
     max_calls = 10           # per chain
     cost_usd = 0.01          # USD per call, counted against max_cost_usd
 
+    [agents."researcher"]    # an agent's name: agent("researcher") or a span's
+    max_cost_usd = 0.2       # gen_ai.agent.name (AG2's Agent.ask); per chain, summed
+    max_steps = 10           # over the agent's entries (and max_tokens,
+                             # max_retries_total, max_repeats); code's config wins
+
 A tool's ``cost_usd`` goes into the process-wide tool price table
 (:func:`veronica_otel.set_tool_prices`), which every contained tool call
 reads (``contained_tool``, ``ToolCall``, the MCP instrumentor). A file that
@@ -434,6 +439,8 @@ class _DefaultChain(PolicyFileListener):
                 price_table=self._prices,
                 name="default",
             )
+            if old._agent_tree is not None:  # its agents' counts carry over too
+                self.context._agent_tree = old._agent_tree.adopt(self.context)
             self._config = config
             if _propagation._default is old:  # unless someone else replaced it since
                 _propagation.set_default_context(self.context, renew=self.renew)
