@@ -550,6 +550,8 @@ def _admission_attributes(
     if fallback is not None and fallback != model:
         attributes["veronica.fallback_model"] = fallback
         attributes["gen_ai.request.model"] = fallback
+    if handle.agents is not None:  # an agent's own limits bound this call
+        attributes["veronica.agent"] = handle.agents[1]
     return attributes
 
 
@@ -639,6 +641,8 @@ def _mark_denied(
             )
             if isinstance(error, BudgetExceededError) and error.pool is not None:
                 span.set_attribute("veronica.pool", error.pool)
+            if isinstance(error, BudgetExceededError) and error.agent is not None:
+                span.set_attribute("veronica.agent", error.agent)
             _note_trip(span, error)
     except Exception:
         _logger.exception("recording the denial on its span failed")

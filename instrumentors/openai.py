@@ -217,7 +217,7 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
     messages = body.get("messages")
     n_messages = len(messages) if type(messages) is list else 1
     cap, cap_key = _requested_cap(body, cap_keys)
-    agent = current_agent() if ctx.tracks_handoffs else None
+    agent = current_agent() if ctx.names_agents else None
     peer = _peer_span(operation, agent)
     span = peer if peer is not None else start_span(operation, PROVIDER, model, agent)
     # Current from here until the request returns (one attach for both): a

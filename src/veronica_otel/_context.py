@@ -23,6 +23,8 @@ from typing import Any, TypedDict
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from . import _agents
+from ._agent_limits import AgentLevels, lookups_of
 from ._agents import HandoffCounter, current_agent
 from ._call import ACTIVE_CALL, CallHandle, close_awaitable, is_coroutine_function
 from ._chain_span import end_chain_span, open_chain_span
@@ -89,6 +91,9 @@ class ExecutionContext(AsyncFromSync):
     threads and tasks started inside find it with :func:`current_context`.
     """
 
+    # The agent levels of this chain tree: made at its first agent-bound call.
+    _agent_tree: AgentLevels | None = None
+
     def __init__(
         self,
         config: ExecutionConfig | None = None,
@@ -113,6 +118,8 @@ class ExecutionContext(AsyncFromSync):
         self.config = config if config is not None else ExecutionConfig()
         self.pipeline = pipeline if pipeline is not None else PolicyPipeline()
         self._has_policies = bool(self.pipeline)  # pipelines are immutable
+        # Policies that know agents' limits by name (a policy file's [agents]).
+        self._agent_lookups = lookups_of(self.pipeline)
         self.chain_id = chain_id if chain_id is not None else uuid.uuid4().hex
         self.name = name
         self.depth = check_count("depth", _depth)
@@ -148,14 +155,8 @@ class ExecutionContext(AsyncFromSync):
             pool.max_cost_usd is not None for pool in self._pools
         )
         self._repeats_limited = any(level.limits.repeats is not None for level in self._path)
-        self._deadline: float | None = None
+        self._deadline = self._first_deadline(_parent)
         self._timer: TimerHandle | None = None
-        if limits.timeout_ms is not None:
-            self._deadline = self._started + limits.timeout_ms / 1000
-        if _parent is not None and _parent._deadline is not None:
-            parent_deadline = _parent._deadline
-            if self._deadline is None or parent_deadline < self._deadline:
-                self._deadline = parent_deadline
         if self._deadline is not None:
             self._timer = schedule(self._deadline, weak_deadline(self))
         if _parent is not None:
@@ -176,6 +177,15 @@ class ExecutionContext(AsyncFromSync):
             self._deny(
                 "depth", limits.max_depth, self.depth, "hop depth over max_depth", raise_error=False
             )
+
+    def _first_deadline(self, parent: ExecutionContext | None) -> float | None:
+        """The earlier of this chain's own ``timeout_ms`` and its parent's deadline."""
+        timeout_ms = self.config.timeout_ms
+        deadline = None if timeout_ms is None else self._started + timeout_ms / 1000
+        inherited = None if parent is None else parent._deadline
+        if inherited is not None and (deadline is None or inherited < deadline):
+            deadline = inherited
+        return deadline
 
     def _hold(self, ledger: LocalLedger) -> None:
         ledger.acquire(self.chain_id)
@@ -277,6 +287,7 @@ class ExecutionContext(AsyncFromSync):
             and not self._token.cancelled
             and not self._metrics
             and not pending
+            and not _agents._limited_in_code
         ):
             # The common case, kept short: an in-process root chain with no
             # policies. Same checks as begin_call; any denial re-checks the
@@ -441,9 +452,19 @@ class ExecutionContext(AsyncFromSync):
                 raise
             if not decision.allowed:
                 self._deny_policy(decision)
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
         fast = self._fast
         try:
-            if fast is not None and signature is None and not retry:
+            if agents is not None:
+                reservation = self._ledger.reserve(
+                    agents[0],
+                    cost_nano,
+                    tokens,
+                    retry=retry,
+                    signature=signature,
+                    **self._pool_args(),
+                )
+            elif fast is not None and signature is None and not retry:
                 reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
             else:
                 reservation = self._ledger.reserve(
@@ -461,13 +482,46 @@ class ExecutionContext(AsyncFromSync):
         if type(reservation) is not Reservation:
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
+            if agents is not None:
+                self._agent_denied(reservation)  # type: ignore[arg-type]
             self._tripped(reservation)  # type: ignore[arg-type]
         call = CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
+        if agents is not None:
+            call.agents = agents
         if self._metrics:
             call.metrics = True
             call.kind = kind
             call.model = model
         return call
+
+    def _agent_path(self) -> tuple[tuple[Level, ...], str] | None:
+        """This call's path with the levels of the limited agents it is made for."""
+        tree = self._agent_tree
+        if tree is None:
+            root = self
+            while root._parent is not None:
+                root = root._parent
+            # One tree per root, also when threads race here (setdefault is atomic).
+            tree = root.__dict__.get("_agent_tree") or root.__dict__.setdefault(
+                "_agent_tree", AgentLevels(root)
+            )
+            self._agent_tree = tree
+        return tree.path(self._path, self._agent_lookups)
+
+    def _agent_denied(self, trip: TripEvent, *, raise_error: bool = True) -> bool:
+        """Deny for an agent whose own level made ``trip``; the chain goes on.
+
+        Returns False (nothing done) when ``trip`` is not an agent's."""
+        tree = self._agent_tree
+        mapped = tree.denial(trip, self.chain_id) if tree is not None else None
+        if mapped is None:
+            return False
+        event, news = mapped
+        if news:
+            emit_trip(event)
+        if raise_error:
+            raise BudgetExceededError(event)
+        return True
 
     def _check_handoff(self, counter: HandoffCounter) -> None:
         name = current_agent()
@@ -637,6 +691,12 @@ class ExecutionContext(AsyncFromSync):
         return self._handoffs is not None
 
     @property
+    def names_agents(self) -> bool:
+        """Whether a call's span should name its agent (``gen_ai.agent.name``):
+        the chain counts handoffs or some agent has limits of its own."""
+        return self._handoffs is not None or bool(self._agent_lookups) or _agents._limited_in_code
+
+    @property
     def tracks_repeats(self) -> bool:
         """Whether any level of the chain limits repeated call signatures."""
         return self._repeats_limited
@@ -673,8 +733,12 @@ class ExecutionContext(AsyncFromSync):
         """Draw one retry from ``max_retries_total`` or raise BudgetExceededError."""
         if self._trip is not None:
             raise BudgetExceededError(self._trip)
-        result = self._ledger.reserve(self._path, 0, 0, step=False, retry=True)
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        path = self._path if agents is None else agents[0]
+        result = self._ledger.reserve(path, 0, 0, step=False, retry=True)
         if type(result) is not Reservation:
+            if agents is not None:
+                self._agent_denied(result)  # type: ignore[arg-type]
             self._tripped(result)  # type: ignore[arg-type]
 
     def _worst_case(self, options: WrapOptions) -> int:
@@ -700,8 +764,10 @@ class ExecutionContext(AsyncFromSync):
 
     def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
         reservation = call.reservation
+        agents = call.agents
+        path = self._path if agents is None else agents[0]
         if not sent:
-            self._ledger.release(self._path, reservation)
+            self._ledger.release(path, reservation)
             if call.policy_context is not None:
                 self.pipeline.abandon(call.policy_context)
             return
@@ -712,10 +778,10 @@ class ExecutionContext(AsyncFromSync):
             # returned, it may have been billed, so it costs its worst case (G10).
             cost, tokens = reservation.cost_nano, reservation.tokens
         fast = self._fast
-        if fast is not None:
+        if fast is not None and agents is None:
             overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
         else:
-            overrun = self._ledger.commit(self._path, reservation, cost, tokens)
+            overrun = self._ledger.commit(path, reservation, cost, tokens)
         if call.metrics:
             record_call(call.kind, nano_to_usd(cost), error is not None, call.model)
         if call.policy_context is not None:
@@ -728,7 +794,9 @@ class ExecutionContext(AsyncFromSync):
                 self.pipeline.abandon(call.policy_context)
             else:
                 self.pipeline.record_failure(call.policy_context, error)
-        if overrun is not None:
+        if overrun is not None and not (
+            agents is not None and self._agent_denied(overrun, raise_error=False)
+        ):
             self._trip = overrun
             emit_trip(overrun)
 
@@ -786,8 +854,12 @@ class ExecutionContext(AsyncFromSync):
         held = _NO_RESERVATION
         if self._pools:  # the chain's pools count it too
             held = Reservation("", 0, 0, pools=self._pool_args()["pools"])
-        overrun = self._ledger.commit(self._path, held, cost_nano, tokens)
-        if overrun is not None:
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        path = self._path if agents is None else agents[0]
+        overrun = self._ledger.commit(path, held, cost_nano, tokens)
+        if overrun is not None and not (
+            agents is not None and self._agent_denied(overrun, raise_error=False)
+        ):
             self._tripped(overrun, raise_error=False)
 
     def _price_usage(

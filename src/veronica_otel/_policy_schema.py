@@ -36,12 +36,22 @@ __all__ = [
 MAX_FILE_BYTES = 1 << 20  # a policy is a few kilobytes; more is a mistake
 _NO_VALUE = object()
 _SHOWN = 120  # longest value repr in a message
-_TOP_KEYS = ("unknown_model_price_usd_per_mtok", "limits", "prices", "models", "tools", "pools")
+_TOP_KEYS = (
+    "unknown_model_price_usd_per_mtok",
+    "limits",
+    "prices",
+    "models",
+    "tools",
+    "agents",
+    "pools",
+)
 _LIMIT_KEYS = tuple(f.name for f in fields(ExecutionConfig))
 _PRICE_KEYS = ("input", "output", "cached_input", "reasoning", "cache_write")
 _MODEL_KEYS = ("fallback", "max_tokens", "max_calls")
 _TOOL_KEYS = ("max_calls", "cost_usd")
 _POOL_KEYS = ("max_cost_usd", "max_steps", "max_tokens", "window")
+# An agent's limits add up across its entries (see veronica_otel.agent).
+_AGENT_KEYS = ("max_cost_usd", "max_steps", "max_tokens", "max_retries_total", "max_repeats")
 
 
 class PolicyFileError(ValueError):
@@ -186,6 +196,8 @@ class PolicySpec:
             (``[models] "my-gpt4o-deploy" = "gpt-4o"``), keyed lower-cased.
             Pricing only: a rule for ``gpt-4o`` does not apply to the alias.
         pools: Budget pool limits keyed by pool name.
+        agents: Per-agent limits (``[agents."researcher"]``) keyed by agent
+            name, exactly: what an agent of that name may use in one chain.
     """
 
     limits: ExecutionConfig = field(default_factory=ExecutionConfig)
@@ -195,6 +207,7 @@ class PolicySpec:
     tools: Mapping[str, ToolRule] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
     pools: Mapping[str, PoolRule] = field(default_factory=dict)
+    agents: Mapping[str, ExecutionConfig] = field(default_factory=dict)
 
 
 def load_policy(path: Path) -> PolicySpec:
@@ -300,6 +313,7 @@ def parse_policy(data: object, source: str = "<policy>") -> PolicySpec:
         tools=_tools(source, top.get("tools", {})),
         aliases=aliases,
         pools=_pools(source, top.get("pools", {})),
+        agents=_agents(source, top.get("agents", {})),
     )
 
 
@@ -461,6 +475,26 @@ def _pools(source: str, data: object) -> dict[str, PoolRule]:
             )
         rules[name] = PoolRule(name, path, cost, steps, tokens, window)
     return rules
+
+
+def _agents(source: str, data: object) -> dict[str, ExecutionConfig]:
+    agents: dict[str, ExecutionConfig] = {}
+    for name, body in _named_tables(source, "agents", data).items():
+        path = f"agents.{_quote(name)}"
+        if len(name) > 256:
+            raise PolicyFileError(source, "is longer than 256 characters", path)
+        table = _table(source, path, body, _AGENT_KEYS)
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            where = f"{path}.{key}"
+            number = _usd if key == "max_cost_usd" else _count
+            values[key] = number(source, where, value)
+            try:
+                ExecutionConfig(**{key: values[key]})  # its own range rules
+            except ValueError as exc:
+                raise PolicyFileError(source, _problem(exc, key), where, value) from None
+        agents[name] = ExecutionConfig(**values)
+    return agents
 
 
 # -- value checks ------------------------------------------------------------------

@@ -50,6 +50,8 @@ def trip_attributes(trip: TripEvent) -> dict[str, str | float]:
         attributes["veronica.pool"] = trip.pool
         if trip.retry_after_s is not None:
             attributes["veronica.trip.retry_after_s"] = trip.retry_after_s
+    if trip.agent is not None:
+        attributes["veronica.agent"] = trip.agent
     return attributes
 
 

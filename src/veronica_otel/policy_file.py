@@ -42,6 +42,11 @@ is installed)::
     max_calls = 10           # per chain
     cost_usd = 0.01          # USD per call, counted against max_cost_usd
 
+    [agents."researcher"]    # an agent's name: agent("researcher") or a span's
+    max_cost_usd = 0.2       # gen_ai.agent.name (AG2's Agent.ask); per chain, summed
+    max_steps = 10           # over the agent's entries (and max_tokens,
+                             # max_retries_total, max_repeats); code's config wins
+
     [pools."tenant:acme"]    # a budget pool (PolicyFile.pool, VERONICA_POOLS)
     max_cost_usd = 50.0      # and/or max_steps, max_tokens
     window = "1d"            # rolling: "30s", "15m", "1h", "1d", seconds; omit: lifetime
@@ -478,6 +483,8 @@ class _DefaultChain(PolicyFileListener):
                 name="default",
                 pools=self._pools,
             )
+            if old._agent_tree is not None:  # its agents' counts carry over too
+                self.context._agent_tree = old._agent_tree.adopt(self.context)
             self._config = config
             if _propagation._default is old:  # unless someone else replaced it since
                 _propagation.set_default_context(self.context, renew=self.renew)
