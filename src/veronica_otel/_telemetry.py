@@ -151,6 +151,8 @@ def record_trip(trip: TripEvent) -> None:
         }
         if trip.pool is not None:  # pool names are bounded: fine on the counter too
             counted["veronica.pool"] = attributes["veronica.pool"] = trip.pool
+            if trip.retry_after_s is not None:
+                attributes["veronica.trip.retry_after_s"] = trip.retry_after_s
         _trips.add(1, counted)
         _otel_logger.emit(
             LogRecord(

@@ -353,6 +353,7 @@ def test_a_pool_denial_names_the_pool_on_the_trip_record_and_counter(
     attributes = records[0].attributes
     assert attributes is not None and attributes["veronica.chain.id"] == ctx.chain_id
     assert attributes["veronica.trip.reason"] == "steps"
+    assert 3540 <= float(attributes["veronica.trip.retry_after_s"]) <= 3600  # type: ignore[arg-type]
     counted = 0
     data = metric_reader.get_metrics_data()
     for resource in data.resource_metrics if data else ():
