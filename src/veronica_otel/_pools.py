@@ -23,16 +23,20 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ._ledger import DEFAULT_LEDGER, Ledger, Limits, PoolLevel, PoolSnapshot
+from ._telemetry import track_pool
 from ._units import check_count, check_usd, usd_to_nano
 from ._window import MAX_WINDOW_S, MIN_WINDOW_S, check_window
 
 __all__ = [
     "MAX_POOLS_PER_CHAIN",
     "BudgetPool",
+    "PoolLimits",
     "PoolRoom",
     "PoolSnapshot",
+    "check_pool_name",
     "check_pools",
     "parse_window",
+    "pool_limits",
     "pool_room",
 ]
 
@@ -64,6 +68,45 @@ def parse_window(window: str | float | None) -> float | None:
     return check_window(seconds)[0]
 
 
+class PoolLimits(NamedTuple):
+    """One pool's limits as given, and as a ledger reads them (``level``)."""
+
+    max_cost_usd: float | None
+    max_steps: int | None
+    max_tokens: int | None
+    level: PoolLevel
+
+
+def check_pool_name(name: object) -> str:
+    """``name`` if it is a valid pool name; else TypeError/ValueError naming ``name``."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
+    if _NAME.fullmatch(name) is None:
+        raise ValueError(f"name must be 1-128 letters, digits or -_.:@/, got {name!r}")
+    return name
+
+
+def pool_limits(
+    name: str,
+    max_cost_usd: float | None,
+    max_steps: int | None,
+    max_tokens: int | None,
+    window: str | float | None,
+) -> PoolLimits:
+    """Checked limits (ValueError/TypeError naming the argument) and their PoolLevel."""
+    cost = None if max_cost_usd is None else check_usd("max_cost_usd", max_cost_usd)
+    steps = None if max_steps is None else check_count("max_steps", max_steps)
+    tokens = None if max_tokens is None else check_count("max_tokens", max_tokens)
+    window_s = parse_window(window)
+    level = PoolLevel(
+        name,
+        Limits(cost_nano=None if cost is None else usd_to_nano(cost), steps=steps, tokens=tokens),
+        window_s,
+        None if window_s is None else check_window(window_s)[1],
+    )
+    return PoolLimits(cost, steps, tokens, level)
+
+
 class BudgetPool:
     """A budget shared by every chain that lists it (same name and ledger).
 
@@ -84,7 +127,7 @@ class BudgetPool:
     wrong type) naming the argument. ``None`` limits are unlimited.
     """
 
-    __slots__ = ("_ledger", "_level", "max_cost_usd", "max_steps", "max_tokens", "name")
+    __slots__ = ("_ledger", "_limits", "name")
 
     def __init__(
         self,
@@ -96,37 +139,38 @@ class BudgetPool:
         window: str | float | None = None,
         ledger: Ledger | None = None,
     ) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
-        if _NAME.fullmatch(name) is None:
-            raise ValueError(f"name must be 1-128 letters, digits or -_.:@/, got {name!r}")
-        self.name = name
-        self.max_cost_usd = (
-            None if max_cost_usd is None else check_usd("max_cost_usd", max_cost_usd)
-        )
-        self.max_steps = None if max_steps is None else check_count("max_steps", max_steps)
-        self.max_tokens = None if max_tokens is None else check_count("max_tokens", max_tokens)
-        window_s = parse_window(window)
+        self.name = check_pool_name(name)
+        self._limits = pool_limits(name, max_cost_usd, max_steps, max_tokens, window)
         if ledger is None:
             ledger = DEFAULT_LEDGER
         elif not callable(getattr(ledger, "pool_snapshot", None)):
             raise TypeError(f"ledger must be a Ledger that supports pools, got {ledger!r}")
         self._ledger: Ledger = ledger
-        self._level = PoolLevel(
-            name,
-            Limits(
-                cost_nano=None if self.max_cost_usd is None else usd_to_nano(self.max_cost_usd),
-                steps=self.max_steps,
-                tokens=self.max_tokens,
-            ),
-            window_s,
-            None if window_s is None else check_window(window_s)[1],
-        )
+        track_pool(self)
+
+    def _current(self) -> PoolLimits:
+        """The limits in force (a pool that follows a policy file re-reads it here)."""
+        return self._limits
+
+    @property
+    def max_cost_usd(self) -> float | None:
+        """Ceiling on the cost committed within the window; None: unlimited."""
+        return self._current().max_cost_usd
+
+    @property
+    def max_steps(self) -> int | None:
+        """Ceiling on the calls dispatched within the window; None: unlimited."""
+        return self._current().max_steps
+
+    @property
+    def max_tokens(self) -> int | None:
+        """Ceiling on the tokens within the window; None: unlimited."""
+        return self._current().max_tokens
 
     @property
     def window_s(self) -> float | None:
         """The rolling window in seconds; None for a lifetime budget."""
-        return self._level.window_s
+        return self._current().level.window_s
 
     @property
     def ledger(self) -> Ledger:
@@ -135,11 +179,11 @@ class BudgetPool:
     @property
     def level(self) -> PoolLevel:
         """What a ledger needs to know of this pool (its name, limits, window)."""
-        return self._level
+        return self._current().level
 
     def snapshot(self) -> PoolSnapshot:
         """What was spent within the current window and what calls in flight hold."""
-        return self._ledger.pool_snapshot(self._level)
+        return self._ledger.pool_snapshot(self.level)
 
     def __repr__(self) -> str:
         limits = ", ".join(

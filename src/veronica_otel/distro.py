@@ -34,6 +34,11 @@ instrumentor at all, the ``veronica_otel_zero_code.pth`` start-up file, which
 runs it after OpenTelemetry's own initialisation, whatever that raised
 (:mod:`veronica_otel._autostart`). Selecting a distro is never needed.
 
+``VERONICA_POOLS=tenant:acme,user:alice`` joins the default chain to those
+budget pools, their limits read from the policy file's ``[pools]`` (and
+re-read when it reloads); with ``VERONICA_REDIS_URL`` they live in the
+shared store. A name the file does not define is a start-up error.
+
 ``VERONICA_THREADS=false`` leaves ``threading`` alone: work started in
 threads then runs outside the chain (the process default chain still
 applies there).
@@ -55,6 +60,7 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from ._config import ExecutionConfig, parse_env_bool
 from ._context import ExecutionContext
 from ._context import _valid_id as valid_chain_id
+from ._file_pools import pools_from_env
 from ._ledger import Ledger
 from ._propagation import set_default_context, set_default_context_error
 from .policy_file import PolicyFile, install_default_chain
@@ -162,8 +168,11 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
         _check_environment(env)
         ledger, chain_id = _shared_store(env)
         policy = PolicyFile.from_env(environ)
+        pools = pools_from_env(env, policy, ledger)  # VERONICA_POOLS
         if policy is not None:  # VERONICA_POLICY_FILE: the chain follows the file
-            ctx = install_default_chain(policy, environ, ledger=ledger, chain_id=chain_id)
+            ctx = install_default_chain(
+                policy, environ, ledger=ledger, chain_id=chain_id, pools=pools
+            )
             _logger.info("veronica-otel: default chain %s from %s", ctx.chain_id, policy.path)
             return ctx
         config = ExecutionConfig.from_env(environ)
