@@ -30,6 +30,8 @@ __all__ = [
     "LocalLedger",
     "Reservation",
     "MAX_RESERVE_STEPS",
+    "PoolLevel",
+    "PoolSnapshot",
     "SIGNATURE_MEMORY",
 ]
 
@@ -77,6 +79,37 @@ class PoolLevel:
     bucket_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """What one pool holds now (``Ledger.pool_snapshot``).
+
+    ``cost_nano``, ``steps`` and ``tokens`` were committed within the window
+    (all time for a lifetime pool); the ``reserved_*`` amounts are held by
+    calls in flight. ``free_in_s``: seconds until the oldest spend still in
+    the window leaves it (None: nothing will, or a lifetime pool).
+    """
+
+    name: str
+    cost_nano: int = 0
+    steps: int = 0
+    tokens: int = 0
+    reserved_nano: int = 0
+    reserved_steps: int = 0
+    reserved_tokens: int = 0
+    window_s: float | None = None
+    free_in_s: float | None = None
+
+    @property
+    def cost_usd(self) -> float:
+        """Committed cost within the window, in USD."""
+        return nano_to_usd(self.cost_nano)
+
+    @property
+    def reserved_usd(self) -> float:
+        """Cost held by calls in flight, in USD."""
+        return nano_to_usd(self.reserved_nano)
+
+
 class Reservation:
     """What one admitted call holds until it commits or releases.
 
@@ -84,12 +117,19 @@ class Reservation:
     call, on the hot path.
     """
 
-    __slots__ = ("cost_nano", "id", "retry", "step", "tokens")
+    __slots__ = ("cost_nano", "id", "pools", "retry", "step", "tokens")
 
     def __init__(
-        self, id: str, cost_nano: int, tokens: int, step: int = 0, retry: bool = False
+        self,
+        id: str,
+        cost_nano: int,
+        tokens: int,
+        step: int = 0,
+        retry: bool = False,
+        pools: tuple[PoolLevel, ...] = (),
     ) -> None:
         self.id = id
+        self.pools = pools  # the pools it also holds in: commit and release settle them
         self.cost_nano = cost_nano
         self.tokens = tokens
         self.step = (
