@@ -15,6 +15,11 @@ same trip messages, first trip sticky), with each of ``reserve``, ``commit``,
 ``release`` and ``trip`` one ``EVALSHA`` round trip, so a contained call costs
 two round trips. The scripts and keys are described in ``_scripts.py``.
 
+With budget pools (``reserve(..., pools=...)``) the call is reserved in the
+chain and every pool all or nothing: one script on one server (still two
+round trips per call), a two-phase protocol on Redis Cluster (the pools'
+keys are in their own slot); see ``_pools.py``.
+
 What the store adds:
 
 * **The store never forgets** (see the protocol in ``_scripts.py``). Each
