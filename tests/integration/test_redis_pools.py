@@ -460,3 +460,58 @@ def test_cluster_chain_on_another_node_than_the_pools(
     assert holder(redis_cluster, ledger.key(chain)) != pool_node
     ledger.commit(path, got, 2 * U, 0)
     assert ledger.pool_snapshot(lifetime("p")).cost_nano == 2 * U
+
+
+# -- store down, hot reload, CLI usage ------------------------------------------------
+
+
+def test_a_commit_queued_while_the_store_is_down_settles_the_pools_once(
+    restartable_redis: Any, redis_prefix: str
+) -> None:
+    ledger = RedisLedger.from_url(restartable_redis.url, key_prefix=redis_prefix)
+    pool = windowed("p", cost=10 * U)
+    path = [Level("down", Limits())]
+    got = ledger.reserve(path, 3 * U, 0, pools=[pool])
+    assert isinstance(got, Reservation)
+    restartable_redis.stop()
+    ledger.commit(path, got, 2 * U, 0)  # never raises into the call that ran
+    assert ledger.pending == 1  # one joined operation: chain and pools together
+    restartable_redis.start()
+    assert ledger.flush() == 0
+    ledger.commit(path, got, 2 * U, 0)  # a replay of the same commit: counted once
+    snap = ledger.pool_snapshot(pool)
+    assert (snap.cost_nano, snap.steps, snap.reserved_nano) == (2 * U, 1, 0)
+    assert ledger.snapshot("down").cost_nano == 2 * U
+    _close(ledger)
+
+
+def test_a_changed_window_keeps_what_was_spent(store: Store) -> None:
+    """Hot reload of a pool's window: spend already made is never dropped by it."""
+    ledger = store.ledger
+    path = [Level(store.chain("r"), Limits())]
+    hourly = PoolLevel("p", Limits(cost_nano=5 * U), window_s=3600.0)
+    got = ledger.reserve(path, 4 * U, 0, pools=[hourly])
+    assert isinstance(got, Reservation)
+    ledger.commit(path, got, 4 * U, 0)
+    daily = PoolLevel("p", Limits(cost_nano=5 * U), window_s=86400.0)
+    denied = ledger.reserve(path, 2 * U, 0, pools=[daily])
+    assert not isinstance(denied, Reservation) and denied.pool == "p"
+    snap = ledger.pool_snapshot(daily)
+    assert (snap.cost_nano, snap.window_s) == (4 * U, 86400.0)
+    forever = PoolLevel("p", Limits(cost_nano=5 * U))
+    assert not isinstance(ledger.reserve(path, 2 * U, 0, pools=[forever]), Reservation)
+    assert ledger.pool_snapshot(forever).cost_nano == 4 * U
+
+
+def test_the_cli_needs_a_store(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    monkeypatch.delenv("VERONICA_REDIS_URL", raising=False)
+    assert main(["pools"]) == 2
+    assert "VERONICA_REDIS_URL" in capsys.readouterr().err
+
+
+def test_the_cli_says_when_there_are_no_pools(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setenv("VERONICA_REDIS_PREFIX", redis_prefix)
+    assert main(["pools", "--redis", redis_url]) == 0
+    assert "no pools" in capsys.readouterr().out
