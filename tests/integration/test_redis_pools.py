@@ -350,10 +350,13 @@ def test_pool_lost_with_the_store_is_reseeded_from_marks(
     ledger.commit(path, got, 2 * U, 0)
     ledger.client.delete(store.pool_key("p"))  # lost (flush, eviction, restart)
     with caplog.at_level(logging.WARNING, "veronica_otel.distributed"):
-        denied = ledger.reserve(path, 2 * U, 0, pools=[pool])
+        held = ledger.reserve(path, 0, 0, pools=[pool])  # fits: re-seeded all the same
+    assert isinstance(held, Reservation)
+    assert "re-seeded" in caplog.text
+    ledger.release(path, held)
+    denied = ledger.reserve(path, 2 * U, 0, pools=[pool])  # 2 + 2 > 3: the spend came back
     assert not isinstance(denied, Reservation)
     assert denied.pool == "p"
-    assert "re-seeded" in caplog.text
     assert ledger.pool_snapshot(pool).cost_nano == 2 * U
 
 
@@ -515,3 +518,20 @@ def test_the_cli_says_when_there_are_no_pools(
     monkeypatch.setenv("VERONICA_REDIS_PREFIX", redis_prefix)
     assert main(["pools", "--redis", redis_url]) == 0
     assert "no pools" in capsys.readouterr().out
+
+
+def test_a_lost_pool_that_denies_says_it_was_reseeded(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = store.ledger
+    pool = windowed("p", cost=3 * U)
+    path = [Level(store.chain("m"), Limits())]
+    got = ledger.reserve(path, 2 * U, 0, pools=[pool])
+    assert isinstance(got, Reservation)
+    ledger.commit(path, got, 2 * U, 0)
+    ledger.client.delete(store.pool_key("p"))
+    with caplog.at_level(logging.WARNING, "veronica_otel.distributed"):
+        denied = ledger.reserve(path, 2 * U, 0, pools=[pool])
+    assert not isinstance(denied, Reservation) and denied.pool == "p"
+    assert denied.retry_after_s is not None  # the re-seeded spend leaves with the window
+    assert "re-seeded" in caplog.text

@@ -572,7 +572,7 @@ class RedisLedger:
                 pending = op if script is None else op._replace(script=script, keys=keys, args=args)
                 reply = self._settle(pending)
                 if script is not None:
-                    self._pools.settled(reservation.pools, reply, 3 + 8 * len(op.path))
+                    self._pools.settled(reservation.pools, reply, 3 + _scripts.MARKS * len(op.path))
             else:
                 self._pools.settled(
                     reservation.pools, self._settle(_Pending(script, keys, args, (), 0, 0)), 4

@@ -54,6 +54,7 @@ from veronica_otel._units import nano_to_usd
 from . import _pool_scripts as scripts
 from ._connect import ClusterClient
 from ._keys import _limit
+from ._scripts import MARKS
 from ._store import text
 
 __all__ = ["PoolStore"]
@@ -160,7 +161,7 @@ class PoolStore:
         if not self.cluster:
             reply = self.joined_reserve(keys + pk, [str(len(pa)), str(len(keys)), *pa, *args])
             if reply[0] != 5:
-                self._remember(pools, reply, 4 + 8 * n_levels)
+                self._remember(pools, reply, 4 + MARKS * n_levels)
                 if reply[0] == 1:
                     self.live[rid] = None
             return reply
@@ -321,12 +322,21 @@ class PoolStore:
 
     def _remember(self, pools: Sequence[PoolLevel], reply: Sequence[Any], start: int) -> None:
         marks = self.marks
+        lost = []
         for pool in pools:
-            if pool.name not in marks and len(marks) >= _MARKS_LIMIT:
+            old = marks.get(pool.name)
+            if old is None and len(marks) >= _MARKS_LIMIT:
                 with contextlib.suppress(StopIteration, KeyError, RuntimeError):
                     del marks[next(iter(marks))]
-            marks[pool.name] = tuple(reply[start : start + 4])
+            new = tuple(reply[start : start + 4])
+            # Another epoch than the one we saw: the store lost the pool and
+            # this operation's script re-seeded it from our marks.
+            if old is not None and text(old[0]) and text(new[0]) != text(old[0]):
+                lost.append(pool.name)
+            marks[pool.name] = new
             start += 4
+        if lost:
+            self._reseeded(lost)
 
     @staticmethod
     def _reseeded(names: Sequence[str]) -> None:
