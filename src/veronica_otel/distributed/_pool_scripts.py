@@ -41,10 +41,11 @@ __all__ = [
 ]
 
 # ARGV of a pool section (offset po): np id cost tokens steps base rsv_ttl_us
-# marker_ttl_us applied_ttl_us applied_cap fresh chain_ttl_ms chain_id, then
+# marker_ttl_us applied_ttl_us applied_cap fresh chain_ttl_ms chain_id clock_us
+# ('' = the server's TIME; a test's injected clock otherwise), then
 # per pool: name wu bu cost_limit steps_limit tokens_limit (-1 unlimited) and
 # the client's marks e c s t. KEYS (offset ko): np pool hashes, rh, rz, ad.
-HEAD = 13
+HEAD = 14
 PER_POOL = 10
 SECTION = (HEAD, PER_POOL)
 
@@ -238,8 +239,13 @@ local function pool_args(A, po)
     tokens = tonumber(A[po + 4]), steps = tonumber(A[po + 5]), base = A[po + 6],
     rsv_ttl = tonumber(A[po + 7]), marker_ttl = tonumber(A[po + 8]),
     aptl = tonumber(A[po + 9]), cap = tonumber(A[po + 10]), fresh = A[po + 11],
-    chain_ttl = A[po + 12], chain = A[po + 13], at = po + 13,
+    chain_ttl = A[po + 12], chain = A[po + 13], clock = A[po + 14], at = po + 14,
   }
+end
+-- The pools' clock: the server's TIME, unless a test injected one.
+local function pool_now(a)
+  if a.clock ~= '' then return tonumber(a.clock) end
+  return now_us()
 end
 local function pool_of(A, a, j)
   local b = a.at + (j - 1) * 10
@@ -379,7 +385,7 @@ POOLED_RESERVE = (
     + _wrapped(RESERVE)
     + _SPLIT
     + r"""
-local now = now_us()
+local now = pool_now(a)
 if pool_seen(KEYS, ko, a) then  -- a duplicated reserve: the chain reports it
   return pool_report({unpack(KEYS, ko + 1, ko + a.np)}, a.np, chain_op(ckeys, cargs))
 end
@@ -393,7 +399,7 @@ return pool_report({unpack(KEYS, ko + 1, ko + a.np)}, a.np, reply)
 
 _POOLED_SETTLE = r"""
 local reply = chain_op(ckeys, cargs)
-pool_settle(KEYS, ko, ARGV, a, @COMMIT@, now_us())
+pool_settle(KEYS, ko, ARGV, a, @COMMIT@, pool_now(a))
 return pool_report({unpack(KEYS, ko + 1, ko + a.np)}, a.np, reply)
 """
 
@@ -418,7 +424,7 @@ POOL_RESERVE = (
 local a = pool_args(ARGV, 0)
 local keys = {unpack(KEYS, 1, a.np)}
 if pool_seen(KEYS, 0, a) then return pool_report(keys, a.np, {1, 0, 0}) end
-local now = now_us()
+local now = pool_now(a)
 local denied = pool_check(KEYS, 0, ARGV, a, now)
 if denied then return denied end
 pool_hold(KEYS, 0, ARGV, a, now)
@@ -428,7 +434,7 @@ return pool_report(keys, a.np, {1, 0, 0})
 
 _POOL_SETTLE = r"""
 local a = pool_args(ARGV, 0)
-local reseeded = pool_settle(KEYS, 0, ARGV, a, @COMMIT@, now_us())
+local reseeded = pool_settle(KEYS, 0, ARGV, a, @COMMIT@, pool_now(a))
 return pool_report({unpack(KEYS, 1, a.np)}, a.np, {0, '', 0, reseeded})
 """
 POOL_COMMIT = _PRELUDE + _POOL_LIB + _POOL_SETTLE.replace("@COMMIT@", "true")
@@ -456,7 +462,7 @@ return renewed
 """
 )
 
-# KEYS: one pool hash. Read-only: what its window holds now, without
+# KEYS: one pool hash. ARGV: clock_us ('' = TIME). Read-only: what its window holds now, without
 # dropping anything. Returns {c, s, t, rc, rs, rt, wu, free_us}: free_us is
 # when the oldest spend still in the window leaves it (-1: nothing will).
 POOL_SNAPSHOT = (
@@ -465,7 +471,7 @@ POOL_SNAPSHOT = (
     + r"""
 local key = KEYS[1]
 local st = pool_state(key)
-local now = now_us()
+local now = ARGV[1] ~= '' and tonumber(ARGV[1]) or now_us()
 local c, s, t, free = st.c, st.s, st.t, -1
 local last = st.wu > 0 and math.floor((now - st.wu) / st.bu) - 1 or 0
 if st.wu > 0 and st.lo > 0 and last - st.lo > st.wu / st.bu + 2 then

@@ -89,6 +89,7 @@ class PoolStore:
         "_rsv_ttl",
         "_rz",
         "_snapshot",
+        "clock",
         "cluster",
         "joined_commit",
         "joined_release",
@@ -128,6 +129,8 @@ class PoolStore:
         self._snapshot = register(scripts.POOL_SNAPSHOT)
         self.marks: dict[str, tuple[Any, ...]] = {}
         self.live: dict[str, None] = {}  # reservation ids held in the pools
+        # Tests only: microseconds the pool scripts use instead of the server's TIME.
+        self.clock: Callable[[], int] | None = None
 
     def key(self, name: str) -> str:
         """The Redis key of pool ``name`` (ValueError for a name that cannot be stored)."""
@@ -250,7 +253,8 @@ class PoolStore:
 
     def snapshot(self, name: str) -> PoolSnapshot:
         """What pool ``name`` holds now (one read-only script; raises RedisError)."""
-        values = [int(text(v)) for v in self._snapshot([self.key(name)], [])]
+        clock = "" if self.clock is None else str(self.clock())
+        values = [int(text(v)) for v in self._snapshot([self.key(name)], [clock])]
         c, s, t, rc, rs, rt, wu, free = values
         return PoolSnapshot(
             name,
@@ -304,6 +308,7 @@ class PoolStore:
             self._new_id(),
             self._chain_ttl,
             chain_id,
+            "" if self.clock is None else str(self.clock()),
         ]
         marks = self.marks
         for pool in pools:
