@@ -12,6 +12,7 @@ import itertools
 import logging
 import multiprocessing
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.context import SpawnContext
@@ -535,3 +536,35 @@ def test_a_lost_pool_that_denies_says_it_was_reseeded(
     assert not isinstance(denied, Reservation) and denied.pool == "p"
     assert denied.retry_after_s is not None  # the re-seeded spend leaves with the window
     assert "re-seeded" in caplog.text
+
+
+def test_threads_on_their_own_chains_share_one_pool_exactly(store: Store) -> None:
+    """8 threads x 10 calls, each its own chain (on a cluster: off the pools' node), 25-step pool."""
+    ledger = store.ledger
+    pool = PoolLevel("steps", Limits(steps=25), window_s=3600.0)
+    start = threading.Barrier(8)
+    ran = [0] * 8
+
+    def body(index: int) -> None:
+        path = [Level(store.chain(f"t{index}x"), Limits())]
+        start.wait(timeout=30)
+        for _ in range(10):
+            got = ledger.reserve(path, U, 0, pools=[pool])
+            if isinstance(got, Reservation):
+                ran[index] += 1
+                ledger.commit(path, got, U, 0)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sum(ran) == 25
+    snap = ledger.pool_snapshot(pool)
+    assert (snap.steps, snap.cost_nano, snap.reserved_steps, snap.reserved_nano) == (
+        25,
+        25 * U,
+        0,
+        0,
+    )
+    assert store.pool_records() == 0
