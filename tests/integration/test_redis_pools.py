@@ -539,7 +539,7 @@ def test_a_lost_pool_that_denies_says_it_was_reseeded(
 
 
 def test_threads_on_their_own_chains_share_one_pool_exactly(store: Store) -> None:
-    """8 threads x 10 calls, each its own chain (on a cluster: off the pools' node), 25-step pool."""
+    """8 threads x 10 calls, each its own chain (a cluster: off the pools' node): 25 run."""
     ledger = store.ledger
     pool = PoolLevel("steps", Limits(steps=25), window_s=3600.0)
     start = threading.Barrier(8)
