@@ -79,35 +79,32 @@ class PoolLevel:
     bucket_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PoolSnapshot:
-    """What one pool holds now (``Ledger.pool_snapshot``).
+    """A pool's counters as one ledger sees them (``BudgetPool.snapshot()``).
 
-    ``cost_nano``, ``steps`` and ``tokens`` were committed within the window
-    (all time for a lifetime pool); the ``reserved_*`` amounts are held by
-    calls in flight. ``free_in_s``: seconds until the oldest spend still in
-    the window leaves it (None: nothing will, or a lifetime pool).
+    Attributes:
+        name: The pool's name.
+        window_s: Its rolling window in seconds; None for a lifetime budget.
+        cost_usd: Committed within the window (or lifetime).
+        steps: Steps committed within the window.
+        tokens: Tokens committed within the window.
+        reserved_cost_usd: Held by calls in flight (counted when they settle).
+        reserved_steps: Steps held by calls in flight.
+        reserved_tokens: Tokens held by calls in flight.
+        free_in_s: Seconds until the oldest spend still in the window leaves
+            it; None when nothing will (a lifetime pool, or nothing spent).
     """
 
     name: str
-    cost_nano: int = 0
+    window_s: float | None = None
+    cost_usd: float = 0.0
     steps: int = 0
     tokens: int = 0
-    reserved_nano: int = 0
+    reserved_cost_usd: float = 0.0
     reserved_steps: int = 0
     reserved_tokens: int = 0
-    window_s: float | None = None
     free_in_s: float | None = None
-
-    @property
-    def cost_usd(self) -> float:
-        """Committed cost within the window, in USD."""
-        return nano_to_usd(self.cost_nano)
-
-    @property
-    def reserved_usd(self) -> float:
-        """Cost held by calls in flight, in USD."""
-        return nano_to_usd(self.reserved_nano)
 
 
 class Reservation:

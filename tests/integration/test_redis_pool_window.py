@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from veronica_otel._ledger import Level, Limits, PoolLevel, Reservation
+from veronica_otel._units import usd_to_nano as _nano
 from veronica_otel.distributed import RedisLedger
 
 U = 1_000_000  # one unit of cost in nano-USD
@@ -108,8 +109,8 @@ def test_window_matches_the_reference(
             retry = reference.retry_after_us(now[0], amount)
             assert got.retry_after_s == (None if retry is None else retry / 1e6)
         snap = ledger.pool_snapshot(pool)
-        assert snap.cost_nano == reference.held(now[0]) * U
-        assert (snap.reserved_nano, snap.steps) == (
+        assert _nano(snap.cost_usd) == reference.held(now[0]) * U
+        assert (_nano(snap.reserved_cost_usd), snap.steps) == (
             0,
             len([1 for at, _ in reference.spent if now[0] < reference.leaves(at)]),
         )

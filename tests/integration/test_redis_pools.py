@@ -26,6 +26,7 @@ from tests.integration import _redis_workers as workers
 from tests.integration.test_redis_cluster import holder
 from tests.integration.test_redis_ledger import CountingRedis
 from veronica_otel._ledger import Level, Limits, PoolLevel, Reservation
+from veronica_otel._units import usd_to_nano as _nano
 from veronica_otel.cli import main
 from veronica_otel.distributed import LedgerCorruptedError, RedisLedger
 from veronica_otel.distributed._connect import ClusterClient
@@ -123,12 +124,20 @@ def test_reserve_and_commit_settle_every_pool(store: Store) -> None:
     assert isinstance(got, Reservation)
     assert got.pools == (org, user)
     held = ledger.pool_snapshot(user)
-    assert (held.reserved_nano, held.reserved_steps, held.reserved_tokens) == (2 * U, 1, 7)
+    assert (_nano(held.reserved_cost_usd), held.reserved_steps, held.reserved_tokens) == (
+        2 * U,
+        1,
+        7,
+    )
     assert ledger.commit(path, got, U, 5) is None
     for pool in (org, user):
         snap = ledger.pool_snapshot(pool)
-        assert (snap.cost_nano, snap.steps, snap.tokens) == (U, 1, 5)
-        assert (snap.reserved_nano, snap.reserved_steps, snap.reserved_tokens) == (0, 0, 0)
+        assert (_nano(snap.cost_usd), snap.steps, snap.tokens) == (U, 1, 5)
+        assert (_nano(snap.reserved_cost_usd), snap.reserved_steps, snap.reserved_tokens) == (
+            0,
+            0,
+            0,
+        )
         assert snap.window_s is None and snap.free_in_s is None
     assert ledger.snapshot(path[0].chain_id).cost_nano == U
 
@@ -141,7 +150,12 @@ def test_release_gives_every_pool_back(store: Store) -> None:
     assert isinstance(got, Reservation)
     ledger.release(path, got)
     snap = ledger.pool_snapshot(pool)
-    assert (snap.cost_nano, snap.steps, snap.reserved_nano, snap.reserved_steps) == (0, 0, 0, 0)
+    assert (
+        _nano(snap.cost_usd),
+        snap.steps,
+        _nano(snap.reserved_cost_usd),
+        snap.reserved_steps,
+    ) == (0, 0, 0, 0)
     assert isinstance(ledger.reserve(path, 3 * U, 0, pools=[pool]), Reservation)
 
 
@@ -159,7 +173,11 @@ def test_fits_the_chain_not_the_pool_reserves_nothing_anywhere(store: Store) -> 
     assert (state.steps, state.reserved_nano, state.trip) == (0, 0, None)
     for pool in (roomy, tight):
         snap = ledger.pool_snapshot(pool)
-        assert (snap.reserved_nano, snap.reserved_steps, snap.cost_nano) == (0, 0, 0)
+        assert (_nano(snap.reserved_cost_usd), snap.reserved_steps, _nano(snap.cost_usd)) == (
+            0,
+            0,
+            0,
+        )
     assert store.pool_records() == 0
 
 
@@ -172,7 +190,12 @@ def test_fits_the_pool_not_the_chain_releases_the_pools(store: Store) -> None:
     assert not isinstance(denied, Reservation)
     assert (denied.pool, denied.reason, denied.sticky) == (None, "cost", True)
     snap = ledger.pool_snapshot(pool)
-    assert (snap.reserved_nano, snap.reserved_steps, snap.cost_nano, snap.steps) == (0, 0, 0, 0)
+    assert (
+        _nano(snap.reserved_cost_usd),
+        snap.reserved_steps,
+        _nano(snap.cost_usd),
+        snap.steps,
+    ) == (0, 0, 0, 0)
     assert store.pool_records() == 0
     # The pool is untouched for other chains.
     other = [Level(store.chain("e"), Limits())]
@@ -198,7 +221,7 @@ def test_replayed_commit_counts_once(store: Store) -> None:
     assert isinstance(got, Reservation)
     ledger.commit(path, got, 2 * U, 0)
     ledger.commit(path, got, 2 * U, 0)  # delivered twice
-    assert ledger.pool_snapshot(pool).cost_nano == 2 * U
+    assert _nano(ledger.pool_snapshot(pool).cost_usd) == 2 * U
     assert ledger.snapshot(path[0].chain_id).cost_nano == 2 * U
 
 
@@ -249,10 +272,10 @@ def test_window_refuses_then_admits_once_it_slides(store: Store) -> None:
     while True:
         snap = ledger.pool_snapshot(pool)
         after = server_us(client)
-        if snap.cost_nano == 0:
+        if _nano(snap.cost_usd) == 0:
             break
         # Never dropped early: every snapshot taken before the window ended holds it.
-        assert snap.cost_nano == 3 * U
+        assert _nano(snap.cost_usd) == 3 * U
         assert snap.free_in_s is not None and snap.free_in_s > 0
         assert time.monotonic() < deadline, "the window never slid"
         time.sleep(0.05)  # polling the store's clock
@@ -278,7 +301,7 @@ def test_window_keeps_spend_per_bucket(open_ledger: Callable[..., RedisLedger]) 
     deadline = time.monotonic() + 10
     while True:
         start = server_us(client)
-        cost = ledger.pool_snapshot(pool).cost_nano
+        cost = _nano(ledger.pool_snapshot(pool).cost_usd)
         seen.add(cost)
         if start < times[0] + 1_000_000:
             assert cost == 3 * U
@@ -315,11 +338,11 @@ def test_expired_pool_reservation_is_charged_then_replaced_by_its_late_commit(
     got = url_ledger.reserve(other, U, 0, pools=[pool])  # reaps the expired one
     assert isinstance(got, Reservation)
     snap = url_ledger.pool_snapshot(pool)
-    assert (snap.cost_nano, snap.reserved_nano, snap.steps) == (4 * U, U, 1)
+    assert (_nano(snap.cost_usd), _nano(snap.reserved_cost_usd), snap.steps) == (4 * U, U, 1)
     dead.commit(path, held, 2 * U, 0)  # the late commit replaces the charge
     dead.commit(path, held, 2 * U, 0)  # and its replay counts once
     snap = url_ledger.pool_snapshot(pool)
-    assert (snap.cost_nano, snap.reserved_nano, snap.steps) == (2 * U, U, 1)
+    assert (_nano(snap.cost_usd), _nano(snap.reserved_cost_usd), snap.steps) == (2 * U, U, 1)
 
 
 def test_heartbeat_keeps_pool_reservations_alive(open_ledger: Callable[..., RedisLedger]) -> None:
@@ -358,7 +381,7 @@ def test_pool_lost_with_the_store_is_reseeded_from_marks(
     denied = ledger.reserve(path, 2 * U, 0, pools=[pool])  # 2 + 2 > 3: the spend came back
     assert not isinstance(denied, Reservation)
     assert denied.pool == "p"
-    assert ledger.pool_snapshot(pool).cost_nano == 2 * U
+    assert _nano(ledger.pool_snapshot(pool).cost_usd) == 2 * U
 
 
 def test_a_foreign_value_in_a_pool_is_corruption(store: Store) -> None:
@@ -441,7 +464,7 @@ def test_four_processes_share_one_pool_exactly(
     assert sum(ran) == 16
     ledger = open_ledger()
     snap = ledger.pool_snapshot(pool)
-    assert (snap.cost_nano, snap.steps, snap.reserved_nano) == (48 * U, 16, 0)
+    assert (_nano(snap.cost_usd), snap.steps, _nano(snap.reserved_cost_usd)) == (48 * U, 16, 0)
     assert sum(ledger.snapshot(f"proc{i}").steps for i in range(4)) == 16
 
 
@@ -463,7 +486,7 @@ def test_cluster_chain_on_another_node_than_the_pools(
     assert holder(redis_cluster, pool_key) == pool_node
     assert holder(redis_cluster, ledger.key(chain)) != pool_node
     ledger.commit(path, got, 2 * U, 0)
-    assert ledger.pool_snapshot(lifetime("p")).cost_nano == 2 * U
+    assert _nano(ledger.pool_snapshot(lifetime("p")).cost_usd) == 2 * U
 
 
 # -- store down, hot reload, CLI usage ------------------------------------------------
@@ -484,7 +507,7 @@ def test_a_commit_queued_while_the_store_is_down_settles_the_pools_once(
     assert ledger.flush() == 0
     ledger.commit(path, got, 2 * U, 0)  # a replay of the same commit: counted once
     snap = ledger.pool_snapshot(pool)
-    assert (snap.cost_nano, snap.steps, snap.reserved_nano) == (2 * U, 1, 0)
+    assert (_nano(snap.cost_usd), snap.steps, _nano(snap.reserved_cost_usd)) == (2 * U, 1, 0)
     assert ledger.snapshot("down").cost_nano == 2 * U
     _close(ledger)
 
@@ -501,10 +524,10 @@ def test_a_changed_window_keeps_what_was_spent(store: Store) -> None:
     denied = ledger.reserve(path, 2 * U, 0, pools=[daily])
     assert not isinstance(denied, Reservation) and denied.pool == "p"
     snap = ledger.pool_snapshot(daily)
-    assert (snap.cost_nano, snap.window_s) == (4 * U, 86400.0)
+    assert (_nano(snap.cost_usd), snap.window_s) == (4 * U, 86400.0)
     forever = PoolLevel("p", Limits(cost_nano=5 * U))
     assert not isinstance(ledger.reserve(path, 2 * U, 0, pools=[forever]), Reservation)
-    assert ledger.pool_snapshot(forever).cost_nano == 4 * U
+    assert _nano(ledger.pool_snapshot(forever).cost_usd) == 4 * U
 
 
 def test_the_cli_needs_a_store(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
@@ -561,7 +584,12 @@ def test_threads_on_their_own_chains_share_one_pool_exactly(store: Store) -> Non
         thread.join(timeout=60)
     assert sum(ran) == 25
     snap = ledger.pool_snapshot(pool)
-    assert (snap.steps, snap.cost_nano, snap.reserved_steps, snap.reserved_nano) == (
+    assert (
+        snap.steps,
+        _nano(snap.cost_usd),
+        snap.reserved_steps,
+        _nano(snap.reserved_cost_usd),
+    ) == (
         25,
         25 * U,
         0,

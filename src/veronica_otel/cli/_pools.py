@@ -60,7 +60,7 @@ def pool_table(snapshots: Sequence[PoolSnapshot]) -> str:
             f"{snap.cost_usd:.6f}",
             str(snap.steps),
             str(snap.tokens),
-            f"{snap.reserved_usd:.6f}",
+            f"{snap.reserved_cost_usd:.6f}",
             "-" if snap.free_in_s is None else _duration(snap.free_in_s),
         )
         for snap in snapshots

@@ -768,7 +768,7 @@ class RedisLedger:
         local = self._local
         if local is not None:
             snapshot = getattr(local, "pool_snapshot", None)  # LocalLedger's pools (issue 15)
-            return snapshot(pool) if snapshot is not None else PoolSnapshot(pool.name)
+            return snapshot(pool) if snapshot is not None else PoolSnapshot(name=pool.name)
         reply = self._call(f"(pool {pool.name})", _POOL_SNAPSHOT, [pool.name], [])
         if reply is _LOCAL:
             return self.pool_snapshot(pool)

@@ -257,14 +257,14 @@ class PoolStore:
         values = [int(text(v)) for v in self._snapshot([self.key(name)], [clock])]
         c, s, t, rc, rs, rt, wu, free = values
         return PoolSnapshot(
-            name,
-            c,
-            s,
-            t,
-            rc,
-            rs,
-            rt,
+            name=name,
             window_s=wu / 1e6 if wu else None,
+            cost_usd=nano_to_usd(c),
+            steps=s,
+            tokens=t,
+            reserved_cost_usd=nano_to_usd(rc),
+            reserved_steps=rs,
+            reserved_tokens=rt,
             free_in_s=free / 1e6 if free >= 0 else None,
         )
 

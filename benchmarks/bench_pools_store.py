@@ -19,8 +19,8 @@ pool, then a 1-hour and a 1-day rolling window next to it):
 
 Prints one JSON object. Usage::
 
-    .venv/bin/python benchmarks/bench_pools.py            # ~20-40 s
-    .venv/bin/python benchmarks/bench_pools.py --quick    # a few s
+    .venv/bin/python benchmarks/bench_pools_store.py            # ~20-40 s
+    .venv/bin/python benchmarks/bench_pools_store.py --quick    # a few s
 """
 
 from __future__ import annotations
