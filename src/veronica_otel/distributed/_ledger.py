@@ -438,7 +438,9 @@ class RedisLedger:
             # add nothing to the queue).
             if sent and rid and corruption(exc) is None and not self._fail_open:
                 self._cancel(path, Reservation(rid, 0, 0, count, retry, tuple(pools)))
-            return self._reserve_failed(exc, path, cost_nano, tokens, step, steps, retry, signature)
+            return self._reserve_failed(
+                exc, path, cost_nano, tokens, step, steps, retry, signature, pools
+            )
         finally:
             _detach(token)
         if self._down:
@@ -870,14 +872,23 @@ class RedisLedger:
         steps: int,
         retry: bool,
         signature: str | None,
+        pools: Sequence[PoolLevel] = (),
     ) -> Reservation | TripEvent:
         found = corruption(exc)
         if found is not None:
             raise found from exc
         self._went_down(exc)
         if self._fail_open:
+            extra: dict[str, Any] = {"pools": pools} if pools else {}  # pools stay bounded
             return self._go_local(exc).reserve(
-                path, cost_nano, tokens, step=step, steps=steps, retry=retry, signature=signature
+                path,
+                cost_nano,
+                tokens,
+                step=step,
+                steps=steps,
+                retry=retry,
+                signature=signature,
+                **extra,
             )
         raise LedgerUnavailableError.for_store(self.store, path[-1].chain_id, exc) from exc
 
