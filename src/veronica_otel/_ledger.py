@@ -28,10 +28,10 @@ __all__ = [
     "Level",
     "Limits",
     "LocalLedger",
-    "Reservation",
-    "MAX_RESERVE_STEPS",
     "PoolLevel",
     "PoolSnapshot",
+    "Reservation",
+    "MAX_RESERVE_STEPS",
     "SIGNATURE_MEMORY",
 ]
 
@@ -111,7 +111,8 @@ class Reservation:
     """What one admitted call holds until it commits or releases.
 
     A plain slotted class rather than a frozen dataclass: one is built per
-    call, on the hot path.
+    call, on the hot path. ``pools`` are the pools it is also held in, so
+    ``commit`` and ``release`` settle them too.
     """
 
     __slots__ = ("cost_nano", "id", "pools", "retry", "step", "tokens")
@@ -126,13 +127,13 @@ class Reservation:
         pools: tuple[PoolLevel, ...] = (),
     ) -> None:
         self.id = id
-        self.pools = pools  # the pools it also holds in: commit and release settle them
         self.cost_nano = cost_nano
         self.tokens = tokens
         self.step = (
             step  # how many steps were counted (0, 1, or a carve's k): a release gives them back
         )
         self.retry = retry
+        self.pools = pools
 
     def __repr__(self) -> str:
         return f"Reservation(id={self.id!r}, cost_nano={self.cost_nano}, tokens={self.tokens})"
