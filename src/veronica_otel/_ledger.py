@@ -100,6 +100,8 @@ class PoolSnapshot:
         reserved_cost_usd: Held by calls in flight (counted when they settle).
         reserved_steps: Steps held by calls in flight.
         reserved_tokens: Tokens held by calls in flight.
+        free_in_s: Seconds until the oldest spend still in the window leaves
+            it; None when nothing will (a lifetime pool, or nothing spent).
     """
 
     name: str
@@ -110,6 +112,7 @@ class PoolSnapshot:
     reserved_cost_usd: float = 0.0
     reserved_steps: int = 0
     reserved_tokens: int = 0
+    free_in_s: float | None = None
 
 
 class Reservation:
@@ -411,6 +414,7 @@ class LocalLedger:
                 reserved_cost_usd=nano_to_usd(account.reserved_nano),
                 reserved_steps=account.reserved_steps,
                 reserved_tokens=account.reserved_tokens,
+                free_in_s=account.free_in_s(),
             )
 
     def state_of(self, chain_id: str) -> _ChainState:

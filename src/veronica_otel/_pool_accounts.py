@@ -162,6 +162,17 @@ class PoolAccount:
             and not (self.cost.total() or self.steps.total() or self.tokens.total())
         )
 
+    def free_in_s(self) -> float | None:
+        """Seconds until the oldest spend in the window leaves it; None if none will."""
+        if self.window_s is None:
+            return None
+        waits = [
+            wait
+            for counter in (self.cost, self.steps, self.tokens)
+            if counter.total() > 0 and (wait := counter.retry_after_s(1)) is not None
+        ]
+        return min(waits) if waits else None
+
     def totals(self) -> tuple[int, int, int]:
         """Spent within the window (or lifetime): cost_nano, steps, tokens."""
         return self.cost.total(), self.steps.total(), self.tokens.total()

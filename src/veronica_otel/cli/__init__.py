@@ -1,4 +1,4 @@
-"""The ``veronica-otel`` command line: demo, graph, run, override.
+"""The ``veronica-otel`` command line: demo, graph, run, override, pools.
 
 Exit codes: 0 success; 1 a command failed; 2 bad usage; 3 ``run`` killed the
 command at its deadline; 130 interrupted; otherwise ``run`` passes on the
@@ -131,6 +131,12 @@ def _override_command(args: argparse.Namespace) -> int:
     return apply_override(args)
 
 
+def _pools_command(args: argparse.Namespace) -> int:
+    from ._pools import show_pools
+
+    return show_pools(args)
+
+
 def _graph(args: argparse.Namespace) -> int:
     from ._graph import show_graph
 
@@ -208,6 +214,15 @@ def _parser() -> argparse.ArgumentParser:
         "--redis-url", default=None, help="ledger URL (default VERONICA_REDIS_URL)"
     )
     override.set_defaults(handler=_override_command)
+
+    pools = sub.add_parser(
+        "pools",
+        help="show every budget pool in the shared ledger: window usage, reserved, time to free",
+        description="Lists the budget pools found in the shared Redis/Valkey ledger "
+        "(VERONICA_REDIS_URL or --redis; key prefix VERONICA_REDIS_PREFIX).",
+    )
+    pools.add_argument("--redis", default=None, help="ledger URL (default VERONICA_REDIS_URL)")
+    pools.set_defaults(handler=_pools_command)
 
     graph = sub.add_parser(
         "graph",

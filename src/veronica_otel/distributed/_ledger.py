@@ -15,6 +15,11 @@ same trip messages, first trip sticky), with each of ``reserve``, ``commit``,
 ``release`` and ``trip`` one ``EVALSHA`` round trip, so a contained call costs
 two round trips. The scripts and keys are described in ``_scripts.py``.
 
+With budget pools (``reserve(..., pools=...)``) the call is reserved in the
+chain and every pool all or nothing: one script on one server (still two
+round trips per call), a two-phase protocol on Redis Cluster (the pools'
+keys are in their own slot); see ``_pools.py``.
+
 What the store adds:
 
 * **The store never forgets** (see the protocol in ``_scripts.py``). Each
@@ -110,6 +115,8 @@ from veronica_otel._ledger import (
     Level,
     Limits,
     LocalLedger,
+    PoolLevel,
+    PoolSnapshot,
     Reservation,
     step_count,
 )
@@ -119,6 +126,7 @@ from ._connect import connect
 from ._errors import LedgerCorruptedError, LedgerLostError, LedgerUnavailableError
 from ._keys import KeySpace
 from ._marks import Marks, check_persistence, lost_words, seed_local
+from ._pools import PoolStore
 from ._store import TripCodec, check_seconds, corruption, describe, parse_int, quiet, text
 
 __all__ = ["RedisLedger"]
@@ -250,6 +258,15 @@ class RedisLedger:
         self._on_loss = on_loss
         self._applied = [str(round(applied_ttl * 1_000_000)), _APPLIED_CAP]
         self._marks = Marks(self, reservation_ttl)
+        self._pools = PoolStore(
+            client,
+            key_prefix,
+            rsv_ttl_us=self._rsv_ttl,
+            marker_ttl_us=self._marker_ttl,
+            applied=self._applied,
+            chain_ttl_ms=self._chain_ttl,
+            new_id=_new_id,
+        )
         self._reserve = client.register_script(_scripts.RESERVE)
         self._commit = client.register_script(_scripts.COMMIT)
         self._release = client.register_script(_scripts.RELEASE)
@@ -339,8 +356,13 @@ class RedisLedger:
         steps: int = 1,
         retry: bool = False,
         signature: str | None = None,
+        pools: Sequence[PoolLevel] = (),
     ) -> Reservation | TripEvent:
         """Check every level's limits, then charge every level; or trip.
+
+        With ``pools``, the call is also reserved in each pool, all or nothing
+        (see ``_pools.py``: one script on one server, two phases on a cluster);
+        a pool's denial is returned with ``pool`` set and ``sticky=False``.
 
         Raises:
             LedgerUnavailableError: The store cannot be reached (or commits
@@ -349,8 +371,16 @@ class RedisLedger:
         """
         local = self._local
         if local is not None:
+            extra: dict[str, Any] = {"pools": pools} if pools else {}
             return local.reserve(
-                path, cost_nano, tokens, step=step, steps=steps, retry=retry, signature=signature
+                path,
+                cost_nano,
+                tokens,
+                step=step,
+                steps=steps,
+                retry=retry,
+                signature=signature,
+                **extra,
             )
         count = step_count(steps) if step else 0
         cost_nano = _amount("cost_nano", cost_nano)
@@ -395,25 +425,52 @@ class RedisLedger:
             if not self._checked:
                 self._checked = check_persistence(self._client, self.store)
             sent = True
-            reply: Any = self._reserve(keys, args)
+            reply: Any = (
+                self._pools.reserve(
+                    self._reserve, keys, args, n, pools, rid, (cost_nano, tokens, count), path
+                )
+                if pools and rid
+                else self._reserve(keys, args)
+            )
         except redis.RedisError as exc:
             # Only a reserve that went out may have been applied; one that
             # failed on the queue before it never did (so retries in an outage
             # add nothing to the queue).
             if sent and rid and corruption(exc) is None and not self._fail_open:
-                self._cancel(path, Reservation(rid, 0, 0, count, retry))
-            return self._reserve_failed(exc, path, cost_nano, tokens, step, steps, retry, signature)
+                self._cancel(path, Reservation(rid, 0, 0, count, retry, tuple(pools)))
+            return self._reserve_failed(
+                exc, path, cost_nano, tokens, step, steps, retry, signature, pools
+            )
         finally:
             _detach(token)
         if self._down:
             self._back()
+        if pools and rid and reply[0] != 1:
+            return self._pool_denied(path, keys, reply, pools, rid)
         if reply[0] == 1:
             self._marks.remember(path, reply, 4)
             if reply[3]:
                 self._reseeded(path)
             if rid:
                 self._marks.hold(rid, (ck.reservations, ck.expiries, ck.base))
-            return Reservation(rid, cost_nano, tokens, count, retry)
+            return Reservation(rid, cost_nano, tokens, count, retry, tuple(pools) if rid else ())
+        return self._denied(path, keys, reply)
+
+    def _pool_denied(
+        self,
+        path: Sequence[Level],
+        keys: list[str],
+        reply: Any,
+        pools: Sequence[PoolLevel],
+        rid: str,
+    ) -> TripEvent:
+        """A pooled reserve that was refused: by a pool (nothing held anywhere),
+        or by the chain (on a cluster, the pools' phase-one hold is given back)."""
+        if reply[0] == 5:
+            return self._pools.denial(reply, pools, path[-1].chain_id)
+        if self._pools.cluster:
+            script, pk, pa = self._pools.undo(pools, rid)
+            self._settle(_Pending(script, pk, pa, (), 0, 0))
         return self._denied(path, keys, reply)
 
     def _denied(self, path: Sequence[Level], keys: list[str], reply: Any) -> TripEvent:
@@ -470,7 +527,11 @@ class RedisLedger:
             args += (cached[0], cached[4], cached[3])
         self._settle_args(path, args, rid)
         pending = _Pending(self._commit, keys, args, path, cost_nano, tokens)
-        reply = self._settle(pending)
+        if reservation.pools:
+            amounts = (cost_nano, tokens, reservation.step - back)
+            reply = self._settle_pooled(pending, reservation, amounts, True)
+        else:
+            reply = self._settle(pending)
         if reply is None or not reply[0]:
             return None
         return self._codec.decode(reply[1], keys[int(reply[0]) - 1])
@@ -496,7 +557,29 @@ class RedisLedger:
             self._chain_ttl,
         ]
         self._settle_args(path, args, reservation.id)
-        self._settle(_Pending(self._release, keys, args, path, 0, 0))
+        pending = _Pending(self._release, keys, args, path, 0, 0)
+        if reservation.pools:
+            self._settle_pooled(pending, reservation, (0, 0, 0), False)
+        else:
+            self._settle(pending)
+
+    def _settle_pooled(
+        self, op: _Pending, reservation: Reservation, amounts: tuple[int, int, int], commit: bool
+    ) -> Any:
+        """Settle in the chain and the reservation's pools; returns the chain's reply."""
+        ops = self._pools.settlement(op.keys, op.args, reservation, amounts, commit)
+        reply = None
+        for script, keys, args, chain in ops:
+            if chain:
+                pending = op if script is None else op._replace(script=script, keys=keys, args=args)
+                reply = self._settle(pending)
+                if script is not None:
+                    self._pools.settled(reservation.pools, reply, 3 + _scripts.MARKS * len(op.path))
+            else:
+                self._pools.settled(
+                    reservation.pools, self._settle(_Pending(script, keys, args, (), 0, 0)), 4
+                )
+        return reply
 
     def _cancel(self, path: Sequence[Level], reservation: Reservation) -> None:
         """Queue the release of a reserve whose reply never came: the store may
@@ -515,8 +598,19 @@ class RedisLedger:
             self._chain_ttl,
         ]
         self._settle_args(path, args, reservation.id)
+        op = _Pending(self._release, keys, args, path, 0, 0)
+        ops = [op]
+        if reservation.pools:
+            ops = []
+            for script, k, a, chain in self._pools.settlement(
+                keys, args, reservation, (0, 0, 0), False
+            ):
+                if chain:
+                    ops.append(op if script is None else op._replace(script=script, keys=k, args=a))
+                else:
+                    ops.append(_Pending(script, k, a, (), 0, 0))
         with self._pending_lock:
-            self._pending.append(_Pending(self._release, keys, args, path, 0, 0))
+            self._pending.extend(ops)
 
     def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
         """Make a trip sticky; the first trip wins and is returned.
@@ -657,9 +751,34 @@ class RedisLedger:
                     renewed += int(self._heartbeat([rh, rz], args))
                 except redis.RedisError as exc:
                     _logger.debug("ledger heartbeat to %s failed: %s", self.store, exc)
+            try:
+                renewed += self._pools.heartbeat()
+            except redis.RedisError as exc:
+                _logger.debug("pool heartbeat to %s failed: %s", self.store, exc)
         finally:
             _detach(token)
         return renewed
+
+    def pool_snapshot(self, pool: PoolLevel) -> PoolSnapshot:
+        """What ``pool`` holds now: spend within its window, reserved amounts,
+        and when its oldest in-window spend leaves (one read-only script).
+
+        Raises:
+            LedgerUnavailableError: The store cannot be reached.
+            LedgerCorruptedError: A pool field holds a foreign value.
+        """
+        local = self._local
+        if local is not None:
+            return local.pool_snapshot(pool)
+        reply = self._call(f"(pool {pool.name})", _POOL_SNAPSHOT, [pool.name], [])
+        if reply is _LOCAL:
+            return self.pool_snapshot(pool)
+        return reply  # type: ignore[no-any-return]
+
+    def pool_names(self) -> list[str]:
+        """The names of every pool in the store (a SCAN of the pool key space)."""
+        reply = self._call("(pools)", _POOL_NAMES, [], [])
+        return [] if reply is _LOCAL else list(reply)
 
     def close(self) -> None:
         """Stop the heartbeat thread (the client stays open)."""
@@ -719,6 +838,10 @@ class RedisLedger:
                 self._flush()
             if script is None:
                 reply: Any = self._client.hmget(keys[0], _SNAPSHOT_FIELDS)
+            elif script is _POOL_SNAPSHOT:
+                reply = self._pools.snapshot(keys[0])
+            elif script is _POOL_NAMES:
+                reply = self._pools.names()
             else:
                 reply = script(keys, args)
         except redis.RedisError as exc:
@@ -748,14 +871,23 @@ class RedisLedger:
         steps: int,
         retry: bool,
         signature: str | None,
+        pools: Sequence[PoolLevel] = (),
     ) -> Reservation | TripEvent:
         found = corruption(exc)
         if found is not None:
             raise found from exc
         self._went_down(exc)
         if self._fail_open:
+            extra: dict[str, Any] = {"pools": pools} if pools else {}  # pools stay bounded
             return self._go_local(exc).reserve(
-                path, cost_nano, tokens, step=step, steps=steps, retry=retry, signature=signature
+                path,
+                cost_nano,
+                tokens,
+                step=step,
+                steps=steps,
+                retry=retry,
+                signature=signature,
+                **extra,
             )
         raise LedgerUnavailableError.for_store(self.store, path[-1].chain_id, exc) from exc
 
@@ -864,6 +996,9 @@ class RedisLedger:
 
 
 _LOCAL: Any = object()
+# Stand-ins for the pool reads that _call runs (not scripts of their own).
+_POOL_SNAPSHOT: Any = object()
+_POOL_NAMES: Any = object()
 _NO_LIMITS = Limits()
 _RESEEDED = (
     "chain %s: ledger store %s had lost it (restart without persistence, flush, expiry, "
