@@ -1,8 +1,4 @@
 """VERONICA_POOLS with VERONICA_REDIS_URL: unchanged processes, separate chains, one pool.
-
-Runs only once ``RedisLedger`` supports pools (``pool_snapshot``); until
-then it is skipped, and VERONICA_POOLS with a Redis URL is a start-up error
-naming the variable.
 """
 
 from __future__ import annotations
@@ -13,13 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests._zero_code import UNCHANGED_AGENT, run_instrumented
-from veronica_otel.distributed import RedisLedger
 from veronica_otel.testing import FakeLLMServer
-
-pytestmark = pytest.mark.skipif(
-    not callable(getattr(RedisLedger, "pool_snapshot", None)),
-    reason="RedisLedger has no pool support on this branch",
-)
 
 
 @pytest.fixture
