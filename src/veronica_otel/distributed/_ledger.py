@@ -371,7 +371,6 @@ class RedisLedger:
         """
         local = self._local
         if local is not None:
-            extra: dict[str, Any] = {"pools": pools} if pools else {}
             return local.reserve(
                 path,
                 cost_nano,
@@ -380,7 +379,7 @@ class RedisLedger:
                 steps=steps,
                 retry=retry,
                 signature=signature,
-                **extra,
+                pools=pools,
             )
         count = step_count(steps) if step else 0
         cost_nano = _amount("cost_nano", cost_nano)
@@ -878,8 +877,7 @@ class RedisLedger:
             raise found from exc
         self._went_down(exc)
         if self._fail_open:
-            extra: dict[str, Any] = {"pools": pools} if pools else {}  # pools stay bounded
-            return self._go_local(exc).reserve(
+            return self._go_local(exc).reserve(  # pools stay bounded there too
                 path,
                 cost_nano,
                 tokens,
@@ -887,7 +885,7 @@ class RedisLedger:
                 steps=steps,
                 retry=retry,
                 signature=signature,
-                **extra,
+                pools=pools,
             )
         raise LedgerUnavailableError.for_store(self.store, path[-1].chain_id, exc) from exc
 
