@@ -23,15 +23,22 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from . import _acontext
 from ._agents import HandoffCounter, current_agent
-from ._call import ACTIVE_CALL, CallHandle, close_awaitable, is_coroutine_function
+from ._call import (
+    ACTIVE_CALL,
+    CallHandle,
+    close_awaitable,
+    is_coroutine_function,
+    settled_amounts,
+)
 from ._chain_span import end_chain_span, open_chain_span
 from ._children import carve, min_limit, weak_cancel, weak_deadline
 from ._cm import AsyncFromSync, Entries
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._gc_safe import drain, pending
-from ._ledger import Ledger, Level, Limits, LocalLedger, Reservation
+from ._ledger import Ledger, LedgerState, Level, Limits, LocalLedger, Reservation
 from ._options import ChainSnapshot, Decision, WrapOptions
 from ._policy import ALLOW, PolicyContext, PolicyDecision, PolicyPipeline
 from ._pricing import PriceTable, UnitPrices, default_price_table
@@ -104,6 +111,8 @@ class ExecutionContext(AsyncFromSync):
         self.name = name
         self.depth = check_count("depth", _depth)
         self._ledger: Ledger = ledger if ledger is not None else _DEFAULT_LEDGER
+        # A ledger with coroutine operations (a shared store): async calls await it.
+        self._aledger: Any = self._ledger if hasattr(self._ledger, "areserve") else None
         self._prices = price_table
         self._parent = _parent
         self._children = itertools.count(1)
@@ -314,7 +323,7 @@ class ExecutionContext(AsyncFromSync):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         try:
-            call = self.begin_call(kind, options)
+            call = await self.abegin_call(kind, options)
         except BudgetExceededError:
             return Decision.HALT
         if call.decision.rate_limit_ms:
@@ -323,21 +332,21 @@ class ExecutionContext(AsyncFromSync):
             try:
                 await asyncio.sleep(call.decision.rate_limit_ms / 1000)
             except BaseException:  # cancelled while waiting: nothing was sent
-                call.finish(sent=False)
+                await call.afinish(sent=False)
                 raise
         active = ACTIVE_CALL.set(call)
         try:
             result = await fn()
         except BudgetExceededError as exc:
-            call.finish(exc)
+            await call.afinish(exc)
             return Decision.HALT
         except BaseException as exc:
-            call.finish(exc)
+            await call.afinish(exc)
             raise
         finally:
             ACTIVE_CALL.reset(active)
         self._partial = result
-        call.finish()
+        await call.afinish()
         return Decision.ALLOW
 
     # -- the check before each call ----------------------------------------
@@ -359,9 +368,7 @@ class ExecutionContext(AsyncFromSync):
         if options is None:
             options = _DEFAULT_OPTIONS
         if cost_nano is None:
-            cost_nano = options.hint_nano
-            if options.model is not None and self._priced and cost_nano == 0:
-                cost_nano = self._worst_case(options)
+            cost_nano = self._cost_of(options)
         return self.begin_priced_call(
             kind,
             options.operation_name,
@@ -395,6 +402,35 @@ class ExecutionContext(AsyncFromSync):
             drain()  # settle what garbage collection left, outside any lock
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
+        policy_context, decision = self._admit_checks(
+            kind, operation_name, provider, model, cost_nano, signature
+        )
+        fast = self._fast
+        try:
+            if fast is not None and signature is None and not retry:
+                reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
+            else:
+                reservation = self._ledger.reserve(
+                    self._path, cost_nano, tokens, retry=retry, signature=signature
+                )
+        except BaseException:  # the store failed: give back what policies took
+            if policy_context is not None:
+                self.pipeline.abandon(policy_context)
+            raise
+        return self._admitted(reservation, policy_context, decision, kind, model)
+
+    # Shared by begin_priced_call and the async abegin_priced_call (_admission.py).
+
+    def _admit_checks(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        signature: str | None,
+    ) -> tuple[PolicyContext | None, PolicyDecision]:
+        """Deadline, cancellation, handoffs and the pipeline, before the reservation."""
         if self._deadline is not None and _monotonic() >= self._deadline:
             self._deny_timeout()
         if self._token.cancelled:
@@ -420,18 +456,17 @@ class ExecutionContext(AsyncFromSync):
                 raise
             if not decision.allowed:
                 self._deny_policy(decision)
-        fast = self._fast
-        try:
-            if fast is not None and signature is None and not retry:
-                reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
-            else:
-                reservation = self._ledger.reserve(
-                    self._path, cost_nano, tokens, retry=retry, signature=signature
-                )
-        except BaseException:  # the store failed: give back what policies took
-            if policy_context is not None:
-                self.pipeline.abandon(policy_context)
-            raise
+        return policy_context, decision
+
+    def _admitted(
+        self,
+        reservation: Reservation | TripEvent,
+        policy_context: PolicyContext | None,
+        decision: PolicyDecision,
+        kind: str,
+        model: str | None,
+    ) -> CallHandle:
+        """The call's handle, or the denial raised (its policy probes given back)."""
         if type(reservation) is not Reservation:
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
@@ -442,6 +477,40 @@ class ExecutionContext(AsyncFromSync):
             call.kind = kind
             call.model = model
         return call
+
+    # -- the same for async code (_acontext.py): a shared store is awaited ----
+
+    async def abegin_call(
+        self, kind: str = "llm", options: WrapOptions | None = None, *, cost_nano: int | None = None
+    ) -> CallHandle:
+        """:meth:`begin_call` for async code: the reservation never blocks the
+        event loop. Settle the handle with ``await handle.afinish(...)``."""
+        return await _acontext.begin_call(self, kind, options, cost_nano)
+
+    async def abegin_priced_call(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        tokens: int,
+        *,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> CallHandle:
+        """:meth:`begin_priced_call` for async code (same checks, same denials)."""
+        return await _acontext.begin_priced_call(
+            self, kind, operation_name, provider, model, cost_nano, tokens, retry, signature
+        )
+
+    async def asnapshots(self) -> dict[str, LedgerState] | None:
+        """The counters of every level with a cost or token ceiling, read without
+        blocking; None with an in-process ledger (read it directly)."""
+        return await _acontext.snapshots(self)
+
+    async def _afinish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
+        await _acontext.finish(self, call, error, sent)
 
     def _check_handoff(self, counter: HandoffCounter) -> None:
         name = current_agent()
@@ -471,6 +540,9 @@ class ExecutionContext(AsyncFromSync):
                 return False
         elif self._ledger.snapshot(trip.chain_id).trip is not None:
             return False  # an in-process ledger removes a trip only by override
+        return self._lift(trip)
+
+    def _lift(self, trip: TripEvent) -> bool:
         self._trip = None
         try:
             span = trace.get_current_span()
@@ -648,6 +720,13 @@ class ExecutionContext(AsyncFromSync):
         if type(result) is not Reservation:
             self._tripped(result)  # type: ignore[arg-type]
 
+    def _cost_of(self, options: WrapOptions) -> int:
+        """What a call described by ``options`` reserves (its hint, else its worst case)."""
+        cost_nano = options.hint_nano
+        if options.model is not None and self._priced and cost_nano == 0:
+            cost_nano = self._worst_case(options)
+        return cost_nano
+
     def _worst_case(self, options: WrapOptions) -> int:
         prices = self._lookup(options.provider, options.model)
         return prices.max_cost_nano(options.input_tokens or 0, options.max_tokens or 0)
@@ -672,21 +751,27 @@ class ExecutionContext(AsyncFromSync):
     def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
         reservation = call.reservation
         if not sent:
-            self._ledger.release(self._path, reservation)
-            if call.policy_context is not None:
-                self.pipeline.abandon(call.policy_context)
+            try:
+                self._ledger.release(self._path, reservation)
+            finally:
+                self._released(call)
             return
-        if call.cost_nano >= 0 or call.tokens >= 0:
-            cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
-        else:
-            # Sent and no usage reported: whether it raised, was cancelled or
-            # returned, it may have been billed, so it costs its worst case (G10).
-            cost, tokens = reservation.cost_nano, reservation.tokens
+        cost, tokens = settled_amounts(call)
         fast = self._fast
         if fast is not None:
             overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
         else:
             overrun = self._ledger.commit(self._path, reservation, cost, tokens)
+        self._finished(call, error, cost, overrun)
+
+    def _released(self, call: CallHandle) -> None:
+        if call.policy_context is not None:
+            self.pipeline.abandon(call.policy_context)
+
+    def _finished(
+        self, call: CallHandle, error: BaseException | None, cost: int, overrun: TripEvent | None
+    ) -> None:
+        """What follows a commit: metrics, the pipeline's outcome, an overrun's trip."""
         if call.metrics:
             record_call(call.kind, nano_to_usd(cost), error is not None, call.model)
         if call.policy_context is not None:

@@ -174,7 +174,7 @@ class AsyncClients:
             with self._lock:
                 if self._by_loop.get(loop) is entry:
                     del self._by_loop[loop]
-            await entry.client.aclose()
+            await _close(entry.client)
 
     async def close(self) -> None:
         """Close the running loop's client now (a later operation opens a new one)."""
@@ -186,4 +186,11 @@ class AsyncClients:
             if closer is not None:
                 await closer.aclose()  # type: ignore[attr-defined]
             else:
-                await entry.client.aclose()
+                await _close(entry.client)
+
+
+async def _close(client: Any) -> None:
+    if isinstance(client, aredis.Redis):  # its pool was given, so only this closes it
+        await client.aclose(close_connection_pool=True)
+    else:
+        await client.aclose()

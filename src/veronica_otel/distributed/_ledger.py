@@ -114,9 +114,8 @@ from veronica_otel._ledger import (
     step_count,
 )
 
-from . import _scripts
+from . import _aledger, _scripts
 from ._aio import AsyncClients
-from ._aledger import AsyncLedgerOps
 from ._connect import connect
 from ._errors import LedgerCorruptedError, LedgerLostError, LedgerUnavailableError
 from ._keys import KeySpace
@@ -183,14 +182,14 @@ class _ReserveOp(NamedTuple):
     tree: tuple[str, str, str]  # (reservations, expiries, key base): the heartbeat's
     cost_nano: int
     tokens: int
-    count: int
+    steps_held: int  # the steps counted (0 without a step)
     step: bool
     steps: int
     retry: bool
     signature: str | None
 
 
-class RedisLedger(AsyncLedgerOps):
+class RedisLedger:
     """A :class:`~veronica_otel.Ledger` kept in Redis or Valkey.
 
     Args:
@@ -449,7 +448,7 @@ class RedisLedger(AsyncLedgerOps):
         # failed on the queue before it never did (so retries in an outage
         # add nothing to the queue).
         if sent and op.rid and corruption(exc) is None and not self._fail_open:
-            self._cancel(op.path, Reservation(op.rid, 0, 0, op.count, op.retry))
+            self._cancel(op.path, Reservation(op.rid, 0, 0, op.steps_held, op.retry))
         return self._reserve_failed(
             exc,
             op.path,
@@ -472,7 +471,7 @@ class RedisLedger(AsyncLedgerOps):
                 self._reseeded(path)
             if op.rid:
                 self._marks.hold(op.rid, op.tree)
-            return Reservation(op.rid, op.cost_nano, op.tokens, op.count, op.retry)
+            return Reservation(op.rid, op.cost_nano, op.tokens, op.steps_held, op.retry)
         return self._denied(path, op.keys, reply)
 
     def _denied(self, path: Sequence[Level], keys: list[str], reply: Any) -> TripEvent:
@@ -731,6 +730,63 @@ class RedisLedger(AsyncLedgerOps):
             return False
         self._marks.seen[chain_id] = (*mark[:4], str(ov), "", *mark[6:])
         return True
+
+    # -- the same operations for async code (_aledger.py) --------------------
+
+    async def areserve(
+        self,
+        path: Sequence[Level],
+        cost_nano: int,
+        tokens: int,
+        *,
+        step: bool = True,
+        steps: int = 1,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> Reservation | TripEvent:
+        """:meth:`reserve` without blocking the event loop (same raises)."""
+        return await _aledger.reserve(self, path, cost_nano, tokens, step, steps, retry, signature)
+
+    async def acommit(
+        self,
+        path: Sequence[Level],
+        reservation: Reservation,
+        cost_nano: int,
+        tokens: int,
+        *,
+        release_steps: int = 0,
+    ) -> TripEvent | None:
+        """:meth:`commit` without blocking the event loop (never raises for an outage)."""
+        return await _aledger.commit(self, path, reservation, cost_nano, tokens, release_steps)
+
+    async def arelease(self, path: Sequence[Level], reservation: Reservation) -> None:
+        """:meth:`release` without blocking the event loop."""
+        await _aledger.release(self, path, reservation)
+
+    async def atrip(self, chain_id: str, event: TripEvent) -> TripEvent:
+        """:meth:`trip` without blocking the event loop."""
+        return await _aledger.trip(self, chain_id, event)
+
+    async def asnapshot(self, chain_id: str) -> LedgerState:
+        """:meth:`snapshot` without blocking the event loop."""
+        return await _aledger.snapshot(self, chain_id)
+
+    async def atrip_lifted(self, chain_id: str) -> bool:
+        """:meth:`trip_lifted` without blocking the event loop."""
+        return await _aledger.trip_lifted(self, chain_id)
+
+    async def aflush(self) -> int:
+        """:meth:`flush` on the running loop; returns how many are still queued."""
+        return await _aledger.flush(self)
+
+    async def aclose(self) -> None:
+        """Close the running loop's asyncio client now (the loop's end closes it anyway)."""
+        await _aledger.close(self)
+
+    @property
+    def async_clients(self) -> int:
+        """How many event loops hold an asyncio client of this ledger."""
+        return len(self._aio)
 
     def heartbeat(self) -> int:
         """Keep this process's running calls' reservations alive; returns how many.

@@ -1,0 +1,147 @@
+"""The coroutine side of :class:`ExecutionContext`: admission and settlement that await the store.
+
+``ExecutionContext.abegin_call`` / ``abegin_priced_call`` / ``asnapshots`` and
+``CallHandle.afinish`` call the functions here. With a ledger that has
+coroutine operations (``RedisLedger``: ``areserve``, ``acommit``,
+``arelease``, ``asnapshot``, ``atrip_lifted``), an async call's reservation,
+settlement and store reads await them, so the event loop is never blocked on
+a round trip. Everything around the ledger operation is the sync path's own
+code (``_admit_checks`` / ``_admitted`` before and after a reservation,
+``settled_amounts`` / ``_finished`` around a commit), so async and sync calls
+are admitted and settled alike. With an in-process ledger, which never waits
+on I/O, each function is its sync twin.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._call import settled_amounts
+from ._errors import BudgetExceededError, TripEvent
+from ._gc_safe import drain, pending
+from ._ledger import LedgerState
+from ._options import WrapOptions
+
+if TYPE_CHECKING:
+    from ._call import CallHandle
+    from ._context import ExecutionContext
+
+__all__ = ["begin_call", "begin_priced_call", "finish", "snapshots"]
+
+_DEFAULT_OPTIONS = WrapOptions()
+
+
+async def begin_call(
+    ctx: ExecutionContext,
+    kind: str,
+    options: WrapOptions | None,
+    cost_nano: int | None,
+) -> CallHandle:
+    """:meth:`begin_call` for async code: the reservation never blocks the loop.
+
+    Settle the handle with ``await handle.afinish(...)``.
+    """
+    if ctx._aledger is None:
+        return ctx.begin_call(kind, options, cost_nano=cost_nano)
+    if options is None:
+        options = _DEFAULT_OPTIONS
+    if cost_nano is None:
+        cost_nano = ctx._cost_of(options)
+    return await begin_priced_call(
+        ctx,
+        kind,
+        options.operation_name,
+        options.provider,
+        options.model,
+        cost_nano,
+        options.reserved_tokens,
+        retry=options.retry,
+        signature=options.signature,
+    )
+
+
+async def begin_priced_call(
+    ctx: ExecutionContext,
+    kind: str,
+    operation_name: str,
+    provider: str | None,
+    model: str | None,
+    cost_nano: int,
+    tokens: int,
+    retry: bool,
+    signature: str | None,
+) -> CallHandle:
+    """:meth:`begin_priced_call` for async code (same checks, same denials)."""
+    aledger = ctx._aledger
+    if aledger is None:
+        return ctx.begin_priced_call(
+            kind,
+            operation_name,
+            provider,
+            model,
+            cost_nano,
+            tokens,
+            retry=retry,
+            signature=signature,
+        )
+    if pending:
+        drain()
+    if ctx._trip is not None and not await _trip_lifted(ctx):
+        raise BudgetExceededError(ctx._trip)
+    policy_context, decision = ctx._admit_checks(
+        kind, operation_name, provider, model, cost_nano, signature
+    )
+    try:
+        reservation = await aledger.areserve(
+            ctx._path, cost_nano, tokens, retry=retry, signature=signature
+        )
+    except BaseException:  # the store failed, or we were cancelled: give back the probes
+        if policy_context is not None:
+            ctx.pipeline.abandon(policy_context)
+        raise
+    return ctx._admitted(reservation, policy_context, decision, kind, model)
+
+
+async def finish(
+    ctx: ExecutionContext, call: CallHandle, error: BaseException | None, sent: bool
+) -> None:
+    aledger = ctx._aledger
+    if aledger is None:
+        ctx._finish(call, error, sent)
+        return
+    if not sent:
+        try:
+            await aledger.arelease(ctx._path, call.reservation)
+        finally:
+            ctx._released(call)
+        return
+    cost, tokens = settled_amounts(call)
+    overrun: TripEvent | None = None
+    try:
+        overrun = await aledger.acommit(ctx._path, call.reservation, cost, tokens)
+    finally:  # cancelled mid commit: the commit is queued, the call still settles
+        ctx._finished(call, error, cost, overrun)
+
+
+async def _trip_lifted(ctx: ExecutionContext) -> bool:
+    """:meth:`_trip_lifted` reading the store without blocking."""
+    trip = ctx._trip
+    if trip is None or trip.reason == "timeout" or ctx._aledger is None:
+        return ctx._trip_lifted()
+    if not await ctx._aledger.atrip_lifted(trip.chain_id):
+        return False
+    return ctx._lift(trip)
+
+
+async def snapshots(ctx: ExecutionContext) -> dict[str, LedgerState] | None:
+    """The counters of every level with a cost or token ceiling, read without
+    blocking; None with an in-process ledger (read it directly)."""
+    aledger = ctx._aledger
+    if aledger is None:
+        return None
+    states: dict[str, LedgerState] = {}
+    for level in ctx._path:
+        limits = level.limits
+        if limits.cost_nano is not None or limits.tokens is not None:
+            states[level.chain_id] = await aledger.asnapshot(level.chain_id)
+    return states
