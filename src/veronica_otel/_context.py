@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -609,7 +609,7 @@ class ExecutionContext(AsyncFromSync):
             span.add_event("veronica.override", attributes)
         return lifted
 
-    def ensure_active(self) -> None:
+    def ensure_active(self, *, poll: bool = True) -> None:
         """Raise BudgetExceededError if the chain has tripped or its deadline passed.
 
         Streams call this per chunk, so a trip reaches work in flight (G5, G10):
@@ -627,7 +627,29 @@ class ExecutionContext(AsyncFromSync):
           paid for; the next call fails closed on its reservation): the
           failure is logged once, and the store is read again only every
           5 s (``_STORE_RETRY_S``) until it answers.
+
+        ``poll=False`` leaves the store read to :meth:`aensure_active` (an
+        async stream's own check, which awaits it).
         """
+        if self._poll_due() and poll:
+            self._poll_store()
+
+    async def aensure_active(self) -> None:
+        """:meth:`ensure_active` for async streams: a due store read is awaited."""
+        if self._poll_due():
+            if self._aledger is None:
+                self._poll_store()
+                return
+            self._polled()
+            try:
+                trips = [(await self._aledger.asnapshot(lv.chain_id)).trip for lv in self._path]
+            except Exception:
+                self._poll_failed()
+                return
+            self._poll_read(trips)
+
+    def _poll_due(self) -> bool:
+        """The checks of :meth:`ensure_active`; True when the store is due a read."""
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
         if (self._deadline is not None and _monotonic() >= self._deadline) or (
@@ -644,34 +666,43 @@ class ExecutionContext(AsyncFromSync):
                         break
             if trip is not None:
                 self._tripped(trip)
-            return
+            return False
         parent = self._parent
         while parent is not None:
             if parent._trip is not None:
                 self._tripped(parent._trip)
             parent = parent._parent
         self._unpolled += 1
-        if self._unpolled >= _STORE_POLL_CHUNKS or _monotonic() - self._polled_at >= _STORE_POLL_S:
-            self._poll_store()
+        polled_at = self._polled_at
+        return self._unpolled >= _STORE_POLL_CHUNKS or _monotonic() - polled_at >= _STORE_POLL_S
 
     def _poll_store(self) -> None:
         """Read the path's trips from the shared store (see :meth:`ensure_active`)."""
-        self._unpolled = 0
-        self._polled_at = _monotonic()
+        self._polled()
         try:
             trips = [self._ledger.snapshot(level.chain_id).trip for level in self._path]
         except Exception:
-            if self._poll_ok:  # once per outage, not once per poll
-                _logger.warning(
-                    "chain %s: could not read the store for trips while a call is in "
-                    "flight; the call goes on, the next one is checked when it starts",
-                    self.chain_id,
-                    exc_info=True,
-                )
-            self._poll_ok = False
-            self._unpolled = -(1 << 62)  # chunks alone no longer trigger a read
-            self._polled_at += _STORE_RETRY_S - _STORE_POLL_S
+            self._poll_failed()
             return
+        self._poll_read(trips)
+
+    def _polled(self) -> None:
+        self._unpolled = 0
+        self._polled_at = _monotonic()
+
+    def _poll_failed(self) -> None:
+        if self._poll_ok:  # once per outage, not once per poll
+            _logger.warning(
+                "chain %s: could not read the store for trips while a call is in "
+                "flight; the call goes on, the next one is checked when it starts",
+                self.chain_id,
+                exc_info=True,
+            )
+        self._poll_ok = False
+        self._unpolled = -(1 << 62)  # chunks alone no longer trigger a read
+        self._polled_at += _STORE_RETRY_S - _STORE_POLL_S
+
+    def _poll_read(self, trips: list[TripEvent | None]) -> None:
         self._poll_ok = True
         for trip in trips:
             if trip is not None:
@@ -687,13 +718,16 @@ class ExecutionContext(AsyncFromSync):
         """Whether any level of the chain limits repeated call signatures."""
         return self._repeats_limited
 
-    def remaining_tokens(self) -> int | None:
-        """What the tightest token ceiling on the path has left, or None."""
+    def remaining_tokens(self, states: Mapping[str, LedgerState] | None = None) -> int | None:
+        """What the tightest token ceiling on the path has left, or None
+        (from ``states``, :meth:`asnapshots`, when given)."""
         remaining: int | None = None
         for level in self._path:
             if level.limits.tokens is None:
                 continue
-            state = self._ledger.snapshot(level.chain_id)
+            state = (
+                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
+            )
             left = max(0, level.limits.tokens - state.tokens - state.reserved_tokens)
             remaining = left if remaining is None else min(remaining, left)
         return remaining
@@ -707,6 +741,11 @@ class ExecutionContext(AsyncFromSync):
         if prices is None and self._priced:
             self._lookup(provider, model)
         return prices
+
+    @property
+    def awaits_store(self) -> bool:
+        """Whether async calls await the ledger (a shared store; in process, never)."""
+        return self._aledger is not None
 
     @property
     def has_cost_ceiling(self) -> bool:
@@ -977,13 +1016,16 @@ class ExecutionContext(AsyncFromSync):
                 steps_left = steps if steps_left is None else min(steps_left, steps)
         return cost_left, steps_left
 
-    def remaining_cost_nano(self) -> int | None:
-        """What the tightest cost ceiling on the path has left, or None."""
+    def remaining_cost_nano(self, states: Mapping[str, LedgerState] | None = None) -> int | None:
+        """What the tightest cost ceiling on the path has left, or None
+        (from ``states``, :meth:`asnapshots`, when given)."""
         remaining: int | None = None
         for level in self._path:
             if level.limits.cost_nano is None:
                 continue
-            state = self._ledger.snapshot(level.chain_id)
+            state = (
+                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
+            )
             left = max(0, level.limits.cost_nano - state.cost_nano - state.reserved_nano)
             remaining = left if remaining is None else min(remaining, left)
         return remaining
