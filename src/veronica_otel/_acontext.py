@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ._call import CallHandle
     from ._context import ExecutionContext
 
-__all__ = ["begin_call", "begin_priced_call", "finish", "snapshots"]
+__all__ = ["begin_call", "begin_priced_call", "finish", "snapshots", "trip"]
 
 _DEFAULT_OPTIONS = WrapOptions()
 
@@ -131,6 +131,18 @@ async def _trip_lifted(ctx: ExecutionContext) -> bool:
     if not await ctx._aledger.atrip_lifted(trip.chain_id):
         return False
     return ctx._lift(trip)
+
+
+async def trip(ctx: ExecutionContext) -> TripEvent | None:
+    """:attr:`ExecutionContext.trip`, each level read from the store without blocking."""
+    aledger = ctx._aledger
+    if ctx._trip is not None or aledger is None:
+        return ctx.trip
+    for level in reversed(ctx._path):
+        found: TripEvent | None = (await aledger.asnapshot(level.chain_id)).trip
+        if found is not None:
+            return found
+    return None
 
 
 async def snapshots(ctx: ExecutionContext) -> dict[str, LedgerState] | None:

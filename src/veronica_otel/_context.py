@@ -967,6 +967,10 @@ class ExecutionContext(AsyncFromSync):
                 return trip
         return None
 
+    async def atrip(self) -> TripEvent | None:
+        """:attr:`trip` for async code: a shared store is read without blocking."""
+        return await _acontext.trip(self)
+
     @property
     def aborted(self) -> bool:
         return self.trip is not None

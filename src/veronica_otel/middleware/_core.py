@@ -174,6 +174,21 @@ class Gate:
 
     def admit(self, headers: Mapping[str, str]) -> Admission:
         """Build the chain for a request with these (lower-case) headers."""
+        admission = self._join(headers)
+        if admission.denial is None:
+            admission.denial = _preflight(admission.ctx, admission.grant, admission.ctx.trip)
+        return admission
+
+    async def aadmit(self, headers: Mapping[str, str]) -> Admission:
+        """:meth:`admit` for async servers: the pre-flight's store read is awaited."""
+        admission = self._join(headers)
+        if admission.denial is None:
+            trip = await admission.ctx.atrip()
+            admission.denial = _preflight(admission.ctx, admission.grant, trip)
+        return admission
+
+    def _join(self, headers: Mapping[str, str]) -> Admission:
+        """The request's chain (no pre-flight yet: ``denial`` None unless refused here)."""
         header = headers.get("baggage")
         if header is not None and len(header.encode("utf-8", "replace")) > self.max_baggage_bytes:
             record_rejection("oversized")
@@ -205,7 +220,7 @@ class Gate:
             )
         else:
             ctx = ExecutionContext(self.config, self.pipeline, ledger=self.ledger, name="request")
-        return Admission(ctx, grant, _preflight(ctx, grant), shared, carrier_context)
+        return Admission(ctx, grant, None, shared, carrier_context)
 
     def _grant(self, header: str, host: str) -> Grant | None:
         entries = {
@@ -265,8 +280,10 @@ def _request_context(headers: Mapping[str, str]) -> otel_context.Context:
     return current
 
 
-def _preflight(ctx: ExecutionContext, grant: Grant | None) -> TripEvent | None:
-    trip = ctx.trip
+def _preflight(
+    ctx: ExecutionContext, grant: Grant | None, trip: TripEvent | None
+) -> TripEvent | None:
+    """Why the request is refused before it runs (``trip``: the chain's, as read)."""
     if trip is not None:
         return trip
     if grant is not None and grant.trip_reason is not None:
