@@ -176,6 +176,7 @@ class ContainedCall:
     _defer = False
     _deferred: tuple[BaseException | None, bool, bool] | None = None
     _async_stream = False
+    _remaining: tuple[int | None, int | None] | None = None  # read by afinish, for the span
 
     def __init__(
         self,
@@ -315,7 +316,18 @@ class ContainedCall:
         except Exception:
             _logger.exception("settling an instrumented call failed")
         finally:
-            self._settled(error, sent)
+            try:
+                if self.span.is_recording() and self.ctx.awaits_store:
+                    self._remaining = await self._aremaining()
+            finally:  # even when cancelled here: the span ends, the probe is freed
+                self._settled(error, sent)
+
+    async def _aremaining(self) -> tuple[int | None, int | None]:
+        try:
+            return self.ctx.remaining_cost_and_steps(await self.ctx.asnapshots())
+        except Exception:  # the store failed: the span goes without them
+            _logger.debug("reading the chain's remaining budget failed", exc_info=True)
+            return None, None
 
     def defer_settlement(self) -> None:
         """From now, :meth:`finish` only records how the call ends (an async
@@ -396,7 +408,7 @@ class ContainedCall:
                 if self.usage_seen:
                     attributes["gen_ai.usage.input_tokens"] = self.input_tokens
                     attributes["gen_ai.usage.output_tokens"] = self.output_tokens
-                cost_left, steps_left = self.ctx.remaining_cost_and_steps()
+                cost_left, steps_left = self._remaining or self.ctx.remaining_cost_and_steps()
                 if cost_left is not None:
                     attributes["veronica.remaining.cost_usd"] = nano_to_usd(cost_left)
                 if steps_left is not None:

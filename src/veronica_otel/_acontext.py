@@ -146,14 +146,14 @@ async def trip(ctx: ExecutionContext) -> TripEvent | None:
 
 
 async def snapshots(ctx: ExecutionContext) -> dict[str, LedgerState] | None:
-    """The counters of every level with a cost or token ceiling, read without
-    blocking; None with an in-process ledger (read it directly)."""
+    """The counters of every level with a cost, step or token ceiling, read
+    without blocking; None with an in-process ledger (read it directly)."""
     aledger = ctx._aledger
     if aledger is None:
         return None
     states: dict[str, LedgerState] = {}
     for level in ctx._path:
         limits = level.limits
-        if limits.cost_nano is not None or limits.tokens is not None:
+        if not (limits.cost_nano is None and limits.tokens is None and limits.steps is None):
             states[level.chain_id] = await aledger.asnapshot(level.chain_id)
     return states

@@ -505,8 +505,8 @@ class ExecutionContext(AsyncFromSync):
         )
 
     async def asnapshots(self) -> dict[str, LedgerState] | None:
-        """The counters of every level with a cost or token ceiling, read without
-        blocking; None with an in-process ledger (read it directly)."""
+        """The counters of every level with a cost, step or token ceiling, read
+        without blocking; None with an in-process ledger (read it directly)."""
         return await _acontext.snapshots(self)
 
     async def _afinish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
@@ -994,8 +994,11 @@ class ExecutionContext(AsyncFromSync):
             depth=self.depth,
         )
 
-    def remaining_cost_and_steps(self) -> tuple[int | None, int | None]:
-        """What the tightest cost and step ceilings have left (one ledger read a level)."""
+    def remaining_cost_and_steps(
+        self, states: Mapping[str, LedgerState] | None = None
+    ) -> tuple[int | None, int | None]:
+        """What the tightest cost and step ceilings have left (one ledger read a
+        level, or ``states`` from :meth:`asnapshots`)."""
         fast = self._fast
         if fast is not None:  # a root in-process chain: read the live counters
             limits, state = fast[1].limits, fast[2]
@@ -1011,7 +1014,9 @@ class ExecutionContext(AsyncFromSync):
             limits = level.limits
             if limits.cost_nano is None and limits.steps is None:
                 continue
-            state = self._ledger.snapshot(level.chain_id)
+            state = (
+                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
+            )
             if limits.cost_nano is not None:
                 left = max(0, limits.cost_nano - state.cost_nano - state.reserved_nano)
                 cost_left = left if cost_left is None else min(cost_left, left)
