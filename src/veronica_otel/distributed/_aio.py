@@ -165,6 +165,14 @@ class AsyncClients:
             await found.closer.__anext__()  # started here: the loop now tracks it
         return found
 
+    async def drop_idle(self) -> None:
+        """Close the running loop's idle connections: after a store error they
+        may lead to a server that is gone (the next command connects afresh)."""
+        entry = self._by_loop.get(asyncio.get_running_loop())
+        pool = getattr(entry.client, "connection_pool", None) if entry is not None else None
+        if pool is not None:
+            await pool.disconnect(inuse_connections=False)
+
     async def _close_with_loop(
         self, loop: asyncio.AbstractEventLoop, entry: LoopClient
     ) -> AsyncIterator[None]:

@@ -79,6 +79,7 @@ async def reserve(
         sent = True
         reply: Any = await entry.script(ledger._reserve)(op.keys, op.args)
     except redis.RedisError as exc:
+        await ledger._aio.drop_idle()
         return ledger._reserve_error(exc, op, sent)
     except asyncio.CancelledError:
         if sent and op.rid:  # it may have been applied: give it back, soon
@@ -155,6 +156,7 @@ async def flush(ledger: RedisLedger) -> int:
         try:
             await _flush(ledger, await ledger._aio.get())
         except redis.RedisError as exc:
+            await ledger._aio.drop_idle()
             ledger._flush_failed(exc)
         finally:
             _detach(token)
@@ -177,6 +179,7 @@ async def _settle(ledger: RedisLedger, op: _Pending) -> Any:
             await _flush(ledger, entry)
         reply: Any = await entry.script(op.script)(op.keys, op.args)
     except redis.RedisError as exc:
+        await ledger._aio.drop_idle()
         return ledger._settle_failed(op, exc)
     except asyncio.CancelledError:
         # Maybe applied, maybe not: replayed by id, so it counts once.
@@ -202,6 +205,7 @@ async def _call(
         else:
             reply = await entry.script(script)(keys, args)
     except redis.RedisError as exc:
+        await ledger._aio.drop_idle()
         return ledger._call_failed(chain_id, keys, exc)
     finally:
         _detach(token)
