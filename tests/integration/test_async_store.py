@@ -9,6 +9,7 @@ async calls must leave it at zero while the store's own counters move.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -38,7 +39,7 @@ from veronica_otel._tools import ToolCall
 from veronica_otel.distributed import LedgerUnavailableError, RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.middleware import VeronicaASGIMiddleware
-from veronica_otel.testing import FakeLLMServer, RedisServerProcess
+from veronica_otel.testing import FakeLLMServer, RedisClusterProcess, RedisServerProcess
 
 CHAT = "/v1/chat/completions"
 MODEL = "gpt-4o-mini"
@@ -298,9 +299,7 @@ async def test_200_concurrent_async_calls_never_pass_the_chain_limit(
 
         async def one() -> bool:
             try:
-                await aclient.chat.completions.create(
-                    model=MODEL, messages=MESSAGES, max_tokens=10
-                )
+                await aclient.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10)
             except BudgetExceededError:
                 return False
             return True
@@ -337,3 +336,57 @@ def test_asgi_middleware_on_a_valkey_ledger(ledger: tuple[RedisLedger, CountingR
     for reply in replies:
         state = store.snapshot(reply["chain"])
         assert (state.steps, state.cost_nano, state.reserved_nano) == (1, 100_000_000, 0)
+
+
+# -- fork and cluster ---------------------------------------------------------------
+
+
+def test_a_forked_child_never_uses_the_parents_async_connections(
+    ledger: tuple[RedisLedger, CountingRedis],
+) -> None:
+    store, sync = ledger
+    ctx = ExecutionContext(ExecutionConfig(max_steps=10), ledger=store)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(ctx.awrap_llm_call(noop)) is Decision.ALLOW
+        parent_client = store._aio._by_loop[loop].client
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the same loop object, its own connections
+            code = 1
+            try:
+                allowed = loop.run_until_complete(ctx.awrap_llm_call(noop)) is Decision.ALLOW
+                fresh = store._aio._by_loop[loop].client is not parent_client
+                os.write(write, b"ok" if allowed and fresh else b"no")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        assert os.read(read, 2) == b"ok"
+        os.close(read)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert loop.run_until_complete(ctx.awrap_llm_call(noop)) is Decision.ALLOW
+        assert store._aio._by_loop[loop].client is parent_client  # untouched by the child
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+    assert sync.sent == []
+    assert store.snapshot(ctx.chain_id).steps == 3
+
+
+def test_async_calls_on_a_redis_cluster(
+    redis_cluster: RedisClusterProcess, redis_prefix: str
+) -> None:
+    store = RedisLedger.from_url(redis_cluster.url, key_prefix=redis_prefix)
+    ctx = ExecutionContext(ExecutionConfig(max_steps=2), ledger=store)
+
+    async def calls() -> list[Decision]:
+        return [await ctx.awrap_llm_call(noop, HINT) for _ in range(3)]
+
+    try:
+        assert asyncio.run(calls()) == [Decision.ALLOW, Decision.ALLOW, Decision.HALT]
+        state = store.snapshot(ctx.chain_id)
+    finally:
+        store.close()
+    assert (state.steps, state.cost_nano, state.reserved_nano) == (2, 200_000_000, 0)
+    assert store.async_clients == 0
