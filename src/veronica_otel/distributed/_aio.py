@@ -20,9 +20,10 @@ loop per thread) keeps one client per loop:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import redis
@@ -39,6 +40,8 @@ from veronica_otel._fork import remake_locks_after_fork
 from ._connect import ClusterClient
 
 __all__ = ["AsyncClients", "LoopClient"]
+
+_logger = logging.getLogger("veronica_otel.distributed")
 
 # What an asyncio client copies from a sync client's connection settings.
 _COPIED = (
@@ -114,7 +117,7 @@ class LoopClient:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.scripts: dict[str, AsyncScript] = {}
-        self.closer: AsyncIterator[None] | None = None
+        self.closer: AsyncGenerator[None, None] | None = None
         self.flushing = asyncio.Lock()  # queued commits replay one task at a time
 
     def script(self, script: Script) -> AsyncScript:
@@ -155,11 +158,13 @@ class AsyncClients:
             if self._pid != os.getpid():  # a forked child: never touch the parent's
                 self._forked.append(self._by_loop)
                 self._by_loop, self._pid = {}, os.getpid()
-            for old in [old for old in self._by_loop if old.is_closed()]:
-                del self._by_loop[old]  # its loop ended without shutdown_asyncgens
+            # Loops that ended without shutdown_asyncgens (a bare loop.close()).
+            ended = [self._by_loop.pop(old) for old in list(self._by_loop) if old.is_closed()]
             found = self._by_loop.get(loop)
             if found is None:
                 found = self._by_loop[loop] = LoopClient(async_client(self._sync))
+        for entry in ended:
+            _abandon(entry)
         if found.closer is None:
             found.closer = self._close_with_loop(loop, found)
             await found.closer.__anext__()  # started here: the loop now tracks it
@@ -175,7 +180,7 @@ class AsyncClients:
 
     async def _close_with_loop(
         self, loop: asyncio.AbstractEventLoop, entry: LoopClient
-    ) -> AsyncIterator[None]:
+    ) -> AsyncGenerator[None, None]:
         try:
             yield
         finally:
@@ -192,9 +197,27 @@ class AsyncClients:
         if entry is not None:
             closer, entry.closer = entry.closer, None
             if closer is not None:
-                await closer.aclose()  # type: ignore[attr-defined]
+                await closer.aclose()
             else:
                 await _close(entry.client)
+
+
+def _abandon(entry: LoopClient) -> None:
+    """Finish the closer of a client whose loop is closed, here and now, so it
+    is never handed to that loop's finaliser (which would raise: loop closed).
+    Its sockets are closed as far as a closed loop allows."""
+    closer, entry.closer = entry.closer, None
+    if closer is None:
+        return
+    step = closer.aclose()
+    try:
+        step.send(None)
+    except StopIteration:
+        return
+    except RuntimeError as exc:  # the closed loop refused a callback: the sockets stay
+        _logger.debug("closing a client of a closed event loop: %s", exc)
+    finally:
+        step.close()
 
 
 async def _close(client: Any) -> None:
