@@ -384,13 +384,14 @@ async def _arequest(
 # -- attempts (once per HTTP send) ---------------------------------------------
 
 
-def _before_send(state: _CallState, retries_taken: object) -> None:
+def _before_send(state: _CallState, retries_taken: object, drawn: bool = False) -> None:
     call = state.call
     if isinstance(retries_taken, int) and retries_taken > state.retries:
         # An SDK-internal retry is about to be sent: it draws on the chain's
         # retry budget. Raising here (no __cause__) stops the SDK loop unsent.
         state.retries = retries_taken
-        call.ctx.consume_retry()
+        if not drawn:  # the async hook drew it already, awaiting the store
+            call.ctx.consume_retry()
         if call.span.is_recording():
             call.span.set_attribute("veronica.retries", retries_taken)
     call.check_alive()
@@ -437,7 +438,11 @@ async def _aattempt(
 ) -> Any:
     state = _ACTIVE.get()
     if state is not None:
-        _before_send(state, kwargs.get("retries_taken", 0))
+        retries_taken = kwargs.get("retries_taken", 0)
+        if isinstance(retries_taken, int) and retries_taken > state.retries:
+            await state.call.ctx.aconsume_retry()
+        await state.call.ctx.aensure_active()  # a store poll awaited; then the same checks
+        _before_send(state, retries_taken, drawn=True)
     stripped = strip_veronica_baggage()
     try:
         result = await wrapped(*args, **kwargs)

@@ -599,13 +599,17 @@ def _retry_state(kwargs: dict[str, Any]) -> _CallState | None:
     """
     state = _ACTIVE.get()
     if state is not None:
-        if kwargs.get("response") is not None:
-            state.replied = True
-        else:
-            _note_attempt(state, sys.exc_info()[1])
+        _note_retry(state, kwargs)
         _draw_retry(state, int(kwargs.get("retries_taken", 0)) + 1)
         state.call.check_alive()  # a retry is a new dispatch: any trip stops it
     return state
+
+
+def _note_retry(state: _CallState, kwargs: dict[str, Any]) -> None:
+    if kwargs.get("response") is not None:
+        state.replied = True
+    else:
+        _note_attempt(state, sys.exc_info()[1])
 
 
 def _sleep_for_retry(
@@ -621,10 +625,19 @@ def _sleep_for_retry(
 async def _asleep_for_retry(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _retry_state(kwargs)
+    state = _ACTIVE.get()
+    if state is not None:
+        # As _retry_state, the retries drawn with the store awaited.
+        _note_retry(state, kwargs)
+        attempt = int(kwargs.get("retries_taken", 0)) + 1
+        while state.retries < attempt:
+            await state.call.ctx.aconsume_retry()
+            state.retries += 1
+        _draw_retry(state, attempt)  # drawn already: the count goes on the span
+        await state.call.ctx.aensure_active()
     result = await wrapped(*args, **kwargs)
     if state is not None:
-        state.call.check_alive()
+        await state.call.ctx.aensure_active()
     return result
 
 

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 from ._call import settled_amounts
 from ._errors import BudgetExceededError, TripEvent
 from ._gc_safe import drain, pending
-from ._ledger import LedgerState
+from ._ledger import LedgerState, Reservation
 from ._options import WrapOptions
 
 if TYPE_CHECKING:
     from ._call import CallHandle
     from ._context import ExecutionContext
 
-__all__ = ["begin_call", "begin_priced_call", "finish", "snapshots", "trip"]
+__all__ = ["begin_call", "begin_priced_call", "consume_retry", "finish", "snapshots", "trip"]
 
 _DEFAULT_OPTIONS = WrapOptions()
 
@@ -121,6 +121,19 @@ async def finish(
         overrun = await aledger.acommit(ctx._path, call.reservation, cost, tokens)
     finally:  # cancelled mid commit: the commit is queued, the call still settles
         ctx._finished(call, error, cost, overrun)
+
+
+async def consume_retry(ctx: ExecutionContext) -> None:
+    """:meth:`ExecutionContext.consume_retry`, the store awaited."""
+    aledger = ctx._aledger
+    if aledger is None:
+        ctx.consume_retry()
+        return
+    if ctx._trip is not None:
+        raise BudgetExceededError(ctx._trip)
+    result = await aledger.areserve(ctx._path, 0, 0, step=False, retry=True)
+    if not isinstance(result, Reservation):
+        ctx._tripped(result)
 
 
 async def _trip_lifted(ctx: ExecutionContext) -> bool:

@@ -766,6 +766,10 @@ class ExecutionContext(AsyncFromSync):
             cost_nano = self._worst_case(options)
         return cost_nano
 
+    async def aconsume_retry(self) -> None:
+        """:meth:`consume_retry` for async code: a shared store is awaited."""
+        await _acontext.consume_retry(self)
+
     def _worst_case(self, options: WrapOptions) -> int:
         prices = self._lookup(options.provider, options.model)
         return prices.max_cost_nano(options.input_tokens or 0, options.max_tokens or 0)

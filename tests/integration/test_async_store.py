@@ -121,6 +121,36 @@ async def test_async_openai_calls_use_the_async_client(
 
 
 @pytest.mark.asyncio
+async def test_sdk_retries_of_async_calls_draw_through_the_async_client(
+    ledger: tuple[RedisLedger, CountingRedis], server: FakeLLMServer
+) -> None:
+    store, sync = ledger
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument()
+    try:
+        async with openai.AsyncOpenAI(
+            base_url=server.openai_base_url, api_key="test", max_retries=3
+        ) as client:
+            config = ExecutionConfig(max_retries_total=1)
+            with ExecutionContext(config, ledger=store) as ctx:
+                server.fail_next(1, status=500, retry_after_ms=0)
+                await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5)
+                server.fail_next(3, status=500, retry_after_ms=0)
+                with pytest.raises(BudgetExceededError) as info:
+                    await client.chat.completions.create(
+                        model=MODEL, messages=MESSAGES, max_tokens=5
+                    )
+                sent_by_sync = list(sync.sent)
+                chain = ctx.chain_id
+    finally:
+        instrumentor.uninstrument()
+    assert info.value.reason == "retries"
+    assert sent_by_sync == []
+    assert server.count(CHAT) == 3  # 2 + 1: the second call's retry was never sent
+    assert store.snapshot(chain).retries == 1
+
+
+@pytest.mark.asyncio
 async def test_awrap_and_async_tools_use_the_async_client(
     ledger: tuple[RedisLedger, CountingRedis],
 ) -> None:
