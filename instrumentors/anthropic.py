@@ -365,8 +365,10 @@ async def _arequest(
         result = await wrapped(*args, **kwargs)
     except BaseException as exc:
         call.defer_settlement()  # decided by the sync code, then awaited
-        _fail(state, exc)
-        await call.settle_deferred()
+        try:
+            _fail(state, exc)
+        finally:
+            await call.settle_deferred()
         raise
     finally:
         if span_token is not None:
@@ -377,7 +379,8 @@ async def _arequest(
         result = _settle(state, result, instance)
     except Exception:
         result = _settle_failed(state, result)
-    await call.settle_deferred()
+    finally:
+        await call.settle_deferred()
     return result
 
 
