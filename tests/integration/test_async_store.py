@@ -198,6 +198,45 @@ def test_async_clients_per_loop_and_thread_are_closed_with_their_loop(
     assert store.snapshot(ctx.chain_id).steps == 5
 
 
+@pytest.mark.asyncio
+async def test_an_async_stream_is_cut_by_a_trip_made_elsewhere_polling_asynchronously(
+    ledger: tuple[RedisLedger, CountingRedis], redis_url: str, redis_prefix: str
+) -> None:
+    store, sync = ledger
+    other = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)  # another client
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument()
+    words = 0
+    try:
+        with FakeLLMServer(output_tokens=60) as long_server:
+            async with openai.AsyncOpenAI(
+                base_url=long_server.openai_base_url, api_key="test", max_retries=0
+            ) as client:
+                config = ExecutionConfig(max_cost_usd=1.0)
+                with ExecutionContext(config, chain_id="async-cut", ledger=store):
+                    stream = await client.chat.completions.create(
+                        model=MODEL, messages=MESSAGES, max_tokens=100, stream=True
+                    )
+                    with pytest.raises(BudgetExceededError) as info:
+                        async for chunk in stream:
+                            if chunk.choices and chunk.choices[0].delta.content:
+                                words += 1
+                            if words == 2:
+                                elsewhere = ExecutionContext(
+                                    config, chain_id="async-cut", ledger=other
+                                )
+                                elsewhere.record_usage(cost_usd=3.0)  # trips in the store
+                    sent_by_sync = list(sync.sent)
+                    reserved = (await store.asnapshot("async-cut")).reserved_nano
+    finally:
+        instrumentor.uninstrument()
+        other.close()
+    assert info.value.chain_id == "async-cut"
+    assert 2 <= words <= 2 + 16  # cut within 16 chunks of the trip
+    assert sent_by_sync == []  # the store was polled through the async client
+    assert reserved == 0
+
+
 # -- cancellation -------------------------------------------------------------------
 
 
@@ -342,6 +381,24 @@ async def test_200_concurrent_async_calls_never_pass_the_chain_limit(
     assert server.count(CHAT) == limit  # the provider's own count: never limit + 1
     state = store.snapshot(chain)
     assert (state.steps, state.reserved_nano) == (limit, 0)
+
+
+@pytest.mark.asyncio
+async def test_more_concurrent_calls_than_connections_wait_for_one_and_count_exactly(
+    ledger: tuple[RedisLedger, CountingRedis],
+) -> None:
+    store, sync = ledger
+    # 300 reservations in flight at once, more than a loop's client has
+    # connections: the rest wait for one (never a denial), and the cost
+    # ceiling admits exactly 150 of them.
+    with ExecutionContext(ExecutionConfig(max_cost_usd=15.0), ledger=store) as ctx:
+        decisions = await asyncio.gather(*(ctx.awrap_llm_call(noop, HINT) for _ in range(300)))
+        sent_by_sync = list(sync.sent)
+        chain = ctx.chain_id
+    assert decisions.count(Decision.ALLOW) == 150
+    assert sent_by_sync == []
+    state = store.snapshot(chain)
+    assert (state.steps, state.cost_nano, state.reserved_nano) == (150, 15_000_000_000, 0)
 
 
 # -- the ASGI middleware ------------------------------------------------------------
