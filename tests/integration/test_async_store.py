@@ -23,8 +23,9 @@ from openai.types.chat import ChatCompletionMessageParam
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from veronica_otel import (
     BudgetExceededError,
@@ -423,6 +424,38 @@ def test_asgi_middleware_on_a_valkey_ledger(ledger: tuple[RedisLedger, CountingR
     for reply in replies:
         state = store.snapshot(reply["chain"])
         assert (state.steps, state.cost_nano, state.reserved_nano) == (1, 100_000_000, 0)
+
+
+def test_asgi_websocket_steps_on_a_valkey_ledger(
+    ledger: tuple[RedisLedger, CountingRedis],
+) -> None:
+    store, sync = ledger
+    chains: list[str] = []
+
+    async def echo(socket: WebSocket) -> None:
+        ctx = current_context()
+        assert ctx is not None
+        chains.append(ctx.chain_id)
+        await socket.accept()
+        while True:
+            text = await socket.receive_text()
+            await socket.send_text(text.upper())
+
+    app = Starlette(routes=[WebSocketRoute("/ws", echo)])
+    wrapped = VeronicaASGIMiddleware(app, config=ExecutionConfig(max_steps=4), ledger=store)
+    with TestClient(wrapped) as http, http.websocket_connect("/ws") as socket:
+        socket.send_text("a")  # receive 1, send 2
+        assert socket.receive_text() == "A"
+        socket.send_text("b")  # receive 3, send 4
+        assert socket.receive_text() == "B"
+        socket.send_text("c")  # receive 5: denied by the store
+        with pytest.raises(WebSocketDisconnect) as closed:
+            socket.receive_text()
+    assert closed.value.code == 1008
+    assert [name for name in sync.sent if name.upper().startswith("EVAL")] == []
+    state = store.snapshot(chains[0])
+    assert (state.steps, state.reserved_nano) == (4, 0)
+    assert state.trip is not None and state.trip.reason == "steps"
 
 
 # -- fork and cluster ---------------------------------------------------------------
