@@ -89,14 +89,22 @@ class CallHandle:
         self.cost_nano = max(self.cost_nano, 0) + cost_nano
         self.tokens = max(self.tokens, 0) + tokens
         self._done = True
-        await self.context._afinish(self, error, True)
+        context = self.context
+        if context._aledger is None:
+            context._finish(self, error, True)
+        else:
+            await context._afinish(self, error, True)
 
     async def afinish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
         """:meth:`finish` for async code (same settlement; see ``abegin_call``)."""
         if self._done:
             return
         self._done = True
-        await self.context._afinish(self, error, sent)
+        context = self.context
+        if context._aledger is None:  # in process: nothing to await
+            context._finish(self, error, sent)
+        else:
+            await context._afinish(self, error, sent)
 
     def finish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
         """Settle the call (DESIGN G10).

@@ -485,6 +485,8 @@ class ExecutionContext(AsyncFromSync):
     ) -> CallHandle:
         """:meth:`begin_call` for async code: the reservation never blocks the
         event loop. Settle the handle with ``await handle.afinish(...)``."""
+        if self._aledger is None:  # in process: nothing to await
+            return self.begin_call(kind, options, cost_nano=cost_nano)
         return await _acontext.begin_call(self, kind, options, cost_nano)
 
     async def abegin_priced_call(
