@@ -892,16 +892,26 @@ class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
         self._self_call = call
         self._self_on_item = on_item
         call._async_stream = True
+        # A settlement decided by sync code inside the SDK's iteration (a
+        # payload hook cutting the stream) is awaited here, not made blocking.
+        self._self_defer = call.ctx.awaits_store
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
 
     async def __anext__(self) -> Any:
         call = self._self_call
+        defer = self._self_defer
         try:
             await call.ctx.aensure_active()
-            item = await self.__wrapped__.__anext__()
-            self._self_on_item(call, item)
+            if defer:
+                call.defer_settlement()
+            try:
+                item = await self.__wrapped__.__anext__()
+                self._self_on_item(call, item)
+            finally:
+                if defer:
+                    await call.settle_deferred()
         except StopAsyncIteration:
             await call.afinish()
             raise
