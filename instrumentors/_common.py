@@ -474,7 +474,7 @@ def admit(
     probe = object()  # identifies this call if it becomes the half-open probe
     try:
         prices = _check_endpoint(ctx, breaker, probe, provider, model)
-        cap, clamped, cost, tokens, signature = _size(
+        cap, clamped, bounded_by, cost, tokens, signature = _size(
             ctx, prices, bound, model, input_parts, requested_cap, clampable, choices, None
         )
         handle = ctx.begin_priced_call(
@@ -500,6 +500,7 @@ def admit(
             cap,
             clamped,
             clampable,
+            pool=bounded_by,
         )
     except BaseException as exc:
         _abandon(breaker, probe, handle, span, owns_span, ctx, exc)
@@ -543,7 +544,7 @@ async def aadmit(
     try:
         prices = _check_endpoint(ctx, breaker, probe, provider, model)
         states = await ctx.asnapshots() if clampable and requested_cap is None else None
-        cap, clamped, cost, tokens, signature = _size(
+        cap, clamped, bounded_by, cost, tokens, signature = _size(
             ctx, prices, bound, model, input_parts, requested_cap, clampable, choices, states
         )
         handle = await ctx.abegin_priced_call(
@@ -567,6 +568,7 @@ async def aadmit(
             cap,
             clamped,
             clampable,
+            pool=bounded_by,
         )
     except BaseException as exc:
         await _aabandon(breaker, probe, handle, span, owns_span, ctx, exc)
@@ -593,20 +595,23 @@ def _size(
     clampable: bool,
     choices: int,
     states: Mapping[str, LedgerState] | None,
-) -> tuple[int | None, int | None, int, int, str | None]:
-    """(cap, clamp, cost, tokens, signature) of the reservation."""
+) -> tuple[int | None, int | None, str | None, int, int, str | None]:
+    """(cap, clamp, the pool that set the clamp, cost, tokens, signature) of the reservation."""
     cap = requested_cap
     clamped: int | None = None
+    bounded_by: str | None = None  # the pool that set the clamp, if one did
     if clampable and requested_cap is None:
-        # No output cap: send the most the remaining budget can buy, so the
-        # reservation is a true worst case without any caller hint.
-        affordable = _affordable_output(ctx, prices, bound, states)
+        # No output cap: send the most the remaining budget (the chain's
+        # and its pools') can buy, so the reservation is a true worst case
+        # without any caller hint.
+        affordable, bounded_by = _affordable_output(ctx, prices, bound, states)
         if affordable is not None:
             cap = clamped = max(1, affordable // max(1, choices))
     signature = _signature(model, input_parts) if ctx.tracks_repeats else None
     output = (cap or 0) * max(1, choices)  # n choices each up to the cap
     cost = prices.max_cost_nano(bound, output) if prices is not None else 0
-    return cap, clamped, cost, bound + (output if cap is not None else 0), signature
+    tokens = bound + (output if cap is not None else 0)
+    return cap, clamped, bounded_by, cost, tokens, signature
 
 
 def _abandon(
@@ -662,6 +667,8 @@ def _admitted(
     cap: int | None,
     clamped: int | None,
     clampable: bool,
+    *,
+    pool: str | None = None,
 ) -> tuple[ContainedCall, int | None, str | None]:
     handle.metrics = True  # an instrumented call: telemetry is worth its cost here
     handle.model = model
@@ -677,7 +684,9 @@ def _admitted(
     call.breaker, call.probe = breaker, probe
     if fallback is not None and fallback != model:
         call.model = fallback
-    admission = _admission_attributes(span, ctx, handle, cap, clamped, model, fallback)
+    admission = _admission_attributes(
+        span, ctx, handle, cap, clamped, model, fallback, pool=pool if clamped is not None else None
+    )
     if owns_span:
         call.pending_attributes = admission  # set with the end's, in one SDK call
     elif admission:
@@ -697,6 +706,8 @@ def _admission_attributes(
     clamped: int | None,
     model: str,
     fallback: str | None,
+    *,
+    pool: str | None = None,
 ) -> dict[str, str | int | float] | None:
     if not span.is_recording():
         return None
@@ -708,9 +719,13 @@ def _admission_attributes(
         attributes["gen_ai.request.max_tokens"] = cap
     if clamped is not None:
         attributes["veronica.clamped.max_tokens"] = clamped
+    if pool is not None:  # a budget pool had less room than the chain: it set the clamp
+        attributes["veronica.pool"] = pool
     if fallback is not None and fallback != model:
         attributes["veronica.fallback_model"] = fallback
         attributes["gen_ai.request.model"] = fallback
+    if handle.agents is not None:  # an agent's own limits bound this call
+        attributes["veronica.agent"] = handle.agents[1]
     return attributes
 
 
@@ -738,27 +753,52 @@ def _affordable_output(
     prices: UnitPrices | None,
     bound: int,
     states: Mapping[str, LedgerState] | None = None,
-) -> int | None:
-    """Output tokens (over all choices) an uncapped call is clamped to; None: no ceiling.
+) -> tuple[int | None, str | None]:
+    """Output tokens (over all choices) an uncapped call is clamped to (None: no
+    ceiling), and the budget pool that set it (None: the chain or the model did).
 
-    What the *unreserved* budget buys (the remaining cost and tokens leave out
-    other calls' reservations), but never more than the model can produce
-    (:func:`_output_limit`): one uncapped call must not reserve a whole budget
-    for output its model could never return, starving the calls beside it.
-    The model's limit bounds the total over ``n`` choices, which only errs
-    low (each choice gets at most limit / n).
+    What the *unreserved* budget of the chain and of every one of its pools
+    buys (the remaining cost and tokens leave out other calls' reservations),
+    but never more than the model can produce (:func:`_output_limit`): one
+    uncapped call must not reserve a whole budget for output its model could
+    never return, starving the calls beside it. The model's limit bounds the
+    total over ``n`` choices, which only errs low (each choice gets at most
+    limit / n).
     """
-    affordable: int | None = None
-    remaining_cost = ctx.remaining_cost_nano(states)
-    if remaining_cost is not None and prices is not None:
-        affordable = prices.max_output_tokens_for(remaining_cost, bound)
-    remaining_tokens = ctx.remaining_tokens(states)
-    if remaining_tokens is not None:
-        left = max(0, remaining_tokens - bound)
-        affordable = left if affordable is None else min(affordable, left)
+    affordable = _buys(
+        prices,
+        bound,
+        ctx.remaining_cost_nano(states, pools=False),
+        ctx.remaining_tokens(states, pools=False),
+    )
+    pool: str | None = None
+    room = ctx.pool_room()
+    if room is not None:
+        for buys, name in (
+            (_buys(prices, bound, room.cost_nano, None), room.cost_pool),
+            (_buys(prices, bound, None, room.tokens), room.tokens_pool),
+        ):
+            if buys is not None and (affordable is None or buys < affordable):
+                affordable, pool = buys, name
     if affordable is None:
-        return None
-    return min(affordable, _output_limit(prices, bound))
+        return None, None
+    limit = _output_limit(prices, bound)
+    if affordable >= limit:
+        return limit, None  # the model's own limit, not a budget, bounds it
+    return affordable, pool
+
+
+def _buys(
+    prices: UnitPrices | None, bound: int, cost_left: int | None, tokens_left: int | None
+) -> int | None:
+    """Output tokens ``cost_left`` and ``tokens_left`` buy after ``bound`` input tokens."""
+    affordable: int | None = None
+    if cost_left is not None and prices is not None:
+        affordable = prices.max_output_tokens_for(cost_left, bound)
+    if tokens_left is not None:
+        left = max(0, tokens_left - bound)
+        affordable = left if affordable is None else min(affordable, left)
+    return affordable
 
 
 def _output_limit(prices: UnitPrices | None, bound: int) -> int:
@@ -779,6 +819,10 @@ def _mark_denied(
                 "error.type",
                 "BudgetExceededError" if error is None else type(error).__qualname__,
             )
+            if isinstance(error, BudgetExceededError) and error.pool is not None:
+                span.set_attribute("veronica.pool", error.pool)
+            if isinstance(error, BudgetExceededError) and error.agent is not None:
+                span.set_attribute("veronica.agent", error.agent)
             _note_trip(span, error)
     except Exception:
         _logger.exception("recording the denial on its span failed")

@@ -210,7 +210,7 @@ def _describe(
     owns = span is None
     if span is None:
         # The SDK's tracing is off: our own span. Suppression hides it, never the check.
-        agent = current_agent() if ctx.tracks_handoffs else None
+        agent = current_agent() if ctx.names_agents else None
         span = start_span("chat", PROVIDER, model, agent) if is_instrumentation_enabled() else None
         span = span if span is not None else trace.INVALID_SPAN
     # Else the SDK's span is already current: no second span, our attributes go on it.

@@ -292,7 +292,7 @@ def _describe(options: Any) -> _Request | None:
     messages = body.get("messages")
     n_messages = len(messages) if type(messages) is list else 1
     cap = _requested_cap(body, cap_keys)[0]
-    agent = current_agent() if ctx.tracks_handoffs else None
+    agent = current_agent() if ctx.names_agents else None
     peer = _peer_span(operation, agent)
     span = peer if peer is not None else start_span(operation, PROVIDER, model, agent)
     return ctx, span, peer is None, model, operation, parts, n_messages, cap, cap_keys, body

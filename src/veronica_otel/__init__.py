@@ -25,6 +25,7 @@ from ._guards import AgentStepGuard, BudgetEnforcer, LoopGuard
 from ._ledger import Ledger, LocalLedger
 from ._options import ChainSnapshot, Decision, WrapOptions
 from ._policy import PolicyContext, PolicyDecision, PolicyPipeline, RuntimePolicy
+from ._pools import BudgetPool, PoolSnapshot
 from ._pricing import PriceTable, UnitPrices
 from ._propagation import current_context
 from ._retry import RetryContainer
@@ -37,6 +38,7 @@ __all__ = [
     "AgentStepGuard",
     "BudgetEnforcer",
     "BudgetExceededError",
+    "BudgetPool",
     "CallHandle",
     "ChainSnapshot",
     "CircuitBreaker",
@@ -50,6 +52,7 @@ __all__ = [
     "PolicyContext",
     "PolicyDecision",
     "PolicyPipeline",
+    "PoolSnapshot",
     "PriceTable",
     "RetryContainer",
     "RuntimePolicy",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import _agents
 from ._call import settled_amounts
 from ._errors import BudgetExceededError, TripEvent
 from ._gc_safe import drain, pending
@@ -91,15 +92,21 @@ async def begin_priced_call(
     policy_context, decision = ctx._admit_checks(
         kind, operation_name, provider, model, cost_nano, signature
     )
+    agents = ctx._agent_path() if ctx._agent_lookups or _agents._limited_in_code else None
     try:
         reservation = await aledger.areserve(
-            ctx._path, cost_nano, tokens, retry=retry, signature=signature
+            ctx._path if agents is None else agents[0],
+            cost_nano,
+            tokens,
+            retry=retry,
+            signature=signature,
+            **ctx._pool_args(),
         )
     except BaseException:  # the store failed, or we were cancelled: give back the probes
         if policy_context is not None:
             ctx.pipeline.abandon(policy_context)
         raise
-    return ctx._admitted(reservation, policy_context, decision, kind, model)
+    return ctx._admitted(reservation, policy_context, decision, kind, model, agents)
 
 
 async def finish(
@@ -109,16 +116,17 @@ async def finish(
     if aledger is None:
         ctx._finish(call, error, sent)
         return
+    path = ctx._path if call.agents is None else call.agents[0]
     if not sent:
         try:
-            await aledger.arelease(ctx._path, call.reservation)
+            await aledger.arelease(path, call.reservation)
         finally:
             ctx._released(call)
         return
     cost, tokens = settled_amounts(call)
     overrun: TripEvent | None = None
     try:
-        overrun = await aledger.acommit(ctx._path, call.reservation, cost, tokens)
+        overrun = await aledger.acommit(path, call.reservation, cost, tokens)
     finally:  # cancelled mid commit: the commit is queued, the call still settles
         ctx._finished(call, error, cost, overrun)
 
@@ -131,8 +139,12 @@ async def consume_retry(ctx: ExecutionContext) -> None:
         return
     if ctx._trip is not None:
         raise BudgetExceededError(ctx._trip)
-    result = await aledger.areserve(ctx._path, 0, 0, step=False, retry=True)
+    agents = ctx._agent_path() if ctx._agent_lookups or _agents._limited_in_code else None
+    path = ctx._path if agents is None else agents[0]
+    result = await aledger.areserve(path, 0, 0, step=False, retry=True)
     if not isinstance(result, Reservation):
+        if agents is not None:
+            ctx._agent_denied(result)  # an agent's own level: that agent's denial
         ctx._tripped(result)
 
 

@@ -6,7 +6,7 @@ import contextvars
 import inspect
 from typing import TYPE_CHECKING
 
-from ._ledger import Reservation
+from ._ledger import Level, Reservation
 from ._policy import PolicyContext, PolicyDecision
 from ._units import nano_to_usd
 
@@ -31,6 +31,7 @@ class CallHandle:
 
     __slots__ = (
         "_done",
+        "agents",
         "context",
         "cost_nano",
         "decision",
@@ -61,6 +62,8 @@ class CallHandle:
         # Per-call metrics only where telemetry is live (a recording chain span
         # or an instrumented client call): the bare wrap path stays lean.
         self.metrics = False
+        # (path with agent levels, innermost agent) when agent limits bound it.
+        self.agents: tuple[tuple[Level, ...], str] | None = None
 
     @property
     def reserved_usd(self) -> float:

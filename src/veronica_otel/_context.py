@@ -16,14 +16,15 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from . import _acontext
+from . import _acontext, _agents
+from ._agent_limits import AgentLevels, lookups_of
 from ._agents import HandoffCounter, current_agent
 from ._call import (
     ACTIVE_CALL,
@@ -38,9 +39,19 @@ from ._cm import AsyncFromSync, Entries
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._gc_safe import drain, pending
-from ._ledger import Ledger, LedgerState, Level, Limits, LocalLedger, Reservation
+from ._ledger import (
+    DEFAULT_LEDGER,
+    Ledger,
+    LedgerState,
+    Level,
+    Limits,
+    LocalLedger,
+    PoolLevel,
+    Reservation,
+)
 from ._options import ChainSnapshot, Decision, WrapOptions
 from ._policy import ALLOW, PolicyContext, PolicyDecision, PolicyPipeline
+from ._pools import BudgetPool, PoolRoom, check_pools, pool_room
 from ._pricing import PriceTable, UnitPrices, default_price_table
 from ._propagation import CONTEXT_KEY
 from ._telemetry import record_call, track_chain
@@ -50,7 +61,14 @@ from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
 
 __all__ = ["CallHandle", "ExecutionContext"]
 
-_DEFAULT_LEDGER = LocalLedger()
+_DEFAULT_LEDGER = DEFAULT_LEDGER
+
+
+class _PoolArgs(TypedDict, total=False):
+    pools: tuple[PoolLevel, ...]
+
+
+_NO_POOLS: _PoolArgs = {}
 _MAX_OVERRIDE_S = 7 * 24 * 3600.0
 _override_logger = logging.getLogger("veronica_otel.overrides")
 _logger = logging.getLogger("veronica_otel")
@@ -78,11 +96,18 @@ class ExecutionContext(AsyncFromSync):
         ledger: Where counters live; an in-process ledger by default.
         price_table: Prices for ``model``-based reservations and usage.
         name: Shown on the chain's span.
+        pools: :class:`BudgetPool` budgets every call of the chain (and of
+            its children) is also reserved in, atomically with the chain's
+            own; they must live on the chain's ledger. A pool's denial stops
+            the chain; the pool itself never trips.
 
     Use it as a context manager (sync or async): entering makes it the
     active chain in the OpenTelemetry context, so instrumented clients,
     threads and tasks started inside find it with :func:`current_context`.
     """
+
+    # The agent levels of this chain tree: made at its first agent-bound call.
+    _agent_tree: AgentLevels | None = None
 
     def __init__(
         self,
@@ -93,6 +118,7 @@ class ExecutionContext(AsyncFromSync):
         ledger: Ledger | None = None,
         price_table: PriceTable | None = None,
         name: str = "chain",
+        pools: Sequence[BudgetPool] | None = None,
         _parent: ExecutionContext | None = None,
         _depth: int = 0,
     ) -> None:
@@ -107,12 +133,15 @@ class ExecutionContext(AsyncFromSync):
         self.config = config if config is not None else ExecutionConfig()
         self.pipeline = pipeline if pipeline is not None else PolicyPipeline()
         self._has_policies = bool(self.pipeline)  # pipelines are immutable
+        # Policies that know agents' limits by name (a policy file's [agents]).
+        self._agent_lookups = lookups_of(self.pipeline)
         self.chain_id = chain_id if chain_id is not None else uuid.uuid4().hex
         self.name = name
         self.depth = check_count("depth", _depth)
         self._ledger: Ledger = ledger if ledger is not None else _DEFAULT_LEDGER
         # A ledger with coroutine operations (a shared store): async calls await it.
         self._aledger: Any = self._ledger if hasattr(self._ledger, "areserve") else None
+        self._pools = check_pools(pools, self._ledger)
         self._prices = price_table
         self._parent = _parent
         self._children = itertools.count(1)
@@ -139,16 +168,12 @@ class ExecutionContext(AsyncFromSync):
                 ),
             ),
         )
-        self._priced = any(level.limits.cost_nano is not None for level in self._path)
+        self._priced = any(level.limits.cost_nano is not None for level in self._path) or any(
+            pool.max_cost_usd is not None for pool in self._pools
+        )
         self._repeats_limited = any(level.limits.repeats is not None for level in self._path)
-        self._deadline: float | None = None
+        self._deadline = self._first_deadline(_parent)
         self._timer: TimerHandle | None = None
-        if limits.timeout_ms is not None:
-            self._deadline = self._started + limits.timeout_ms / 1000
-        if _parent is not None and _parent._deadline is not None:
-            parent_deadline = _parent._deadline
-            if self._deadline is None or parent_deadline < self._deadline:
-                self._deadline = parent_deadline
         if self._deadline is not None:
             self._timer = schedule(self._deadline, weak_deadline(self))
         if _parent is not None:
@@ -170,13 +195,27 @@ class ExecutionContext(AsyncFromSync):
                 "depth", limits.max_depth, self.depth, "hop depth over max_depth", raise_error=False
             )
 
+    def _first_deadline(self, parent: ExecutionContext | None) -> float | None:
+        """The earlier of this chain's own ``timeout_ms`` and its parent's deadline."""
+        timeout_ms = self.config.timeout_ms
+        deadline = None if timeout_ms is None else self._started + timeout_ms / 1000
+        inherited = None if parent is None else parent._deadline
+        if inherited is not None and (deadline is None or inherited < deadline):
+            deadline = inherited
+        return deadline
+
     def _hold(self, ledger: LocalLedger) -> None:
         ledger.acquire(self.chain_id)
         weakref.finalize(self, ledger.discard, self.chain_id)
         # The live counters of every level of the path (this chain and its
         # ancestors, each held by its own context): ensure_active reads them.
         self._live = tuple(ledger.state_of(level.chain_id) for level in self._path)
-        if self._parent is None and not self._has_policies and self._handoffs is None:
+        if (
+            self._parent is None
+            and not self._has_policies
+            and self._handoffs is None
+            and not self._pools
+        ):
             # Held by acquire(): the live counters outlast nothing we use.
             self._fast = (ledger, self._path[0], self._live[0])
 
@@ -265,6 +304,7 @@ class ExecutionContext(AsyncFromSync):
             and not self._token.cancelled
             and not self._metrics
             and not pending
+            and not _agents._limited_in_code
         ):
             # The common case, kept short: an in-process root chain with no
             # policies. Same checks as begin_call; any denial re-checks the
@@ -405,21 +445,36 @@ class ExecutionContext(AsyncFromSync):
         policy_context, decision = self._admit_checks(
             kind, operation_name, provider, model, cost_nano, signature
         )
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
         fast = self._fast
         try:
-            if fast is not None and signature is None and not retry:
+            if agents is not None:
+                reservation = self._ledger.reserve(
+                    agents[0],
+                    cost_nano,
+                    tokens,
+                    retry=retry,
+                    signature=signature,
+                    **self._pool_args(),
+                )
+            elif fast is not None and signature is None and not retry:
                 reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
             else:
                 reservation = self._ledger.reserve(
-                    self._path, cost_nano, tokens, retry=retry, signature=signature
+                    self._path,
+                    cost_nano,
+                    tokens,
+                    retry=retry,
+                    signature=signature,
+                    **self._pool_args(),
                 )
         except BaseException:  # the store failed: give back what policies took
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
             raise
-        return self._admitted(reservation, policy_context, decision, kind, model)
+        return self._admitted(reservation, policy_context, decision, kind, model, agents)
 
-    # Shared by begin_priced_call and the async abegin_priced_call (_admission.py).
+    # Shared by begin_priced_call and the async abegin_priced_call (_acontext.py).
 
     def _admit_checks(
         self,
@@ -465,18 +520,53 @@ class ExecutionContext(AsyncFromSync):
         decision: PolicyDecision,
         kind: str,
         model: str | None,
+        agents: tuple[tuple[Level, ...], str] | None,
     ) -> CallHandle:
-        """The call's handle, or the denial raised (its policy probes given back)."""
+        """The call's handle, or the denial raised (its policy probes given back;
+        an agent's own level denied it: that agent's denial, the chain goes on)."""
         if type(reservation) is not Reservation:
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
+            if agents is not None:
+                self._agent_denied(reservation)  # type: ignore[arg-type]
             self._tripped(reservation)  # type: ignore[arg-type]
         call = CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
+        if agents is not None:
+            call.agents = agents
         if self._metrics:
             call.metrics = True
             call.kind = kind
             call.model = model
         return call
+
+    def _agent_path(self) -> tuple[tuple[Level, ...], str] | None:
+        """This call's path with the levels of the limited agents it is made for."""
+        tree = self._agent_tree
+        if tree is None:
+            root = self
+            while root._parent is not None:
+                root = root._parent
+            # One tree per root, also when threads race here (setdefault is atomic).
+            tree = root.__dict__.get("_agent_tree") or root.__dict__.setdefault(
+                "_agent_tree", AgentLevels(root)
+            )
+            self._agent_tree = tree
+        return tree.path(self._path, self._agent_lookups)
+
+    def _agent_denied(self, trip: TripEvent, *, raise_error: bool = True) -> bool:
+        """Deny for an agent whose own level made ``trip``; the chain goes on.
+
+        Returns False (nothing done) when ``trip`` is not an agent's."""
+        tree = self._agent_tree
+        mapped = tree.denial(trip, self.chain_id) if tree is not None else None
+        if mapped is None:
+            return False
+        event, news = mapped
+        if news:
+            emit_trip(event)
+        if raise_error:
+            raise BudgetExceededError(event)
+        return True
 
     # -- the same for async code (_acontext.py): a shared store is awaited ----
 
@@ -716,13 +806,22 @@ class ExecutionContext(AsyncFromSync):
         return self._handoffs is not None
 
     @property
+    def names_agents(self) -> bool:
+        """Whether a call's span should name its agent (``gen_ai.agent.name``):
+        the chain counts handoffs or some agent has limits of its own."""
+        return self._handoffs is not None or bool(self._agent_lookups) or _agents._limited_in_code
+
+    @property
     def tracks_repeats(self) -> bool:
         """Whether any level of the chain limits repeated call signatures."""
         return self._repeats_limited
 
-    def remaining_tokens(self, states: Mapping[str, LedgerState] | None = None) -> int | None:
-        """What the tightest token ceiling on the path has left, or None
-        (from ``states``, :meth:`asnapshots`, when given)."""
+    def remaining_tokens(
+        self, states: Mapping[str, LedgerState] | None = None, *, pools: bool = True
+    ) -> int | None:
+        """What the tightest token ceiling on the path (and, with ``pools``, in the
+        chain's pools) has left unreserved, or None (the path's counters from
+        ``states``, :meth:`asnapshots`, when given)."""
         remaining: int | None = None
         for level in self._path:
             if level.limits.tokens is None:
@@ -732,6 +831,8 @@ class ExecutionContext(AsyncFromSync):
             )
             left = max(0, level.limits.tokens - state.tokens - state.reserved_tokens)
             remaining = left if remaining is None else min(remaining, left)
+        if pools and self._pools:
+            remaining = min_limit(remaining, pool_room(self._pools).tokens)
         return remaining
 
     def prices_for(self, provider: str | None, model: str) -> UnitPrices | None:
@@ -757,8 +858,12 @@ class ExecutionContext(AsyncFromSync):
         """Draw one retry from ``max_retries_total`` or raise BudgetExceededError."""
         if self._trip is not None:
             raise BudgetExceededError(self._trip)
-        result = self._ledger.reserve(self._path, 0, 0, step=False, retry=True)
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        path = self._path if agents is None else agents[0]
+        result = self._ledger.reserve(path, 0, 0, step=False, retry=True)
         if type(result) is not Reservation:
+            if agents is not None:
+                self._agent_denied(result)  # type: ignore[arg-type]
             self._tripped(result)  # type: ignore[arg-type]
 
     def _cost_of(self, options: WrapOptions) -> int:
@@ -795,18 +900,20 @@ class ExecutionContext(AsyncFromSync):
 
     def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
         reservation = call.reservation
+        agents = call.agents
+        path = self._path if agents is None else agents[0]
         if not sent:
             try:
-                self._ledger.release(self._path, reservation)
+                self._ledger.release(path, reservation)
             finally:
                 self._released(call)
             return
         cost, tokens = settled_amounts(call)
         fast = self._fast
-        if fast is not None:
+        if fast is not None and agents is None:
             overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
         else:
-            overrun = self._ledger.commit(self._path, reservation, cost, tokens)
+            overrun = self._ledger.commit(path, reservation, cost, tokens)
         self._finished(call, error, cost, overrun)
 
     def _released(self, call: CallHandle) -> None:
@@ -816,7 +923,8 @@ class ExecutionContext(AsyncFromSync):
     def _finished(
         self, call: CallHandle, error: BaseException | None, cost: int, overrun: TripEvent | None
     ) -> None:
-        """What follows a commit: metrics, the pipeline's outcome, an overrun's trip."""
+        """What follows a commit: metrics, the pipeline's outcome, an overrun's trip
+        (an agent's own level overran: that agent's, not the chain's)."""
         if call.metrics:
             record_call(call.kind, nano_to_usd(cost), error is not None, call.model)
         if call.policy_context is not None:
@@ -829,7 +937,9 @@ class ExecutionContext(AsyncFromSync):
                 self.pipeline.abandon(call.policy_context)
             else:
                 self.pipeline.record_failure(call.policy_context, error)
-        if overrun is not None:
+        if overrun is not None and not (
+            call.agents is not None and self._agent_denied(overrun, raise_error=False)
+        ):
             self._trip = overrun
             emit_trip(overrun)
 
@@ -884,8 +994,15 @@ class ExecutionContext(AsyncFromSync):
         if call is not None and call.context is self:
             call.add_usage(cost_nano, tokens)
             return
-        overrun = self._ledger.commit(self._path, _NO_RESERVATION, cost_nano, tokens)
-        if overrun is not None:
+        held = _NO_RESERVATION
+        if self._pools:  # the chain's pools count it too
+            held = Reservation("", 0, 0, pools=self._pool_args()["pools"])
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        path = self._path if agents is None else agents[0]
+        overrun = self._ledger.commit(path, held, cost_nano, tokens)
+        if overrun is not None and not (
+            agents is not None and self._agent_denied(overrun, raise_error=False)
+        ):
             self._tripped(overrun, raise_error=False)
 
     def _price_usage(
@@ -954,6 +1071,7 @@ class ExecutionContext(AsyncFromSync):
             ledger=self._ledger,
             price_table=self._prices,
             name=name,
+            pools=self._pools,
             _parent=self,
             _depth=depth,
         )
@@ -1029,11 +1147,18 @@ class ExecutionContext(AsyncFromSync):
             if limits.steps is not None:
                 steps = max(0, limits.steps - state.steps)
                 steps_left = steps if steps_left is None else min(steps_left, steps)
+        if self._pools:
+            room = pool_room(self._pools)
+            cost_left = min_limit(cost_left, room.cost_nano)
+            steps_left = min_limit(steps_left, room.steps)
         return cost_left, steps_left
 
-    def remaining_cost_nano(self, states: Mapping[str, LedgerState] | None = None) -> int | None:
-        """What the tightest cost ceiling on the path has left, or None
-        (from ``states``, :meth:`asnapshots`, when given)."""
+    def remaining_cost_nano(
+        self, states: Mapping[str, LedgerState] | None = None, *, pools: bool = True
+    ) -> int | None:
+        """What the tightest cost ceiling on the path (and, with ``pools``, in the
+        chain's pools) has left unreserved, or None (the path's counters from
+        ``states``, :meth:`asnapshots`, when given)."""
         remaining: int | None = None
         for level in self._path:
             if level.limits.cost_nano is None:
@@ -1043,7 +1168,26 @@ class ExecutionContext(AsyncFromSync):
             )
             left = max(0, level.limits.cost_nano - state.cost_nano - state.reserved_nano)
             remaining = left if remaining is None else min(remaining, left)
+        if pools and self._pools:
+            remaining = min_limit(remaining, pool_room(self._pools).cost_nano)
         return remaining
+
+    def pool_room(self) -> PoolRoom | None:
+        """What the chain's pools have left unreserved; None for a chain with no pools."""
+        return pool_room(self._pools) if self._pools else None
+
+    @property
+    def pools(self) -> tuple[BudgetPool, ...]:
+        """The budget pools every call of the chain is also reserved in."""
+        return self._pools
+
+    def _pool_args(self) -> _PoolArgs:
+        """``pools=`` for a ledger reservation: each pool's current level (new
+        limits apply from the next call). Empty for a chain with no pools, so
+        a ledger that knows no pools is called as before."""
+        if not self._pools:
+            return _NO_POOLS
+        return {"pools": tuple([pool.level for pool in self._pools])}
 
     def get_partial_result(self) -> Any:
         """The last result of a wrapped call, or text received before a cut."""
@@ -1129,6 +1273,10 @@ class ExecutionContext(AsyncFromSync):
         raise BudgetExceededError(trip)
 
     def _tripped(self, trip: TripEvent, *, raise_error: bool = True) -> None:
+        if trip.pool is not None and trip.sticky and trip.chain_id == self.chain_id:
+            # A pool never trips; the chain it denied does (stored, so it is
+            # sticky for every context of the chain, children included).
+            trip = self._ledger.trip(self.chain_id, trip)
         if not trip.sticky:  # only in-flight reservations denied it: deny, remember nothing
             emit_trip(trip)
         elif trip.chain_id == self.chain_id or self._trip is None:

@@ -20,14 +20,19 @@ from typing import Protocol, runtime_checkable
 
 from . import _fork
 from ._errors import TripEvent, TripReason
+from ._pool_accounts import PoolAccount
 from ._units import nano_to_usd
+from ._window import Clock
 
 __all__ = [
+    "DEFAULT_LEDGER",
     "Ledger",
     "LedgerState",
     "Level",
     "Limits",
     "LocalLedger",
+    "PoolLevel",
+    "PoolSnapshot",
     "Reservation",
     "MAX_RESERVE_STEPS",
     "SIGNATURE_MEMORY",
@@ -40,6 +45,11 @@ SIGNATURE_MEMORY = 4096
 # The most steps one reservation may hold (a cross-service grant carves its
 # steps in one reservation); bounded so every sum a store script makes stays exact.
 MAX_RESERVE_STEPS = 1000
+
+# Pools live as long as their ledger (their names are few, unlike chain ids);
+# past this many, idle ones (nothing in the window, nothing reserved) are
+# forgotten when a new one is made: they are indistinguishable from new.
+_POOLS_BEFORE_SWEEP = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,17 +87,49 @@ class PoolLevel:
     bucket_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSnapshot:
+    """A pool's counters as one ledger sees them (``BudgetPool.snapshot()``).
+
+    Attributes:
+        name: The pool's name.
+        window_s: Its rolling window in seconds; None for a lifetime budget.
+        cost_usd: Committed within the window (or lifetime).
+        steps: Steps committed within the window.
+        tokens: Tokens committed within the window.
+        reserved_cost_usd: Held by calls in flight (counted when they settle).
+        reserved_steps: Steps held by calls in flight.
+        reserved_tokens: Tokens held by calls in flight.
+    """
+
+    name: str
+    window_s: float | None = None
+    cost_usd: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    reserved_cost_usd: float = 0.0
+    reserved_steps: int = 0
+    reserved_tokens: int = 0
+
+
 class Reservation:
     """What one admitted call holds until it commits or releases.
 
     A plain slotted class rather than a frozen dataclass: one is built per
-    call, on the hot path.
+    call, on the hot path. ``pools`` are the pools it is also held in, so
+    ``commit`` and ``release`` settle them too.
     """
 
-    __slots__ = ("cost_nano", "id", "retry", "step", "tokens")
+    __slots__ = ("cost_nano", "id", "pools", "retry", "step", "tokens")
 
     def __init__(
-        self, id: str, cost_nano: int, tokens: int, step: int = 0, retry: bool = False
+        self,
+        id: str,
+        cost_nano: int,
+        tokens: int,
+        step: int = 0,
+        retry: bool = False,
+        pools: tuple[PoolLevel, ...] = (),
     ) -> None:
         self.id = id
         self.cost_nano = cost_nano
@@ -96,6 +138,7 @@ class Reservation:
             step  # how many steps were counted (0, 1, or a carve's k): a release gives them back
         )
         self.retry = retry
+        self.pools = pools
 
     def __repr__(self) -> str:
         return f"Reservation(id={self.id!r}, cost_nano={self.cost_nano}, tokens={self.tokens})"
@@ -128,6 +171,7 @@ class Ledger(Protocol):
         steps: int = 1,
         retry: bool = False,
         signature: str | None = None,
+        pools: Sequence[PoolLevel] = (),
     ) -> Reservation | TripEvent:
         """Check every level's limits, then charge every level; or trip.
 
@@ -139,6 +183,11 @@ class Ledger(Protocol):
         cause (the call fits against committed spend alone) is returned with
         ``sticky=False`` and not stored: the chain keeps running, and the
         call may be retried once those reservations settle.
+
+        ``pools`` are checked and charged in the same step (cost, tokens
+        and the steps): all fit, or nothing is reserved anywhere. A pool's
+        denial has ``pool`` set (and ``retry_after_s`` for a windowed pool)
+        and is stored nowhere: a pool never trips (the caller trips its chain).
         """
         ...
 
@@ -170,6 +219,10 @@ class Ledger(Protocol):
 
     def snapshot(self, chain_id: str) -> LedgerState:
         """Return the chain's counters (all zero for an unknown chain)."""
+        ...
+
+    def pool_snapshot(self, pool: PoolLevel) -> PoolSnapshot:
+        """Return ``pool``'s counters within its window (all zero if unknown)."""
         ...
 
 
@@ -206,13 +259,19 @@ class LocalLedger:
 
     Chains are kept while an :class:`ExecutionContext` holds them
     (:meth:`acquire` / :meth:`discard`), so a long-running process does not
-    accumulate dead chains.
+    accumulate dead chains. Budget pools are kept as long as the ledger.
+
+    Args:
+        clock: Seconds for the pools' rolling windows (``time.monotonic``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._chains: dict[str, _ChainState] = {}
         self._discarded: deque[str] = deque()
+        self._clock = clock
+        self._pools: dict[str, PoolAccount] = {}
+        self._sweep_at = _POOLS_BEFORE_SWEEP
 
     def acquire(self, chain_id: str) -> None:
         """Keep ``chain_id``'s state alive until a matching :meth:`discard`."""
@@ -247,6 +306,10 @@ class LocalLedger:
     def __len__(self) -> int:
         return len(self._chains)
 
+    def __repr__(self) -> str:
+        default = " (the process default)" if self is DEFAULT_LEDGER else ""
+        return f"<LocalLedger{default} at {id(self):#x}>"
+
     def _state(self, chain_id: str) -> _ChainState:
         state = self._chains.get(chain_id)
         if state is None:
@@ -263,6 +326,7 @@ class LocalLedger:
         steps: int = 1,
         retry: bool = False,
         signature: str | None = None,
+        pools: Sequence[PoolLevel] = (),
     ) -> Reservation | TripEvent:
         count = step_count(steps) if step else 0
         chains = self._chains
@@ -282,11 +346,72 @@ class LocalLedger:
                         return denial
                     soft = soft or denial
                 states.append(state)
+            accounts: list[PoolAccount] = []
+            if pools:
+                chain_id = path[-1].chain_id if path else ""
+                for pool in pools:
+                    account = self._pool(pool)
+                    denial = account.check(pool, chain_id, cost_nano, tokens, count)
+                    if denial is not None:
+                        if denial.sticky:
+                            return denial  # stored nowhere: a pool never trips
+                        soft = soft or denial
+                    accounts.append(account)
             if soft is not None:
                 return soft
             for i, state in enumerate(states):
                 _charge(path[i], state, cost_nano, tokens, count, retry, signature)
-            return Reservation("", cost_nano, tokens, count, retry)
+            for account in accounts:
+                account.charge(cost_nano, tokens, count)
+            return Reservation("", cost_nano, tokens, count, retry, tuple(pools))
+
+    def _pool(self, level: PoolLevel) -> PoolAccount:
+        """``level``'s account, made on first use (under the lock)."""
+        account = self._pools.get(level.name)
+        if account is not None and (
+            level.window_s == account.window_s and level.bucket_s == account.bucket_s
+        ):
+            return account  # the common case: known, same window
+        if account is None:
+            if len(self._pools) >= self._sweep_at:
+                for name in [n for n, a in self._pools.items() if a.idle]:
+                    del self._pools[name]
+                self._sweep_at = max(_POOLS_BEFORE_SWEEP, 2 * len(self._pools))
+            account = self._pools[level.name] = PoolAccount(level, self._clock)
+        else:
+            account.configure(level)
+        return account
+
+    def _settle_pools(
+        self, reservation: Reservation, cost_nano: int, tokens: int, steps: int
+    ) -> None:
+        for level in reservation.pools:
+            self._pool(level).settle(
+                reservation.cost_nano,
+                reservation.tokens,
+                reservation.step,
+                cost_nano,
+                tokens,
+                steps,
+            )
+
+    def pool_snapshot(self, pool: PoolLevel) -> PoolSnapshot:
+        with self._lock:
+            account = self._pools.get(pool.name)
+            if account is None:
+                return PoolSnapshot(name=pool.name, window_s=pool.window_s)
+            account.configure(pool)
+            cost, steps, tokens = account.totals()
+            return PoolSnapshot(
+                name=pool.name,
+                window_s=account.window_s,
+                cost_usd=nano_to_usd(cost),
+                steps=steps,
+                tokens=tokens,
+                reserved_cost_usd=nano_to_usd(account.reserved_nano),
+                reserved_steps=account.reserved_steps,
+                reserved_tokens=account.reserved_tokens,
+            )
 
     def state_of(self, chain_id: str) -> _ChainState:
         """The live counters of ``chain_id`` (for :meth:`reserve_one`); hold it with acquire."""
@@ -372,6 +497,10 @@ class LocalLedger:
                 if trip is not None and state.trip is None:
                     state.trip = trip
                     overrun = overrun or trip
+            if reservation.pools:
+                # Spend past a pool's limit trips nothing: the pool denies
+                # later calls until its window frees enough.
+                self._settle_pools(reservation, cost_nano, tokens, reservation.step - back)
         return overrun
 
     def release(self, path: Sequence[Level], reservation: Reservation) -> None:
@@ -383,6 +512,8 @@ class LocalLedger:
                 # Not sent: it was no step (or retry) after all.
                 state.steps -= reservation.step
                 state.retries -= reservation.retry
+            if reservation.pools:
+                self._settle_pools(reservation, 0, 0, 0)
 
     def trip(self, chain_id: str, event: TripEvent) -> TripEvent:
         with self._lock:
@@ -438,17 +569,24 @@ class LocalLedger:
         return ledger
 
     def after_fork_in_child(self, pid: int) -> None:
-        """In a forked child: a new lock, and every inherited chain tripped.
+        """In a forked child: a new lock, every inherited chain tripped and pool closed.
 
-        A copy of a chain in another process would be a second budget. The
-        trip is sticky and its message points to the shared (Redis) ledger.
+        A copy of a chain or a pool in another process would be a second
+        budget. The trip is sticky, an inherited pool admits nothing, and
+        both messages point to the shared (Redis) ledger.
         """
         self._lock = threading.Lock()
+        for account in self._pools.values():
+            account.forked = pid  # a copy of a shared budget is a second budget
         for chain_id, state in self._chains.items():
             if state.trip is None:
                 message = _fork.FORK_MESSAGE.format(chain_id=chain_id, pid=pid)
                 # Nothing of it may be spent here: limit 0, observed what was spent.
                 state.trip = TripEvent("cost", 0.0, nano_to_usd(state.cost_nano), chain_id, message)
+
+
+# The process's in-process ledger: chains and pools use it unless given another.
+DEFAULT_LEDGER = LocalLedger()
 
 
 def _check(

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from ._agents import agent_limits
+from ._ledger import Limits
 from ._policy import PolicyContext, PolicyDecision
 from ._policy_schema import ModelRule, PolicySpec
 
@@ -65,6 +67,9 @@ _PlanKey = tuple[str | None, str | None, str | None]  # (tool, provider, model)
 class FilePolicy:
     """Enforces a policy file's ``[models]`` and ``[tools]`` rules.
 
+    A chain whose pipeline holds one also takes its ``[agents]`` limits
+    (:meth:`agent_limits`) for the agents its calls are made for.
+
     Args:
         source: The rules, usually a :class:`~veronica_otel.policy_file.PolicyFile`;
             each check reads its current version.
@@ -80,6 +85,7 @@ class FilePolicy:
         self._counts: OrderedDict[str, dict[Counter, int]] = OrderedDict()
         self._pending: dict[int, tuple[tuple[str, Counter], ...]] = {}
         self._plans: tuple[int, dict[_PlanKey, _Plan]] = (-1, {})
+        self._agents: tuple[int, dict[str, Limits | None]] = (-1, {})
 
     def check(self, context: PolicyContext) -> PolicyDecision:
         """Allow, degrade (fallback model, token clamp) or deny one call."""
@@ -99,6 +105,24 @@ class FilePolicy:
         if not plan.limits:
             return plan.decision
         return self._count(context, plan)
+
+    def agent_limits(self, name: str) -> Limits | None:
+        """The current version's ``[agents."name"]`` limits, or None.
+
+        Read by the chain before each call made for a named agent, so a
+        reloaded file applies to the next call.
+        """
+        version, spec = self._source.snapshot()
+        cached = self._agents
+        if cached[0] != version:
+            cached = self._agents = (version, {})
+        if name in cached[1]:
+            return cached[1][name]
+        config = spec.agents.get(name)
+        limits = None if config is None else agent_limits(config, f'agents."{name}"')
+        if len(cached[1]) < _MAX_PLANS:
+            cached[1][name] = limits
+        return limits
 
     def count(self, chain_id: str, kind: str, name: str) -> int:
         """Calls counted for ``chain_id`` under the ``kind`` ("model"/"tool") rule ``name``."""

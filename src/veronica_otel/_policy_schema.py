@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ._config import ExecutionConfig
+from ._pools import check_pool_name, pool_limits
 from ._pricing import UnitPrices
 from ._units import check_count, check_usd
 
 __all__ = [
     "ModelRule",
     "PolicyFileError",
+    "PoolRule",
     "PolicySpec",
     "ToolRule",
     "load_policy",
@@ -34,11 +36,22 @@ __all__ = [
 MAX_FILE_BYTES = 1 << 20  # a policy is a few kilobytes; more is a mistake
 _NO_VALUE = object()
 _SHOWN = 120  # longest value repr in a message
-_TOP_KEYS = ("unknown_model_price_usd_per_mtok", "limits", "prices", "models", "tools")
+_TOP_KEYS = (
+    "unknown_model_price_usd_per_mtok",
+    "limits",
+    "prices",
+    "models",
+    "tools",
+    "agents",
+    "pools",
+)
 _LIMIT_KEYS = tuple(f.name for f in fields(ExecutionConfig))
 _PRICE_KEYS = ("input", "output", "cached_input", "reasoning", "cache_write")
 _MODEL_KEYS = ("fallback", "max_tokens", "max_calls")
 _TOOL_KEYS = ("max_calls", "cost_usd")
+_POOL_KEYS = ("max_cost_usd", "max_steps", "max_tokens", "window")
+# An agent's limits add up across its entries (see veronica_otel.agent).
+_AGENT_KEYS = ("max_cost_usd", "max_steps", "max_tokens", "max_retries_total", "max_repeats")
 
 
 class PolicyFileError(ValueError):
@@ -148,6 +161,27 @@ class ToolRule:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolRule:
+    """The limits of one ``[pools."name"]`` table (see :class:`~veronica_otel.BudgetPool`).
+
+    Attributes:
+        name: The pool's name, exactly (``"tenant:acme"``).
+        path: Its key path in the file (``pools."tenant:acme"``).
+        max_cost_usd: Ceiling on the cost committed within the window.
+        max_steps: Ceiling on the calls within the window.
+        max_tokens: Ceiling on the tokens within the window.
+        window: The rolling window as written (``"1d"`` or seconds); None: lifetime.
+    """
+
+    name: str
+    path: str
+    max_cost_usd: float | None = None
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    window: str | float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PolicySpec:
     """One validated version of a policy file.
 
@@ -161,6 +195,9 @@ class PolicySpec:
         aliases: Model names mapped to the model whose price they take
             (``[models] "my-gpt4o-deploy" = "gpt-4o"``), keyed lower-cased.
             Pricing only: a rule for ``gpt-4o`` does not apply to the alias.
+        pools: Budget pool limits keyed by pool name.
+        agents: Per-agent limits (``[agents."researcher"]``) keyed by agent
+            name, exactly: what an agent of that name may use in one chain.
     """
 
     limits: ExecutionConfig = field(default_factory=ExecutionConfig)
@@ -169,6 +206,8 @@ class PolicySpec:
     models: Mapping[str, ModelRule] = field(default_factory=dict)
     tools: Mapping[str, ToolRule] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
+    pools: Mapping[str, PoolRule] = field(default_factory=dict)
+    agents: Mapping[str, ExecutionConfig] = field(default_factory=dict)
 
 
 def load_policy(path: Path) -> PolicySpec:
@@ -273,6 +312,8 @@ def parse_policy(data: object, source: str = "<policy>") -> PolicySpec:
         models=models,
         tools=_tools(source, top.get("tools", {})),
         aliases=aliases,
+        pools=_pools(source, top.get("pools", {})),
+        agents=_agents(source, top.get("agents", {})),
     )
 
 
@@ -389,6 +430,71 @@ def _tools(source: str, data: object) -> dict[str, ToolRule]:
             cost_usd = _usd(source, f"{path}.cost_usd", table["cost_usd"])
         rules[name] = ToolRule(name, path, max_calls, cost_usd)
     return rules
+
+
+def _pools(source: str, data: object) -> dict[str, PoolRule]:
+    rules: dict[str, PoolRule] = {}
+    for name, body in _named_tables(source, "pools", data).items():
+        path = f"pools.{_quote(name)}"
+        try:
+            check_pool_name(name)
+        except ValueError as exc:
+            raise PolicyFileError(source, _problem(exc, "name"), path) from None
+        table = _table(source, path, body, _POOL_KEYS)
+        cost = None
+        if "max_cost_usd" in table:
+            cost = _usd(source, f"{path}.max_cost_usd", table["max_cost_usd"])
+        steps = (
+            _count(source, f"{path}.max_steps", table["max_steps"])
+            if "max_steps" in table
+            else None
+        )
+        tokens = (
+            _count(source, f"{path}.max_tokens", table["max_tokens"])
+            if "max_tokens" in table
+            else None
+        )
+        window = table.get("window")
+        if window is not None:
+            if isinstance(window, bool) or not isinstance(window, (str, int, float)):
+                raise PolicyFileError(
+                    source,
+                    f"must be a duration string or seconds, got {type(window).__name__}",
+                    f"{path}.window",
+                    window,
+                )
+            try:
+                pool_limits(name, None, None, None, window)
+            except ValueError as exc:
+                raise PolicyFileError(
+                    source, _problem(exc, "window"), f"{path}.window", window
+                ) from None
+        if cost is None and steps is None and tokens is None:
+            raise PolicyFileError(
+                source, "sets no limit (expected max_cost_usd, max_steps or max_tokens)", path
+            )
+        rules[name] = PoolRule(name, path, cost, steps, tokens, window)
+    return rules
+
+
+def _agents(source: str, data: object) -> dict[str, ExecutionConfig]:
+    agents: dict[str, ExecutionConfig] = {}
+    for name, body in _named_tables(source, "agents", data).items():
+        path = f"agents.{_quote(name)}"
+        if len(name) > 256:
+            raise PolicyFileError(source, "is longer than 256 characters", path)
+        table = _table(source, path, body, _AGENT_KEYS)
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            where = f"{path}.{key}"
+            number = _usd if key == "max_cost_usd" else _count
+            values[key] = number(source, where, value)
+            try:
+                ExecutionConfig(**{key: values[key]})  # its own range rules
+            except ValueError as exc:
+                raise PolicyFileError(source, _problem(exc, key), where, value) from None
+        agents[name] = ExecutionConfig(**values)
+    return agents
 
 
 # -- value checks ------------------------------------------------------------------

@@ -516,20 +516,23 @@ def parse_model_aliases(raw: str, variable: str = MODEL_ALIASES_ENV) -> dict[str
             continue  # a trailing comma
         name, sep, target = (part.strip() for part in entry.partition("="))
         if not sep or not name or not target or "=" in target:
+            shown = repr(entry.strip())
+            shown = shown if len(shown) <= 80 else f"{shown[:77]}..."  # not a megabyte back
             raise ValueError(
-                f"{variable}: {entry.strip()!r} is not name=model "
+                f"{variable}: {shown} is not name=model "
                 f'(e.g. {variable}="my-gpt4o-deploy=gpt-4o,other=claude-sonnet-4-5")'
             )
         key = name.lower()
         if key in aliases:
-            raise ValueError(f"{variable}: {name!r} is mapped twice")
+            raise ValueError(f"{variable}: {name[:80]!r} is mapped twice")
         if key == target.lower():
-            raise ValueError(f"{variable}: {name!r} is mapped to itself")
+            raise ValueError(f"{variable}: {name[:80]!r} is mapped to itself")
         aliases[key] = target
     for key, target in aliases.items():
         if target.lower() in aliases:
             raise ValueError(
-                f"{variable}: {key!r} maps to {target!r}, itself an alias; name the model directly"
+                f"{variable}: {key[:80]!r} maps to {target[:80]!r}, itself an alias; "
+                "name the model directly"
             )
     return aliases
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ._children import min_limit
@@ -40,6 +41,7 @@ from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._grants import MAX_ANCESTORS, Grant, Spent, record_spent_rejection
 from ._ledger import Ledger, Level, Reservation
 from ._policy import PolicyPipeline
+from ._pools import BudgetPool
 from ._trips import emit_trip
 from ._units import MAX_COUNT, nano_to_usd
 
@@ -182,7 +184,12 @@ def _carve(ctx: ExecutionContext, ledger: Ledger, caps: GrantLimits) -> Carve:
         if cost is None and steps is None and tokens is None:
             return Carve(ctx, path, None)
         main = ledger.reserve(
-            path, cost or 0, tokens or 0, step=steps is not None, steps=steps or 1
+            path,
+            cost or 0,
+            tokens or 0,
+            step=steps is not None,
+            steps=steps or 1,
+            **ctx._pool_args(),  # a grant spends the chain's pools too
         )
         if type(main) is not Reservation:
             ctx._tripped(main)  # type: ignore[arg-type]
@@ -289,8 +296,12 @@ def join_chain(
     pipeline: PolicyPipeline | None,
     now: float,
     shared: bool,
+    pools: Sequence[BudgetPool] = (),
 ) -> ExecutionContext:
     """The chain a request joins under ``grant`` (not entered yet).
+
+    ``pools`` are the receiving service's own budget pools for the request
+    (the caller's pools were charged for the grant's carve already).
 
     Shared: the caller's path, with its ceilings, sits above the request's
     chain, so every call is checked against and charged to the caller's
@@ -323,6 +334,7 @@ def join_chain(
         name="request",
         _parent=parent,
         _depth=grant.depth + 1,
+        pools=pools,
     )
 
 

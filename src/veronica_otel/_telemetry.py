@@ -3,7 +3,10 @@
 Metrics: ``veronica.trips`` (by reason), ``veronica.calls`` and
 ``veronica.cost_usd`` (by kind and decision), and the gauges
 ``veronica.reserved_usd`` / ``veronica.remaining_usd`` observed from live
-chains. Trips also become an OpenTelemetry log record. With no SDK configured
+chains; ``veronica.pool.spent_usd`` / ``veronica.pool.remaining_usd`` per
+budget pool (attribute ``veronica.pool``: pool names are few, unlike chain
+ids; the most recently made :data:`MAX_TRACKED_POOLS` are observed). Trips
+also become an OpenTelemetry log record. With no SDK configured
 every instrument is a no-op proxy; nothing here can raise into a caller.
 """
 
@@ -23,11 +26,17 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from ._context import ExecutionContext
+    from ._pools import BudgetPool
 
-__all__ = ["record_call", "record_trip", "track_chain"]
+__all__ = ["MAX_TRACKED_POOLS", "record_call", "record_trip", "track_chain", "track_pool"]
 
 _logger = logging.getLogger(__name__)
 _live: weakref.WeakSet[ExecutionContext] = weakref.WeakSet()
+MAX_TRACKED_POOLS = 256
+# (ledger id, pool name) -> the latest pool made with them: pools with the same
+# name and ledger share one budget, so one observation each. Insertion order
+# evicts the oldest past MAX_TRACKED_POOLS (a pool made per request stays one entry).
+_pools: dict[tuple[int, str], BudgetPool] = {}
 
 
 def _observe_reserved(options: CallbackOptions) -> Iterable[Observation]:
@@ -46,6 +55,31 @@ def _observe_remaining(options: CallbackOptions) -> Iterable[Observation]:
                 yield Observation(remaining / 1e9, {"veronica.chain.id": ctx.chain_id})
         except Exception:
             _logger.debug("observing remaining_usd failed", exc_info=True)
+
+
+def _pool_observations(spent: bool) -> Iterable[Observation]:
+    for pool in tuple(_pools.values()):
+        try:
+            limit = pool.max_cost_usd
+            if not spent and limit is None:
+                continue
+            snap = pool.snapshot()
+            attributes = {"veronica.pool": pool.name}
+            if spent:
+                yield Observation(snap.cost_usd, attributes)
+            else:
+                left = max(0.0, (limit or 0.0) - snap.cost_usd - snap.reserved_cost_usd)
+                yield Observation(left, attributes)
+        except Exception:
+            _logger.debug("observing pool %r failed", pool, exc_info=True)
+
+
+def _observe_pool_spent(options: CallbackOptions) -> Iterable[Observation]:
+    return _pool_observations(spent=True)
+
+
+def _observe_pool_remaining(options: CallbackOptions) -> Iterable[Observation]:
+    return _pool_observations(spent=False)
 
 
 _meter = metrics.get_meter("veronica_otel", __version__)
@@ -70,6 +104,18 @@ _meter.create_observable_gauge(
     unit="USD",
     description="What the tightest cost ceiling has left, per live chain",
 )
+_meter.create_observable_gauge(
+    "veronica.pool.spent_usd",
+    callbacks=[_observe_pool_spent],
+    unit="USD",
+    description="Cost committed within each budget pool's window",
+)
+_meter.create_observable_gauge(
+    "veronica.pool.remaining_usd",
+    callbacks=[_observe_pool_remaining],
+    unit="USD",
+    description="What each budget pool's cost limit has left, unreserved",
+)
 _otel_logger = _logs.get_logger("veronica_otel.trips", __version__)
 
 
@@ -81,22 +127,40 @@ def track_chain(ctx: ExecutionContext) -> None:
         _logger.debug("tracking a chain for gauges failed", exc_info=True)
 
 
+def track_pool(pool: BudgetPool) -> None:
+    """Observe ``pool`` in the pool gauges (replacing an older pool of the same name and ledger)."""
+    try:
+        key = (id(pool.ledger), pool.name)
+        _pools.pop(key, None)
+        _pools[key] = pool
+        while len(_pools) > MAX_TRACKED_POOLS:
+            del _pools[next(iter(_pools))]
+    except Exception:
+        _logger.debug("tracking a pool for gauges failed", exc_info=True)
+
+
 def record_trip(trip: TripEvent) -> None:
     """Count a trip and emit it as an OpenTelemetry log record."""
     try:
-        _trips.add(1, {"veronica.trip.reason": trip.reason})
+        counted: dict[str, str] = {"veronica.trip.reason": trip.reason}
+        attributes: dict[str, str | float] = {
+            "veronica.trip.reason": trip.reason,
+            "veronica.trip.limit": trip.limit,
+            "veronica.trip.observed": trip.observed,
+            "veronica.chain.id": trip.chain_id,
+        }
+        if trip.pool is not None:  # pool names are bounded: fine on the counter too
+            counted["veronica.pool"] = attributes["veronica.pool"] = trip.pool
+            if trip.retry_after_s is not None:
+                attributes["veronica.trip.retry_after_s"] = trip.retry_after_s
+        _trips.add(1, counted)
         _otel_logger.emit(
             LogRecord(
                 severity_number=SeverityNumber.WARN,
                 severity_text="WARN",
                 body=trip.message,
                 event_name="veronica.trip",
-                attributes={
-                    "veronica.trip.reason": trip.reason,
-                    "veronica.trip.limit": trip.limit,
-                    "veronica.trip.observed": trip.observed,
-                    "veronica.chain.id": trip.chain_id,
-                },
+                attributes=attributes,
             )
         )
     except Exception:

@@ -40,12 +40,19 @@ def remove_trip_listener(listener: TripListener) -> None:
 
 def trip_attributes(trip: TripEvent) -> dict[str, str | float]:
     """The ``veronica.trip.*`` attributes describing ``trip``."""
-    return {
+    attributes: dict[str, str | float] = {
         "veronica.trip.reason": trip.reason,
         "veronica.trip.limit": trip.limit,
         "veronica.trip.observed": trip.observed,
         "veronica.chain.id": trip.chain_id,
     }
+    if trip.pool is not None:  # a budget pool denied it
+        attributes["veronica.pool"] = trip.pool
+        if trip.retry_after_s is not None:
+            attributes["veronica.trip.retry_after_s"] = trip.retry_after_s
+    if trip.agent is not None:
+        attributes["veronica.agent"] = trip.agent
+    return attributes
 
 
 def emit_trip(trip: TripEvent, span: Span | None = None) -> None:

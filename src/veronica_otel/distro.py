@@ -34,6 +34,11 @@ instrumentor at all, the ``veronica_otel_zero_code.pth`` start-up file, which
 runs it after OpenTelemetry's own initialisation, whatever that raised
 (:mod:`veronica_otel._autostart`). Selecting a distro is never needed.
 
+``VERONICA_POOLS=tenant:acme,user:alice`` joins the default chain to those
+budget pools, their limits read from the policy file's ``[pools]`` (and
+re-read when it reloads); with ``VERONICA_REDIS_URL`` they live in the
+shared store. A name the file does not define is a start-up error.
+
 ``VERONICA_THREADS=false`` leaves ``threading`` alone: work started in
 threads then runs outside the chain (the process default chain still
 applies there).
@@ -55,6 +60,7 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from ._config import ExecutionConfig, parse_env_bool
 from ._context import ExecutionContext
 from ._context import _valid_id as valid_chain_id
+from ._file_pools import pools_from_env
 from ._ledger import Ledger
 from ._propagation import set_default_context, set_default_context_error
 from .policy_file import PolicyFile, install_default_chain
@@ -162,8 +168,11 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
         _check_environment(env)
         ledger, chain_id = _shared_store(env)
         policy = PolicyFile.from_env(environ)
+        pools = pools_from_env(env, policy, ledger)  # VERONICA_POOLS
         if policy is not None:  # VERONICA_POLICY_FILE: the chain follows the file
-            ctx = install_default_chain(policy, environ, ledger=ledger, chain_id=chain_id)
+            ctx = install_default_chain(
+                policy, environ, ledger=ledger, chain_id=chain_id, pools=pools
+            )
             _logger.info("veronica-otel: default chain %s from %s", ctx.chain_id, policy.path)
             return ctx
         config = ExecutionConfig.from_env(environ)
@@ -239,7 +248,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     """Validate every ``VERONICA_*`` variable read later, lazily, by some other part.
 
     The grant key and the host lists are read when the HTTP instrumentors
-    install, the unknown-model price at the first priced call, fail-open when
+    install, the unknown-model price and model aliases at the first priced call, fail-open when
     the store first fails: a bad value found then would turn a feature off
     (propagation) or fail far from its cause. Here it is a start-up error
     naming the variable.
@@ -248,6 +257,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
         ValueError: The first malformed variable, named in the message.
     """
     from veronica_otel._grants import grant_key_from_env
+    from veronica_otel._pricing import MODEL_ALIASES_ENV, parse_model_aliases
     from veronica_otel.instrumentors._outbound import (
         PROPAGATE_HOSTS_ENV,
         VENDOR_HOSTS_ENV,
@@ -261,6 +271,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     for var in (PROPAGATE_HOSTS_ENV, VENDOR_HOSTS_ENV):
         parse_hosts(environ.get(var, ""), var)
     _env_unknown_price(environ)
+    parse_model_aliases(environ.get(MODEL_ALIASES_ENV, ""))
 
 
 def _configuration_error(exc: Exception) -> ValueError:

@@ -42,6 +42,15 @@ is installed)::
     max_calls = 10           # per chain
     cost_usd = 0.01          # USD per call, counted against max_cost_usd
 
+    [agents."researcher"]    # an agent's name: agent("researcher") or a span's
+    max_cost_usd = 0.2       # gen_ai.agent.name (AG2's Agent.ask); per chain, summed
+    max_steps = 10           # over the agent's entries (and max_tokens,
+                             # max_retries_total, max_repeats); code's config wins
+
+    [pools."tenant:acme"]    # a budget pool (PolicyFile.pool, VERONICA_POOLS)
+    max_cost_usd = 50.0      # and/or max_steps, max_tokens
+    window = "1d"            # rolling: "30s", "15m", "1h", "1d", seconds; omit: lifetime
+
 A tool's ``cost_usd`` goes into the process-wide tool price table
 (:func:`veronica_otel.set_tool_prices`), which every contained tool call
 reads (``contained_tool``, ``ToolCall``, the MCP instrumentor). A file that
@@ -65,7 +74,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -76,7 +85,15 @@ from ._fork import remake_locks_after_fork
 from ._ledger import Ledger
 from ._policy import PolicyPipeline
 from ._policy_rules import FilePolicy
-from ._policy_schema import ModelRule, PolicyFileError, PolicySpec, ToolRule, load_policy
+from ._policy_schema import (
+    ModelRule,
+    PolicyFileError,
+    PolicySpec,
+    PoolRule,
+    ToolRule,
+    load_policy,
+)
+from ._pools import BudgetPool
 from ._pricing import (
     MODEL_ALIASES_ENV,
     UNKNOWN_MODEL_PRICE_ENV,
@@ -95,6 +112,7 @@ __all__ = [
     "PolicyFileError",
     "PolicyFileListener",
     "PolicySpec",
+    "PoolRule",
     "ToolRule",
     "install_default_chain",
 ]
@@ -225,6 +243,21 @@ class PolicyFile:
             for f in fields(ExecutionConfig)
         }
         return ExecutionConfig(**values)
+
+    def pool(self, name: str, *, ledger: Ledger | None = None) -> BudgetPool:
+        """The budget pool ``[pools."name"]`` defines, following this file's reloads.
+
+        Its limits and window are re-read from the current version on every
+        reservation, so a reload applies them from the next call (a version
+        without the table keeps the last limits). Pools with the same name
+        and ledger share one budget, however many are made.
+
+        Raises:
+            ValueError: The file's current version does not define ``name``.
+        """
+        from ._file_pools import FilePool
+
+        return FilePool(self, name, ledger=ledger)
 
     def price_table(self, environ: Mapping[str, str] | None = None) -> PriceTable:
         """A :class:`PriceTable` that always prices with the current version's ``[prices]``.
@@ -369,6 +402,7 @@ def install_default_chain(
     *,
     ledger: Ledger | None = None,
     chain_id: str | None = None,
+    pools: Sequence[BudgetPool] = (),
 ) -> ExecutionContext:
     """Make the process default chain follow ``policy_file``; return it.
 
@@ -379,11 +413,13 @@ def install_default_chain(
     under the old limits, later ones under the new. A deadline keeps
     counting from the first chain's start. A rejected version
     is also reported on stderr, where a person running the app looks.
+    ``pools`` (``VERONICA_POOLS`` under zero code, see :meth:`PolicyFile.pool`)
+    bound every call of the chain, and of every chain rebuilt after a reload.
 
     Raises:
         ValueError: A ``VERONICA_*`` variable is malformed.
     """
-    keeper = _DefaultChain(policy_file, environ, ledger, chain_id)
+    keeper = _DefaultChain(policy_file, environ, ledger, chain_id, tuple(pools))
     policy_file.add_listener(keeper)
     _propagation.set_default_context(keeper.context, renew=keeper.renew)
     return keeper.context
@@ -396,9 +432,12 @@ class _DefaultChain(PolicyFileListener):
         environ: Mapping[str, str] | None,
         ledger: Ledger | None = None,
         chain_id: str | None = None,
+        pools: tuple[BudgetPool, ...] = (),
     ) -> None:
         self._environ = environ
         self._ledger = ledger
+        self._pools = pools
+        self._priced = self._pools_priced()
         self._started = time.monotonic()
         self._config = policy_file.default_config(environ)
         rules = FilePolicy(policy_file)
@@ -414,13 +453,22 @@ class _DefaultChain(PolicyFileListener):
             ledger=ledger,
             price_table=self._prices,
             name="default",
+            pools=self._pools,
         )
+
+    def _pools_priced(self) -> tuple[bool, ...]:
+        # A chain decides at birth whether it prices calls (a cost ceiling on
+        # it or a pool): a reload that gives a pool its first cost limit, or
+        # takes it away, rebuilds the chain like a change of limits.
+        return tuple(pool.max_cost_usd is not None for pool in self._pools)
 
     def on_reload(self, policy_file: PolicyFile, spec: PolicySpec) -> None:
         config = policy_file.default_config(self._environ)
+        priced = self._pools_priced()
         with self._lock:
-            if config == self._config:
+            if config == self._config and priced == self._priced:
                 return
+            self._priced = priced
             old = self.context
             timeout = config.timeout_ms
             if timeout is not None:  # the deadline runs from the first chain's start
@@ -433,7 +481,10 @@ class _DefaultChain(PolicyFileListener):
                 ledger=self._ledger,
                 price_table=self._prices,
                 name="default",
+                pools=self._pools,
             )
+            if old._agent_tree is not None:  # its agents' counts carry over too
+                self.context._agent_tree = old._agent_tree.adopt(self.context)
             self._config = config
             if _propagation._default is old:  # unless someone else replaced it since
                 _propagation.set_default_context(self.context, renew=self.renew)
@@ -449,6 +500,7 @@ class _DefaultChain(PolicyFileListener):
                 ledger=self._ledger,
                 price_table=self._prices,
                 name="default",
+                pools=self._pools,
             )
             return self.context
 

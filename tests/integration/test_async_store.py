@@ -33,9 +33,11 @@ from veronica_otel import (
     ExecutionConfig,
     ExecutionContext,
     WrapOptions,
+    agent,
     contained_tool,
     current_context,
 )
+from veronica_otel._agent_limits import agent_level_id
 from veronica_otel._tools import ToolCall
 from veronica_otel.distributed import LedgerUnavailableError, RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
@@ -149,6 +151,59 @@ async def test_sdk_retries_of_async_calls_draw_through_the_async_client(
     assert sent_by_sync == []
     assert server.count(CHAT) == 3  # 2 + 1: the second call's retry was never sent
     assert store.snapshot(chain).retries == 1
+
+
+@pytest.mark.asyncio
+async def test_agent_limits_on_the_async_path(
+    ledger: tuple[RedisLedger, CountingRedis], server: FakeLLMServer
+) -> None:
+    """An agent's own level is reserved, settled and drawn from (retries) through
+    the async client; its denial stops only that agent, the chain goes on."""
+    store, sync = ledger
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument()
+    limits = ExecutionConfig(max_cost_usd=0.5, max_steps=2, max_retries_total=0)
+    try:
+        async with openai.AsyncOpenAI(
+            base_url=server.openai_base_url, api_key="test", max_retries=2
+        ) as client:
+            config = ExecutionConfig(max_cost_usd=1.0, max_steps=10, max_retries_total=5)
+            with ExecutionContext(config, ledger=store) as ctx:
+                with agent("researcher", config=limits):
+                    for _ in range(2):
+                        await client.chat.completions.create(
+                            model=MODEL, messages=MESSAGES, max_tokens=5
+                        )
+                    with pytest.raises(BudgetExceededError) as steps:
+                        await client.chat.completions.create(
+                            model=MODEL, messages=MESSAGES, max_tokens=5
+                        )
+                with agent("critic", config=limits):
+                    server.fail_next(1, status=500, retry_after_ms=0)
+                    with pytest.raises(BudgetExceededError) as retries:
+                        await client.chat.completions.create(
+                            model=MODEL, messages=MESSAGES, max_tokens=5
+                        )
+                await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5)
+                sent_by_sync = list(sync.sent)
+                chain = ctx.chain_id
+    finally:
+        instrumentor.uninstrument()
+    assert (steps.value.agent, steps.value.reason, steps.value.chain_id) == (
+        "researcher",
+        "steps",
+        chain,
+    )
+    assert (retries.value.agent, retries.value.reason) == ("critic", "retries")
+    assert sent_by_sync == []
+    assert server.count(CHAT) == 4  # 2 researcher, 1 critic (its retry never sent), 1 chain
+    researcher = store.snapshot(agent_level_id(chain, "researcher"))
+    assert (researcher.steps, researcher.reserved_nano) == (2, 0)  # committed on its level
+    assert researcher.cost_nano > 0
+    critic = store.snapshot(agent_level_id(chain, "critic"))
+    assert (critic.steps, critic.retries, critic.reserved_nano) == (1, 0, 0)
+    state = store.snapshot(chain)
+    assert (state.steps, state.reserved_nano, state.trip) == (4, 0, None)
 
 
 @pytest.mark.asyncio

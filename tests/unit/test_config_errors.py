@@ -58,6 +58,10 @@ BAD_VALUES = [
     ("VERONICA_VENDOR_HOSTS", "a/b"),
     ("VERONICA_UNKNOWN_MODEL_PRICE", "cheap"),
     ("VERONICA_UNKNOWN_MODEL_PRICE", "-1"),
+    ("VERONICA_MODEL_ALIASES", "my-deploy"),
+    ("VERONICA_MODEL_ALIASES", "a=gpt-4o,A=gpt-4o-mini"),
+    ("VERONICA_MODEL_ALIASES", "x" * 5000),
+    ("VERONICA_MODEL_ALIASES", "a=b=c"),
     ("VERONICA_CHAIN_ID", "bad id!"),
     ("VERONICA_REDIS_URL", "bogus://nowhere"),
 ]
@@ -82,6 +86,7 @@ def test_good_values_install_the_default_chain() -> None:
         "VERONICA_GRANT_KEY": "k" * 16,
         "VERONICA_PROPAGATE_HOSTS": "svc:8080, *.internal",
         "VERONICA_UNKNOWN_MODEL_PRICE": "5",
+        "VERONICA_MODEL_ALIASES": "my-deploy=gpt-4o,",
     }
     ctx = distro.install_zero_code(environ)
     assert ctx is not None

@@ -23,12 +23,14 @@ DESIGN_NAMES = {
     "ChainSnapshot",
     "current_context",
     "contained_tool",
+    "BudgetPool",
 }
 EXTRAS = {
     "CallHandle",
     "CircuitState",
     "Ledger",
     "LocalLedger",
+    "PoolSnapshot",
     "PriceTable",
     "ToolCall",
     "UnitPrices",

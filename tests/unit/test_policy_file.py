@@ -749,6 +749,7 @@ def test_exported_names() -> None:
         "PolicyFileError",
         "PolicyFileListener",
         "PolicySpec",
+        "PoolRule",
         "ToolRule",
         "install_default_chain",
     }

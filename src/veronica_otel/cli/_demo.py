@@ -108,8 +108,10 @@ def run_demo(out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> list[De
 
 
 def _print_table(rows: list[DemoRow], out: TextIO) -> None:
+    trip_w = max([13, *(len(row.trip) + 2 for row in rows)])  # the longest trip, aligned
     header = (
-        f"{'scenario':<44}{'run':<13}{'calls':>6}{'USD':>10}  {'trip':<13}{'time':>8}  reduction"
+        f"{'scenario':<44}{'run':<13}{'calls':>6}{'USD':>10}  {'trip':<{trip_w}}{'time':>8}  "
+        "reduction"
     )
     print(header, file=out)
     print("-" * len(header), file=out)
@@ -128,7 +130,7 @@ def _print_table(rows: list[DemoRow], out: TextIO) -> None:
             )
         print(
             f"{row.scenario:<44}{row.mode:<13}{row.calls:>6}{row.usd:>10.4f}  "
-            f"{row.trip:<13}{row.seconds * 1000:>6.0f}ms  {reduction}",
+            f"{row.trip:<{trip_w}}{row.seconds * 1000:>6.0f}ms  {reduction}",
             file=out,
         )
 

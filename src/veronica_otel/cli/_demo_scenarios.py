@@ -18,17 +18,22 @@ from typing import Any, cast
 
 from veronica_otel._agents import agent
 from veronica_otel._config import ExecutionConfig
+from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError
+from veronica_otel._ledger import LocalLedger
+from veronica_otel._pools import BudgetPool
 from veronica_otel._retry import RetryContainer
 
 __all__ = [
     "SCENARIOS",
     "InvalidAnswer",
     "Scenario",
+    "TenantRun",
     "WebSocketSession",
     "planner_critic",
     "recursive_tools",
     "retry_amplification",
+    "tenant_pools",
     "websocket_conversation",
     "websocket_runaway",
 ]
@@ -38,6 +43,10 @@ MODEL = "gpt-4o"
 # many rounds when uncontained, so the demo ends; the table says so.
 DEMO_ROUND_CAP = 40
 PLANNER_ROUNDS = 30  # the planner/critic loop ends by itself, as in the example
+# Two tenants on one service, each with a daily budget pool.
+TENANT_DAILY_USD = 0.01
+RUNAWAY_AGENTS = 4  # acme's agents, each looping until stopped (DEMO_ROUND_CAP)
+STEADY_CALLS = 10  # bob's agent: an ordinary task
 
 
 class InvalidAnswer(Exception):
@@ -275,6 +284,79 @@ async def _drive_session(asgi: Any, session: WebSocketSession) -> WebSocketSessi
     return session
 
 
+@dataclass
+class TenantRun:
+    """What the two tenants' agents got done (``str()``: how it ended, for the table).
+
+    Attributes:
+        acme_calls: Calls acme's runaway agents made (answered by the model).
+        bob_calls: Calls bob's agent made, of ``STEADY_CALLS``.
+        acme_stopped: acme's agents that a denial stopped.
+        acme_spent_usd: What acme's pool counted today (0 uncontained: no pool).
+        retry_after_s: When acme's window frees room, from the last denial.
+    """
+
+    acme_calls: int = 0
+    bob_calls: int = 0
+    acme_stopped: int = 0
+    acme_spent_usd: float = 0.0
+    retry_after_s: float | None = None
+
+    def __str__(self) -> str:
+        if not self.acme_stopped:
+            return "-"
+        return f"acme pool, bob {self.bob_calls}/{STEADY_CALLS}"
+
+
+def tenant_pools(client: Any, config: ExecutionConfig | None) -> TenantRun:
+    """Tenant acme starts four agents that loop without end; tenant bob runs one
+    ordinary task. Each agent task is a sub-chain of its tenant's chain, with a
+    per-task ceiling (``config``) that the runaway never reaches; contained,
+    every call of a tenant also spends from the tenant's daily pool
+    (``TENANT_DAILY_USD``, a rolling day), which stops acme's agents while
+    bob's task completes.
+    Uncontained (``config`` None), nothing stops acme before the demo's cap.
+    """
+    ledger = LocalLedger()  # this run's own pools: a second demo run starts afresh
+    pools: dict[str, list[BudgetPool]] = {
+        tenant: (
+            [
+                BudgetPool(
+                    f"tenant:{tenant}", max_cost_usd=TENANT_DAILY_USD, window="1d", ledger=ledger
+                )
+            ]
+            if config is not None
+            else []
+        )
+        for tenant in ("acme", "bob")
+    }
+    run = TenantRun()
+
+    def task(tenant: ExecutionContext, name: str, calls: int) -> int:
+        made = 0
+        with tenant.spawn_child(config, name=name):  # the tenant's pools come along
+            try:
+                for turn in range(calls):
+                    _ask(client, f"{name}: step {turn}, keep going.")
+                    made += 1
+            except BudgetExceededError as exc:
+                if exc.pool == "tenant:acme":
+                    run.acme_stopped += 1
+                    run.retry_after_s = exc.retry_after_s
+        return made
+
+    mode = "uncontained" if config is None else "contained"
+    # One chain per tenant (one graph each); every agent task is a sub-chain of it.
+    with ExecutionContext(None, ledger=ledger, pools=pools["acme"], name=f"acme-{mode}") as acme:
+        for i in range(RUNAWAY_AGENTS):
+            run.acme_calls += task(acme, f"acme-agent-{i + 1}", DEMO_ROUND_CAP)
+    with ExecutionContext(None, ledger=ledger, pools=pools["bob"], name=f"bob-{mode}") as bob:
+        run.bob_calls = task(bob, "bob-agent", STEADY_CALLS)
+    if pools["acme"]:
+        run.acme_spent_usd = pools["acme"][0].snapshot().cost_usd
+    return run
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One runaway pattern and the ceiling that contains it.
@@ -320,6 +402,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         websocket_runaway,
         ExecutionConfig(max_steps=30, max_cost_usd=0.50),
         f"stopped by the demo after {DEMO_ROUND_CAP} turns",
+        serves=True,
+    ),
+    Scenario(
+        "tenants",
+        "Tenant acme's agents run away, bob works",
+        tenant_pools,
+        ExecutionConfig(max_cost_usd=0.50),  # per task; the tenant's pool is the day's
+        f"acme's {RUNAWAY_AGENTS} agents: {DEMO_ROUND_CAP} calls each, bob's task done",
         serves=True,
     ),
 )

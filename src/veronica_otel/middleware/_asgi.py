@@ -47,7 +47,15 @@ from veronica_otel._ledger import Ledger
 from veronica_otel._options import WrapOptions
 from veronica_otel._policy import PolicyPipeline
 
-from ._core import MAX_BAGGAGE_BYTES, Gate, budget_error, denial_body, refusal
+from ._core import (
+    MAX_BAGGAGE_BYTES,
+    Gate,
+    PoolsFor,
+    budget_error,
+    denial_body,
+    refusal,
+    retry_after_header,
+)
 
 __all__ = ["VeronicaASGIMiddleware"]
 
@@ -90,6 +98,10 @@ class VeronicaASGIMiddleware:
             back so its ``veronica-spent`` header can count everything the
             handler spent (64 KiB). A longer body is streamed without one,
             and the caller commits its whole carve.
+        pools: A callable of the ASGI scope returning the budget pools the
+            request's chain also spends from (by API key, tenant header, ...).
+            A pool with no room refuses the request with 429 and
+            ``Retry-After``; a callable that raises refuses it with 503.
     """
 
     def __init__(
@@ -106,6 +118,7 @@ class VeronicaASGIMiddleware:
         clock: Callable[[], float] = time.time,
         audience: str | Sequence[str] | None = None,
         spent_buffer_bytes: int = SPENT_BUFFER_BYTES,
+        pools: PoolsFor | None = None,
     ) -> None:
         if type(spent_buffer_bytes) is not int or spent_buffer_bytes < 0:
             raise ValueError(f"spent_buffer_bytes must be an int >= 0, got {spent_buffer_bytes!r}")
@@ -121,6 +134,7 @@ class VeronicaASGIMiddleware:
             replay_cache=replay_cache,
             clock=clock,
             audience=audience,
+            pools=pools,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,7 +148,7 @@ class VeronicaASGIMiddleware:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            admission = await self.gate.aadmit(_headers(scope))
+            admission = await self.gate.aadmit(_headers(scope), scope)
         except Exception as exc:  # the store is down: refuse, never a 500
             status, body, _ = refusal(exc)
             await _send_json(send, status, body, None)
@@ -160,7 +174,8 @@ class VeronicaASGIMiddleware:
                 raise
             responder.discard()
             status, body, _ = refusal(error)
-            await _send_json(send, status, body, admission.spent_header(key))
+            retry = retry_after_header(error.trip) if status == 429 else None
+            await _send_json(send, status, body, admission.spent_header(key), retry)
         else:
             await responder.flush()
         finally:
@@ -168,7 +183,7 @@ class VeronicaASGIMiddleware:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            admission = await self.gate.aadmit(_headers(scope))
+            admission = await self.gate.aadmit(_headers(scope), scope)
         except Exception as exc:
             await _refuse_websocket(scope, receive, send, *refusal(exc))
             return
@@ -200,24 +215,30 @@ def _headers(scope: Scope) -> dict[str, str]:
     return headers
 
 
-def _denial_headers(body: bytes, extra: tuple[str, str] | None) -> list[tuple[bytes, bytes]]:
+def _denial_headers(body: bytes, *extra: tuple[str, str] | None) -> list[tuple[bytes, bytes]]:
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode("ascii")),
     ]
-    if extra is not None:
-        headers.append((extra[0].encode("latin-1"), extra[1].encode("latin-1")))
+    for header in extra:
+        if header is not None:
+            headers.append((header[0].encode("latin-1"), header[1].encode("latin-1")))
     return headers
 
 
 async def _send_denial(send: Send, trip: TripEvent, extra: tuple[str, str] | None) -> None:
-    await _send_json(send, 429, denial_body(trip), extra)
+    await _send_json(send, 429, denial_body(trip), extra, retry_after_header(trip))
 
 
-async def _send_json(send: Send, status: int, body: bytes, extra: tuple[str, str] | None) -> None:
-    await send(
-        {"type": "http.response.start", "status": status, "headers": _denial_headers(body, extra)}
-    )
+async def _send_json(
+    send: Send,
+    status: int,
+    body: bytes,
+    extra: tuple[str, str] | None,
+    retry: tuple[str, str] | None = None,
+) -> None:
+    headers = _denial_headers(body, extra, retry)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -236,7 +257,7 @@ async def _refuse_websocket(
             {
                 "type": "websocket.http.response.start",
                 "status": status,
-                "headers": _denial_headers(body, None),
+                "headers": _denial_headers(body),
             }
         )
         await send({"type": "websocket.http.response.body", "body": body})

@@ -18,6 +18,18 @@ signed ``veronica-spent`` header (:meth:`Admission.spent_header`), computed
 when the handler is done (both middlewares hold the response until then, up
 to a size limit), so spend while the body streams is counted.
 
+Budget pools: ``pools=`` is a callable of the request (the ASGI scope or
+the WSGI environ) returning the :class:`~veronica_otel.BudgetPool` objects
+the request's chain also spends from (for example, by API key or tenant
+header); None or ``[]`` for none. A pool with no room left refuses the
+request before the application runs (429, ``"pool"`` in the JSON body and a
+``Retry-After`` header, in whole seconds rounded up, when the pool's window
+says when it frees room); so does a pool denial raised by the handler before
+its answer starts. A ``pools=`` callable that raises (or returns something
+other than pools on the middleware's ledger) fails closed: 503 with
+``{"error": "budget pools unavailable", ...}`` naming the exception type,
+and the application does not run.
+
 When the budget store cannot be reached (the shared ledger is down, or
 admitting the request failed in any other way), the request is refused with
 HTTP 503 and a JSON body (``{"error": "budget store unavailable", ...}``)
@@ -30,12 +42,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
@@ -57,8 +70,9 @@ from veronica_otel._grants import (
     sign_spent,
     verify_grant,
 )
-from veronica_otel._ledger import Ledger
+from veronica_otel._ledger import DEFAULT_LEDGER, Ledger, Level, Limits, PoolLevel
 from veronica_otel._policy import PolicyPipeline
+from veronica_otel._pools import BudgetPool, check_pools
 from veronica_otel._remote import join_chain, ledger_shared_id, spent
 from veronica_otel._trips import emit_trip
 
@@ -67,11 +81,22 @@ __all__ = [
     "MAX_BAGGAGE_BYTES",
     "Admission",
     "Gate",
+    "PoolSelectionError",
+    "PoolsFor",
     "budget_error",
     "denial_body",
     "parse_audience",
     "refusal",
+    "retry_after_header",
 ]
+
+# The request (ASGI scope or WSGI environ) -> the pools its chain spends from.
+PoolsFor = Callable[[Any], Iterable[BudgetPool] | None]
+
+
+class PoolSelectionError(Exception):
+    """The ``pools=`` callable raised, or returned something that is not pools."""
+
 
 _logger = logging.getLogger("veronica_otel.middleware")
 BAGGAGE_PREFIX = "veronica."
@@ -134,6 +159,8 @@ class Gate:
             (``VERONICA_GRANT_AUDIENCE``, comma-separated, when omitted; else
             the request's ``Host`` header, which a client chooses: configure
             it wherever one key is shared by several services).
+        pools: A callable of the request (ASGI scope, WSGI environ) returning
+            the budget pools its chain also spends from (None or [] for none).
     """
 
     def __init__(
@@ -148,9 +175,15 @@ class Gate:
         replay_cache: NonceCache | None = None,
         clock: Callable[[], float] = time.time,
         audience: str | Sequence[str] | None = None,
+        pools: PoolsFor | None = None,
     ) -> None:
         if config is not None and not isinstance(config, ExecutionConfig):
             raise TypeError(f"config must be an ExecutionConfig, got {config!r}")
+        if pools is not None and not callable(pools):
+            raise TypeError(
+                f"pools must be a callable of the request returning BudgetPools, got {pools!r}"
+            )
+        self.pools = pools
         for name, value in (
             ("max_baggage_bytes", max_baggage_bytes),
             ("max_grant_bytes", max_grant_bytes),
@@ -172,22 +205,35 @@ class Gate:
         self.clock = clock
         self._shared_id = ledger_shared_id(ledger)
 
-    def admit(self, headers: Mapping[str, str]) -> Admission:
-        """Build the chain for a request with these (lower-case) headers."""
-        admission = self._join(headers)
+    def admit(self, headers: Mapping[str, str], request: object = None) -> Admission:
+        """Build the chain for a request with these (lower-case) headers.
+
+        ``request`` (the ASGI scope or WSGI environ) is what ``pools=`` is
+        called with. Raises PoolSelectionError when that call fails.
+        """
+        admission = self._join(headers, self._pools_for(request))
+        ctx = admission.ctx
         if admission.denial is None:
-            admission.denial = _preflight(admission.ctx, admission.grant, admission.ctx.trip)
+            admission.denial = _preflight(ctx, admission.grant, ctx.trip)
+        if admission.denial is None and ctx.pools:
+            admission.denial = _pool_preflight(ctx)
+        if admission.denial is None:
+            admission.denial = _grant_preflight(ctx, admission.grant)
         return admission
 
-    async def aadmit(self, headers: Mapping[str, str]) -> Admission:
-        """:meth:`admit` for async servers: the pre-flight's store read is awaited."""
-        admission = self._join(headers)
+    async def aadmit(self, headers: Mapping[str, str], request: object = None) -> Admission:
+        """:meth:`admit` for async servers: the pre-flight's store reads are awaited."""
+        admission = self._join(headers, self._pools_for(request))
+        ctx = admission.ctx
         if admission.denial is None:
-            trip = await admission.ctx.atrip()
-            admission.denial = _preflight(admission.ctx, admission.grant, trip)
+            admission.denial = _preflight(ctx, admission.grant, await ctx.atrip())
+        if admission.denial is None and ctx.pools:
+            admission.denial = await _apool_preflight(ctx)
+        if admission.denial is None:
+            admission.denial = _grant_preflight(ctx, admission.grant)
         return admission
 
-    def _join(self, headers: Mapping[str, str]) -> Admission:
+    def _join(self, headers: Mapping[str, str], pools: tuple[BudgetPool, ...]) -> Admission:
         """The request's chain (no pre-flight yet: ``denial`` None unless refused here)."""
         header = headers.get("baggage")
         if header is not None and len(header.encode("utf-8", "replace")) > self.max_baggage_bytes:
@@ -204,7 +250,9 @@ class Gate:
             # Meant for a shared ledger this service does not use: nothing was
             # carved for it, so running it on local limits could overspend.
             record_rejection("ledger_mismatch", grant.chain_id)
-            ctx = ExecutionContext(self.config, self.pipeline, ledger=self.ledger, name="request")
+            ctx = ExecutionContext(
+                self.config, self.pipeline, ledger=self.ledger, name="request", pools=pools
+            )
             denial = _deny(
                 ctx, "cost", 0, 0, f"grant of chain {grant.chain_id} is for another ledger"
             )
@@ -217,10 +265,25 @@ class Gate:
                 pipeline=self.pipeline,
                 now=now,
                 shared=shared,
+                pools=pools,
             )
         else:
-            ctx = ExecutionContext(self.config, self.pipeline, ledger=self.ledger, name="request")
+            ctx = ExecutionContext(
+                self.config, self.pipeline, ledger=self.ledger, name="request", pools=pools
+            )
         return Admission(ctx, grant, None, shared, carrier_context)
+
+    def _pools_for(self, request: object) -> tuple[BudgetPool, ...]:
+        if self.pools is None:
+            return ()
+        try:
+            return check_pools(
+                self.pools(request), self.ledger if self.ledger is not None else DEFAULT_LEDGER
+            )
+        except Exception as exc:
+            raise PoolSelectionError(
+                f"the pools= callable failed ({type(exc).__name__}: {exc})"
+            ) from exc
 
     def _grant(self, header: str, host: str) -> Grant | None:
         entries = {
@@ -293,6 +356,11 @@ def _preflight(
         ctx.ensure_active()
     except BudgetExceededError as exc:
         return exc.trip
+    return None
+
+
+def _grant_preflight(ctx: ExecutionContext, grant: Grant | None) -> TripEvent | None:
+    """Why a request whose chain and pools have room is refused: its grant is spent."""
     if grant is None:
         return None
     # The caller's budget is spent: refuse now rather than fail on the first call.
@@ -305,6 +373,44 @@ def _preflight(
     return None
 
 
+def _pool_preflight(ctx: ExecutionContext) -> TripEvent | None:
+    """A pool with no room for even the smallest call refuses the request now.
+
+    Asks the pools' ledger itself (a reservation of one step, one token and
+    one nano-USD, released at once), so the denial carries the pool's name
+    and ``retry_after_s`` exactly as a call's would. A pool with a little
+    room left admits the request; its first call that does not fit is then
+    refused as usual.
+    """
+    ledger = ctx.pools[0].ledger  # check_pools: every pool is on the chain's ledger
+    probe, levels = _pool_probe(ctx)
+    held = ledger.reserve(probe, 1, 1, steps=1, pools=levels)
+    if isinstance(held, TripEvent):
+        emit_trip(held)
+        return held
+    ledger.release(probe, held)
+    return None
+
+
+async def _apool_preflight(ctx: ExecutionContext) -> TripEvent | None:
+    """:func:`_pool_preflight` with the store's round trips awaited."""
+    if not ctx.awaits_store:  # in process: nothing to await
+        return _pool_preflight(ctx)
+    ledger: Any = ctx.pools[0].ledger  # the chain's: a store with coroutine operations
+    probe, levels = _pool_probe(ctx)
+    held = await ledger.areserve(probe, 1, 1, steps=1, pools=levels)
+    if isinstance(held, TripEvent):
+        emit_trip(held)
+        return held
+    await ledger.arelease(probe, held)
+    return None
+
+
+def _pool_probe(ctx: ExecutionContext) -> tuple[tuple[Level, ...], list[PoolLevel]]:
+    """The pre-flight's throwaway path (the chain's id, no limits) and the pools' levels."""
+    return (Level(ctx.chain_id, Limits()),), [pool.level for pool in ctx.pools]
+
+
 def _deny(
     ctx: ExecutionContext, reason: TripReason, limit: float, observed: float, what: str
 ) -> TripEvent:
@@ -314,21 +420,30 @@ def _deny(
 
 
 def denial_body(trip: TripEvent) -> bytes:
-    """The JSON body of a 429 answer."""
-    return json.dumps(
-        {
-            "error": "budget_exceeded",
-            "reason": trip.reason,
-            "limit": trip.limit,
-            "observed": trip.observed,
-            "chain_id": trip.chain_id,
-            "message": trip.message,
-        },
-        separators=(",", ":"),
-    ).encode("utf-8")
+    """The JSON body of a 429 answer (with ``pool`` and ``retry_after_s`` for a pool's)."""
+    body: dict[str, object] = {
+        "error": "budget_exceeded",
+        "reason": trip.reason,
+        "limit": trip.limit,
+        "observed": trip.observed,
+        "chain_id": trip.chain_id,
+        "message": trip.message,
+    }
+    if trip.pool is not None:
+        body["pool"] = trip.pool
+        body["retry_after_s"] = trip.retry_after_s
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def retry_after_header(trip: TripEvent | None) -> tuple[str, str] | None:
+    """``Retry-After`` (whole seconds, rounded up, at least 1) when ``trip`` says when."""
+    if trip is None or trip.retry_after_s is None:
+        return None
+    return "Retry-After", str(max(1, math.ceil(trip.retry_after_s)))
 
 
 UNAVAILABLE = "budget store unavailable"
+POOLS_UNAVAILABLE = "budget pools unavailable"
 
 
 def store_failure(exc: BaseException) -> bool:
@@ -349,6 +464,15 @@ def refusal(exc: BaseException) -> tuple[int, bytes, str]:
     error = budget_error(exc)
     if error is not None and not store_failure(error):
         return 429, denial_body(error.trip), f"budget_exceeded: {error.reason}"
+    if isinstance(exc, PoolSelectionError):
+        _logger.error("veronica-otel: refusing a request with 503: %s", exc, exc_info=exc)
+        cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "error"
+        body = {
+            "error": POOLS_UNAVAILABLE,
+            "reason": f"the pools= callable failed ({cause}); failing closed",
+            "chain_id": None,
+        }
+        return 503, json.dumps(body, separators=(",", ":")).encode("utf-8"), POOLS_UNAVAILABLE
     if error is not None:
         reason = "the shared budget ledger could not be reached; failing closed"
         chain_id: str | None = error.chain_id

@@ -23,13 +23,22 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from veronica_otel._config import ExecutionConfig
-from veronica_otel._errors import TripEvent
+from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._grants import MAX_GRANT_BYTES, GrantKeys, NonceCache
 from veronica_otel._ledger import Ledger
 from veronica_otel._policy import PolicyPipeline
 from veronica_otel._propagation import CONTEXT_KEY
 
-from ._core import MAX_BAGGAGE_BYTES, Admission, Gate, budget_error, denial_body, refusal
+from ._core import (
+    MAX_BAGGAGE_BYTES,
+    Admission,
+    Gate,
+    PoolsFor,
+    budget_error,
+    denial_body,
+    refusal,
+    retry_after_header,
+)
 
 __all__ = ["VeronicaWSGIMiddleware"]
 
@@ -47,7 +56,8 @@ class VeronicaWSGIMiddleware:
         app = VeronicaWSGIMiddleware(app, ExecutionConfig(max_cost_usd=0.5, max_steps=20))
 
     Takes the same arguments as
-    :class:`~veronica_otel.middleware.VeronicaASGIMiddleware`.
+    :class:`~veronica_otel.middleware.VeronicaASGIMiddleware`; ``pools``
+    is called with the WSGI environ.
     """
 
     def __init__(
@@ -64,6 +74,7 @@ class VeronicaWSGIMiddleware:
         clock: Callable[[], float] = time.time,
         audience: str | Sequence[str] | None = None,
         spent_buffer_bytes: int = SPENT_BUFFER_BYTES,
+        pools: PoolsFor | None = None,
     ) -> None:
         if type(spent_buffer_bytes) is not int or spent_buffer_bytes < 0:
             raise ValueError(f"spent_buffer_bytes must be an int >= 0, got {spent_buffer_bytes!r}")
@@ -79,11 +90,12 @@ class VeronicaWSGIMiddleware:
             replay_cache=replay_cache,
             clock=clock,
             audience=audience,
+            pools=pools,
         )
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         try:
-            admission = self.gate.admit(_headers(environ))
+            admission = self.gate.admit(_headers(environ), environ)
         except Exception as exc:  # the store is down: refuse, never a 500
             status, body, _ = refusal(exc)
             return _answer(start_response, status, body, None, None)
@@ -111,7 +123,8 @@ class VeronicaWSGIMiddleware:
                 raise
             status, body, _ = refusal(error)
             exc_info = sys.exc_info() if started else None
-            return _answer(start_response, status, body, admission.spent_header(key), exc_info)
+            extra = admission.spent_header(key)
+            return _answer(start_response, status, body, extra, exc_info, _retry(status, error))
         finally:
             otel_context.detach(token)
         if held is not None:
@@ -154,7 +167,8 @@ class _Held:
             if error is None:
                 raise
             status, text, _ = refusal(error)
-            return _answer(start_response, status, text, admission.spent_header(key), None)
+            extra = admission.spent_header(key)
+            return _answer(start_response, status, text, extra, None, _retry(status, error))
         extra = admission.spent_header(key) if complete else None
         start_response(self.status or "200 OK", [*self.headers, *([extra] if extra else [])])
         if complete:
@@ -197,7 +211,18 @@ def _deny(
     key: GrantKeys | None,
     exc_info: ExcInfo | tuple[None, None, None] | None,
 ) -> list[bytes]:
-    return _answer(start_response, 429, denial_body(trip), admission.spent_header(key), exc_info)
+    return _answer(
+        start_response,
+        429,
+        denial_body(trip),
+        admission.spent_header(key),
+        exc_info,
+        retry_after_header(trip),
+    )
+
+
+def _retry(status: int, error: BudgetExceededError) -> tuple[str, str] | None:
+    return retry_after_header(error.trip) if status == 429 else None
 
 
 def _answer(
@@ -206,10 +231,13 @@ def _answer(
     body: bytes,
     extra: tuple[str, str] | None,
     exc_info: ExcInfo | tuple[None, None, None] | None,
+    retry: tuple[str, str] | None = None,
 ) -> list[bytes]:
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
     if extra is not None:
         headers.append(extra)
+    if retry is not None:
+        headers.append(retry)
     start_response(_STATUS[status], headers, exc_info)
     return [body]
 
@@ -254,7 +282,14 @@ class _Body:
                     raise
                 status, body, _ = refusal(error)
                 extra = self._admission.spent_header(self._key)
-                denial = _answer(self._start_response, status, body, extra, sys.exc_info())
+                denial = _answer(
+                    self._start_response,
+                    status,
+                    body,
+                    extra,
+                    sys.exc_info(),
+                    _retry(status, error),
+                )
             finally:
                 otel_context.detach(token)
             if denial is not None:

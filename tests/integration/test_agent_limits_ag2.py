@@ -1,0 +1,102 @@
+"""AG2 agents get their limits from the policy file's ``[agents."name"]``.
+
+``Agent.ask`` runs as the agent named after the AG2 agent (AG2Instrumentor),
+so a chain that follows a policy file bounds each AG2 agent by its table;
+the fake server's recorded requests show what each agent really sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+import pytest_asyncio
+
+pytest.importorskip("ag2")
+
+from ag2 import Agent
+from ag2.config.openai import OpenAIConfig
+
+from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, PolicyPipeline
+from veronica_otel.instrumentors.ag2 import AG2Instrumentor
+from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+from veronica_otel.policy_file import FilePolicy, PolicyFile
+from veronica_otel.testing import FakeLLMServer
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def server() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=3) as fake:
+        yield fake
+
+
+@pytest.fixture
+def instrumented() -> Iterator[None]:
+    llm, tools = OpenAIInstrumentor(), AG2Instrumentor()
+    llm.instrument()
+    tools.instrument()
+    yield
+    tools.uninstrument()
+    llm.uninstrument()
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[httpx2.AsyncClient]:
+    async with httpx2.AsyncClient() as client:
+        yield client
+
+
+def sent_with(server: FakeLLMServer, prompt: str) -> int:
+    return sum(
+        1
+        for r in server.requests
+        if r.path == CHAT and any(prompt in str(m.get("content")) for m in r.body["messages"])
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("instrumented")
+async def test_an_ag2_agent_stops_at_its_policy_file_limit_while_the_other_goes_on(
+    server: FakeLLMServer, http: httpx2.AsyncClient, tmp_path: Path
+) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text('[agents."critic"]\nmax_steps = 2\n')
+    pipeline = PolicyPipeline([FilePolicy(PolicyFile(path))])
+    config = OpenAIConfig(
+        model="gpt-4o-mini", base_url=server.openai_base_url, api_key="test", http_client=http
+    )
+    planner = Agent("planner", "You write plans.", config=config)
+    critic = Agent("critic", "You reject plans.", config=config)
+    denied: list[BudgetExceededError] = []
+    async with ExecutionContext(ExecutionConfig(max_steps=100), pipeline) as ctx:
+        for round_ in range(5):
+            try:
+                await critic.ask(f"Critique plan {round_}")
+            except BudgetExceededError as exc:
+                denied.append(exc)
+            await planner.ask(f"Write plan {round_ + 1}")
+        assert ctx.trip is None
+    assert sent_with(server, "You reject plans.") == 2
+    assert sent_with(server, "You write plans.") == 5
+    assert [e.agent for e in denied] == ["critic"] * 3
+    assert denied[0].reason == "steps" and denied[0].limit == 2
+
+
+def test_zero_code_ag2_agents_get_their_limits_from_the_policy_file(tmp_path: Path) -> None:
+    from tests._zero_code import run_instrumented
+
+    path = tmp_path / "policy.toml"
+    path.write_text('[limits]\nmax_steps = 100\n\n[agents."critic"]\nmax_steps = 2\n')
+    app = Path(__file__).parent / "apps" / "unchanged_ag2_team.py"
+    with FakeLLMServer(output_tokens=3) as fake:
+        result = run_instrumented(app, fake, VERONICA_POLICY_FILE=str(path))
+        assert result.returncode == 0, result.stderr
+        assert sent_with(fake, "You reject plans.") == 2
+        assert sent_with(fake, "You write plans.") == 4
+    assert result.stdout.count("critic ok") == 2
+    assert result.stdout.count("critic stopped: BudgetExceededError critic") == 2
+    assert result.stdout.count("planner ok") == 4
