@@ -29,6 +29,7 @@ from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._gc_safe import defer
+from veronica_otel._ledger import LedgerState
 from veronica_otel._pricing import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     TOKENS_PER_MESSAGE,
@@ -44,6 +45,7 @@ from ._breakers import classify_outcome, endpoint_breaker
 __all__ = [
     "AsyncContainedStream",
     "ContainedCall",
+    "aadmit",
     "ContainedStream",
     "admit",
     "input_bound",
@@ -168,6 +170,13 @@ class ContainedCall:
     text_bytes = 0
     _done = False
     _text: list[str] | None = None
+    # An async call collects a settlement decided in sync code (finish) and
+    # then awaits it (settle_deferred), so a shared store is never waited on
+    # in the event loop.
+    _defer = False
+    _deferred: tuple[BaseException | None, bool, bool] | None = None
+    _async_stream = False
+    _remaining: tuple[int | None, int | None] | None = None  # read by afinish, for the span
 
     def __init__(
         self,
@@ -246,8 +255,12 @@ class ContainedCall:
             self.ctx.set_partial_result("".join(self._text))
 
     def check_alive(self) -> None:
-        """Raise BudgetExceededError when the chain tripped or its deadline passed."""
-        self.ctx.ensure_active()
+        """Raise BudgetExceededError when the chain tripped or its deadline passed.
+
+        In an async stream the store read is left to the stream's own awaited
+        check (:class:`AsyncContainedStream`), so a payload hook never blocks.
+        """
+        self.ctx.ensure_active(poll=not self._async_stream)
 
     def finish(
         self, error: BaseException | None = None, *, sent: bool = True, billed: bool = True
@@ -271,31 +284,85 @@ class ContainedCall:
         if self._done:
             return
         self._done = True
+        if self._defer:
+            self._deferred = (error, sent, billed)
+            return
         handle = self.handle
         try:
-            if not sent:
+            amounts = self._amounts(sent, billed)
+            if amounts is None:
                 handle.finish(error, sent=False)
-            elif self.usage_seen:
-                self._commit_usage(error)
-            elif not billed:
-                handle.commit(0, 0, error)
             else:
-                # Explicitly the reservation: the kernel's "no usage" default
-                # for a call that raised has not always been the worst case.
-                lost = max(1, self.lost_attempts)
-                reservation = handle.reservation
-                handle.commit(
-                    min(lost * reservation.cost_nano, _MAX_EXACT), lost * reservation.tokens, error
-                )
+                handle.commit(amounts[0], amounts[1], error)
         except Exception:
             _logger.exception("settling an instrumented call failed")
         finally:
-            breaker = self.breaker
-            if breaker is not None:
-                self._feed_breaker(breaker, error if sent else None, sent)
-            self._end_span(error)
+            self._settled(error, sent)
 
-    def _commit_usage(self, error: BaseException | None) -> None:
+    async def afinish(
+        self, error: BaseException | None = None, *, sent: bool = True, billed: bool = True
+    ) -> None:
+        """:meth:`finish` for async code: a shared store is awaited, never blocked on."""
+        if self._done:
+            return
+        self._done = True
+        handle = self.handle
+        try:
+            amounts = self._amounts(sent, billed)
+            if amounts is None:
+                await handle.afinish(error, sent=False)
+            else:
+                await handle.acommit(amounts[0], amounts[1], error)
+        except Exception:
+            _logger.exception("settling an instrumented call failed")
+        finally:
+            try:
+                if self.span.is_recording() and self.ctx.awaits_store:
+                    self._remaining = await self._aremaining()
+            finally:  # even when cancelled here: the span ends, the probe is freed
+                self._settled(error, sent)
+
+    async def _aremaining(self) -> tuple[int | None, int | None]:
+        try:
+            return self.ctx.remaining_cost_and_steps(await self.ctx.asnapshots())
+        except Exception:  # the store failed: the span goes without them
+            _logger.debug("reading the chain's remaining budget failed", exc_info=True)
+            return None, None
+
+    def defer_settlement(self) -> None:
+        """From now, :meth:`finish` only records how the call ends (an async
+        wrapper's sync code); :meth:`settle_deferred` then settles it."""
+        self._defer = True
+
+    async def settle_deferred(self) -> None:
+        """Settle what :meth:`finish` recorded after :meth:`defer_settlement` (awaited)."""
+        self._defer = False
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._done = False
+            await self.afinish(deferred[0], sent=deferred[1], billed=deferred[2])
+
+    def _amounts(self, sent: bool, billed: bool) -> tuple[int, int] | None:
+        """What the call commits (cost, tokens); None: nothing was sent, release it."""
+        if not sent:
+            return None
+        if self.usage_seen:
+            return self._usage_amounts()
+        if not billed:
+            return 0, 0
+        # Explicitly the reservation: the kernel's "no usage" default
+        # for a call that raised has not always been the worst case.
+        lost = max(1, self.lost_attempts)
+        reservation = self.handle.reservation
+        return min(lost * reservation.cost_nano, _MAX_EXACT), lost * reservation.tokens
+
+    def _settled(self, error: BaseException | None, sent: bool) -> None:
+        breaker = self.breaker
+        if breaker is not None:
+            self._feed_breaker(breaker, error if sent else None, sent)
+        self._end_span(error)
+
+    def _usage_amounts(self) -> tuple[int, int]:
         inp, out = self.input_tokens, self.output_tokens
         cost = 0
         if self.prices is not None and (inp or out):
@@ -313,7 +380,7 @@ class ContainedCall:
             reservation = self.handle.reservation
             cost += lost * reservation.cost_nano
             tokens += lost * reservation.tokens
-        self.handle.commit(min(cost, _MAX_EXACT), tokens, error)
+        return min(cost, _MAX_EXACT), tokens
 
     def _feed_breaker(
         self, breaker: CircuitBreaker, error: BaseException | None, sent: bool
@@ -341,7 +408,7 @@ class ContainedCall:
                 if self.usage_seen:
                     attributes["gen_ai.usage.input_tokens"] = self.input_tokens
                     attributes["gen_ai.usage.output_tokens"] = self.output_tokens
-                cost_left, steps_left = self.ctx.remaining_cost_and_steps()
+                cost_left, steps_left = self._remaining or self.ctx.remaining_cost_and_steps()
                 if cost_left is not None:
                     attributes["veronica.remaining.cost_usd"] = nano_to_usd(cost_left)
                 if steps_left is not None:
@@ -406,31 +473,12 @@ def admit(
     breaker = endpoint_breaker(provider, model)
     probe = object()  # identifies this call if it becomes the half-open probe
     try:
-        verdict = breaker.check(probe)
-        if not verdict.allowed:
-            _deny_endpoint(ctx, provider, model, verdict.reason)
-        prices = ctx.prices_for(provider, model)
-        cap = requested_cap
-        clamped: int | None = None
-        bounded_by: str | None = None  # the pool that set the clamp, if one did
-        if clampable and requested_cap is None:
-            # No output cap: send the most the remaining budget (the chain's
-            # and its pools') can buy, so the reservation is a true worst case
-            # without any caller hint.
-            affordable, bounded_by = _affordable_output(ctx, prices, bound)
-            if affordable is not None:
-                cap = clamped = max(1, affordable // max(1, choices))
-        signature = _signature(model, input_parts) if ctx.tracks_repeats else None
-        output = (cap or 0) * max(1, choices)  # n choices each up to the cap
-        cost = prices.max_cost_nano(bound, output) if prices is not None else 0
+        prices = _check_endpoint(ctx, breaker, probe, provider, model)
+        cap, clamped, bounded_by, cost, tokens, signature = _size(
+            ctx, prices, bound, model, input_parts, requested_cap, clampable, choices, None
+        )
         handle = ctx.begin_priced_call(
-            "llm",
-            operation,
-            provider,
-            model,
-            cost,
-            bound + (output if cap is not None else 0),
-            signature=signature,
+            "llm", operation, provider, model, cost, tokens, signature=signature
         )
     except BaseException as exc:
         # Denied, or our own failure (a store down, an interrupt): nothing was
@@ -459,6 +507,113 @@ def admit(
         raise
 
 
+async def aadmit(
+    ctx: ExecutionContext,
+    span: Span,
+    owns_span: bool,
+    *,
+    provider: str,
+    operation: str,
+    model: str,
+    input_parts: object,
+    n_messages: int,
+    requested_cap: int | None,
+    clampable: bool,
+    choices: int = 1,
+) -> tuple[ContainedCall, int | None, str | None]:
+    """:func:`admit` for async calls: the store reads and the reservation are
+    awaited (a shared store never blocks the event loop); the same checks,
+    in the same order, by the same helpers. Settle the call with ``afinish``."""
+    if not ctx.awaits_store:
+        return admit(
+            ctx,
+            span,
+            owns_span,
+            provider=provider,
+            operation=operation,
+            model=model,
+            input_parts=input_parts,
+            n_messages=n_messages,
+            requested_cap=requested_cap,
+            clampable=clampable,
+            choices=choices,
+        )
+    bound = input_bound(input_parts, n_messages)
+    breaker = endpoint_breaker(provider, model)
+    probe = object()
+    try:
+        prices = _check_endpoint(ctx, breaker, probe, provider, model)
+        states = await ctx.asnapshots() if clampable and requested_cap is None else None
+        cap, clamped, bounded_by, cost, tokens, signature = _size(
+            ctx, prices, bound, model, input_parts, requested_cap, clampable, choices, states
+        )
+        handle = await ctx.abegin_priced_call(
+            "llm", operation, provider, model, cost, tokens, signature=signature
+        )
+    except BaseException as exc:  # denied, failed or cancelled: nothing is held
+        _abandon(breaker, probe, None, span, owns_span, ctx, exc)
+        raise
+    try:
+        return _admitted(
+            ctx,
+            span,
+            owns_span,
+            handle,
+            breaker,
+            probe,
+            provider,
+            model,
+            prices,
+            bound,
+            cap,
+            clamped,
+            clampable,
+            pool=bounded_by,
+        )
+    except BaseException as exc:
+        await _aabandon(breaker, probe, handle, span, owns_span, ctx, exc)
+        raise
+
+
+def _check_endpoint(
+    ctx: ExecutionContext, breaker: CircuitBreaker, probe: object, provider: str, model: str
+) -> UnitPrices | None:
+    """The endpoint's breaker, then the model's prices (either may deny)."""
+    verdict = breaker.check(probe)
+    if not verdict.allowed:
+        _deny_endpoint(ctx, provider, model, verdict.reason)
+    return ctx.prices_for(provider, model)
+
+
+def _size(
+    ctx: ExecutionContext,
+    prices: UnitPrices | None,
+    bound: int,
+    model: str,
+    input_parts: object,
+    requested_cap: int | None,
+    clampable: bool,
+    choices: int,
+    states: Mapping[str, LedgerState] | None,
+) -> tuple[int | None, int | None, str | None, int, int, str | None]:
+    """(cap, clamp, the pool that set the clamp, cost, tokens, signature) of the reservation."""
+    cap = requested_cap
+    clamped: int | None = None
+    bounded_by: str | None = None  # the pool that set the clamp, if one did
+    if clampable and requested_cap is None:
+        # No output cap: send the most the remaining budget (the chain's
+        # and its pools') can buy, so the reservation is a true worst case
+        # without any caller hint.
+        affordable, bounded_by = _affordable_output(ctx, prices, bound, states)
+        if affordable is not None:
+            cap = clamped = max(1, affordable // max(1, choices))
+    signature = _signature(model, input_parts) if ctx.tracks_repeats else None
+    output = (cap or 0) * max(1, choices)  # n choices each up to the cap
+    cost = prices.max_cost_nano(bound, output) if prices is not None else 0
+    tokens = bound + (output if cap is not None else 0)
+    return cap, clamped, bounded_by, cost, tokens, signature
+
+
 def _abandon(
     breaker: CircuitBreaker,
     probe: object,
@@ -473,6 +628,25 @@ def _abandon(
         breaker.release_probe(probe)
         if handle is not None:
             handle.finish(error, sent=False)
+    except Exception:
+        _logger.exception("releasing an abandoned admission failed")
+    finally:
+        _mark_denied(span, owns_span, ctx, error)
+
+
+async def _aabandon(
+    breaker: CircuitBreaker,
+    probe: object,
+    handle: CallHandle,
+    span: Span,
+    owns_span: bool,
+    ctx: ExecutionContext,
+    error: BaseException,
+) -> None:
+    """:func:`_abandon` of an async admission that holds a reservation."""
+    try:
+        breaker.release_probe(probe)
+        await handle.afinish(error, sent=False)
     except Exception:
         _logger.exception("releasing an abandoned admission failed")
     finally:
@@ -575,7 +749,10 @@ def _deny_endpoint(ctx: ExecutionContext, provider: str, model: str, why: str) -
 
 
 def _affordable_output(
-    ctx: ExecutionContext, prices: UnitPrices | None, bound: int
+    ctx: ExecutionContext,
+    prices: UnitPrices | None,
+    bound: int,
+    states: Mapping[str, LedgerState] | None = None,
 ) -> tuple[int | None, str | None]:
     """Output tokens (over all choices) an uncapped call is clamped to (None: no
     ceiling), and the budget pool that set it (None: the chain or the model did).
@@ -589,7 +766,10 @@ def _affordable_output(
     limit / n).
     """
     affordable = _buys(
-        prices, bound, ctx.remaining_cost_nano(pools=False), ctx.remaining_tokens(pools=False)
+        prices,
+        bound,
+        ctx.remaining_cost_nano(states, pools=False),
+        ctx.remaining_tokens(states, pools=False),
     )
     pool: str | None = None
     room = ctx.pool_room()
@@ -755,33 +935,44 @@ class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
         super().__init__(wrapped)
         self._self_call = call
         self._self_on_item = on_item
+        call._async_stream = True
+        # A settlement decided by sync code inside the SDK's iteration (a
+        # payload hook cutting the stream) is awaited here, not made blocking.
+        self._self_defer = call.ctx.awaits_store
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
 
     async def __anext__(self) -> Any:
         call = self._self_call
+        defer = self._self_defer
         try:
-            call.check_alive()
-            item = await self.__wrapped__.__anext__()
-            self._self_on_item(call, item)
+            await call.ctx.aensure_active()
+            if defer:
+                call.defer_settlement()
+            try:
+                item = await self.__wrapped__.__anext__()
+                self._self_on_item(call, item)
+            finally:
+                if defer:
+                    await call.settle_deferred()
         except StopAsyncIteration:
-            call.finish()
+            await call.afinish()
             raise
         except BudgetExceededError as exc:
             try:
-                call.finish(exc)
+                await call.afinish(exc)
             finally:
                 await self.__wrapped__.close()
             raise
         except BaseException as exc:
-            call.finish(exc)
+            await call.afinish(exc)
             raise
         return item
 
     async def close(self) -> None:
         try:
-            self._self_call.finish()
+            await self._self_call.afinish()
         finally:
             await self.__wrapped__.close()
 

@@ -62,6 +62,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span
 
 from veronica_otel._agents import current_agent
+from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
@@ -71,6 +72,7 @@ from ._common import (
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
+    aadmit,
     admit,
     get_field,
     start_span,
@@ -140,6 +142,54 @@ def _is_messages_call(options: Any) -> bool:
 
 def _begin(options: Any, sdk_call: Any) -> _CallState | None:
     """Admit a ``messages.create`` call; None when it is not ours to contain."""
+    request = _describe(options, sdk_call)
+    if request is None:
+        return None
+    ctx, span, owns, model, parts, n_messages, requested, body = request
+    with _scope(span, owns):
+        call, clamp, fallback = admit(
+            ctx,
+            span,
+            owns,
+            provider=PROVIDER,
+            operation="chat",
+            model=model,
+            input_parts=parts,
+            n_messages=n_messages,
+            requested_cap=requested,
+            clampable=True,
+        )
+    _rewrite(options, body, clamp, fallback)
+    return _CallState(call)
+
+
+async def _abegin(options: Any, sdk_call: Any) -> _CallState | None:
+    """:func:`_begin` for the async client: a shared store is awaited (``aadmit``)."""
+    request = _describe(options, sdk_call)
+    if request is None:
+        return None
+    ctx, span, owns, model, parts, n_messages, requested, body = request
+    with _scope(span, owns):
+        call, clamp, fallback = await aadmit(
+            ctx,
+            span,
+            owns,
+            provider=PROVIDER,
+            operation="chat",
+            model=model,
+            input_parts=parts,
+            n_messages=n_messages,
+            requested_cap=requested,
+            clampable=True,
+        )
+    _rewrite(options, body, clamp, fallback)
+    return _CallState(call)
+
+
+def _describe(
+    options: Any, sdk_call: Any
+) -> tuple[ExecutionContext, Span, bool, str, list[Any], int, int | None, Mapping[str, Any]] | None:
+    """What admitting the call needs, and its span; None when it is not ours."""
     try:
         body = options.json_data if _is_messages_call(options) else None
     except Exception:
@@ -164,26 +214,20 @@ def _begin(options: Any, sdk_call: Any) -> _CallState | None:
         span = start_span("chat", PROVIDER, model, agent) if is_instrumentation_enabled() else None
         span = span if span is not None else trace.INVALID_SPAN
     # Else the SDK's span is already current: no second span, our attributes go on it.
-    scope = (
-        trace.use_span(
+    return ctx, span, owns, model, parts, n_messages, requested, body
+
+
+def _scope(span: Span, owns: bool) -> contextlib.AbstractContextManager[Any]:
+    if owns:
+        return trace.use_span(
             span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         )
-        if owns
-        else contextlib.nullcontext()
-    )
-    with scope:
-        call, clamp, fallback = admit(
-            ctx,
-            span,
-            owns,
-            provider=PROVIDER,
-            operation="chat",
-            model=model,
-            input_parts=parts,
-            n_messages=n_messages,
-            requested_cap=requested,
-            clampable=True,
-        )
+    return contextlib.nullcontext()
+
+
+def _rewrite(
+    options: Any, body: Mapping[str, Any], clamp: int | None, fallback: str | None
+) -> None:
     changes: dict[str, object] = {}
     if clamp is not None:
         changes["max_tokens"] = clamp
@@ -192,7 +236,6 @@ def _begin(options: Any, sdk_call: Any) -> _CallState | None:
     if changes:
         # Every attempt shares this dict through shallow copies: replace it.
         options.json_data = {**body, **changes}
-    return _CallState(call)
 
 
 # Where the SDK sends an attempt and reads its reply: an error raised inside
@@ -304,7 +347,7 @@ async def _arequest(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     options = args[1] if len(args) > 1 else kwargs.get("options")
-    state = _begin(options, kwargs.get("call"))
+    state = await _abegin(options, kwargs.get("call"))
     active = _ACTIVE.set(state)
     if state is None:
         try:
@@ -321,28 +364,37 @@ async def _arequest(
             await asyncio.sleep(delay_ms / 1000)
         result = await wrapped(*args, **kwargs)
     except BaseException as exc:
-        _fail(state, exc)
+        call.defer_settlement()  # decided by the sync code, then awaited
+        try:
+            _fail(state, exc)
+        finally:
+            await call.settle_deferred()
         raise
     finally:
         if span_token is not None:
             otel_context.detach(span_token)
         _ACTIVE.reset(active)
+    call.defer_settlement()
     try:
-        return _settle(state, result, instance)
+        result = _settle(state, result, instance)
     except Exception:
-        return _settle_failed(state, result)
+        result = _settle_failed(state, result)
+    finally:
+        await call.settle_deferred()
+    return result
 
 
 # -- attempts (once per HTTP send) ---------------------------------------------
 
 
-def _before_send(state: _CallState, retries_taken: object) -> None:
+def _before_send(state: _CallState, retries_taken: object, drawn: bool = False) -> None:
     call = state.call
     if isinstance(retries_taken, int) and retries_taken > state.retries:
         # An SDK-internal retry is about to be sent: it draws on the chain's
         # retry budget. Raising here (no __cause__) stops the SDK loop unsent.
         state.retries = retries_taken
-        call.ctx.consume_retry()
+        if not drawn:  # the async hook drew it already, awaiting the store
+            call.ctx.consume_retry()
         if call.span.is_recording():
             call.span.set_attribute("veronica.retries", retries_taken)
     call.check_alive()
@@ -389,7 +441,11 @@ async def _aattempt(
 ) -> Any:
     state = _ACTIVE.get()
     if state is not None:
-        _before_send(state, kwargs.get("retries_taken", 0))
+        retries_taken = kwargs.get("retries_taken", 0)
+        if isinstance(retries_taken, int) and retries_taken > state.retries:
+            await state.call.ctx.aconsume_retry()
+        await state.call.ctx.aensure_active()  # a store poll awaited; then the same checks
+        _before_send(state, retries_taken, drawn=True)
     stripped = strip_veronica_baggage()
     try:
         result = await wrapped(*args, **kwargs)

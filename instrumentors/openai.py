@@ -58,8 +58,10 @@ from typing import Any
 import httpx2
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from veronica_otel._agents import current_agent
+from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
@@ -69,6 +71,7 @@ from ._common import (
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
+    aadmit,
     admit,
     get_field,
     start_span,
@@ -202,6 +205,78 @@ def _choices(body: Mapping[str, Any], operation: str) -> int:
 
 def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
     """Admit the call described by ``options``; None when it is not ours to contain."""
+    request = _describe(options)
+    if request is None:
+        return None
+    ctx, span, owns, model, operation, parts, n_messages, cap, cap_keys, body = request
+    # Current from here until the request returns (one attach for both): a
+    # denial's trip event lands on this span, and HTTP spans nest under it.
+    span_token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        call, clamp, fallback = admit(
+            ctx,
+            span,
+            owns,
+            provider=PROVIDER,
+            operation=operation,
+            model=model,
+            input_parts=parts,
+            n_messages=n_messages,
+            requested_cap=cap,
+            clampable=bool(cap_keys),
+            choices=_choices(body, operation),
+        )
+        _rewrite(options, cap_keys, body, clamp, fallback)
+    except BaseException:
+        otel_context.detach(span_token)
+        raise
+    return _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+
+
+async def _aprepare(options: Any, stream_kwarg: bool) -> _CallState | None:
+    """:func:`_prepare` for the async client: a shared store is awaited (``aadmit``)."""
+    request = _describe(options)
+    if request is None:
+        return None
+    ctx, span, owns, model, operation, parts, n_messages, cap, cap_keys, body = request
+    span_token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        call, clamp, fallback = await aadmit(
+            ctx,
+            span,
+            owns,
+            provider=PROVIDER,
+            operation=operation,
+            model=model,
+            input_parts=parts,
+            n_messages=n_messages,
+            requested_cap=cap,
+            clampable=bool(cap_keys),
+            choices=_choices(body, operation),
+        )
+        _rewrite(options, cap_keys, body, clamp, fallback)
+    except BaseException:
+        otel_context.detach(span_token)
+        raise
+    return _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+
+
+_Request = tuple[
+    ExecutionContext,
+    Span,
+    bool,
+    str,
+    str,
+    list[Any],
+    int,
+    "int | None",
+    tuple[str, ...],
+    dict[str, Any],
+]
+
+
+def _describe(options: Any) -> _Request | None:
+    """What admitting the call needs, and its span (not yet current); None: not ours."""
     route = _route(options)
     if route is None:
         return None
@@ -216,36 +291,26 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
     parts = [part for part in map(body.get, input_keys) if part is not None]
     messages = body.get("messages")
     n_messages = len(messages) if type(messages) is list else 1
-    cap, cap_key = _requested_cap(body, cap_keys)
+    cap = _requested_cap(body, cap_keys)[0]
     agent = current_agent() if ctx.names_agents else None
     peer = _peer_span(operation, agent)
     span = peer if peer is not None else start_span(operation, PROVIDER, model, agent)
-    # Current from here until the request returns (one attach for both): a
-    # denial's trip event lands on this span, and HTTP spans nest under it.
-    span_token = otel_context.attach(trace.set_span_in_context(span))
-    try:
-        call, clamp, fallback = admit(
-            ctx,
-            span,
-            peer is None,
-            provider=PROVIDER,
-            operation=operation,
-            model=model,
-            input_parts=parts,
-            n_messages=n_messages,
-            requested_cap=cap,
-            clampable=bool(cap_keys),
-            choices=_choices(body, operation),
-        )
-        if clamp is not None:
-            # Into the key the caller used (chat has two names for it): never add the other.
-            _set_body(options, cap_key, clamp)
-        if fallback is not None:
-            _set_body(options, "model", fallback)
-    except BaseException:
-        otel_context.detach(span_token)
-        raise
-    return _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+    return ctx, span, peer is None, model, operation, parts, n_messages, cap, cap_keys, body
+
+
+def _rewrite(
+    options: Any,
+    cap_keys: tuple[str, ...],
+    body: Mapping[str, Any],
+    clamp: int | None,
+    fallback: str | None,
+) -> None:
+    """Put the clamp and the fallback model into the request."""
+    if clamp is not None:
+        # Into the key the caller used (chat has two names for it): never add the other.
+        _set_body(options, _requested_cap(body, cap_keys)[1], clamp)
+    if fallback is not None:
+        _set_body(options, "model", fallback)
 
 
 # -- settlement ----------------------------------------------------------------------
@@ -323,7 +388,7 @@ class _ASettleOnClose(httpx2.AsyncByteStream):
         try:
             await self._inner.aclose()
         finally:
-            self._call.finish(_stream_error(sys.exc_info()[1]))
+            await self._call.afinish(_stream_error(sys.exc_info()[1]))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -488,25 +553,34 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
 async def _arequest(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")))
+    state = await _aprepare(_options_of(args, kwargs), bool(kwargs.get("stream")))
     if state is None:
         return await wrapped(*args, **kwargs)
     active = _ACTIVE.set(state)
     stripped = strip_veronica_baggage()
+    call = state.call
     try:
         result = await wrapped(*args, **kwargs)
     except BaseException as exc:
-        _fail(state, exc)
+        call.defer_settlement()  # decided by the sync code, then awaited
+        try:
+            _fail(state, exc)
+        finally:
+            await call.settle_deferred()
         raise
     finally:
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
         otel_context.detach(state.span_token)  # type: ignore[arg-type]
+    call.defer_settlement()
     try:
-        return _settle(state, result)
+        result = _settle(state, result)
     except Exception:
-        return _settle_failed(state, result)
+        result = _settle_failed(state, result)
+    finally:
+        await call.settle_deferred()
+    return result
 
 
 def _draw_retry(state: _CallState, attempt: int) -> None:
@@ -528,13 +602,17 @@ def _retry_state(kwargs: dict[str, Any]) -> _CallState | None:
     """
     state = _ACTIVE.get()
     if state is not None:
-        if kwargs.get("response") is not None:
-            state.replied = True
-        else:
-            _note_attempt(state, sys.exc_info()[1])
+        _note_retry(state, kwargs)
         _draw_retry(state, int(kwargs.get("retries_taken", 0)) + 1)
         state.call.check_alive()  # a retry is a new dispatch: any trip stops it
     return state
+
+
+def _note_retry(state: _CallState, kwargs: dict[str, Any]) -> None:
+    if kwargs.get("response") is not None:
+        state.replied = True
+    else:
+        _note_attempt(state, sys.exc_info()[1])
 
 
 def _sleep_for_retry(
@@ -550,10 +628,19 @@ def _sleep_for_retry(
 async def _asleep_for_retry(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _retry_state(kwargs)
+    state = _ACTIVE.get()
+    if state is not None:
+        # As _retry_state, the retries drawn with the store awaited.
+        _note_retry(state, kwargs)
+        attempt = int(kwargs.get("retries_taken", 0)) + 1
+        while state.retries < attempt:
+            await state.call.ctx.aconsume_retry()
+            state.retries += 1
+        _draw_retry(state, attempt)  # drawn already: the count goes on the span
+        await state.call.ctx.aensure_active()
     result = await wrapped(*args, **kwargs)
     if state is not None:
-        state.call.check_alive()
+        await state.call.ctx.aensure_active()
     return result
 
 

@@ -13,7 +13,13 @@ from ._units import nano_to_usd
 if TYPE_CHECKING:
     from ._context import ExecutionContext
 
-__all__ = ["ACTIVE_CALL", "CallHandle", "close_awaitable", "is_coroutine_function"]
+__all__ = [
+    "ACTIVE_CALL",
+    "CallHandle",
+    "close_awaitable",
+    "is_coroutine_function",
+    "settled_amounts",
+]
 
 
 class CallHandle:
@@ -77,6 +83,32 @@ class CallHandle:
         self._done = True
         self.context._finish(self, error, True)
 
+    async def acommit(
+        self, cost_nano: int, tokens: int, error: BaseException | None = None
+    ) -> None:
+        """:meth:`commit` for async code: a shared store is not waited on in the loop."""
+        if self._done:
+            return
+        self.cost_nano = max(self.cost_nano, 0) + cost_nano
+        self.tokens = max(self.tokens, 0) + tokens
+        self._done = True
+        context = self.context
+        if context._aledger is None:
+            context._finish(self, error, True)
+        else:
+            await context._afinish(self, error, True)
+
+    async def afinish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
+        """:meth:`finish` for async code (same settlement; see ``abegin_call``)."""
+        if self._done:
+            return
+        self._done = True
+        context = self.context
+        if context._aledger is None:  # in process: nothing to await
+            context._finish(self, error, sent)
+        else:
+            await context._afinish(self, error, sent)
+
     def finish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
         """Settle the call (DESIGN G10).
 
@@ -92,6 +124,16 @@ class CallHandle:
             return
         self._done = True
         self.context._finish(self, error, sent)
+
+
+def settled_amounts(call: CallHandle) -> tuple[int, int]:
+    """What a sent call commits: its reported usage, else its reservation."""
+    if call.cost_nano >= 0 or call.tokens >= 0:
+        return max(call.cost_nano, 0), max(call.tokens, 0)
+    # Sent and no usage reported: whether it raised, was cancelled or
+    # returned, it may have been billed, so it costs its worst case (G10).
+    reservation = call.reservation
+    return reservation.cost_nano, reservation.tokens
 
 
 # The call running in this thread or task: ``record_usage`` reports into it.

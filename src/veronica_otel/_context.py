@@ -16,24 +16,39 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypedDict
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from . import _agents
+from . import _acontext, _agents
 from ._agent_limits import AgentLevels, lookups_of
 from ._agents import HandoffCounter, current_agent
-from ._call import ACTIVE_CALL, CallHandle, close_awaitable, is_coroutine_function
+from ._call import (
+    ACTIVE_CALL,
+    CallHandle,
+    close_awaitable,
+    is_coroutine_function,
+    settled_amounts,
+)
 from ._chain_span import end_chain_span, open_chain_span
 from ._children import carve, min_limit, weak_cancel, weak_deadline
 from ._cm import AsyncFromSync, Entries
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._gc_safe import drain, pending
-from ._ledger import DEFAULT_LEDGER, Ledger, Level, Limits, LocalLedger, PoolLevel, Reservation
+from ._ledger import (
+    DEFAULT_LEDGER,
+    Ledger,
+    LedgerState,
+    Level,
+    Limits,
+    LocalLedger,
+    PoolLevel,
+    Reservation,
+)
 from ._options import ChainSnapshot, Decision, WrapOptions
 from ._policy import ALLOW, PolicyContext, PolicyDecision, PolicyPipeline
 from ._pools import BudgetPool, PoolRoom, check_pools, pool_room
@@ -124,6 +139,8 @@ class ExecutionContext(AsyncFromSync):
         self.name = name
         self.depth = check_count("depth", _depth)
         self._ledger: Ledger = ledger if ledger is not None else _DEFAULT_LEDGER
+        # A ledger with coroutine operations (a shared store): async calls await it.
+        self._aledger: Any = self._ledger if hasattr(self._ledger, "areserve") else None
         self._pools = check_pools(pools, self._ledger)
         self._prices = price_table
         self._parent = _parent
@@ -346,7 +363,7 @@ class ExecutionContext(AsyncFromSync):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         try:
-            call = self.begin_call(kind, options)
+            call = await self.abegin_call(kind, options)
         except BudgetExceededError:
             return Decision.HALT
         if call.decision.rate_limit_ms:
@@ -355,21 +372,21 @@ class ExecutionContext(AsyncFromSync):
             try:
                 await asyncio.sleep(call.decision.rate_limit_ms / 1000)
             except BaseException:  # cancelled while waiting: nothing was sent
-                call.finish(sent=False)
+                await call.afinish(sent=False)
                 raise
         active = ACTIVE_CALL.set(call)
         try:
             result = await fn()
         except BudgetExceededError as exc:
-            call.finish(exc)
+            await call.afinish(exc)
             return Decision.HALT
         except BaseException as exc:
-            call.finish(exc)
+            await call.afinish(exc)
             raise
         finally:
             ACTIVE_CALL.reset(active)
         self._partial = result
-        call.finish()
+        await call.afinish()
         return Decision.ALLOW
 
     # -- the check before each call ----------------------------------------
@@ -391,9 +408,7 @@ class ExecutionContext(AsyncFromSync):
         if options is None:
             options = _DEFAULT_OPTIONS
         if cost_nano is None:
-            cost_nano = options.hint_nano
-            if options.model is not None and self._priced and cost_nano == 0:
-                cost_nano = self._worst_case(options)
+            cost_nano = self._cost_of(options)
         return self.begin_priced_call(
             kind,
             options.operation_name,
@@ -427,31 +442,9 @@ class ExecutionContext(AsyncFromSync):
             drain()  # settle what garbage collection left, outside any lock
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
-        if self._deadline is not None and _monotonic() >= self._deadline:
-            self._deny_timeout()
-        if self._token.cancelled:
-            self._deny_timeout()
-        if self._handoffs is not None:
-            self._check_handoff(self._handoffs)
-        policy_context: PolicyContext | None = None
-        decision = ALLOW
-        if self._has_policies:
-            policy_context = PolicyContext(
-                chain_id=self.chain_id,
-                kind=kind,
-                operation_name=operation_name,
-                provider=provider,
-                model=model,
-                estimated_cost_usd=nano_to_usd(cost_nano),
-                signature=signature,
-            )
-            try:
-                decision = self.pipeline.evaluate(policy_context)
-            except BaseException:  # a policy raised: free the probes the earlier ones took
-                self.pipeline.abandon(policy_context)
-                raise
-            if not decision.allowed:
-                self._deny_policy(decision)
+        policy_context, decision = self._admit_checks(
+            kind, operation_name, provider, model, cost_nano, signature
+        )
         agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
         fast = self._fast
         try:
@@ -479,6 +472,58 @@ class ExecutionContext(AsyncFromSync):
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
             raise
+        return self._admitted(reservation, policy_context, decision, kind, model, agents)
+
+    # Shared by begin_priced_call and the async abegin_priced_call (_acontext.py).
+
+    def _admit_checks(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        signature: str | None,
+    ) -> tuple[PolicyContext | None, PolicyDecision]:
+        """Deadline, cancellation, handoffs and the pipeline, before the reservation."""
+        if self._deadline is not None and _monotonic() >= self._deadline:
+            self._deny_timeout()
+        if self._token.cancelled:
+            self._deny_timeout()
+        if self._handoffs is not None:
+            self._check_handoff(self._handoffs)
+        policy_context: PolicyContext | None = None
+        decision = ALLOW
+        if self._has_policies:
+            policy_context = PolicyContext(
+                chain_id=self.chain_id,
+                kind=kind,
+                operation_name=operation_name,
+                provider=provider,
+                model=model,
+                estimated_cost_usd=nano_to_usd(cost_nano),
+                signature=signature,
+            )
+            try:
+                decision = self.pipeline.evaluate(policy_context)
+            except BaseException:  # a policy raised: free the probes the earlier ones took
+                self.pipeline.abandon(policy_context)
+                raise
+            if not decision.allowed:
+                self._deny_policy(decision)
+        return policy_context, decision
+
+    def _admitted(
+        self,
+        reservation: Reservation | TripEvent,
+        policy_context: PolicyContext | None,
+        decision: PolicyDecision,
+        kind: str,
+        model: str | None,
+        agents: tuple[tuple[Level, ...], str] | None,
+    ) -> CallHandle:
+        """The call's handle, or the denial raised (its policy probes given back;
+        an agent's own level denied it: that agent's denial, the chain goes on)."""
         if type(reservation) is not Reservation:
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
@@ -523,6 +568,42 @@ class ExecutionContext(AsyncFromSync):
             raise BudgetExceededError(event)
         return True
 
+    # -- the same for async code (_acontext.py): a shared store is awaited ----
+
+    async def abegin_call(
+        self, kind: str = "llm", options: WrapOptions | None = None, *, cost_nano: int | None = None
+    ) -> CallHandle:
+        """:meth:`begin_call` for async code: the reservation never blocks the
+        event loop. Settle the handle with ``await handle.afinish(...)``."""
+        if self._aledger is None:  # in process: nothing to await
+            return self.begin_call(kind, options, cost_nano=cost_nano)
+        return await _acontext.begin_call(self, kind, options, cost_nano)
+
+    async def abegin_priced_call(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        tokens: int,
+        *,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> CallHandle:
+        """:meth:`begin_priced_call` for async code (same checks, same denials)."""
+        return await _acontext.begin_priced_call(
+            self, kind, operation_name, provider, model, cost_nano, tokens, retry, signature
+        )
+
+    async def asnapshots(self) -> dict[str, LedgerState] | None:
+        """The counters of every level with a cost, step or token ceiling, read
+        without blocking; None with an in-process ledger (read it directly)."""
+        return await _acontext.snapshots(self)
+
+    async def _afinish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
+        await _acontext.finish(self, call, error, sent)
+
     def _check_handoff(self, counter: HandoffCounter) -> None:
         name = current_agent()
         if name is None:
@@ -551,6 +632,9 @@ class ExecutionContext(AsyncFromSync):
                 return False
         elif self._ledger.snapshot(trip.chain_id).trip is not None:
             return False  # an in-process ledger removes a trip only by override
+        return self._lift(trip)
+
+    def _lift(self, trip: TripEvent) -> bool:
         self._trip = None
         try:
             span = trace.get_current_span()
@@ -617,7 +701,7 @@ class ExecutionContext(AsyncFromSync):
             span.add_event("veronica.override", attributes)
         return lifted
 
-    def ensure_active(self) -> None:
+    def ensure_active(self, *, poll: bool = True) -> None:
         """Raise BudgetExceededError if the chain has tripped or its deadline passed.
 
         Streams call this per chunk, so a trip reaches work in flight (G5, G10):
@@ -635,7 +719,29 @@ class ExecutionContext(AsyncFromSync):
           paid for; the next call fails closed on its reservation): the
           failure is logged once, and the store is read again only every
           5 s (``_STORE_RETRY_S``) until it answers.
+
+        ``poll=False`` leaves the store read to :meth:`aensure_active` (an
+        async stream's own check, which awaits it).
         """
+        if self._poll_due() and poll:
+            self._poll_store()
+
+    async def aensure_active(self) -> None:
+        """:meth:`ensure_active` for async streams: a due store read is awaited."""
+        if self._poll_due():
+            if self._aledger is None:
+                self._poll_store()
+                return
+            self._polled()
+            try:
+                trips = [(await self._aledger.asnapshot(lv.chain_id)).trip for lv in self._path]
+            except Exception:
+                self._poll_failed()
+                return
+            self._poll_read(trips)
+
+    def _poll_due(self) -> bool:
+        """The checks of :meth:`ensure_active`; True when the store is due a read."""
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
         if (self._deadline is not None and _monotonic() >= self._deadline) or (
@@ -652,34 +758,43 @@ class ExecutionContext(AsyncFromSync):
                         break
             if trip is not None:
                 self._tripped(trip)
-            return
+            return False
         parent = self._parent
         while parent is not None:
             if parent._trip is not None:
                 self._tripped(parent._trip)
             parent = parent._parent
         self._unpolled += 1
-        if self._unpolled >= _STORE_POLL_CHUNKS or _monotonic() - self._polled_at >= _STORE_POLL_S:
-            self._poll_store()
+        polled_at = self._polled_at
+        return self._unpolled >= _STORE_POLL_CHUNKS or _monotonic() - polled_at >= _STORE_POLL_S
 
     def _poll_store(self) -> None:
         """Read the path's trips from the shared store (see :meth:`ensure_active`)."""
-        self._unpolled = 0
-        self._polled_at = _monotonic()
+        self._polled()
         try:
             trips = [self._ledger.snapshot(level.chain_id).trip for level in self._path]
         except Exception:
-            if self._poll_ok:  # once per outage, not once per poll
-                _logger.warning(
-                    "chain %s: could not read the store for trips while a call is in "
-                    "flight; the call goes on, the next one is checked when it starts",
-                    self.chain_id,
-                    exc_info=True,
-                )
-            self._poll_ok = False
-            self._unpolled = -(1 << 62)  # chunks alone no longer trigger a read
-            self._polled_at += _STORE_RETRY_S - _STORE_POLL_S
+            self._poll_failed()
             return
+        self._poll_read(trips)
+
+    def _polled(self) -> None:
+        self._unpolled = 0
+        self._polled_at = _monotonic()
+
+    def _poll_failed(self) -> None:
+        if self._poll_ok:  # once per outage, not once per poll
+            _logger.warning(
+                "chain %s: could not read the store for trips while a call is in "
+                "flight; the call goes on, the next one is checked when it starts",
+                self.chain_id,
+                exc_info=True,
+            )
+        self._poll_ok = False
+        self._unpolled = -(1 << 62)  # chunks alone no longer trigger a read
+        self._polled_at += _STORE_RETRY_S - _STORE_POLL_S
+
+    def _poll_read(self, trips: list[TripEvent | None]) -> None:
         self._poll_ok = True
         for trip in trips:
             if trip is not None:
@@ -701,14 +816,19 @@ class ExecutionContext(AsyncFromSync):
         """Whether any level of the chain limits repeated call signatures."""
         return self._repeats_limited
 
-    def remaining_tokens(self, *, pools: bool = True) -> int | None:
+    def remaining_tokens(
+        self, states: Mapping[str, LedgerState] | None = None, *, pools: bool = True
+    ) -> int | None:
         """What the tightest token ceiling on the path (and, with ``pools``, in the
-        chain's pools) has left unreserved, or None."""
+        chain's pools) has left unreserved, or None (the path's counters from
+        ``states``, :meth:`asnapshots`, when given)."""
         remaining: int | None = None
         for level in self._path:
             if level.limits.tokens is None:
                 continue
-            state = self._ledger.snapshot(level.chain_id)
+            state = (
+                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
+            )
             left = max(0, level.limits.tokens - state.tokens - state.reserved_tokens)
             remaining = left if remaining is None else min(remaining, left)
         if pools and self._pools:
@@ -726,6 +846,11 @@ class ExecutionContext(AsyncFromSync):
         return prices
 
     @property
+    def awaits_store(self) -> bool:
+        """Whether async calls await the ledger (a shared store; in process, never)."""
+        return self._aledger is not None
+
+    @property
     def has_cost_ceiling(self) -> bool:
         return self._priced
 
@@ -740,6 +865,17 @@ class ExecutionContext(AsyncFromSync):
             if agents is not None:
                 self._agent_denied(result)  # type: ignore[arg-type]
             self._tripped(result)  # type: ignore[arg-type]
+
+    def _cost_of(self, options: WrapOptions) -> int:
+        """What a call described by ``options`` reserves (its hint, else its worst case)."""
+        cost_nano = options.hint_nano
+        if options.model is not None and self._priced and cost_nano == 0:
+            cost_nano = self._worst_case(options)
+        return cost_nano
+
+    async def aconsume_retry(self) -> None:
+        """:meth:`consume_retry` for async code: a shared store is awaited."""
+        await _acontext.consume_retry(self)
 
     def _worst_case(self, options: WrapOptions) -> int:
         prices = self._lookup(options.provider, options.model)
@@ -767,21 +903,28 @@ class ExecutionContext(AsyncFromSync):
         agents = call.agents
         path = self._path if agents is None else agents[0]
         if not sent:
-            self._ledger.release(path, reservation)
-            if call.policy_context is not None:
-                self.pipeline.abandon(call.policy_context)
+            try:
+                self._ledger.release(path, reservation)
+            finally:
+                self._released(call)
             return
-        if call.cost_nano >= 0 or call.tokens >= 0:
-            cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
-        else:
-            # Sent and no usage reported: whether it raised, was cancelled or
-            # returned, it may have been billed, so it costs its worst case (G10).
-            cost, tokens = reservation.cost_nano, reservation.tokens
+        cost, tokens = settled_amounts(call)
         fast = self._fast
         if fast is not None and agents is None:
             overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
         else:
             overrun = self._ledger.commit(path, reservation, cost, tokens)
+        self._finished(call, error, cost, overrun)
+
+    def _released(self, call: CallHandle) -> None:
+        if call.policy_context is not None:
+            self.pipeline.abandon(call.policy_context)
+
+    def _finished(
+        self, call: CallHandle, error: BaseException | None, cost: int, overrun: TripEvent | None
+    ) -> None:
+        """What follows a commit: metrics, the pipeline's outcome, an overrun's trip
+        (an agent's own level overran: that agent's, not the chain's)."""
         if call.metrics:
             record_call(call.kind, nano_to_usd(cost), error is not None, call.model)
         if call.policy_context is not None:
@@ -795,7 +938,7 @@ class ExecutionContext(AsyncFromSync):
             else:
                 self.pipeline.record_failure(call.policy_context, error)
         if overrun is not None and not (
-            agents is not None and self._agent_denied(overrun, raise_error=False)
+            call.agents is not None and self._agent_denied(overrun, raise_error=False)
         ):
             self._trip = overrun
             emit_trip(overrun)
@@ -948,6 +1091,10 @@ class ExecutionContext(AsyncFromSync):
                 return trip
         return None
 
+    async def atrip(self) -> TripEvent | None:
+        """:attr:`trip` for async code: a shared store is read without blocking."""
+        return await _acontext.trip(self)
+
     @property
     def aborted(self) -> bool:
         return self.trip is not None
@@ -971,8 +1118,11 @@ class ExecutionContext(AsyncFromSync):
             depth=self.depth,
         )
 
-    def remaining_cost_and_steps(self) -> tuple[int | None, int | None]:
-        """What the tightest cost and step ceilings have left (one ledger read a level)."""
+    def remaining_cost_and_steps(
+        self, states: Mapping[str, LedgerState] | None = None
+    ) -> tuple[int | None, int | None]:
+        """What the tightest cost and step ceilings have left (one ledger read a
+        level, or ``states`` from :meth:`asnapshots`)."""
         fast = self._fast
         if fast is not None:  # a root in-process chain: read the live counters
             limits, state = fast[1].limits, fast[2]
@@ -988,7 +1138,9 @@ class ExecutionContext(AsyncFromSync):
             limits = level.limits
             if limits.cost_nano is None and limits.steps is None:
                 continue
-            state = self._ledger.snapshot(level.chain_id)
+            state = (
+                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
+            )
             if limits.cost_nano is not None:
                 left = max(0, limits.cost_nano - state.cost_nano - state.reserved_nano)
                 cost_left = left if cost_left is None else min(cost_left, left)
@@ -1001,14 +1153,19 @@ class ExecutionContext(AsyncFromSync):
             steps_left = min_limit(steps_left, room.steps)
         return cost_left, steps_left
 
-    def remaining_cost_nano(self, *, pools: bool = True) -> int | None:
+    def remaining_cost_nano(
+        self, states: Mapping[str, LedgerState] | None = None, *, pools: bool = True
+    ) -> int | None:
         """What the tightest cost ceiling on the path (and, with ``pools``, in the
-        chain's pools) has left unreserved, or None."""
+        chain's pools) has left unreserved, or None (the path's counters from
+        ``states``, :meth:`asnapshots`, when given)."""
         remaining: int | None = None
         for level in self._path:
             if level.limits.cost_nano is None:
                 continue
-            state = self._ledger.snapshot(level.chain_id)
+            state = (
+                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
+            )
             left = max(0, level.limits.cost_nano - state.cost_nano - state.reserved_nano)
             remaining = left if remaining is None else min(remaining, left)
         if pools and self._pools:

@@ -181,6 +181,60 @@ class ToolCall(AsyncFromSync):
         ctx = self._context if self._context is not None else current_context()
         if ctx is None:
             return self
+        options, span, token, probe = self._open(ctx)
+        try:
+            self._check_breaker(ctx, probe)
+            call = ctx.begin_call("tool", options)
+        except BaseException as exc:
+            self._refused(exc, span, token, probe)
+            raise
+        return self._admitted(call, span, token, probe)
+
+    async def __aenter__(self) -> ToolCall:
+        # The same admission; a shared store's reservation is awaited.
+        ctx = self._context if self._context is not None else current_context()
+        if ctx is None:
+            return self
+        options, span, token, probe = self._open(ctx)
+        try:
+            self._check_breaker(ctx, probe)
+            call = await ctx.abegin_call("tool", options)
+        except BaseException as exc:  # denied, failed or cancelled: nothing is held
+            self._refused(exc, span, token, probe)
+            raise
+        return self._admitted(call, span, token, probe)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        call = self._leave()
+        if call is None:
+            return
+        try:
+            call.finish(exc)
+        finally:
+            self._closed(exc)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        call = self._leave()
+        if call is None:
+            return
+        try:
+            await call.afinish(exc)
+        finally:
+            self._closed(exc)
+
+    # Shared by the sync and async forms: all but the ledger operation.
+
+    def _open(self, ctx: ExecutionContext) -> tuple[WrapOptions, Span, object | None, object]:
         cost = self._cost_usd if self._cost_usd is not None else tool_price_usd(self.name)
         signature = tool_signature(self.name, self.arguments) if ctx.tracks_repeats else None
         options = WrapOptions(
@@ -189,25 +243,26 @@ class ToolCall(AsyncFromSync):
         # Suppression hides the span, never the check.
         traced = self._traced and not otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY)
         span, token = self._start_span(ctx) if traced else (trace.INVALID_SPAN, None)
-        probe = object()
-        try:
-            if self._breaker is not None:
-                verdict = self._breaker.check(probe)
-                if not verdict.allowed:
-                    _deny_breaker(ctx, self.name, verdict.reason)
-            call = ctx.begin_call("tool", options)
-        except BudgetExceededError as exc:
-            if self._breaker is not None:
-                self._breaker.release_probe(probe)
+        return options, span, token, object()
+
+    def _check_breaker(self, ctx: ExecutionContext, probe: object) -> None:
+        if self._breaker is not None:
+            verdict = self._breaker.check(probe)
+            if not verdict.allowed:
+                _deny_breaker(ctx, self.name, verdict.reason)
+
+    def _refused(self, exc: BaseException, span: Span, token: object | None, probe: object) -> None:
+        if self._breaker is not None:
+            self._breaker.release_probe(probe)
+        if isinstance(exc, BudgetExceededError):
             _end_denied(span, exc)
-            _detach(token)
-            raise
-        except BaseException:
-            if self._breaker is not None:
-                self._breaker.release_probe(probe)
+        else:
             span.end()
-            _detach(token)
-            raise
+        _detach(token)
+
+    def _admitted(
+        self, call: CallHandle, span: Span, token: object | None, probe: object
+    ) -> ToolCall:
         call.metrics, call.kind = True, "tool"
         if span.is_recording():
             span.set_attributes(
@@ -217,36 +272,34 @@ class ToolCall(AsyncFromSync):
         self._active = ACTIVE_CALL.set(call)  # ctx.record_usage() reports into this call
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        call, span, token = self._call, self._span, self._token
-        if call is None or span is None:
-            return
+    def _leave(self) -> CallHandle | None:
+        call = self._call
+        if call is None or self._span is None:
+            return None
         self._call = None
         if self._active is not None:
             ACTIVE_CALL.reset(self._active)
             self._active = None
+        return call
+
+    def _closed(self, exc: BaseException | None) -> None:
+        span, token = self._span, self._token
+        self._feed_breaker(exc)
+        if span is None:
+            return
         try:
-            call.finish(exc)
-        finally:
-            self._feed_breaker(exc)
-            try:
-                if exc is not None:
-                    span.record_exception(exc)
-                    span.set_attribute("error.type", type(exc).__qualname__)
-                    span.set_status(Status(StatusCode.ERROR, str(exc)))
-                elif self._failed is not None:
-                    span.set_attribute("error.type", "tool_error")
-                    span.set_status(Status(StatusCode.ERROR, self._failed))
-            except Exception:
-                _logger.exception("recording the tool call on its span failed")
-            span.end()
-            _detach(token)
-            self._span = self._token = None
+            if exc is not None:
+                span.record_exception(exc)
+                span.set_attribute("error.type", type(exc).__qualname__)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+            elif self._failed is not None:
+                span.set_attribute("error.type", "tool_error")
+                span.set_status(Status(StatusCode.ERROR, self._failed))
+        except Exception:
+            _logger.exception("recording the tool call on its span failed")
+        span.end()
+        _detach(token)
+        self._span = self._token = None
 
     def _start_span(self, ctx: ExecutionContext) -> tuple[Span, object]:
         attributes: dict[str, AttributeValue] = {
@@ -369,7 +422,7 @@ def contained_tool(
                 if ctx is None:
                     return await func(*args, **kwargs)
                 arguments = _bound_arguments(func, args, kwargs) if ctx.tracks_repeats else None
-                with ToolCall(tool, arguments, cost_usd=cost_usd, context=ctx):
+                async with ToolCall(tool, arguments, cost_usd=cost_usd, context=ctx):
                     return await func(*args, **kwargs)
 
             return cast(F, async_wrapper)

@@ -1,5 +1,4 @@
-"""VERONICA_POOLS with VERONICA_REDIS_URL: unchanged processes, separate chains, one pool.
-"""
+"""VERONICA_POOLS with VERONICA_REDIS_URL: unchanged processes, separate chains, one pool."""
 
 from __future__ import annotations
 

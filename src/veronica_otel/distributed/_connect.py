@@ -185,6 +185,19 @@ class ClusterClient(redis.Redis):
         self.store_label = _store_label(url, nodes)
 
     @property
+    def cluster_url(self) -> str:
+        """The first node's URL (the asyncio client is built from it too)."""
+        return self._url
+
+    @property
+    def cluster_nodes(self) -> list[tuple[str, int]]:
+        return list(self._nodes)
+
+    @property
+    def cluster_options(self) -> dict[str, Any]:
+        return dict(self._options)
+
+    @property
     def redis_cluster(self) -> RedisCluster:
         """The ``RedisCluster`` client (built now if it was not yet)."""
         cluster = self._cluster

@@ -84,6 +84,11 @@ What the store adds:
   ``STORE_MAX + 1``, which any limited level refuses or trips on; a commit
   never raises for it, so the caller gets its reply and the reservation is
   settled. Spent cost and tokens stop growing at 2**51.
+* **Async code** (``areserve``, ``acommit``, ``arelease``, ``atrip``,
+  ``asnapshot``, ``atrip_lifted``): the same scripts and the same handling
+  of every reply and failure, through a ``redis.asyncio`` client of the
+  running event loop (``_aio.py``, ``_aledger.py``), so async calls never
+  block the loop on a round trip.
 * **Denials of in-flight calls.** A denial caused only by other calls'
   reservations (the call fits against committed spend alone) is returned with
   ``sticky=False`` and not stored, exactly as in the local ledger.
@@ -121,7 +126,8 @@ from veronica_otel._ledger import (
     step_count,
 )
 
-from . import _scripts
+from . import _aledger, _scripts
+from ._aio import AsyncClients
 from ._connect import connect
 from ._errors import LedgerCorruptedError, LedgerLostError, LedgerUnavailableError
 from ._keys import KeySpace
@@ -177,6 +183,24 @@ class _Pending(NamedTuple):
     path: Sequence[Level]
     cost_nano: int  # what a commit adds (0 for a release)
     tokens: int
+
+
+class _ReserveOp(NamedTuple):
+    """One reservation's script call, and what reading its reply needs."""
+
+    path: Sequence[Level]
+    keys: list[str]
+    args: list[str]
+    rid: str
+    tree: tuple[str, str, str]  # (reservations, expiries, key base): the heartbeat's
+    cost_nano: int
+    tokens: int
+    steps_held: int  # the steps counted (0 without a step)
+    step: bool
+    steps: int
+    retry: bool
+    signature: str | None
+    pools: tuple[PoolLevel, ...]  # the pools it is also reserved in (only with an id)
 
 
 class RedisLedger:
@@ -284,6 +308,8 @@ class RedisLedger:
         self._local: LocalLedger | None = None
         self._down = False
         self._checked = False
+        self._aio = AsyncClients(client)  # the async operations' clients, one per loop
+        self._kicks: set[Any] = set()  # replay tasks started by cancellations
 
     @classmethod
     def from_url(
@@ -381,6 +407,49 @@ class RedisLedger:
                 signature=signature,
                 pools=pools,
             )
+        op = self._reserve_op(path, cost_nano, tokens, step, steps, retry, signature, pools)
+        token = _attach(quiet())
+        sent = False
+        try:
+            if self._pending:
+                self._flush()
+            if not self._checked:
+                self._checked = check_persistence(self._client, self.store)
+            sent = True
+            reply: Any = (
+                self._pools.reserve(
+                    self._reserve,
+                    op.keys,
+                    op.args,
+                    len(path),
+                    op.pools,
+                    op.rid,
+                    (op.cost_nano, op.tokens, op.steps_held),
+                    path,
+                )
+                if op.pools
+                else self._reserve(op.keys, op.args)
+            )
+        except redis.RedisError as exc:
+            return self._reserve_error(exc, op, sent)
+        finally:
+            _detach(token)
+        return self._reserved(op, reply)
+
+    # Shared by reserve and the async areserve (_aledger.py): all but the round trip.
+
+    def _reserve_op(
+        self,
+        path: Sequence[Level],
+        cost_nano: int,
+        tokens: int,
+        step: bool,
+        steps: int,
+        retry: bool,
+        signature: str | None,
+        pools: Sequence[PoolLevel] = (),
+    ) -> _ReserveOp:
+        """The RESERVE script's keys and arguments for one reservation."""
         count = step_count(steps) if step else 0
         cost_nano = _amount("cost_nano", cost_nano)
         tokens = _amount("tokens", tokens)
@@ -416,44 +485,58 @@ class RedisLedger:
         for level in path:
             args += marks.of(level.chain_id)
         args += (rid or _new_id(), self._on_loss)
-        token = _attach(quiet())
-        sent = False
-        try:
-            if self._pending:
-                self._flush()
-            if not self._checked:
-                self._checked = check_persistence(self._client, self.store)
-            sent = True
-            reply: Any = (
-                self._pools.reserve(
-                    self._reserve, keys, args, n, pools, rid, (cost_nano, tokens, count), path
-                )
-                if pools and rid
-                else self._reserve(keys, args)
-            )
-        except redis.RedisError as exc:
-            # Only a reserve that went out may have been applied; one that
-            # failed on the queue before it never did (so retries in an outage
-            # add nothing to the queue).
-            if sent and rid and corruption(exc) is None and not self._fail_open:
-                self._cancel(path, Reservation(rid, 0, 0, count, retry, tuple(pools)))
-            return self._reserve_failed(
-                exc, path, cost_nano, tokens, step, steps, retry, signature, pools
-            )
-        finally:
-            _detach(token)
+        tree = (ck.reservations, ck.expiries, ck.base)
+        return _ReserveOp(
+            path,
+            keys,
+            args,
+            rid,
+            tree,
+            cost_nano,
+            tokens,
+            count,
+            step,
+            steps,
+            retry,
+            signature,
+            tuple(pools) if rid else (),
+        )
+
+    def _reserve_error(
+        self, exc: redis.RedisError, op: _ReserveOp, sent: bool
+    ) -> Reservation | TripEvent:
+        # Only a reserve that went out may have been applied; one that
+        # failed on the queue before it never did (so retries in an outage
+        # add nothing to the queue).
+        if sent and op.rid and corruption(exc) is None and not self._fail_open:
+            self._cancel(op.path, Reservation(op.rid, 0, 0, op.steps_held, op.retry, op.pools))
+        return self._reserve_failed(
+            exc,
+            op.path,
+            op.cost_nano,
+            op.tokens,
+            op.step,
+            op.steps,
+            op.retry,
+            op.signature,
+            op.pools,
+        )
+
+    def _reserved(self, op: _ReserveOp, reply: Any) -> Reservation | TripEvent:
+        """Read the RESERVE script's reply."""
         if self._down:
             self._back()
-        if pools and rid and reply[0] != 1:
-            return self._pool_denied(path, keys, reply, pools, rid)
+        path = op.path
+        if op.pools and reply[0] != 1:
+            return self._pool_denied(path, op.keys, reply, op.pools, op.rid)
         if reply[0] == 1:
             self._marks.remember(path, reply, 4)
             if reply[3]:
                 self._reseeded(path)
-            if rid:
-                self._marks.hold(rid, (ck.reservations, ck.expiries, ck.base))
-            return Reservation(rid, cost_nano, tokens, count, retry, tuple(pools) if rid else ())
-        return self._denied(path, keys, reply)
+            if op.rid:
+                self._marks.hold(op.rid, op.tree)
+            return Reservation(op.rid, op.cost_nano, op.tokens, op.steps_held, op.retry, op.pools)
+        return self._denied(path, op.keys, reply)
 
     def _pool_denied(
         self,
@@ -500,6 +583,22 @@ class RedisLedger:
         if local is not None:
             view = _local_view(reservation)
             return local.commit(path, view, cost_nano, tokens, release_steps=release_steps)
+        op = self._commit_op(path, reservation, cost_nano, tokens, release_steps)
+        if reservation.pools:
+            back = min(max(0, release_steps), reservation.step)
+            amounts = (op.cost_nano, op.tokens, reservation.step - back)
+            return self._committed(op, self._settle_pooled(op, reservation, amounts, True))
+        return self._committed(op, self._settle(op))
+
+    def _commit_op(
+        self,
+        path: Sequence[Level],
+        reservation: Reservation,
+        cost_nano: int,
+        tokens: int,
+        release_steps: int,
+    ) -> _Pending:
+        """The COMMIT script's call (shared with the async acommit)."""
         back = min(max(0, release_steps), reservation.step)
         # Usage too large for the store is counted as STORE_MAX + 1 (it trips
         # any limited level); raising here would leave the reservation held.
@@ -525,15 +624,13 @@ class RedisLedger:
             cached = self._space.level_args(level)
             args += (cached[0], cached[4], cached[3])
         self._settle_args(path, args, rid)
-        pending = _Pending(self._commit, keys, args, path, cost_nano, tokens)
-        if reservation.pools:
-            amounts = (cost_nano, tokens, reservation.step - back)
-            reply = self._settle_pooled(pending, reservation, amounts, True)
-        else:
-            reply = self._settle(pending)
+        return _Pending(self._commit, keys, args, path, cost_nano, tokens)
+
+    def _committed(self, op: _Pending, reply: Any) -> TripEvent | None:
+        """The trip a settled commit reports (None: queued, or within limits)."""
         if reply is None or not reply[0]:
             return None
-        return self._codec.decode(reply[1], keys[int(reply[0]) - 1])
+        return self._codec.decode(reply[1], op.keys[int(reply[0]) - 1])
 
     def release(self, path: Sequence[Level], reservation: Reservation) -> None:
         """Give back a reservation whose call was never sent (its step too)."""
@@ -542,8 +639,17 @@ class RedisLedger:
             if not reservation.id:
                 local.release(path, reservation)
             return
+        op = self._release_op(path, reservation)
+        if op is not None:
+            if reservation.pools:
+                self._settle_pooled(op, reservation, (0, 0, 0), False)
+            else:
+                self._settle(op)
+
+    def _release_op(self, path: Sequence[Level], reservation: Reservation) -> _Pending | None:
+        """The RELEASE script's call, or None when nothing was reserved."""
         if not reservation.id:
-            return  # nothing was reserved (no step, retry, cost or tokens)
+            return None  # nothing was reserved (no step, retry, cost or tokens)
         self._marks.live.pop(reservation.id, None)
         keys = self._space.settle_keys(path)
         args = [
@@ -556,11 +662,7 @@ class RedisLedger:
             self._chain_ttl,
         ]
         self._settle_args(path, args, reservation.id)
-        pending = _Pending(self._release, keys, args, path, 0, 0)
-        if reservation.pools:
-            self._settle_pooled(pending, reservation, (0, 0, 0), False)
-        else:
-            self._settle(pending)
+        return _Pending(self._release, keys, args, path, 0, 0)
 
     def _settle_pooled(
         self, op: _Pending, reservation: Reservation, amounts: tuple[int, int, int], commit: bool
@@ -620,12 +722,18 @@ class RedisLedger:
         local = self._local
         if local is not None:
             return local.trip(chain_id, event)
-        key = self._space.chain(chain_id).chain
-        raw = self._codec.encode(event)
-        args = [raw, self._chain_ttl, *self._marks.of(chain_id), _new_id()]
+        key, args = self._trip_args(chain_id, event)
         reply = self._call(chain_id, self._trip, [key], args)
         if reply is _LOCAL:
             return self.trip(chain_id, event)
+        return self._tripped(chain_id, key, event, reply)
+
+    def _trip_args(self, chain_id: str, event: TripEvent) -> tuple[str, list[str]]:
+        key = self._space.chain(chain_id).chain
+        raw = self._codec.encode(event)
+        return key, [raw, self._chain_ttl, *self._marks.of(chain_id), _new_id()]
+
+    def _tripped(self, chain_id: str, key: str, event: TripEvent, reply: Any) -> TripEvent:
         self._remember_one(chain_id, reply, 2)
         if not text(reply[0]):
             return event
@@ -692,6 +800,10 @@ class RedisLedger:
         values = self._call(chain_id, None, [key], [])
         if values is _LOCAL:
             return self.snapshot(chain_id)
+        return self._state(chain_id, key, values)
+
+    def _state(self, chain_id: str, key: str, values: Sequence[Any]) -> LedgerState:
+        """A snapshot's ``HMGET`` values as counters (shared with asnapshot)."""
         c, rc, s, r, t, rt = (
             parse_int(key, field, value)
             for field, value in zip(_SNAPSHOT_FIELDS[:6], values[:6], strict=True)
@@ -722,6 +834,9 @@ class RedisLedger:
         values = self._call(chain_id, None, [key], [])
         if values is _LOCAL:
             return self.trip_lifted(chain_id)
+        return self._lifted(chain_id, key, values)
+
+    def _lifted(self, chain_id: str, key: str, values: Sequence[Any]) -> bool:
         epoch, trip, ov = values[7], values[6], parse_int(key, "ov", values[8])
         if trip is not None or epoch is None:
             return False
@@ -732,6 +847,66 @@ class RedisLedger:
             return False
         self._marks.seen[chain_id] = (*mark[:4], str(ov), "", *mark[6:])
         return True
+
+    # -- the same operations for async code (_aledger.py) --------------------
+
+    async def areserve(
+        self,
+        path: Sequence[Level],
+        cost_nano: int,
+        tokens: int,
+        *,
+        step: bool = True,
+        steps: int = 1,
+        retry: bool = False,
+        signature: str | None = None,
+        pools: Sequence[PoolLevel] = (),
+    ) -> Reservation | TripEvent:
+        """:meth:`reserve` without blocking the event loop (same raises)."""
+        return await _aledger.reserve(
+            self, path, cost_nano, tokens, step, steps, retry, signature, pools
+        )
+
+    async def acommit(
+        self,
+        path: Sequence[Level],
+        reservation: Reservation,
+        cost_nano: int,
+        tokens: int,
+        *,
+        release_steps: int = 0,
+    ) -> TripEvent | None:
+        """:meth:`commit` without blocking the event loop (never raises for an outage)."""
+        return await _aledger.commit(self, path, reservation, cost_nano, tokens, release_steps)
+
+    async def arelease(self, path: Sequence[Level], reservation: Reservation) -> None:
+        """:meth:`release` without blocking the event loop."""
+        await _aledger.release(self, path, reservation)
+
+    async def atrip(self, chain_id: str, event: TripEvent) -> TripEvent:
+        """:meth:`trip` without blocking the event loop."""
+        return await _aledger.trip(self, chain_id, event)
+
+    async def asnapshot(self, chain_id: str) -> LedgerState:
+        """:meth:`snapshot` without blocking the event loop."""
+        return await _aledger.snapshot(self, chain_id)
+
+    async def atrip_lifted(self, chain_id: str) -> bool:
+        """:meth:`trip_lifted` without blocking the event loop."""
+        return await _aledger.trip_lifted(self, chain_id)
+
+    async def aflush(self) -> int:
+        """:meth:`flush` on the running loop; returns how many are still queued."""
+        return await _aledger.flush(self)
+
+    async def aclose(self) -> None:
+        """Close the running loop's asyncio client now (the loop's end closes it anyway)."""
+        await _aledger.close(self)
+
+    @property
+    def async_clients(self) -> int:
+        """How many event loops hold an asyncio client of this ledger."""
+        return len(self._aio)
 
     def heartbeat(self) -> int:
         """Keep this process's running calls' reservations alive; returns how many.
@@ -790,13 +965,16 @@ class RedisLedger:
             try:
                 self._flush()
             except redis.RedisError as exc:
-                found = corruption(exc)
-                if found is not None:
-                    raise found from exc
-                self._went_down(exc)
+                self._flush_failed(exc)
             finally:
                 _detach(token)
         return len(self._pending)
+
+    def _flush_failed(self, exc: redis.RedisError) -> None:
+        found = corruption(exc)
+        if found is not None:
+            raise found from exc
+        self._went_down(exc)
 
     # -- plumbing ------------------------------------------------------------
 
@@ -807,17 +985,23 @@ class RedisLedger:
                 self._flush()
             reply = op.script(op.keys, op.args)
         except redis.RedisError as exc:
-            found = corruption(exc)
-            if found is not None:
-                raise found from exc
-            self._went_down(exc)
-            with self._pending_lock:
-                self._pending.append(op)
-            if self._fail_open:
-                self._go_local(exc)
-            return None
+            return self._settle_failed(op, exc)
         finally:
             _detach(token)
+        return self._settled(op, reply)
+
+    def _settle_failed(self, op: _Pending, exc: redis.RedisError) -> None:
+        """A commit or release the store did not answer: queued for replay."""
+        found = corruption(exc)
+        if found is not None:
+            raise found from exc
+        self._went_down(exc)
+        with self._pending_lock:
+            self._pending.append(op)
+        if self._fail_open:
+            self._go_local(exc)
+
+    def _settled(self, op: _Pending, reply: Any) -> Any:
         if self._down:
             self._back()
         self._marks.remember(op.path, reply, 3)
@@ -844,21 +1028,25 @@ class RedisLedger:
             else:
                 reply = script(keys, args)
         except redis.RedisError as exc:
-            found = corruption(exc)
-            if found is not None:
-                if found.key == "(a ledger key)":
-                    found = LedgerCorruptedError(keys[0], found.field, found.value)
-                raise found from exc
-            self._went_down(exc)
-            if self._fail_open:
-                self._go_local(exc)
-                return _LOCAL
-            raise LedgerUnavailableError.for_store(self.store, chain_id, exc) from exc
+            return self._call_failed(chain_id, keys, exc)
         finally:
             _detach(token)
         if self._down:
             self._back()
         return reply
+
+    def _call_failed(self, chain_id: str, keys: list[str], exc: redis.RedisError) -> Any:
+        """``_LOCAL`` when the ledger just failed open; else raises."""
+        found = corruption(exc)
+        if found is not None:
+            if found.key == "(a ledger key)":
+                found = LedgerCorruptedError(keys[0], found.field, found.value)
+            raise found from exc
+        self._went_down(exc)
+        if self._fail_open:
+            self._go_local(exc)
+            return _LOCAL
+        raise LedgerUnavailableError.for_store(self.store, chain_id, exc) from exc
 
     def _reserve_failed(
         self,
@@ -900,14 +1088,17 @@ class RedisLedger:
                 reply: Any = op.script(op.keys, op.args)
                 pending.popleft()
                 replayed += 1
-                self._marks.remember(op.path, reply, 3)
-                if op.script is self._commit and reply[0]:
-                    _logger.warning(
-                        "a replayed commit overran a limit of chain %s; the chain is tripped",
-                        op.path[int(reply[0]) - 1].chain_id,
-                    )
+                self._replayed(op, reply)
         if replayed:
             _logger.info("ledger store %s: %d queued commits replayed", self.store, replayed)
+
+    def _replayed(self, op: _Pending, reply: Any) -> None:
+        self._marks.remember(op.path, reply, 3)
+        if op.script is self._commit and reply[0]:
+            _logger.warning(
+                "a replayed commit overran a limit of chain %s; the chain is tripped",
+                op.path[int(reply[0]) - 1].chain_id,
+            )
 
     def _went_down(self, exc: BaseException) -> None:
         with self._state_lock:

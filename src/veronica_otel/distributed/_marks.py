@@ -34,7 +34,15 @@ from ._store import TripCodec, text
 if TYPE_CHECKING:
     from ._ledger import RedisLedger
 
-__all__ = ["MARKS_LIMIT", "NO_MARKS", "Marks", "check_persistence", "lost_words", "seed_local"]
+__all__ = [
+    "MARKS_LIMIT",
+    "NO_MARKS",
+    "Marks",
+    "acheck_persistence",
+    "check_persistence",
+    "lost_words",
+    "seed_local",
+]
 
 _logger = logging.getLogger("veronica_otel.distributed")
 
@@ -211,23 +219,44 @@ def check_persistence(client: redis.Redis, store: str) -> bool:
             return True
     try:
         pipe = client.pipeline(transaction=False)
-        pipe.config_get("appendonly")
-        pipe.config_get("save")
-        pipe.config_get("maxmemory-policy")
+        for name in _PERSISTENCE:
+            pipe.config_get(name)
         replies = pipe.execute()
-    except redis.ResponseError as exc:
+    except Exception as exc:
+        return _judge(store, None, exc)
+    return _judge(store, replies, None)
+
+
+async def acheck_persistence(client: Any, store: str) -> bool:
+    """:func:`check_persistence` with an asyncio client (same checks, same warnings)."""
+    with _checked_lock:
+        if store in _checked:
+            return True
+    try:
+        pipe = client.pipeline(transaction=False)
+        for name in _PERSISTENCE:
+            pipe.config_get(name)
+        replies = await pipe.execute()
+    except Exception as exc:
+        return _judge(store, None, exc)
+    return _judge(store, replies, None)
+
+
+_PERSISTENCE = ("appendonly", "save", "maxmemory-policy")
+
+
+def _judge(store: str, replies: Any, exc: Exception | None) -> bool:
+    if isinstance(exc, redis.ResponseError):
         _logger.info(
             "ledger store %s: CONFIG is disabled (%s), so its persistence and eviction "
             "policy cannot be checked; it needs appendonly yes and maxmemory-policy noeviction",
             store,
             exc,
         )
-        replies = None
-    except redis.RedisError:
+    elif isinstance(exc, redis.RedisError):
         return False  # unreachable: the operation itself reports it; ask again later
-    except Exception as exc:  # a client that cannot pipeline CONFIG (cluster, proxy)
+    elif exc is not None:  # a client that cannot pipeline CONFIG (cluster, proxy)
         _logger.info("ledger store %s: persistence not checked (%r)", store, exc)
-        replies = None
     with _checked_lock:
         if store in _checked:
             return True

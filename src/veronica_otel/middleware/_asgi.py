@@ -148,7 +148,7 @@ class VeronicaASGIMiddleware:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            admission = self.gate.admit(_headers(scope), scope)
+            admission = await self.gate.aadmit(_headers(scope), scope)
         except Exception as exc:  # the store is down: refuse, never a 500
             status, body, _ = refusal(exc)
             await _send_json(send, status, body, None)
@@ -183,7 +183,7 @@ class VeronicaASGIMiddleware:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            admission = self.gate.admit(_headers(scope), scope)
+            admission = await self.gate.aadmit(_headers(scope), scope)
         except Exception as exc:
             await _refuse_websocket(scope, receive, send, *refusal(exc))
             return
@@ -371,7 +371,7 @@ class _WebSocketGuard:
         message = await self._receive()
         self._check()  # closed while waiting
         if message.get("type") == "websocket.receive":
-            (await self._step(_RECEIVE)).finish()
+            await (await self._step(_RECEIVE)).afinish()
         return message
 
     async def send(self, message: Message) -> None:
@@ -386,9 +386,9 @@ class _WebSocketGuard:
         try:
             await self._send(message)
         except BaseException as exc:
-            call.finish(exc)
+            await call.afinish(exc)
             raise
-        call.finish()
+        await call.afinish()
 
     def _check(self) -> None:
         if self._trip is not None:
@@ -396,7 +396,7 @@ class _WebSocketGuard:
 
     async def _step(self, options: WrapOptions) -> CallHandle:
         try:
-            return self._ctx.begin_call("tool", options)
+            return await self._ctx.abegin_call("tool", options)
         except BudgetExceededError as exc:
             await self.close(exc.trip)
             raise

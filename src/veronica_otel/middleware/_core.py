@@ -70,7 +70,7 @@ from veronica_otel._grants import (
     sign_spent,
     verify_grant,
 )
-from veronica_otel._ledger import DEFAULT_LEDGER, Ledger, Level, Limits
+from veronica_otel._ledger import DEFAULT_LEDGER, Ledger, Level, Limits, PoolLevel
 from veronica_otel._policy import PolicyPipeline
 from veronica_otel._pools import BudgetPool, check_pools
 from veronica_otel._remote import join_chain, ledger_shared_id, spent
@@ -211,7 +211,30 @@ class Gate:
         ``request`` (the ASGI scope or WSGI environ) is what ``pools=`` is
         called with. Raises PoolSelectionError when that call fails.
         """
-        pools = self._pools_for(request)
+        admission = self._join(headers, self._pools_for(request))
+        ctx = admission.ctx
+        if admission.denial is None:
+            admission.denial = _preflight(ctx, admission.grant, ctx.trip)
+        if admission.denial is None and ctx.pools:
+            admission.denial = _pool_preflight(ctx)
+        if admission.denial is None:
+            admission.denial = _grant_preflight(ctx, admission.grant)
+        return admission
+
+    async def aadmit(self, headers: Mapping[str, str], request: object = None) -> Admission:
+        """:meth:`admit` for async servers: the pre-flight's store reads are awaited."""
+        admission = self._join(headers, self._pools_for(request))
+        ctx = admission.ctx
+        if admission.denial is None:
+            admission.denial = _preflight(ctx, admission.grant, await ctx.atrip())
+        if admission.denial is None and ctx.pools:
+            admission.denial = await _apool_preflight(ctx)
+        if admission.denial is None:
+            admission.denial = _grant_preflight(ctx, admission.grant)
+        return admission
+
+    def _join(self, headers: Mapping[str, str], pools: tuple[BudgetPool, ...]) -> Admission:
+        """The request's chain (no pre-flight yet: ``denial`` None unless refused here)."""
         header = headers.get("baggage")
         if header is not None and len(header.encode("utf-8", "replace")) > self.max_baggage_bytes:
             record_rejection("oversized")
@@ -248,7 +271,7 @@ class Gate:
             ctx = ExecutionContext(
                 self.config, self.pipeline, ledger=self.ledger, name="request", pools=pools
             )
-        return Admission(ctx, grant, _preflight(ctx, grant), shared, carrier_context)
+        return Admission(ctx, grant, None, shared, carrier_context)
 
     def _pools_for(self, request: object) -> tuple[BudgetPool, ...]:
         if self.pools is None:
@@ -320,8 +343,10 @@ def _request_context(headers: Mapping[str, str]) -> otel_context.Context:
     return current
 
 
-def _preflight(ctx: ExecutionContext, grant: Grant | None) -> TripEvent | None:
-    trip = ctx.trip
+def _preflight(
+    ctx: ExecutionContext, grant: Grant | None, trip: TripEvent | None
+) -> TripEvent | None:
+    """Why the request is refused before it runs (``trip``: the chain's, as read)."""
     if trip is not None:
         return trip
     if grant is not None and grant.trip_reason is not None:
@@ -331,10 +356,11 @@ def _preflight(ctx: ExecutionContext, grant: Grant | None) -> TripEvent | None:
         ctx.ensure_active()
     except BudgetExceededError as exc:
         return exc.trip
-    if ctx.pools:
-        denial = _pool_preflight(ctx)
-        if denial is not None:
-            return denial
+    return None
+
+
+def _grant_preflight(ctx: ExecutionContext, grant: Grant | None) -> TripEvent | None:
+    """Why a request whose chain and pools have room is refused: its grant is spent."""
     if grant is None:
         return None
     # The caller's budget is spent: refuse now rather than fail on the first call.
@@ -356,15 +382,33 @@ def _pool_preflight(ctx: ExecutionContext) -> TripEvent | None:
     room left admits the request; its first call that does not fit is then
     refused as usual.
     """
-    pools = ctx.pools
-    ledger = pools[0].ledger  # check_pools: every pool is on the chain's ledger
-    probe = (Level(ctx.chain_id, Limits()),)
-    held = ledger.reserve(probe, 1, 1, steps=1, pools=[pool.level for pool in pools])
+    ledger = ctx.pools[0].ledger  # check_pools: every pool is on the chain's ledger
+    probe, levels = _pool_probe(ctx)
+    held = ledger.reserve(probe, 1, 1, steps=1, pools=levels)
     if isinstance(held, TripEvent):
         emit_trip(held)
         return held
     ledger.release(probe, held)
     return None
+
+
+async def _apool_preflight(ctx: ExecutionContext) -> TripEvent | None:
+    """:func:`_pool_preflight` with the store's round trips awaited."""
+    if not ctx.awaits_store:  # in process: nothing to await
+        return _pool_preflight(ctx)
+    ledger: Any = ctx.pools[0].ledger  # the chain's: a store with coroutine operations
+    probe, levels = _pool_probe(ctx)
+    held = await ledger.areserve(probe, 1, 1, steps=1, pools=levels)
+    if isinstance(held, TripEvent):
+        emit_trip(held)
+        return held
+    await ledger.arelease(probe, held)
+    return None
+
+
+def _pool_probe(ctx: ExecutionContext) -> tuple[tuple[Level, ...], list[PoolLevel]]:
+    """The pre-flight's throwaway path (the chain's id, no limits) and the pools' levels."""
+    return (Level(ctx.chain_id, Limits()),), [pool.level for pool in ctx.pools]
 
 
 def _deny(

@@ -1,0 +1,272 @@
+"""RedisLedger's asyncio operations: the same scripts, the same semantics, no blocking.
+
+``RedisLedger.areserve`` / ``acommit`` / ``arelease`` / ``atrip`` /
+``asnapshot`` / ``atrip_lifted`` (thin methods calling the functions here)
+are the coroutine versions of the sync operations, for code running on an
+event loop (async instrumented calls, ``awrap_*``, async ``ToolCall``, the
+ASGI middleware). Each builds its script call and reads the reply with the
+very helpers the sync operation uses (``_reserve_op`` / ``_reserved``,
+``_commit_op`` / ``_committed``, ``_settle_failed`` / ``_settled``, ...);
+only the round trip differs, through the running loop's ``redis.asyncio``
+client (``_aio.py``). Outage queue, fail-closed and fail-open, marks and
+re-seeding, commit ids and the heartbeat (its thread keeps async
+reservations alive too) are therefore those of the sync path; a ledger that
+failed open answers from its local ledger (in process, never blocking).
+
+Cancellation (DESIGN G10: no leaked reservation at any await):
+
+* A reserve cancelled after it was sent may have been applied: a release of
+  its id is queued at once (it gives back whatever the store holds and
+  refuses a late copy of the reserve) and replayed by a task on the loop,
+  or before the next operation, whichever comes first. Nothing is sent.
+* A commit or release cancelled mid round trip is queued (commit ids make a
+  replay count once) and replayed the same way; then ``CancelledError``
+  propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+from opentelemetry import context as otel_context
+
+from veronica_otel._errors import TripEvent
+from veronica_otel._ledger import LedgerState, Level, PoolLevel, Reservation
+
+from . import _ledger as _sync  # a cycle: RedisLedger's base is defined here
+from ._aio import LoopClient
+from ._marks import acheck_persistence
+from ._store import quiet
+
+if TYPE_CHECKING:
+    from ._ledger import RedisLedger, _Pending
+
+__all__ = ["close", "commit", "flush", "release", "reserve", "snapshot", "trip", "trip_lifted"]
+
+_logger = logging.getLogger("veronica_otel.distributed")
+_attach = otel_context.attach
+_detach = otel_context.detach
+
+
+async def reserve(
+    ledger: RedisLedger,
+    path: Sequence[Level],
+    cost_nano: int,
+    tokens: int,
+    step: bool,
+    steps: int,
+    retry: bool,
+    signature: str | None,
+    pools: Sequence[PoolLevel] = (),
+) -> Reservation | TripEvent:
+    """:meth:`reserve` without blocking the event loop (same raises).
+
+    A call also reserved in budget pools takes the sync path (one blocking
+    round trip on one server, two phases on a cluster): the pooled scripts
+    have no async twin yet.
+    """
+    if ledger._local is not None or not ledger._aio.supported or pools:
+        return ledger.reserve(
+            path,
+            cost_nano,
+            tokens,
+            step=step,
+            steps=steps,
+            retry=retry,
+            signature=signature,
+            pools=pools,
+        )
+    op = ledger._reserve_op(path, cost_nano, tokens, step, steps, retry, signature)
+    token = _attach(quiet())
+    sent = False
+    try:
+        entry = await ledger._aio.get()
+        if ledger._pending:
+            await _flush(ledger, entry)
+        if not ledger._checked:
+            ledger._checked = await acheck_persistence(entry.client, ledger.store)
+        sent = True
+        reply: Any = await entry.script(ledger._reserve)(op.keys, op.args)
+    except redis.RedisError as exc:
+        await ledger._aio.drop_idle()
+        return ledger._reserve_error(exc, op, sent)
+    except asyncio.CancelledError:
+        if sent and op.rid:  # it may have been applied: give it back, soon
+            ledger._cancel(op.path, Reservation(op.rid, 0, 0, op.steps_held, op.retry, op.pools))
+            _kick(ledger)
+        raise
+    finally:
+        _detach(token)
+    return ledger._reserved(op, reply)
+
+
+async def commit(
+    ledger: RedisLedger,
+    path: Sequence[Level],
+    reservation: Reservation,
+    cost_nano: int,
+    tokens: int,
+    release_steps: int,
+) -> TripEvent | None:
+    """:meth:`commit` without blocking the event loop (never raises for an outage)."""
+    if ledger._local is not None or not ledger._aio.supported or reservation.pools:
+        return ledger.commit(path, reservation, cost_nano, tokens, release_steps=release_steps)
+    op = ledger._commit_op(path, reservation, cost_nano, tokens, release_steps)
+    return ledger._committed(op, await _settle(ledger, op))
+
+
+async def release(ledger: RedisLedger, path: Sequence[Level], reservation: Reservation) -> None:
+    """:meth:`release` without blocking the event loop."""
+    if ledger._local is not None or not ledger._aio.supported or reservation.pools:
+        ledger.release(path, reservation)
+        return
+    op = ledger._release_op(path, reservation)
+    if op is not None:
+        await _settle(ledger, op)
+
+
+async def trip(ledger: RedisLedger, chain_id: str, event: TripEvent) -> TripEvent:
+    """:meth:`trip` without blocking the event loop."""
+    if ledger._local is not None or not ledger._aio.supported:
+        return ledger.trip(chain_id, event)
+    key, args = ledger._trip_args(chain_id, event)
+    reply = await _call(ledger, chain_id, ledger._trip, [key], args)
+    if reply is _sync._LOCAL:
+        return ledger.trip(chain_id, event)
+    return ledger._tripped(chain_id, key, event, reply)
+
+
+async def snapshot(ledger: RedisLedger, chain_id: str) -> LedgerState:
+    """:meth:`snapshot` without blocking the event loop."""
+    if ledger._local is not None or not ledger._aio.supported:
+        return ledger.snapshot(chain_id)
+    key = ledger._space.chain(chain_id).chain
+    values = await _call(ledger, chain_id, None, [key], [])
+    if values is _sync._LOCAL:
+        return ledger.snapshot(chain_id)
+    return ledger._state(chain_id, key, values)
+
+
+async def trip_lifted(ledger: RedisLedger, chain_id: str) -> bool:
+    """:meth:`trip_lifted` without blocking the event loop."""
+    if ledger._local is not None or not ledger._aio.supported:
+        return ledger.trip_lifted(chain_id)
+    key = ledger._space.chain(chain_id).chain
+    values = await _call(ledger, chain_id, None, [key], [])
+    if values is _sync._LOCAL:
+        return ledger.trip_lifted(chain_id)
+    return ledger._lifted(chain_id, key, values)
+
+
+async def flush(ledger: RedisLedger) -> int:
+    """:meth:`flush` on the running loop; returns how many are still queued."""
+    if ledger._local is None and ledger._pending and ledger._aio.supported:
+        token = _attach(quiet())
+        try:
+            await _flush(ledger, await ledger._aio.get())
+        except redis.RedisError as exc:
+            await ledger._aio.drop_idle()
+            ledger._flush_failed(exc)
+        finally:
+            _detach(token)
+    return len(ledger._pending)
+
+
+async def close(ledger: RedisLedger) -> None:
+    """Close the running loop's asyncio client now (the loop's end closes it anyway)."""
+    await ledger._aio.close()
+
+
+# -- plumbing ------------------------------------------------------------
+
+
+async def _settle(ledger: RedisLedger, op: _Pending) -> Any:
+    token = _attach(quiet())
+    try:
+        entry = await ledger._aio.get()
+        if ledger._pending:
+            await _flush(ledger, entry)
+        reply: Any = await entry.script(op.script)(op.keys, op.args)
+    except redis.RedisError as exc:
+        await ledger._aio.drop_idle()
+        return ledger._settle_failed(op, exc)
+    except asyncio.CancelledError:
+        # Maybe applied, maybe not: replayed by id, so it counts once.
+        with ledger._pending_lock:
+            ledger._pending.append(op)
+        _kick(ledger)
+        raise
+    finally:
+        _detach(token)
+    return ledger._settled(op, reply)
+
+
+async def _call(
+    ledger: RedisLedger, chain_id: str, script: Any, keys: list[str], args: list[str]
+) -> Any:
+    token = _attach(quiet())
+    try:
+        entry = await ledger._aio.get()
+        if ledger._pending:
+            await _flush(ledger, entry)
+        if script is None:
+            reply: Any = await entry.client.hmget(keys[0], _sync._SNAPSHOT_FIELDS)
+        else:
+            reply = await entry.script(script)(keys, args)
+    except redis.RedisError as exc:
+        await ledger._aio.drop_idle()
+        return ledger._call_failed(chain_id, keys, exc)
+    finally:
+        _detach(token)
+    if ledger._down:
+        ledger._back()
+    return reply
+
+
+async def _flush(ledger: RedisLedger, entry: LoopClient) -> None:
+    """Replay queued commits and releases in order (raises on store errors).
+
+    The queue's lock is never held across an await (a task of the same
+    thread would block on it): one task of the loop replays at a time,
+    and an operation another thread replayed meanwhile replays as a no-op.
+    """
+    pending = ledger._pending
+    replayed = 0
+    async with entry.flushing:
+        while True:
+            with ledger._pending_lock:
+                if not pending:
+                    break
+                op = pending[0]
+            op.args[-4] = _sync._new_id()  # a fresh epoch id per attempt (see _settle_args)
+            reply: Any = await entry.script(op.script)(op.keys, op.args)
+            with ledger._pending_lock:
+                if pending and pending[0] is op:
+                    pending.popleft()
+            replayed += 1
+            ledger._replayed(op, reply)
+    if replayed:
+        _logger.info("ledger store %s: %d queued commits replayed", ledger.store, replayed)
+
+
+def _kick(ledger: RedisLedger) -> None:
+    """Replay the queue soon, from a task of the running loop (cancellation paths)."""
+    try:
+        task = asyncio.get_running_loop().create_task(flush(ledger))
+    except RuntimeError:
+        return  # no loop: the next operation replays it
+    ledger._kicks.add(task)
+    task.add_done_callback(lambda done: _kicked(ledger, done))
+
+
+def _kicked(ledger: RedisLedger, task: asyncio.Task[Any]) -> None:
+    ledger._kicks.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        _logger.warning(
+            "replaying queued ledger operations failed; the next operation retries",
+            exc_info=task.exception(),
+        )
