@@ -39,7 +39,7 @@ __all__ = ["MARKS_LIMIT", "NO_MARKS", "Marks", "check_persistence", "lost_words"
 _logger = logging.getLogger("veronica_otel.distributed")
 
 MARKS_LIMIT = 65536
-NO_MARKS: tuple[Any, ...] = ("", "0", "0", "0", "0", "", "0", "0")
+NO_MARKS: tuple[Any, ...] = ("", "0", "0", "0", "0", "", "0", "0", "")
 
 
 class Marks:

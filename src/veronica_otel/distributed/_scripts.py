@@ -177,10 +177,14 @@ CORRUPT_TAG = "VERONICA_CORRUPT"
 STORE_MAX = 2**50
 
 # Values per level in a script's report and in a client's marks.
-MARKS = 8
+MARKS = 9
+
+# Lost epochs a chain's lineage remembers (see "Lineage").
+LINEAGE_MAX = 16
 
 # Helpers shared by every script.
-_PRELUDE = r"""
+_PRELUDE = (
+    r"""
 local function fail(key, field, value)
   local shown = string.gsub(string.sub(tostring(value), 1, 64), '%c', '?')
   error({err = 'VERONICA_CORRUPT\t' .. key .. '\t' .. field .. '\t' .. shown .. '\t'})
@@ -206,17 +210,19 @@ local function probe(cmd, key, ...)
 end
 local function state(key)
   local v = read(key, 'trip', 'c', 'rc', 's', 'r', 't', 'rt', 'q', 'oe', 'oc', 'os', 'ov', 'e',
-    'k', 'kt')
+    'k', 'kt', 'l')
   return {
     trip = v[1], c = int(key, 'c', v[2]), rc = int(key, 'rc', v[3]), s = int(key, 's', v[4]),
     r = int(key, 'r', v[5]), t = int(key, 't', v[6]), rt = int(key, 'rt', v[7]),
     q = int(key, 'q', v[8]), oe = int(key, 'oe', v[9]), oc = int(key, 'oc', v[10]),
     os = int(key, 'os', v[11]), ov = int(key, 'ov', v[12]), e = v[13],
-    k = int(key, 'k', v[14]), kt = int(key, 'kt', v[15]),
+    k = int(key, 'k', v[14]), kt = int(key, 'kt', v[15]), l = v[16] or '',
   }
 end
 local function fmt(n) return string.format('%d', n) end
 local SATURATE = @SATURATE@
+local M = @MARKS@
+local LINEAGE_MAX = @LINEAGE_MAX@
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -238,83 +244,165 @@ local function limit_trip(reason, limit, observed, chain, now, soft)
   end
   return trip_json(reason, limit, observed, chain, message, now)
 end
--- A client's marks of one chain, ARGV[a + 1 .. a + 8]: e c s t ov trip rc rt.
+-- A client's marks of one chain, ARGV[a + 1 .. a + M]: e c s t ov trip rc rt l.
 -- (Values the store reported to our own client: read, not re-validated.)
 local function marks(a)
   return {
     e = ARGV[a + 1], c = tonumber(ARGV[a + 2]), s = tonumber(ARGV[a + 3]),
     t = tonumber(ARGV[a + 4]), o = tonumber(ARGV[a + 5]), trip = ARGV[a + 6],
-    rc = tonumber(ARGV[a + 7]), rt = tonumber(ARGV[a + 8]),
+    rc = tonumber(ARGV[a + 7]), rt = tonumber(ARGV[a + 8]), l = ARGV[a + 9],
   }
 end
+-- A lineage "epoch c s t rc rt ..." (field l; see "Lineage" in _scripts.py):
+-- returns the epochs in order and epoch -> {c, s t, rc, rt}. num reads a
+-- number (count on the store's own field, tonumber on a client's marks).
+local function lineage(text, num)
+  local order, at, w = {}, {}, {}
+  if not text or text == '' then return order, at end
+  for word in string.gmatch(text, '%S+') do w[#w + 1] = word end
+  if #w % 6 ~= 0 then num('(lineage)') end
+  for j = 1, #w - 5, 6 do
+    if not at[w[j]] then order[#order + 1] = w[j] end
+    at[w[j]] = {num(w[j + 1]), num(w[j + 2]), num(w[j + 3]), num(w[j + 4]), num(w[j + 5])}
+  end
+  return order, at
+end
+local function stored_lineage(key, st)
+  return lineage(st.l, function(v) return count(key, 'l', v) end)
+end
+local function marks_lineage(m)
+  return lineage(m.l, function(v) return tonumber(v) or 0 end)
+end
+-- What marks m know, epoch by epoch: {epoch, c, s, t, rc, rt} for each
+-- epoch their chain had absorbed, then their own epoch's own part (its
+-- counters less what it absorbed) with what was reserved when they were taken.
+local function known(m)
+  local order, at = marks_lineage(m)
+  local out, c, s, t = {}, 0, 0, 0
+  for _, e in ipairs(order) do
+    local v = at[e]
+    out[#out + 1] = {e, v[1], v[2], v[3], 0, 0}
+    c, s, t = c + v[1], s + v[2], t + v[3]
+  end
+  out[#out + 1] = {m.e, math.max(0, m.c - c), math.max(0, m.s - s), math.max(0, m.t - t),
+    m.rc, m.rt}
+  return out
+end
 -- Whether the store lost what marks m saw of the chain in state st.
-local function lost(st, m)
+local function lost(key, st, m)
   if m.e == '' then return false end
-  -- c + k and t + kt only grow within an epoch (k, kt: what late settlements
-  -- of charged reservations gave back), so c and t may fall below a mark.
-  return not (st.e == m.e and st.c + st.k >= m.c and st.t + st.kt >= m.t
-    and (m.trip == '' or st.trip or st.ov > m.o))
+  local trip_kept = m.trip == '' or st.trip
+  if st.e == m.e then
+    -- c + k and t + kt only grow within an epoch (k, kt: what late settlements
+    -- of charged reservations gave back), so c and t may fall below a mark.
+    return not (st.c + st.k >= m.c and st.t + st.kt >= m.t and (trip_kept or st.ov > m.o))
+  end
+  -- Marks of an older epoch this chain already absorbed whole: nothing lost.
+  if not st.e or st.l == '' or not trip_kept then return true end
+  local _, at = stored_lineage(key, st)
+  for _, x in ipairs(known(m)) do
+    local b = at[x[1]]
+    if not b or x[2] > b[1] or x[3] > b[2] or x[4] > b[3] then return true end
+  end
+  return false
 end
 -- Bring the chain at key in line with marks m (see "The store never
 -- forgets" in _scripts.py). Returns 1 when it re-seeded, else 0. With the
 -- tree's reservation keys (rsv = {rh, rz, now, ttl_us}), what the marks saw
 -- reserved is held again by a ghost reservation that expires after ttl_us.
 local function sync(key, st, m, fresh, chain_ttl, rsv)
-  if not lost(st, m) then
+  if not lost(key, st, m) then
     if not st.e then
       redis.call('HSET', key, 'e', fresh)
       redis.call('PEXPIRE', key, chain_ttl)
     end
     return 0
   end
-  local field = 'x:' .. m.e
-  local base = {0, 0, 0, 0, 0}
+  local order, at = stored_lineage(key, st)
   local epoch = st.e
   if epoch == m.e then
-    base = {st.c, st.s, st.t, st.rc, st.rt}
+    -- An older copy of the marks' epoch (a rollback): what it holds of that
+    -- epoch is absorbed as is, and the chain gets a new epoch.
+    local c, s, t = st.c, st.s, st.t
+    for _, e in ipairs(order) do c, s, t = c - at[e][1], s - at[e][2], t - at[e][3] end
+    if not at[epoch] then order[#order + 1] = epoch end
+    at[epoch] = {math.max(0, c), math.max(0, s), math.max(0, t), st.rc, st.rt}
     epoch = false
-  else
-    local seen = probe('HGET', key, field)
-    if seen then
-      local j = 0
-      for w in string.gmatch(seen, '%S+') do
-        j = j + 1
-        if j <= 5 then base[j] = count(key, field, w) end
-      end
-      if j ~= 5 then fail(key, field, seen) end
-    end
   end
-  local want, names = {m.c, m.s, m.t}, {'c', 's', 't'}
-  for j = 1, 3 do
-    if want[j] > base[j] then
-      local v = redis.call('HINCRBY', key, names[j], fmt(want[j] - base[j]))
-      if j ~= 2 and v > SATURATE then redis.call('HSET', key, names[j], fmt(SATURATE)) end
-      base[j] = want[j]
+  local names, gc, gt = {'c', 's', 't'}, 0, 0
+  for _, x in ipairs(known(m)) do
+    local b = at[x[1]]
+    if not b then
+      b = {0, 0, 0, 0, 0}
+      at[x[1]] = b
+      order[#order + 1] = x[1]
+    end
+    for j = 1, 3 do
+      if x[j + 1] > b[j] then
+        local v = redis.call('HINCRBY', key, names[j], fmt(x[j + 1] - b[j]))
+        if j ~= 2 and v > SATURATE then redis.call('HSET', key, names[j], fmt(SATURATE)) end
+        b[j] = x[j + 1]
+      end
+    end
+    if x[1] == m.e then
+      gc, gt = math.max(0, x[5] - b[4]), math.max(0, x[6] - b[5])
+      b[4], b[5] = b[4] + gc, b[5] + gt
     end
   end
   -- Calls in flight when the store lost the chain: hold what was reserved
-  -- again, for one reservation TTL (their commits arrive without a record).
-  local gc, gt = m.rc - base[4], m.rt - base[5]
-  if gc < 0 then gc = 0 end
-  if gt < 0 then gt = 0 end
-  local at = string.find(key, '}:c:', 1, true)
-  if rsv and at and (gc > 0 or gt > 0) then
-    local gid = 'g' .. fresh .. '.' .. string.sub(key, at + 4)
-    redis.call('HSET', rsv[1], gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. string.sub(key, at + 4))
+  -- again, for one reservation TTL (their commits arrive without a record),
+  -- in the chain's ghost reservation (one per chain: a second loss adds to it).
+  local at_c = string.find(key, '}:c:', 1, true)
+  if rsv and at_c and (gc > 0 or gt > 0) then
+    local chain = string.sub(key, at_c + 4)
+    local gid = probe('HGET', key, 'gh')
+    local rec = gid and probe('HGET', rsv[1], gid)
+    if rec and rec ~= 'R' and string.sub(rec, 1, 2) ~= 'C ' then
+      local parts = {}
+      for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
+      if #parts ~= 3 then fail(rsv[1], gid, rec) end
+      rec = fmt(count(rsv[1], gid, parts[1]) + gc) .. ' ' .. fmt(count(rsv[1], gid, parts[2]) + gt)
+    else
+      gid = 'g' .. fresh .. '.' .. chain
+      rec = fmt(gc) .. ' ' .. fmt(gt)
+    end
+    redis.call('HSET', rsv[1], gid, rec .. ' ' .. chain)
     redis.call('ZADD', rsv[2], fmt(rsv[3] + rsv[4]), gid)
     redis.call('PEXPIRE', rsv[1], chain_ttl)
     redis.call('PEXPIRE', rsv[2], chain_ttl)
     if gc > 0 then redis.call('HINCRBY', key, 'rc', fmt(gc)) end
     if gt > 0 then redis.call('HINCRBY', key, 'rt', fmt(gt)) end
     redis.call('HSET', key, 'gh', gid)
-    base[4], base[5] = base[4] + gc, base[5] + gt
   end
-  redis.call('HSET', key, field, fmt(base[1]) .. ' ' .. fmt(base[2]) .. ' ' .. fmt(base[3])
-    .. ' ' .. fmt(base[4]) .. ' ' .. fmt(base[5]))
+  -- The lineage keeps its newest LINEAGE_MAX epochs (an older one's marks
+  -- would be counted again: only ever more).
+  local words = {}
+  for j = math.max(1, #order - LINEAGE_MAX + 1), #order do
+    local b = at[order[j]]
+    words[#words + 1] = order[j] .. ' ' .. fmt(b[1]) .. ' ' .. fmt(b[2]) .. ' ' .. fmt(b[3])
+      .. ' ' .. fmt(b[4]) .. ' ' .. fmt(b[5])
+  end
+  redis.call('HSET', key, 'l', table.concat(words, ' '))
   if not epoch then redis.call('HSET', key, 'e', fresh) end
   if m.trip ~= '' and not st.trip then redis.call('HSET', key, 'trip', m.trip) end
   redis.call('PEXPIRE', key, chain_ttl)
   return 1
+end
+-- Move spent counter `field` of key by delta (an actual amount minus what a
+-- reap charged): saturates at SATURATE, never below 0, and what it gives
+-- back is added to `back` (k or kt), so field + back never falls.
+local function respend(key, field, back, delta)
+  if delta == 0 then return end
+  local v = redis.call('HINCRBY', key, field, fmt(delta))
+  if v > SATURATE then redis.call('HSET', key, field, fmt(SATURATE)) end
+  if v < 0 then
+    redis.call('HSET', key, field, '0')
+    delta = delta - v
+  end
+  if delta < 0 then
+    local b = redis.call('HINCRBY', key, back, fmt(-delta))
+    if b > SATURATE then redis.call('HSET', key, back, fmt(SATURATE)) end
+  end
 end
 -- A settlement without a record (its call was in flight at a loss) takes
 -- its reserved amounts out of the chain's ghost reservation, if one holds them.
@@ -342,33 +430,32 @@ local function unghost(key, rh, rz, rcost, rtokens)
     redis.call('HSET', rh, gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. parts[3])
   end
 end
--- Move spent counter `field` of key by delta (an actual amount minus what a
--- reap charged): saturates at SATURATE, never below 0, and what it gives
--- back is added to `back` (k or kt), so field + back never falls.
-local function respend(key, field, back, delta)
-  if delta == 0 then return end
-  local v = redis.call('HINCRBY', key, field, fmt(delta))
-  if v > SATURATE then redis.call('HSET', key, field, fmt(SATURATE)) end
-  if v < 0 then
-    redis.call('HSET', key, field, '0')
-    delta = delta - v
-  end
-  if delta < 0 then
-    local b = redis.call('HINCRBY', key, back, fmt(-delta))
-    if b > SATURATE then redis.call('HSET', key, back, fmt(SATURATE)) end
-  end
-end
 -- The charged amounts of a reaped reservation's marker "C cost tokens".
 local function charged(rh, id, rec)
   local parts = {}
   for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
-  if #parts ~= 3 then fail(rh, id, rec) end
-  return count(rh, id, parts[2]), count(rh, id, parts[3])
+  if #parts ~= 3 and #parts ~= 4 then fail(rh, id, rec) end
+  return count(rh, id, parts[2]), count(rh, id, parts[3]), parts[4]
+end
+-- A record's steps word ":k" (":kr" with a retry): how many steps and whether
+-- a retry the reservation holds; nil for a record without one (older).
+local function held_steps(rh, id, word)
+  if not word or string.sub(word, 1, 1) ~= ':' then return nil end
+  local k, r = string.match(word, '^:(%d+)(r?)$')
+  if not k then fail(rh, id, word) end
+  return tonumber(k), r == 'r'
+end
+-- An applied id is remembered with the epochs of its chains (``applied_as``):
+-- counted in a chain the store lost since, it is counted again (never less).
+local function applied_as(id, n)
+  local tag = {id}
+  for i = 1, n do tag[i + 1] = probe('HGET', KEYS[i], 'e') or '' end
+  return table.concat(tag, '@')
 end
 -- Append the report of KEYS[1..n] (e c s t ov trip rc rt per level) to out.
 local function report(out, n)
   for i = 1, n do
-    local v = redis.call('HMGET', KEYS[i], 'e', 'c', 's', 't', 'ov', 'trip', 'rc', 'rt')
+    local v = redis.call('HMGET', KEYS[i], 'e', 'c', 's', 't', 'ov', 'trip', 'rc', 'rt', 'l')
     out[#out + 1] = v[1] or ''
     out[#out + 1] = v[2] or '0'
     out[#out + 1] = v[3] or '0'
@@ -377,19 +464,23 @@ local function report(out, n)
     out[#out + 1] = v[6] or ''
     out[#out + 1] = v[7] or '0'
     out[#out + 1] = v[8] or '0'
+    out[#out + 1] = v[9] or ''
   end
   return out
 end
 """.replace("@SATURATE@", str(2 * STORE_MAX))
+    .replace("@MARKS@", str(MARKS))
+    .replace("@LINEAGE_MAX@", str(LINEAGE_MAX))
+)
 
 # Shared by COMMIT and RELEASE: how a settlement id stands, and remembering it.
 _SETTLE = r"""
 -- 'done' (applied before: a replay), 'held', 'charged' (reaped: its
 -- reservation is counted as spent; also returns what was charged), 'reaped'
 -- (an older marker "R": given back) or 'none' (no record).
-local function standing(rh, rz, ad, id)
+local function standing(rh, rz, ad, id, n)
   probe('ZSCORE', rz, id)
-  if probe('ZSCORE', ad, id) then return 'done' end
+  if probe('ZSCORE', ad, applied_as(id, n)) then return 'done' end
   local rec = probe('HGET', rh, id)
   if rec == false then return 'none' end
   if rec == 'R' then return 'reaped' end
@@ -397,12 +488,12 @@ local function standing(rh, rz, ad, id)
   local parts = {}
   for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
   if #parts < 3 then fail(rh, id, rec) end
-  return 'held', count(rh, id, parts[1]), count(rh, id, parts[2])
+  return 'held', count(rh, id, parts[1]), count(rh, id, parts[2]), parts[3]
 end
-local function applied(rh, rz, ad, id, now, ttl, cap)
+local function applied(rh, rz, ad, id, n, now, ttl, cap)
   redis.call('HDEL', rh, id)
   redis.call('ZREM', rz, id)
-  redis.call('ZADD', ad, fmt(now + ttl), id)
+  redis.call('ZADD', ad, fmt(now + ttl), applied_as(id, n))
   redis.call('ZREMRANGEBYSCORE', ad, '-inf', fmt(now))
   local size = redis.call('ZCARD', ad)
   if size > cap then redis.call('ZREMRANGEBYRANK', ad, 0, size - cap - 1) end
@@ -434,12 +525,12 @@ local sig, id = ARGV[6], ARGV[7]
 local rsv_ttl, chain_ttl, marker_ttl = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 local memory, base = tonumber(ARGV[11]), ARGV[12]
 local mb = 12 + 6 * n
-local fresh, on_loss = ARGV[mb + 8 * n + 1], ARGV[mb + 8 * n + 2]
+local fresh, on_loss = ARGV[mb + M * n + 1], ARGV[mb + M * n + 2]
 local rh, rz, ad = KEYS[3 * n + 1], KEYS[3 * n + 2], KEYS[3 * n + 3]
 
 -- A reserve delivered again (a retried or duplicated request): its id
 -- already has a record (held, or reaped) or was settled. Charge nothing again.
-if id ~= '' and (probe('HEXISTS', rh, id) == 1 or probe('ZSCORE', ad, id)) then
+if id ~= '' and (probe('HEXISTS', rh, id) == 1 or probe('ZSCORE', ad, applied_as(id, n))) then
   return report({1, 0, '', 0}, n)
 end
 local now = now_us()
@@ -448,8 +539,8 @@ local now = now_us()
 local mk, reseeded = {}, 0
 for i = 1, n do
   local st = state(KEYS[i])
-  mk[i] = marks(mb + (i - 1) * 8)
-  if on_loss == 'fail' and lost(st, mk[i]) then return report({4, i, '', 0}, n) end
+  mk[i] = marks(mb + (i - 1) * M)
+  if on_loss == 'fail' and lost(KEYS[i], st, mk[i]) then return report({4, i, '', 0}, n) end
   mk[i].st = st
 end
 local rsv = {rh, rz, now, rsv_ttl}
@@ -477,11 +568,15 @@ for _, rid in ipairs(due) do
     count(rh, rid, parts[2])
     local held = {}
     reaped = true
-    for j = 3, #parts do
+    local steps = held_steps(rh, rid, parts[3])
+    for j = steps and 4 or 3, #parts do
       local key = base .. parts[j]
       state(key)
       if redis.call('EXISTS', key) == 1 then held[#held + 1] = key end
     end
+    -- A ghost reservation (id "g...", what calls in flight at a loss held,
+    -- re-held from marks) is given back: it may hold calls settled before the
+    -- loss that the marks did not see (see "What no client can know").
     local ghost = string.sub(rid, 1, 1) == 'g'
     for _, key in ipairs(held) do
       if parts[1] ~= '0' then redis.call('HINCRBY', key, 'rc', '-' .. parts[1]) end
@@ -495,7 +590,9 @@ for _, rid in ipairs(due) do
       redis.call('HDEL', rh, rid)
       redis.call('ZREM', rz, rid)
     else
-      redis.call('HSET', rh, rid, 'C ' .. parts[1] .. ' ' .. parts[2])
+      local marker = 'C ' .. parts[1] .. ' ' .. parts[2]
+      if steps then marker = marker .. ' ' .. parts[3] end
+      redis.call('HSET', rh, rid, marker)
       redis.call('ZADD', rz, fmt(now + marker_ttl), rid)
     end
   end
@@ -586,7 +683,9 @@ for i = 1, n do
   redis.call('PEXPIRE', key, chain_ttl)
 end
 if id ~= '' then
-  redis.call('HSET', rh, id, cost .. ' ' .. tokens .. ' ' .. table.concat(chains, ' '))
+  -- "cost tokens :k[r] chain...": k the steps it holds (a carve's k), r a retry.
+  local held = cost .. ' ' .. tokens .. ' :' .. fmt(nsteps) .. (retry and 'r' or '')
+  redis.call('HSET', rh, id, held .. ' ' .. table.concat(chains, ' '))
   redis.call('ZADD', rz, fmt(now + rsv_ttl), id)
   redis.call('PEXPIRE', rh, chain_ttl)
   redis.call('PEXPIRE', rz, chain_ttl)
@@ -613,23 +712,26 @@ local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local cost, tokens, chain_ttl = ARGV[5], ARGV[6], ARGV[7]
 local back = tonumber(ARGV[8])
 local mb = 8 + 3 * n
-local fresh = ARGV[mb + 8 * n + 1]
-local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
-local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
+local fresh = ARGV[mb + M * n + 1]
+local aptl, cap = tonumber(ARGV[mb + M * n + 2]), tonumber(ARGV[mb + M * n + 3])
+local rsv_ttl = tonumber(ARGV[mb + M * n + 4])
 local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
-local how, cc, ct = standing(rh, rz, ad, id)
+local how, cc, ct, hw = standing(rh, rz, ad, id, n)
 if how == 'done' then return report({0, '', 0}, n) end
 local now = now_us()
 local reseeded = 0
 local rsv = {rh, rz, now, rsv_ttl}
 for i = 1, n do
-  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 8), fresh, chain_ttl, rsv)
+  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * M), fresh, chain_ttl, rsv)
 end
 if reseeded > 0 then for i = 1, n do states[i] = state(KEYS[i]) end end
-applied(rh, rz, ad, id, now, aptl, cap)
+applied(rh, rz, ad, id, n, now, aptl, cap)
 local held = how == 'held'
+-- The record's own step count caps the steps given back (a carve's unused ones).
+local rsteps = held_steps(rh, id, hw)
+if rsteps and back > rsteps then back = rsteps end
 if how == 'none' then
   for i = 1, n do unghost(KEYS[i], rh, rz, tonumber(rcost), tonumber(rtokens)) end
 end
@@ -696,21 +798,24 @@ local n = tonumber(ARGV[1])
 local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local nsteps, retry, chain_ttl = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7]
 local mb = 7
-local fresh = ARGV[mb + 8 * n + 1]
-local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
-local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
+local fresh = ARGV[mb + M * n + 1]
+local aptl, cap = tonumber(ARGV[mb + M * n + 2]), tonumber(ARGV[mb + M * n + 3])
+local rsv_ttl = tonumber(ARGV[mb + M * n + 4])
 local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
-local how, cc, ct = standing(rh, rz, ad, id)
+local how, cc, ct, hw = standing(rh, rz, ad, id, n)
 if how == 'done' then return report({0, '', 0}, n) end
 local reseeded = 0
 local now = now_us()
 local rsv = {rh, rz, now, rsv_ttl}
 for i = 1, n do
-  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 8), fresh, chain_ttl, rsv)
+  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * M), fresh, chain_ttl, rsv)
 end
-applied(rh, rz, ad, id, now, aptl, cap)
+applied(rh, rz, ad, id, n, now, aptl, cap)
+-- The record says how many steps (and whether a retry) it holds: those go back.
+local rsteps, rretry = held_steps(rh, id, hw)
+if rsteps then nsteps, retry = rsteps, rretry end
 -- Without a record the reservation was lost with the store: its step may
 -- have been re-seeded from marks, so it stays counted (never less).
 if how == 'none' then
@@ -743,7 +848,7 @@ TRIP = (
     + r"""
 local key = KEYS[1]
 local st = state(key)
-local reseeded = sync(key, st, marks(2), ARGV[11], ARGV[2])
+local reseeded = sync(key, st, marks(2), ARGV[3 + M], ARGV[2])
 local v = read(key, 'trip')
 if v[1] then return report({v[1], reseeded}, 1) end
 redis.call('HSET', key, 'trip', ARGV[1])
@@ -765,7 +870,7 @@ local key = KEYS[1]
 local st = state(key)
 local m = marks(4)
 if m.e == '' and redis.call('EXISTS', key) == 0 then return {'-'} end
-local reseeded = sync(key, st, m, ARGV[13], ARGV[4])
+local reseeded = sync(key, st, m, ARGV[5 + M], ARGV[4])
 local trip = read(key, 'trip')[1]
 local now = now_us()
 redis.call('HDEL', key, 'trip')
@@ -806,7 +911,9 @@ for j = 4, #ARGV do
     local k = 0
     for word in string.gmatch(rec, '%S+') do
       k = k + 1
-      if k > 2 then redis.call('PEXPIRE', base .. word, ARGV[2]) end
+      if k > 2 and string.sub(word, 1, 1) ~= ':' then
+        redis.call('PEXPIRE', base .. word, ARGV[2])
+      end
     end
     renewed = renewed + 1
   end
