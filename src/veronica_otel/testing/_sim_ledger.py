@@ -53,6 +53,17 @@ Invariants checked after each run (names as reported):
 * ``stuck`` (clients never finished) and ``error:<Type>`` (an exception
   other than the ledger's documented ones escaped).
 
+A store loss (``restart_wipe``, or ``expiry`` that removed the chain) is
+judged by the guarantee in ``distributed/_scripts.py`` ("What no client can
+know"), computed from what the store held at the loss (``_Loss``): the
+ceilings may be passed by at most what the lost chain held (committed +
+reserved + ``k``) and ``max_steps`` by its steps; committed spend may be
+short by what no surviving client's marks saw and by the calls of clients
+that crashed while in doubt, and over by the reservations of calls in doubt
+at the loss (plus ``k``). ``trip_lifted`` stays strict for the client that
+saw the trip (its marks must keep it) and for everyone while no loss
+followed the trip; ``trip_lost`` is strict while a client that saw it survives.
+
 ``run(seed)`` reproduces a run exactly: the same seed gives the same trace,
 the same store digest and the same violations.
 """
