@@ -153,7 +153,7 @@ def _forgetful(client: SimClient, clock: Any) -> Any:
 def test_a_protocol_that_does_not_reseed_from_marks_is_caught_under_store_loss() -> None:
     found: dict[str, Any] = {}
     for fault in ("restart_wipe", "expiry"):
-        summary = run_many(range(200), (fault,), swarm=False, ledger_factory=_forgetful)
+        summary = run_many(range(60), (fault,), swarm=False, ledger_factory=_forgetful)
         assert summary["failed"] > 0, fault
         found.update(summary["invariants"])
-    assert "committed_lost" in found
+    assert {"committed_lost", "trip_lost"} <= set(found)
