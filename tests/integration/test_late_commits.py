@@ -363,3 +363,32 @@ def test_a_reserve_whose_reply_was_lost_is_cancelled_once(valkey: RedisServerPro
         with pytest.raises(LedgerUnavailableError):
             ledger.reserve(path, usd_to_nano(0.1), 0)
     assert ledger.pending == 1
+
+
+def test_the_store_record_says_how_many_steps_a_carve_holds(valkey: RedisServerProcess) -> None:
+    """A grant's carve reserves k steps in one reservation; its record keeps k,
+    so a release (or a reaped carve's late release) gives back exactly k, even
+    when the settlement names fewer (a cancel, an older client)."""
+    ledger = _ledger(valkey, reservation_ttl_s=0)
+    path = (Level("carve", Limits(cost_nano=NANO_PER_USD, steps=10)),)
+    carve = ledger.reserve(path, usd_to_nano(0.3), 0, steps=3)
+    assert isinstance(carve, Reservation)
+    assert ledger.snapshot("carve").steps == 3
+    ledger.release(path, Reservation(carve.id, carve.cost_nano, 0, 1))
+    state = ledger.snapshot("carve")
+    assert (state.steps, state.reserved_nano, state.cost_nano) == (0, 0, 0)
+    late = ledger.reserve(path, usd_to_nano(0.3), 0, steps=4)
+    assert isinstance(late, Reservation)
+    assert isinstance(ledger.reserve(path, 0, 0, step=False), Reservation)  # reaps: charged
+    state = ledger.snapshot("carve")
+    assert (state.steps, state.cost_nano, state.reserved_nano) == (4, usd_to_nano(0.3), 0)
+    ledger.release(path, Reservation(late.id, late.cost_nano, 0, 1))  # never sent after all
+    state = ledger.snapshot("carve")
+    assert (state.steps, state.cost_nano) == (0, 0)
+    # A commit gives back at most the record's steps, whatever it asks for.
+    used = ledger.reserve(path, usd_to_nano(0.1), 0, steps=2)
+    assert isinstance(used, Reservation)
+    ledger.commit(
+        path, Reservation(used.id, used.cost_nano, 0, 5), usd_to_nano(0.1), 0, release_steps=5
+    )
+    assert ledger.snapshot("carve").steps == 0

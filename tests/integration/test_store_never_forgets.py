@@ -17,6 +17,7 @@ import argparse
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -312,3 +313,53 @@ def test_a_flush_does_not_lift_a_trip_and_override_of_an_unknown_chain_fails(
     assert apply_override(held) == 0
     assert "lifted a steps trip" in capsys.readouterr().out
     ctx.begin_call().finish()  # lifted by an explicit override
+
+
+def test_a_chain_lost_twice_counts_its_first_epoch_once(valkey: RedisServerProcess) -> None:
+    """The simulation's seed 52 on a real Valkey: the first epoch's spend went
+    into the second through one client's marks; once the second is lost too, a
+    client still holding marks of the first must not count it again."""
+    old, a, b = _ledger(valkey), _ledger(valkey), _ledger(valkey)
+    path = (Level("lineage", ONE_USD),)
+    _spend(old, path, 0.25)  # old saw epoch 1 with 0.25, then goes quiet
+    _spend(a, path, 0.0)  # a saw it too
+    a.client.flushall()
+    _spend(a, path, 0.15)  # epoch 2: 0.25 re-seeded from a, + 0.15
+    _spend(b, path, 0.10)  # b saw epoch 2 at 0.50
+    a.client.flushall()
+    _spend(b, path, 0.0)  # epoch 3: re-seeded from b (0.50, epoch 1 included)
+    _spend(old, path, 0.0)  # old's marks of epoch 1 are absorbed already
+    _spend(a, path, 0.0)  # and so are a's of epoch 2
+    assert b.snapshot("lineage").cost_nano == usd_to_nano(0.50)
+    _spend(old, path, 0.50)  # the rest of the dollar still fits ...
+    assert isinstance(old.reserve(path, 1, 0), TripEvent)  # ... and nothing more
+
+
+def test_a_replay_after_its_chain_expired_counts_again(valkey: RedisServerProcess) -> None:
+    """A commit whose reply was lost is remembered as applied with its chain's
+    epoch: once the chain expired (and came back from marks that never saw that
+    commit), the replay is counted instead of dropped."""
+    ledger = _ledger(valkey)
+    path = (Level("expired", ONE_USD),)
+    _spend(ledger, path, 0.20)
+    held = ledger.reserve(path, usd_to_nano(0.30), 0)
+    assert isinstance(held, Reservation)
+    args: list[Any] = []
+    script = ledger._commit
+
+    def lost_reply(keys: list[str], argv: list[str]) -> Any:
+        args[:] = [keys, list(argv)]
+        script(keys, argv)  # applied ...
+        raise redis.ConnectionError("reply lost")  # ... but its reply never came
+
+    ledger._commit = lost_reply  # type: ignore[assignment]
+    assert ledger.commit(path, held, usd_to_nano(0.30), 0) is None
+    assert ledger.pending == 1
+    ledger._commit = script  # type: ignore[assignment]
+    ledger._pending[0] = ledger._pending[0]._replace(script=script)
+    ledger.client.delete(ledger.key("expired"))  # the chain expires; `ad` is still there
+    assert ledger.flush() == 0  # the replay: re-seeds 0.20 from marks, applies 0.30
+    assert ledger.snapshot("expired").cost_nano == usd_to_nano(0.50)
+    assert ledger.flush() == 0
+    _spend(ledger, path, 0.0)
+    assert ledger.snapshot("expired").cost_nano == usd_to_nano(0.50)

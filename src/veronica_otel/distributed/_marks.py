@@ -47,7 +47,7 @@ __all__ = [
 _logger = logging.getLogger("veronica_otel.distributed")
 
 MARKS_LIMIT = 65536
-NO_MARKS: tuple[Any, ...] = ("", "0", "0", "0", "0", "", "0", "0")
+NO_MARKS: tuple[Any, ...] = ("", "0", "0", "0", "0", "", "0", "0", "")
 
 
 class Marks:

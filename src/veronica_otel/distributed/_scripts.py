@@ -6,18 +6,18 @@ root chain (``root`` for ``root.1.2``), so a path's keys are in one slot::
     {prefix}{root}:c:{chain}   hash    the chain's counters (fields below)
     {prefix}{root}:s:{chain}   hash    signature -> times dispatched (repeat limit)
     {prefix}{root}:o:{chain}   zset    signature -> recency (least recent forgotten first)
-    {prefix}{root}:rh          hash    reservation id -> "cost tokens chain...", or a
-                                       reaped one's marker "C cost tokens" ("R": older)
+    {prefix}{root}:rh          hash    reservation id -> "cost tokens :k[r] chain...", or a
+                                       reaped one's marker "C cost tokens :k[r]" ("R": older)
     {prefix}{root}:rz          zset    reservation id -> expiry (server time, microseconds)
-    {prefix}{root}:ad          zset    applied settlement id -> expiry (replay memory)
+    {prefix}{root}:ad          zset    "id@epoch..." of an applied settlement -> expiry
     {prefix}breaker:{name}     hash    a circuit breaker (st, f, at, p, pe)
 
 Chain hash fields: ``c`` committed nano-USD, ``rc`` reserved nano-USD, ``s``
 steps, ``r`` retries, ``t`` tokens, ``rt`` reserved tokens, ``q`` signature
 sequence, ``trip`` the sticky trip as JSON, ``oe``/``oc``/``os`` a logged
 override (expiry, extra cost, extra steps), ``ov`` override generation
-(+1 per override or cleared trip), ``e`` the chain's epoch, ``x:{epoch}``
-what the chain absorbed from a lost epoch ("c s t"), ``k`` / ``kt`` the cost
+(+1 per override or cleared trip), ``e`` the chain's epoch, ``l`` its
+*lineage* (below), ``gh`` its ghost reservation's id, ``k`` / ``kt`` the cost
 and tokens late settlements of charged reservations gave back (so ``c + k``
 and ``t + kt`` never fall within an epoch). Every counter is a
 decimal integer written by ``HINCRBY``; a script reads every field it will
@@ -34,29 +34,44 @@ fresh id with every call, ARGV ``fresh``). A chain that is deleted, flushed,
 expired, evicted or lost in a restart comes back with another epoch.
 
 *Marks.* After every script a client keeps, per chain, what the store said
-(the script's *report*): ``(e, c, s, t, ov, trip, rc, rt)`` as text,
-``trip`` empty when none. ``c + k`` and ``t + kt`` only grow within an
+(the script's *report*): ``(e, c, s, t, ov, trip, rc, rt, l)`` as text
+(MARKS values), ``trip`` and ``l`` empty when none. ``c + k`` and ``t + kt`` only grow within an
 epoch (``c`` and ``t`` fall only when a late settlement replaces a reaper's
 charge), so a mark is a high-water mark of them. Every chain-writing script
-(RESERVE, COMMIT, RELEASE, TRIP, OVERRIDE) is given the caller's marks of each level (eight ARGV per
-level, ``""`` / ``0`` for a chain it never saw) and first runs ``sync`` on
-each level:
+(RESERVE, COMMIT, RELEASE, TRIP, OVERRIDE) is given the caller's marks of
+each level (MARKS ARGV per level, ``""`` / ``0`` for a chain it never saw)
+and first runs ``sync`` on each level:
 
 * no marks (epoch ``""``): a chain without ``e`` gets ``e = fresh``; else as is.
 * marks of the current epoch, ``c + k >= mark c``, ``t + kt >= mark t`` and, if the
   mark holds a trip, the store still has one or ``ov > mark ov`` (an
   override lifted it): nothing to do.
-* otherwise the store lost what this client saw (*re-seed*). Let ``B`` be the
-  base already absorbed from the client's epoch: the store's own counters if
-  it still has that epoch (a rolled-back copy: the chain then gets a new
-  epoch, so every client of the old one re-checks), else field
-  ``x:{mark epoch}`` ("c s t rc rt", zeros when absent). For each of c, s, t
-  the store adds ``max(0, mark - B)`` and ``x:{mark epoch}`` becomes the
-  max. What the marks saw reserved beyond ``B`` (rc, rt: calls in flight at
+* marks of an older epoch whose every part the lineage already holds
+  (below): nothing to do.
+* otherwise the store lost what this client saw (*re-seed*), below.
+
+*Lineage.* Field ``l`` lists, per epoch this chain absorbed from marks (a
+lost one, or its ancestors), ``epoch c s t rc rt``: that epoch's *own*
+counters (spend made in it, not what it absorbed) as far as any client's
+marks showed them, and what was re-held of its reservations. A chain's
+counters are its own epoch's spend plus the sum of its lineage, and a mark
+``(e, c, s, t, l)`` knows, epoch by epoch, ``l``'s parts and its own epoch's
+``c - sum(l.c)`` (and s, t). A re-seed merges what the marks know into the
+lineage, part by part, taking the max and adding to the counters only what
+grows, like a grow-only counter whose replicas are epochs: each client's
+marks count once, a chain lost twice never counts its first epoch again (the
+second epoch's marks carry the first in their lineage), and the merge order
+does not matter. A chain the store still has under the marks' epoch but
+with less (a rolled-back copy) has what it holds absorbed as that epoch's
+part, and gets a new epoch, so every client of the old one re-checks. The
+lineage keeps its newest LINEAGE_MAX epochs; marks of an older one are
+counted again (only ever more). What the marks saw reserved beyond what was
+re-held for their epoch (rc, rt: calls in flight at
   the loss, whose records are gone) is held again by a *ghost reservation*
   (record ``g{fresh}.{chain}`` = "rc rt chain", expiry now +
   reservation_ttl; RESERVE, COMMIT and RELEASE only; chain field ``gh``
-  names it), which the reaper gives back like any expired reservation. The
+  names it; a second loss adds to the same ghost), which the reaper gives
+  back like any expired reservation. The
   calls' commits and releases arrive without a record: each takes its own
   reserved amounts out of the ghost (``unghost``: at most what it holds;
   gone at zero), and a commit is applied as spend. So the first
@@ -66,34 +81,43 @@ each level:
   in the marks is stored again if the chain has none. ``e`` becomes
   ``fresh`` when the chain had none (or was rolled back). c and t saturate
   at SATURATE. Re-seeding never lowers a counter and never lifts a trip;
-  what it can overcount (a release or override the client did not see, an
-  epoch lost twice before its clients came back) only denies earlier.
+  what it can overcount (a release or override the client did not see) only
+  denies earlier.
 
 In RESERVE, ``on_loss = fail`` (ARGV) makes a loss return code 4 without
 writing anything; the client raises ``LedgerLostError``. Settlements always
 re-seed: a call that ran is always counted.
 
 *Commit ids.* Every COMMIT and RELEASE carries an id: its reservation's, or
-a fresh one for a commit without a reservation. An id found in ``ad`` is a
-replay: the script does nothing and only reports. Otherwise a reservation
-record ``held`` is settled normally (RELEASE gives back the record's
-amounts); a marker ``C cost tokens`` (reaped and charged, below) has the
-charge replaced: COMMIT adds ``actual - charged`` to c and t (limits
-checked), RELEASE (never sent) takes the charge back and the step; what
-either takes back is added to ``k`` / ``kt``. A marker ``R`` (an older
-version's reap, which gave cost and tokens back) or no record at all (lost
-with the store, or its holder outlived the marker) is applied as spend
+a fresh one for a commit without a reservation. ``ad`` remembers an applied
+id with the epochs its levels had then (``id@e1@e2...``), so a replay finds
+it only while every chain it counted in is still the same epoch: an id found
+there is a replay, the script does nothing and only reports; a replay whose
+chain was lost since (its reply was lost, then the store lost the chain:
+``ad`` may outlive an expired chain) is counted again, never dropped.
+Otherwise a reservation record ``held`` is settled normally (RELEASE gives
+back the record's amounts and steps); a marker ``C cost tokens`` (reaped and
+charged, below) has the charge replaced: COMMIT adds ``actual - charged`` to
+c and t (limits checked), RELEASE (never sent) takes the charge back and the
+steps; what either takes back is added to ``k`` / ``kt``. A marker ``R`` (an
+older version's reap, which gave cost and tokens back) or no record at all
+(lost with the store, or its holder outlived the marker) is applied as spend
 (COMMIT: cost and tokens added, the limits checked as for an overrun) or
 keeps its step (RELEASE without a record: the step may have been re-seeded).
 A reserve whose reply never came (store error) is cancelled by a queued
 RELEASE of its id with amounts 0: it gives back what the record holds, or
-nothing if the reserve never arrived. The id then
-goes into ``ad`` with expiry now + ``applied_ttl`` (ARGV); expired ids are
-removed on every settlement and ``ad`` holds at most ``applied_cap`` ids
-(soonest-expiring dropped first), so memory stays bounded. A replay after
-its id was dropped counts twice: never less.
+nothing if the reserve never arrived. The id then goes into ``ad`` with
+expiry now + ``applied_ttl`` (ARGV); expired ids are removed on every
+settlement and ``ad`` holds at most ``applied_cap`` ids (soonest-expiring
+dropped first), so memory stays bounded. A replay after its id was dropped
+counts twice: never less.
 
-*Reservations.* Each reservation gets a record and an expiry. RESERVE is
+*Reservations.* Each reservation gets a record and an expiry. The record
+holds its cost, tokens, chains and ``:k`` (``:kr`` with a retry): the steps
+it counted (a grant's carve reserves k at once), so a RELEASE gives back k
+and a COMMIT's unused steps are at most k, whatever the settlement names;
+a reaped record's marker keeps ``:k`` (records without it, from an older
+version, use the settlement's count). RESERVE is
 idempotent: a reserve whose id already has a record (held or a marker) or is
 in ``ad`` (settled or cancelled) changes nothing and reports code 1, so a
 retried or duplicated request never holds twice. Every ``RESERVE`` first
@@ -117,20 +141,45 @@ running call. A charge is committed spend: a denial it causes is sticky.
 1 day by default): a chain is forgotten only after that long without any
 write, and if a client that ran it is still alive, its marks bring it back.
 
-*Known limits.* A chain restored from an older copy with the same epoch
-(a rollback) that lost at most the ``k`` the marks saw goes undetected. A
-call in flight at a loss that outlives its ghost
-reservation (one reservation_ttl) holds nothing meanwhile: its commit is
-still applied (limits checked then), but calls admitted after the ghost
-expired may have used that budget (the one way past a ceiling; persistence
-closes it). Otherwise in the safe direction (denies earlier): a reservation
-record lost without its chain hash (``rh`` evicted alone) leaves its
-``rc``/``rt`` held on the chain; a ghost also holds marks' reservations
-that settled elsewhere until it expires; an epoch lost twice before a client
-of the first comes back, or a replay whose id left ``ad``, overcounts.
+*What no client can know* (the guarantee after a loss; the simulation,
+``testing/_sim_ledger.py``, checks exactly this). A store without
+persistence that loses a chain keeps only what clients' marks hold, and a
+mark is what its client last heard. So:
 
-Replies: every chain-writing script ends with the report of each level, 8
-values per level (``e c s t ov trip rc rt``), after its own fields.
+1. Never lost, never twice: spend, steps and trips in any mark of a client
+   that touches the chain again come back, each counted once across every
+   client and every later loss (lineage); a settlement in flight at the loss
+   is applied once (its record is gone: applied as spend, its reservation
+   taken from the ghost).
+2. Lost: what only the store and clients that never come back (crashed)
+   saw: spend committed after every surviving client's last reply, and
+   calls in flight whose holder died (their ghost share is given back at
+   expiry: the ghost also holds reservations the marks saw that settled
+   before the loss, so charging it would overcount on every lagging mark).
+3. Counted twice, at most: a settlement whose reply was lost and that the
+   store applied before the loss, if a mark saw it (the replay cannot know):
+   at most its reservation; and a reaper's charge that a late commit had
+   replaced before the loss, re-seeded from a mark taken between the two (at
+   most ``k``; marks carrying ``k`` would close it).
+4. Admitted past a ceiling or a trip: until the client that saw the latest
+   state touches the chain again, a client with older marks, or a new one
+   with none, cannot see that state: calls may be admitted beyond it, at
+   most by what the lost chain held (committed + reserved). A client never
+   admits past its OWN marks: a re-seed never lowers a counter it saw and
+   never lifts a trip it saw (only ``override`` does). ``on_loss="fail"``
+   denies such a client instead; a client without marks cannot tell a lost
+   chain from a new one. Persistence (``appendonly yes``, ``noeviction``)
+   is the only way to close 2-4.
+
+Also (safe direction, denies earlier): a chain restored from an older copy
+with the same epoch that lost at most the ``k`` the marks saw goes
+undetected; a reservation record lost without its chain hash (``rh``
+evicted alone) leaves its ``rc``/``rt`` held on the chain; a ghost holds
+marks' reservations that settled elsewhere until it expires; a replay whose
+id left ``ad`` overcounts.
+
+Replies: every chain-writing script ends with the report of each level,
+MARKS values per level (``e c s t ov trip rc rt l``), after its own fields.
 
 Time is the server's ``TIME``, so every process agrees on it.
 
@@ -177,10 +226,14 @@ CORRUPT_TAG = "VERONICA_CORRUPT"
 STORE_MAX = 2**50
 
 # Values per level in a script's report and in a client's marks.
-MARKS = 8
+MARKS = 9
+
+# Lost epochs a chain's lineage remembers (see "Lineage").
+LINEAGE_MAX = 16
 
 # Helpers shared by every script.
-_PRELUDE = r"""
+_PRELUDE = (
+    r"""
 local function fail(key, field, value)
   local shown = string.gsub(string.sub(tostring(value), 1, 64), '%c', '?')
   error({err = 'VERONICA_CORRUPT\t' .. key .. '\t' .. field .. '\t' .. shown .. '\t'})
@@ -206,17 +259,19 @@ local function probe(cmd, key, ...)
 end
 local function state(key)
   local v = read(key, 'trip', 'c', 'rc', 's', 'r', 't', 'rt', 'q', 'oe', 'oc', 'os', 'ov', 'e',
-    'k', 'kt')
+    'k', 'kt', 'l')
   return {
     trip = v[1], c = int(key, 'c', v[2]), rc = int(key, 'rc', v[3]), s = int(key, 's', v[4]),
     r = int(key, 'r', v[5]), t = int(key, 't', v[6]), rt = int(key, 'rt', v[7]),
     q = int(key, 'q', v[8]), oe = int(key, 'oe', v[9]), oc = int(key, 'oc', v[10]),
     os = int(key, 'os', v[11]), ov = int(key, 'ov', v[12]), e = v[13],
-    k = int(key, 'k', v[14]), kt = int(key, 'kt', v[15]),
+    k = int(key, 'k', v[14]), kt = int(key, 'kt', v[15]), l = v[16] or '',
   }
 end
 local function fmt(n) return string.format('%d', n) end
 local SATURATE = @SATURATE@
+local M = @MARKS@
+local LINEAGE_MAX = @LINEAGE_MAX@
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -238,83 +293,165 @@ local function limit_trip(reason, limit, observed, chain, now, soft)
   end
   return trip_json(reason, limit, observed, chain, message, now)
 end
--- A client's marks of one chain, ARGV[a + 1 .. a + 8]: e c s t ov trip rc rt.
+-- A client's marks of one chain, ARGV[a + 1 .. a + M]: e c s t ov trip rc rt l.
 -- (Values the store reported to our own client: read, not re-validated.)
 local function marks(a)
   return {
     e = ARGV[a + 1], c = tonumber(ARGV[a + 2]), s = tonumber(ARGV[a + 3]),
     t = tonumber(ARGV[a + 4]), o = tonumber(ARGV[a + 5]), trip = ARGV[a + 6],
-    rc = tonumber(ARGV[a + 7]), rt = tonumber(ARGV[a + 8]),
+    rc = tonumber(ARGV[a + 7]), rt = tonumber(ARGV[a + 8]), l = ARGV[a + 9],
   }
 end
+-- A lineage "epoch c s t rc rt ..." (field l; see "Lineage" in _scripts.py):
+-- returns the epochs in order and epoch -> {c, s t, rc, rt}. num reads a
+-- number (count on the store's own field, tonumber on a client's marks).
+local function lineage(text, num)
+  local order, at, w = {}, {}, {}
+  if not text or text == '' then return order, at end
+  for word in string.gmatch(text, '%S+') do w[#w + 1] = word end
+  if #w % 6 ~= 0 then num('(lineage)') end
+  for j = 1, #w - 5, 6 do
+    if not at[w[j]] then order[#order + 1] = w[j] end
+    at[w[j]] = {num(w[j + 1]), num(w[j + 2]), num(w[j + 3]), num(w[j + 4]), num(w[j + 5])}
+  end
+  return order, at
+end
+local function stored_lineage(key, st)
+  return lineage(st.l, function(v) return count(key, 'l', v) end)
+end
+local function marks_lineage(m)
+  return lineage(m.l, function(v) return tonumber(v) or 0 end)
+end
+-- What marks m know, epoch by epoch: {epoch, c, s, t, rc, rt} for each
+-- epoch their chain had absorbed, then their own epoch's own part (its
+-- counters less what it absorbed) with what was reserved when they were taken.
+local function known(m)
+  local order, at = marks_lineage(m)
+  local out, c, s, t = {}, 0, 0, 0
+  for _, e in ipairs(order) do
+    local v = at[e]
+    out[#out + 1] = {e, v[1], v[2], v[3], 0, 0}
+    c, s, t = c + v[1], s + v[2], t + v[3]
+  end
+  out[#out + 1] = {m.e, math.max(0, m.c - c), math.max(0, m.s - s), math.max(0, m.t - t),
+    m.rc, m.rt}
+  return out
+end
 -- Whether the store lost what marks m saw of the chain in state st.
-local function lost(st, m)
+local function lost(key, st, m)
   if m.e == '' then return false end
-  -- c + k and t + kt only grow within an epoch (k, kt: what late settlements
-  -- of charged reservations gave back), so c and t may fall below a mark.
-  return not (st.e == m.e and st.c + st.k >= m.c and st.t + st.kt >= m.t
-    and (m.trip == '' or st.trip or st.ov > m.o))
+  local trip_kept = m.trip == '' or st.trip
+  if st.e == m.e then
+    -- c + k and t + kt only grow within an epoch (k, kt: what late settlements
+    -- of charged reservations gave back), so c and t may fall below a mark.
+    return not (st.c + st.k >= m.c and st.t + st.kt >= m.t and (trip_kept or st.ov > m.o))
+  end
+  -- Marks of an older epoch this chain already absorbed whole: nothing lost.
+  if not st.e or st.l == '' or not trip_kept then return true end
+  local _, at = stored_lineage(key, st)
+  for _, x in ipairs(known(m)) do
+    local b = at[x[1]]
+    if not b or x[2] > b[1] or x[3] > b[2] or x[4] > b[3] then return true end
+  end
+  return false
 end
 -- Bring the chain at key in line with marks m (see "The store never
 -- forgets" in _scripts.py). Returns 1 when it re-seeded, else 0. With the
 -- tree's reservation keys (rsv = {rh, rz, now, ttl_us}), what the marks saw
 -- reserved is held again by a ghost reservation that expires after ttl_us.
 local function sync(key, st, m, fresh, chain_ttl, rsv)
-  if not lost(st, m) then
+  if not lost(key, st, m) then
     if not st.e then
       redis.call('HSET', key, 'e', fresh)
       redis.call('PEXPIRE', key, chain_ttl)
     end
     return 0
   end
-  local field = 'x:' .. m.e
-  local base = {0, 0, 0, 0, 0}
+  local order, at = stored_lineage(key, st)
   local epoch = st.e
   if epoch == m.e then
-    base = {st.c, st.s, st.t, st.rc, st.rt}
+    -- An older copy of the marks' epoch (a rollback): what it holds of that
+    -- epoch is absorbed as is, and the chain gets a new epoch.
+    local c, s, t = st.c, st.s, st.t
+    for _, e in ipairs(order) do c, s, t = c - at[e][1], s - at[e][2], t - at[e][3] end
+    if not at[epoch] then order[#order + 1] = epoch end
+    at[epoch] = {math.max(0, c), math.max(0, s), math.max(0, t), st.rc, st.rt}
     epoch = false
-  else
-    local seen = probe('HGET', key, field)
-    if seen then
-      local j = 0
-      for w in string.gmatch(seen, '%S+') do
-        j = j + 1
-        if j <= 5 then base[j] = count(key, field, w) end
-      end
-      if j ~= 5 then fail(key, field, seen) end
-    end
   end
-  local want, names = {m.c, m.s, m.t}, {'c', 's', 't'}
-  for j = 1, 3 do
-    if want[j] > base[j] then
-      local v = redis.call('HINCRBY', key, names[j], fmt(want[j] - base[j]))
-      if j ~= 2 and v > SATURATE then redis.call('HSET', key, names[j], fmt(SATURATE)) end
-      base[j] = want[j]
+  local names, gc, gt = {'c', 's', 't'}, 0, 0
+  for _, x in ipairs(known(m)) do
+    local b = at[x[1]]
+    if not b then
+      b = {0, 0, 0, 0, 0}
+      at[x[1]] = b
+      order[#order + 1] = x[1]
+    end
+    for j = 1, 3 do
+      if x[j + 1] > b[j] then
+        local v = redis.call('HINCRBY', key, names[j], fmt(x[j + 1] - b[j]))
+        if j ~= 2 and v > SATURATE then redis.call('HSET', key, names[j], fmt(SATURATE)) end
+        b[j] = x[j + 1]
+      end
+    end
+    if x[1] == m.e then
+      gc, gt = math.max(0, x[5] - b[4]), math.max(0, x[6] - b[5])
+      b[4], b[5] = b[4] + gc, b[5] + gt
     end
   end
   -- Calls in flight when the store lost the chain: hold what was reserved
-  -- again, for one reservation TTL (their commits arrive without a record).
-  local gc, gt = m.rc - base[4], m.rt - base[5]
-  if gc < 0 then gc = 0 end
-  if gt < 0 then gt = 0 end
-  local at = string.find(key, '}:c:', 1, true)
-  if rsv and at and (gc > 0 or gt > 0) then
-    local gid = 'g' .. fresh .. '.' .. string.sub(key, at + 4)
-    redis.call('HSET', rsv[1], gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. string.sub(key, at + 4))
+  -- again, for one reservation TTL (their commits arrive without a record),
+  -- in the chain's ghost reservation (one per chain: a second loss adds to it).
+  local at_c = string.find(key, '}:c:', 1, true)
+  if rsv and at_c and (gc > 0 or gt > 0) then
+    local chain = string.sub(key, at_c + 4)
+    local gid = probe('HGET', key, 'gh')
+    local rec = gid and probe('HGET', rsv[1], gid)
+    if rec and rec ~= 'R' and string.sub(rec, 1, 2) ~= 'C ' then
+      local parts = {}
+      for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
+      if #parts ~= 3 then fail(rsv[1], gid, rec) end
+      rec = fmt(count(rsv[1], gid, parts[1]) + gc) .. ' ' .. fmt(count(rsv[1], gid, parts[2]) + gt)
+    else
+      gid = 'g' .. fresh .. '.' .. chain
+      rec = fmt(gc) .. ' ' .. fmt(gt)
+    end
+    redis.call('HSET', rsv[1], gid, rec .. ' ' .. chain)
     redis.call('ZADD', rsv[2], fmt(rsv[3] + rsv[4]), gid)
     redis.call('PEXPIRE', rsv[1], chain_ttl)
     redis.call('PEXPIRE', rsv[2], chain_ttl)
     if gc > 0 then redis.call('HINCRBY', key, 'rc', fmt(gc)) end
     if gt > 0 then redis.call('HINCRBY', key, 'rt', fmt(gt)) end
     redis.call('HSET', key, 'gh', gid)
-    base[4], base[5] = base[4] + gc, base[5] + gt
   end
-  redis.call('HSET', key, field, fmt(base[1]) .. ' ' .. fmt(base[2]) .. ' ' .. fmt(base[3])
-    .. ' ' .. fmt(base[4]) .. ' ' .. fmt(base[5]))
+  -- The lineage keeps its newest LINEAGE_MAX epochs (an older one's marks
+  -- would be counted again: only ever more).
+  local words = {}
+  for j = math.max(1, #order - LINEAGE_MAX + 1), #order do
+    local b = at[order[j]]
+    words[#words + 1] = order[j] .. ' ' .. fmt(b[1]) .. ' ' .. fmt(b[2]) .. ' ' .. fmt(b[3])
+      .. ' ' .. fmt(b[4]) .. ' ' .. fmt(b[5])
+  end
+  redis.call('HSET', key, 'l', table.concat(words, ' '))
   if not epoch then redis.call('HSET', key, 'e', fresh) end
   if m.trip ~= '' and not st.trip then redis.call('HSET', key, 'trip', m.trip) end
   redis.call('PEXPIRE', key, chain_ttl)
   return 1
+end
+-- Move spent counter `field` of key by delta (an actual amount minus what a
+-- reap charged): saturates at SATURATE, never below 0, and what it gives
+-- back is added to `back` (k or kt), so field + back never falls.
+local function respend(key, field, back, delta)
+  if delta == 0 then return end
+  local v = redis.call('HINCRBY', key, field, fmt(delta))
+  if v > SATURATE then redis.call('HSET', key, field, fmt(SATURATE)) end
+  if v < 0 then
+    redis.call('HSET', key, field, '0')
+    delta = delta - v
+  end
+  if delta < 0 then
+    local b = redis.call('HINCRBY', key, back, fmt(-delta))
+    if b > SATURATE then redis.call('HSET', key, back, fmt(SATURATE)) end
+  end
 end
 -- A settlement without a record (its call was in flight at a loss) takes
 -- its reserved amounts out of the chain's ghost reservation, if one holds them.
@@ -342,33 +479,32 @@ local function unghost(key, rh, rz, rcost, rtokens)
     redis.call('HSET', rh, gid, fmt(gc) .. ' ' .. fmt(gt) .. ' ' .. parts[3])
   end
 end
--- Move spent counter `field` of key by delta (an actual amount minus what a
--- reap charged): saturates at SATURATE, never below 0, and what it gives
--- back is added to `back` (k or kt), so field + back never falls.
-local function respend(key, field, back, delta)
-  if delta == 0 then return end
-  local v = redis.call('HINCRBY', key, field, fmt(delta))
-  if v > SATURATE then redis.call('HSET', key, field, fmt(SATURATE)) end
-  if v < 0 then
-    redis.call('HSET', key, field, '0')
-    delta = delta - v
-  end
-  if delta < 0 then
-    local b = redis.call('HINCRBY', key, back, fmt(-delta))
-    if b > SATURATE then redis.call('HSET', key, back, fmt(SATURATE)) end
-  end
-end
 -- The charged amounts of a reaped reservation's marker "C cost tokens".
 local function charged(rh, id, rec)
   local parts = {}
   for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
-  if #parts ~= 3 then fail(rh, id, rec) end
-  return count(rh, id, parts[2]), count(rh, id, parts[3])
+  if #parts ~= 3 and #parts ~= 4 then fail(rh, id, rec) end
+  return count(rh, id, parts[2]), count(rh, id, parts[3]), parts[4]
+end
+-- A record's steps word ":k" (":kr" with a retry): how many steps and whether
+-- a retry the reservation holds; nil for a record without one (older).
+local function held_steps(rh, id, word)
+  if not word or string.sub(word, 1, 1) ~= ':' then return nil end
+  local k, r = string.match(word, '^:(%d+)(r?)$')
+  if not k then fail(rh, id, word) end
+  return tonumber(k), r == 'r'
+end
+-- An applied id is remembered with the epochs of its chains (``applied_as``):
+-- counted in a chain the store lost since, it is counted again (never less).
+local function applied_as(id, n)
+  local tag = {id}
+  for i = 1, n do tag[i + 1] = probe('HGET', KEYS[i], 'e') or '' end
+  return table.concat(tag, '@')
 end
 -- Append the report of KEYS[1..n] (e c s t ov trip rc rt per level) to out.
 local function report(out, n)
   for i = 1, n do
-    local v = redis.call('HMGET', KEYS[i], 'e', 'c', 's', 't', 'ov', 'trip', 'rc', 'rt')
+    local v = redis.call('HMGET', KEYS[i], 'e', 'c', 's', 't', 'ov', 'trip', 'rc', 'rt', 'l')
     out[#out + 1] = v[1] or ''
     out[#out + 1] = v[2] or '0'
     out[#out + 1] = v[3] or '0'
@@ -377,19 +513,23 @@ local function report(out, n)
     out[#out + 1] = v[6] or ''
     out[#out + 1] = v[7] or '0'
     out[#out + 1] = v[8] or '0'
+    out[#out + 1] = v[9] or ''
   end
   return out
 end
 """.replace("@SATURATE@", str(2 * STORE_MAX))
+    .replace("@MARKS@", str(MARKS))
+    .replace("@LINEAGE_MAX@", str(LINEAGE_MAX))
+)
 
 # Shared by COMMIT and RELEASE: how a settlement id stands, and remembering it.
 _SETTLE = r"""
 -- 'done' (applied before: a replay), 'held', 'charged' (reaped: its
 -- reservation is counted as spent; also returns what was charged), 'reaped'
 -- (an older marker "R": given back) or 'none' (no record).
-local function standing(rh, rz, ad, id)
+local function standing(rh, rz, ad, id, n)
   probe('ZSCORE', rz, id)
-  if probe('ZSCORE', ad, id) then return 'done' end
+  if probe('ZSCORE', ad, applied_as(id, n)) then return 'done' end
   local rec = probe('HGET', rh, id)
   if rec == false then return 'none' end
   if rec == 'R' then return 'reaped' end
@@ -397,12 +537,12 @@ local function standing(rh, rz, ad, id)
   local parts = {}
   for word in string.gmatch(rec, '%S+') do parts[#parts + 1] = word end
   if #parts < 3 then fail(rh, id, rec) end
-  return 'held', count(rh, id, parts[1]), count(rh, id, parts[2])
+  return 'held', count(rh, id, parts[1]), count(rh, id, parts[2]), parts[3]
 end
-local function applied(rh, rz, ad, id, now, ttl, cap)
+local function applied(rh, rz, ad, id, n, now, ttl, cap)
   redis.call('HDEL', rh, id)
   redis.call('ZREM', rz, id)
-  redis.call('ZADD', ad, fmt(now + ttl), id)
+  redis.call('ZADD', ad, fmt(now + ttl), applied_as(id, n))
   redis.call('ZREMRANGEBYSCORE', ad, '-inf', fmt(now))
   local size = redis.call('ZCARD', ad)
   if size > cap then redis.call('ZREMRANGEBYRANK', ad, 0, size - cap - 1) end
@@ -434,12 +574,12 @@ local sig, id = ARGV[6], ARGV[7]
 local rsv_ttl, chain_ttl, marker_ttl = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 local memory, base = tonumber(ARGV[11]), ARGV[12]
 local mb = 12 + 6 * n
-local fresh, on_loss = ARGV[mb + 8 * n + 1], ARGV[mb + 8 * n + 2]
+local fresh, on_loss = ARGV[mb + M * n + 1], ARGV[mb + M * n + 2]
 local rh, rz, ad = KEYS[3 * n + 1], KEYS[3 * n + 2], KEYS[3 * n + 3]
 
 -- A reserve delivered again (a retried or duplicated request): its id
 -- already has a record (held, or reaped) or was settled. Charge nothing again.
-if id ~= '' and (probe('HEXISTS', rh, id) == 1 or probe('ZSCORE', ad, id)) then
+if id ~= '' and (probe('HEXISTS', rh, id) == 1 or probe('ZSCORE', ad, applied_as(id, n))) then
   return report({1, 0, '', 0}, n)
 end
 local now = now_us()
@@ -448,8 +588,8 @@ local now = now_us()
 local mk, reseeded = {}, 0
 for i = 1, n do
   local st = state(KEYS[i])
-  mk[i] = marks(mb + (i - 1) * 8)
-  if on_loss == 'fail' and lost(st, mk[i]) then return report({4, i, '', 0}, n) end
+  mk[i] = marks(mb + (i - 1) * M)
+  if on_loss == 'fail' and lost(KEYS[i], st, mk[i]) then return report({4, i, '', 0}, n) end
   mk[i].st = st
 end
 local rsv = {rh, rz, now, rsv_ttl}
@@ -477,11 +617,15 @@ for _, rid in ipairs(due) do
     count(rh, rid, parts[2])
     local held = {}
     reaped = true
-    for j = 3, #parts do
+    local steps = held_steps(rh, rid, parts[3])
+    for j = steps and 4 or 3, #parts do
       local key = base .. parts[j]
       state(key)
       if redis.call('EXISTS', key) == 1 then held[#held + 1] = key end
     end
+    -- A ghost reservation (id "g...", what calls in flight at a loss held,
+    -- re-held from marks) is given back: it may hold calls settled before the
+    -- loss that the marks did not see (see "What no client can know").
     local ghost = string.sub(rid, 1, 1) == 'g'
     for _, key in ipairs(held) do
       if parts[1] ~= '0' then redis.call('HINCRBY', key, 'rc', '-' .. parts[1]) end
@@ -495,7 +639,9 @@ for _, rid in ipairs(due) do
       redis.call('HDEL', rh, rid)
       redis.call('ZREM', rz, rid)
     else
-      redis.call('HSET', rh, rid, 'C ' .. parts[1] .. ' ' .. parts[2])
+      local marker = 'C ' .. parts[1] .. ' ' .. parts[2]
+      if steps then marker = marker .. ' ' .. parts[3] end
+      redis.call('HSET', rh, rid, marker)
       redis.call('ZADD', rz, fmt(now + marker_ttl), rid)
     end
   end
@@ -586,7 +732,9 @@ for i = 1, n do
   redis.call('PEXPIRE', key, chain_ttl)
 end
 if id ~= '' then
-  redis.call('HSET', rh, id, cost .. ' ' .. tokens .. ' ' .. table.concat(chains, ' '))
+  -- "cost tokens :k[r] chain...": k the steps it holds (a carve's k), r a retry.
+  local held = cost .. ' ' .. tokens .. ' :' .. fmt(nsteps) .. (retry and 'r' or '')
+  redis.call('HSET', rh, id, held .. ' ' .. table.concat(chains, ' '))
   redis.call('ZADD', rz, fmt(now + rsv_ttl), id)
   redis.call('PEXPIRE', rh, chain_ttl)
   redis.call('PEXPIRE', rz, chain_ttl)
@@ -613,23 +761,26 @@ local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local cost, tokens, chain_ttl = ARGV[5], ARGV[6], ARGV[7]
 local back = tonumber(ARGV[8])
 local mb = 8 + 3 * n
-local fresh = ARGV[mb + 8 * n + 1]
-local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
-local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
+local fresh = ARGV[mb + M * n + 1]
+local aptl, cap = tonumber(ARGV[mb + M * n + 2]), tonumber(ARGV[mb + M * n + 3])
+local rsv_ttl = tonumber(ARGV[mb + M * n + 4])
 local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
-local how, cc, ct = standing(rh, rz, ad, id)
+local how, cc, ct, hw = standing(rh, rz, ad, id, n)
 if how == 'done' then return report({0, '', 0}, n) end
 local now = now_us()
 local reseeded = 0
 local rsv = {rh, rz, now, rsv_ttl}
 for i = 1, n do
-  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 8), fresh, chain_ttl, rsv)
+  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * M), fresh, chain_ttl, rsv)
 end
 if reseeded > 0 then for i = 1, n do states[i] = state(KEYS[i]) end end
-applied(rh, rz, ad, id, now, aptl, cap)
+applied(rh, rz, ad, id, n, now, aptl, cap)
 local held = how == 'held'
+-- The record's own step count caps the steps given back (a carve's unused ones).
+local rsteps = held_steps(rh, id, hw)
+if rsteps and back > rsteps then back = rsteps end
 if how == 'none' then
   for i = 1, n do unghost(KEYS[i], rh, rz, tonumber(rcost), tonumber(rtokens)) end
 end
@@ -696,21 +847,24 @@ local n = tonumber(ARGV[1])
 local id, rcost, rtokens = ARGV[2], ARGV[3], ARGV[4]
 local nsteps, retry, chain_ttl = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7]
 local mb = 7
-local fresh = ARGV[mb + 8 * n + 1]
-local aptl, cap = tonumber(ARGV[mb + 8 * n + 2]), tonumber(ARGV[mb + 8 * n + 3])
-local rsv_ttl = tonumber(ARGV[mb + 8 * n + 4])
+local fresh = ARGV[mb + M * n + 1]
+local aptl, cap = tonumber(ARGV[mb + M * n + 2]), tonumber(ARGV[mb + M * n + 3])
+local rsv_ttl = tonumber(ARGV[mb + M * n + 4])
 local rh, rz, ad = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3]
 local states = {}
 for i = 1, n do states[i] = state(KEYS[i]) end
-local how, cc, ct = standing(rh, rz, ad, id)
+local how, cc, ct, hw = standing(rh, rz, ad, id, n)
 if how == 'done' then return report({0, '', 0}, n) end
 local reseeded = 0
 local now = now_us()
 local rsv = {rh, rz, now, rsv_ttl}
 for i = 1, n do
-  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * 8), fresh, chain_ttl, rsv)
+  reseeded = reseeded + sync(KEYS[i], states[i], marks(mb + (i - 1) * M), fresh, chain_ttl, rsv)
 end
-applied(rh, rz, ad, id, now, aptl, cap)
+applied(rh, rz, ad, id, n, now, aptl, cap)
+-- The record says how many steps (and whether a retry) it holds: those go back.
+local rsteps, rretry = held_steps(rh, id, hw)
+if rsteps then nsteps, retry = rsteps, rretry end
 -- Without a record the reservation was lost with the store: its step may
 -- have been re-seeded from marks, so it stays counted (never less).
 if how == 'none' then
@@ -743,7 +897,7 @@ TRIP = (
     + r"""
 local key = KEYS[1]
 local st = state(key)
-local reseeded = sync(key, st, marks(2), ARGV[11], ARGV[2])
+local reseeded = sync(key, st, marks(2), ARGV[3 + M], ARGV[2])
 local v = read(key, 'trip')
 if v[1] then return report({v[1], reseeded}, 1) end
 redis.call('HSET', key, 'trip', ARGV[1])
@@ -765,7 +919,7 @@ local key = KEYS[1]
 local st = state(key)
 local m = marks(4)
 if m.e == '' and redis.call('EXISTS', key) == 0 then return {'-'} end
-local reseeded = sync(key, st, m, ARGV[13], ARGV[4])
+local reseeded = sync(key, st, m, ARGV[5 + M], ARGV[4])
 local trip = read(key, 'trip')[1]
 local now = now_us()
 redis.call('HDEL', key, 'trip')
@@ -806,7 +960,9 @@ for j = 4, #ARGV do
     local k = 0
     for word in string.gmatch(rec, '%S+') do
       k = k + 1
-      if k > 2 then redis.call('PEXPIRE', base .. word, ARGV[2]) end
+      if k > 2 and string.sub(word, 1, 1) ~= ':' then
+        redis.call('PEXPIRE', base .. word, ARGV[2])
+      end
     end
     renewed = renewed + 1
   end

@@ -53,6 +53,17 @@ Invariants checked after each run (names as reported):
 * ``stuck`` (clients never finished) and ``error:<Type>`` (an exception
   other than the ledger's documented ones escaped).
 
+A store loss (``restart_wipe``, or ``expiry`` that removed the chain) is
+judged by the guarantee in ``distributed/_scripts.py`` ("What no client can
+know"), computed from what the store held at the loss (``_Loss``): the
+ceilings may be passed by at most what the lost chain held (committed +
+reserved + ``k``) and ``max_steps`` by its steps; committed spend may be
+short by what no surviving client's marks saw and by the calls of clients
+that crashed while in doubt, and over by the reservations of calls in doubt
+at the loss (plus ``k``). ``trip_lifted`` stays strict for the client that
+saw the trip (its marks must keep it) and for everyone while no loss
+followed the trip; ``trip_lost`` is strict while a client that saw it survives.
+
 ``run(seed)`` reproduces a run exactly: the same seed gives the same trace,
 the same store digest and the same violations.
 """
@@ -186,6 +197,19 @@ class _Client:
     reservation: Reservation | None = None
     attempts: int = 0
     unconfirmed: list[_Call] = field(default_factory=list)
+    trip_seen: bool = False  # this client was told of a sticky trip
+
+
+@dataclass
+class _Loss:
+    """What the store held of the chain when it lost it (wipe or expiry)."""
+
+    committed: int
+    reserved: int
+    steps: int
+    given_back: int  # k: what late settlements of reaped reservations gave back
+    in_doubt: list[_Call]  # calls in flight, or whose settlement no reply confirmed yet
+    marks: dict[int, int]  # client -> the committed spend its marks of that epoch saw
 
 
 @dataclass
@@ -241,6 +265,8 @@ class Simulation:
         self.path = [Level(CHAIN, self.limits)]
         self.calls: list[_Call] = []
         self.trip_seen = False
+        self.trip_losses = 0  # losses before the first trip was seen
+        self.losses: list[_Loss] = []
         self.violations: dict[str, str] = {}
         self.stats = dict.fromkeys(
             ("sent", "billed", "committed", "faults", "reserves", "denied"), 0
@@ -340,7 +366,7 @@ class Simulation:
             self._log(f"{name} final reserve refused: {type(exc).__name__}")
             return
         if isinstance(got, TripEvent) and got.sticky:
-            self.trip_seen = True
+            self._saw_trip(None)
 
     # -- faults -------------------------------------------------------------------
 
@@ -360,7 +386,9 @@ class Simulation:
                 store.up = False
                 self.down_steps = self.rng.randint(1, 4)
                 if fault == "restart_wipe":
+                    before = self._chain_now()
                     store.wipe()
+                    self._lost(before)
                 self._fault(f"{fault} for {self.down_steps} steps")
                 return
         if self._on("clock_jump"):
@@ -369,7 +397,9 @@ class Simulation:
             self._fault(f"clock_jump +{us}us")
         if self._on("expiry"):
             us = int(CHAIN_TTL_S * 1_000_000) + 1
+            before = self._chain_now()
             store.advance(us)
+            self._lost(before)
             self._fault(f"expiry +{us}us")
 
     def _transport(self, client: SimClient, label: str, apply: Callable[[], Any]) -> Any:
@@ -445,12 +475,12 @@ class Simulation:
             self.stats["denied"] += 1
             self._log(f"c{c.idx} reserve {amount}: denied sticky={got.sticky} {got.reason}")
             if got.sticky:
-                self.trip_seen = True
+                self._saw_trip(c)
                 c.state = "draining"
             else:
                 self._gave_up(c)
             return
-        if self.trip_seen:
+        if c.trip_seen or (self.trip_seen and len(self.losses) == self.trip_losses):
             self._violate("trip_lifted", f"c{c.idx} reserved {amount} after a sticky trip")
         c.attempts = 0
         c.calls_left -= 1
@@ -510,7 +540,7 @@ class Simulation:
         trip = c.ledger.commit(self.path, rsv, call.committed, 0)
         self._log(f"c{c.idx} commit {call.committed} -> {trip is not None}")
         if trip is not None:
-            self.trip_seen = True
+            self._saw_trip(c)
 
     def _crash(self, c: _Client) -> None:
         lost = list(c.unconfirmed)
@@ -549,6 +579,44 @@ class Simulation:
                 c.next_beat = max(c.next_beat, end)
         store.now_us = max(store.now_us, end)
 
+    def _saw_trip(self, c: _Client | None) -> None:
+        if not self.trip_seen:
+            self.trip_losses = len(self.losses)
+        self.trip_seen = True
+        if c is not None:
+            c.trip_seen = True
+
+    def _chain_now(self) -> list[Any]:
+        keys = KeySpace("veronica:").chain(CHAIN)
+        return list(
+            self.store.command("HMGET", [keys.chain, "e", "c", "rc", "s", "k"]) or [None] * 5
+        )
+
+    def _lost(self, before: list[Any]) -> None:
+        """Record what the store held of the chain if it is gone now."""
+        epoch = before[0]
+        if epoch is None or self._chain_now()[0] == epoch:
+            return
+        marks: dict[int, int] = {}
+        for c in self.clients:
+            seen = getattr(getattr(c.ledger, "_marks", None), "seen", {}).get(CHAIN)
+            if seen is not None and str(seen[0]) == str(epoch):
+                marks[c.idx] = int(seen[1])
+        doubt = [call for c in self.clients for call in c.unconfirmed]
+        doubt += [c.call for c in self.clients if c.call is not None]
+        doubt += [call for call in self.calls if call.lost and not call.confirmed]
+        self.losses.append(
+            _Loss(
+                int(before[1] or 0),
+                int(before[2] or 0),
+                int(before[3] or 0),
+                int(before[4] or 0),
+                doubt,
+                marks,
+            )
+        )
+        self._log(f"chain lost: committed {before[1]}, reserved {before[2]}, steps {before[3]}")
+
     # -- invariants ---------------------------------------------------------------
 
     def _check(self) -> None:
@@ -569,12 +637,25 @@ class Simulation:
         sent = sum(call.sent for call in self.calls)
         low = sum(call.bounds()[0] for call in self.calls)
         high = sum(call.bounds()[1] for call in self.calls)
-        if billed > CEILING:
-            self._violate("billed_over_ceiling", f"billed {billed} > ceiling {CEILING}")
-        if committed > CEILING:
-            self._violate("committed_over_ceiling", f"committed {committed} > {CEILING}")
+        # What a store loss may cost (the guarantee documented in _scripts.py,
+        # "What no client can know"): calls admitted before the clients that
+        # saw the lost state come back (at most what it held), spend only a
+        # crashed client had seen, and settlements in doubt at the loss
+        # counted twice (at most what they reserved).
+        losses = self.losses
+        ceiling = CEILING + sum(loss.committed + loss.reserved + loss.given_back for loss in losses)
+        survivors = {c.idx for c in self.clients if c.state != "crashed"}
+        for loss in losses:
+            seen = max([0, *(v for i, v in loss.marks.items() if i in survivors)])
+            low -= max(0, loss.committed - seen)
+            low -= sum(call.bounds()[0] for call in loss.in_doubt if call.lost)
+            high += sum(call.reserved for call in loss.in_doubt) + loss.given_back
+        if billed > ceiling:
+            self._violate("billed_over_ceiling", f"billed {billed} > ceiling {ceiling}")
+        if committed > ceiling:
+            self._violate("committed_over_ceiling", f"committed {committed} > {ceiling}")
         steps = self.limits.steps
-        if steps is not None and sent > steps:
+        if steps is not None and sent > steps + sum(loss.steps for loss in losses):
             self._violate("sent_over_steps", f"{sent} calls sent > max_steps {steps}")
         if committed < low:
             self._violate("committed_lost", f"committed {committed} < billed {low}")
@@ -584,7 +665,11 @@ class Simulation:
             self._violate(
                 "reserved_left", f"reserved {rc} nano, {rt} tokens, {len(live)} live records"
             )
-        if self.trip_seen and trip is None:
+        # A trip survives a loss if a client that saw it survives (its marks).
+        kept = len(losses) == self.trip_losses or any(
+            c.trip_seen for c in self.clients if c.state != "crashed"
+        )
+        if self.trip_seen and trip is None and kept:
             self._violate("trip_lost", "a sticky trip was seen but the chain has none")
 
     # -- plumbing -----------------------------------------------------------------
