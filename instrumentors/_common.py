@@ -26,6 +26,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from veronica_otel._breaker import CircuitBreaker
+from veronica_otel._chain_span import remaining_attributes
 from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._gc_safe import defer
@@ -341,17 +342,12 @@ class ContainedCall:
                 if self.usage_seen:
                     attributes["gen_ai.usage.input_tokens"] = self.input_tokens
                     attributes["gen_ai.usage.output_tokens"] = self.output_tokens
-                cost_left, steps_left = self.ctx.remaining_cost_and_steps()
-                if cost_left is not None:
-                    attributes["veronica.remaining.cost_usd"] = nano_to_usd(cost_left)
-                if steps_left is not None:
-                    attributes["veronica.remaining.steps"] = steps_left
                 span.set_attributes(attributes)
                 if error is not None:
                     span.set_attribute("error.type", type(error).__qualname__)
                     if not isinstance(error, BudgetExceededError):
                         span.record_exception(error)
-                    _note_trip(span, error)
+                    _note_trip(span, error, self.ctx)
                     span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
         except Exception:
             _logger.exception("recording the call on its span failed")
@@ -602,7 +598,7 @@ def _mark_denied(
                 "error.type",
                 "BudgetExceededError" if error is None else type(error).__qualname__,
             )
-            _note_trip(span, error)
+            _note_trip(span, error, ctx)
     except Exception:
         _logger.exception("recording the denial on its span failed")
     finally:
@@ -610,7 +606,7 @@ def _mark_denied(
             span.end()
 
 
-def _note_trip(span: Span, error: BaseException | None) -> None:
+def _note_trip(span: Span, error: BaseException | None, ctx: ExecutionContext) -> None:
     """Put the trip on the call's span if it is not there yet.
 
     A fresh trip is announced on the current span when it happens; a sticky
@@ -622,7 +618,7 @@ def _note_trip(span: Span, error: BaseException | None) -> None:
     events = getattr(span, "events", None)  # the SDK's spans expose their events
     if events is not None and any(event.name == "veronica.trip" for event in events):
         return
-    span.add_event("veronica.trip", trip_attributes(error.trip))
+    span.add_event("veronica.trip", {**trip_attributes(error.trip), **remaining_attributes(ctx)})
     span.set_status(Status(StatusCode.ERROR, f"veronica trip: {error.reason}"))
 
 

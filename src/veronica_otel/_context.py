@@ -25,7 +25,7 @@ from opentelemetry import trace
 
 from ._agents import HandoffCounter, current_agent
 from ._call import ACTIVE_CALL, CallHandle, close_awaitable, is_coroutine_function
-from ._chain_span import end_chain_span, open_chain_span
+from ._chain_span import end_chain_span, open_chain_span, remaining_attributes
 from ._children import carve, min_limit, weak_cancel, weak_deadline
 from ._cm import AsyncFromSync, Entries
 from ._config import ExecutionConfig
@@ -305,7 +305,7 @@ class ExecutionContext(AsyncFromSync):
         overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
         if overrun is not None:
             self._trip = overrun
-            emit_trip(overrun)
+            emit_trip(overrun, remaining=remaining_attributes(self))
         return Decision.ALLOW
 
     async def _awrap(
@@ -701,7 +701,7 @@ class ExecutionContext(AsyncFromSync):
                 self.pipeline.record_failure(call.policy_context, error)
         if overrun is not None:
             self._trip = overrun
-            emit_trip(overrun)
+            emit_trip(overrun, remaining=remaining_attributes(self))
 
     # -- usage -------------------------------------------------------------
 
@@ -969,7 +969,7 @@ class ExecutionContext(AsyncFromSync):
                 self.chain_id,
                 f"chain {self.chain_id}: {what}",
             )
-        emit_trip(trip)
+        emit_trip(trip, remaining=remaining_attributes(self))
         if raise_error:
             raise BudgetExceededError(trip)
 
@@ -983,17 +983,17 @@ class ExecutionContext(AsyncFromSync):
         )
         if decision.partial_result is not None:
             self._partial = decision.partial_result
-        emit_trip(trip)
+        emit_trip(trip, remaining=remaining_attributes(self))
         raise BudgetExceededError(trip)
 
     def _tripped(self, trip: TripEvent, *, raise_error: bool = True) -> None:
         if not trip.sticky:  # only in-flight reservations denied it: deny, remember nothing
-            emit_trip(trip)
+            emit_trip(trip, remaining=remaining_attributes(self))
         elif trip.chain_id == self.chain_id or self._trip is None:
             first = self._trip is None
             self._trip = trip
             if first:
-                emit_trip(trip)
+                emit_trip(trip, remaining=remaining_attributes(self))
         if raise_error:
             raise BudgetExceededError(trip)
 
