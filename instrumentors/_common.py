@@ -47,7 +47,9 @@ __all__ = [
     "ContainedCall",
     "ContainedStream",
     "admit",
+    "attribute_value",
     "input_bound",
+    "server_attributes",
     "strip_veronica_baggage",
     "token_count",
     "tracer",
@@ -163,7 +165,8 @@ class ContainedCall:
     reasoning_tokens = 0
     breaker: CircuitBreaker | None = None
     probe: object | None = None
-    pending_attributes: dict[str, str | int | float] | None = None
+    # Attributes set on our own span when it ends (None: no span of ours records).
+    pending_attributes: dict[str, Any] | None = None
     usage_seen = False
     lost_attempts = 0  # attempts that may have reached the provider, never answered
     text_bytes = 0
@@ -337,7 +340,7 @@ class ContainedCall:
         span = self.span
         try:
             if span.is_recording():
-                attributes: dict[str, str | int | float] = self.pending_attributes or {}
+                attributes: dict[str, Any] = self.pending_attributes or {}
                 attributes["veronica.cost_usd"] = nano_to_usd(max(self.handle.cost_nano, 0))
                 if self.usage_seen:
                     attributes["gen_ai.usage.input_tokens"] = self.input_tokens
@@ -354,6 +357,43 @@ class ContainedCall:
         finally:
             if self.owns_span:
                 span.end()
+
+
+_SERVER: list[tuple[object, str | None, int | None]] = [(None, None, None)]
+
+
+def server_attributes(attributes: dict[str, Any], base_url: object) -> None:
+    """Add ``server.address`` and ``server.port`` read from an SDK client's base URL.
+
+    ``base_url`` is an ``httpx``-style URL (``host``, ``port``, ``scheme``);
+    the last one read is remembered by identity, as a process usually has one
+    client (this runs before every call whose span records).
+    """
+    last = _SERVER[0]
+    if last[0] is base_url:
+        host, port = last[1], last[2]
+    else:
+        host = getattr(base_url, "host", None) or None
+        port = getattr(base_url, "port", None)
+        if port is None:
+            port = {"https": 443, "http": 80}.get(getattr(base_url, "scheme", ""))
+        host = host if type(host) is str else None
+        port = port if type(port) is int else None
+        _SERVER[0] = (base_url, host, port)
+    if host is not None:
+        attributes["server.address"] = host
+    if port is not None:
+        attributes["server.port"] = port
+
+
+def attribute_value(value: object) -> object | None:
+    """``value`` when a span attribute may hold it (a primitive or a list of str), else None."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool:
+        return value
+    if kind is list and all(type(item) is str for item in value):  # type: ignore[attr-defined]
+        return value
+    return None
 
 
 def start_span(operation: str, provider: str, model: str, agent: str | None = None) -> Span:
@@ -521,10 +561,10 @@ def _admission_attributes(
     clamped: int | None,
     model: str,
     fallback: str | None,
-) -> dict[str, str | int | float] | None:
+) -> dict[str, Any] | None:
     if not span.is_recording():
         return None
-    attributes: dict[str, str | int | float] = {
+    attributes: dict[str, Any] = {
         "veronica.chain.id": ctx.chain_id,
         "veronica.decision": "ALLOW",
     }
@@ -538,7 +578,7 @@ def _admission_attributes(
     return attributes
 
 
-def _set_span_attributes(span: Span, attributes: dict[str, str | int | float]) -> None:
+def _set_span_attributes(span: Span, attributes: dict[str, Any]) -> None:
     try:
         span.set_attributes(attributes)
     except Exception:

@@ -75,6 +75,7 @@ from ._common import (
     strip_veronica_baggage,
 )
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._openai_attributes import request_attributes, response_attributes, stream_attributes
 
 __all__ = ["OpenAIInstrumentor"]
 
@@ -200,7 +201,7 @@ def _choices(body: Mapping[str, Any], operation: str) -> int:
     return most
 
 
-def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
+def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None:
     """Admit the call described by ``options``; None when it is not ours to contain."""
     route = _route(options)
     if route is None:
@@ -242,6 +243,8 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
             _set_body(options, cap_key, clamp)
         if fallback is not None:
             _set_body(options, "model", fallback)
+        if call.pending_attributes is not None:  # our own span records
+            request_attributes(call.pending_attributes, body, client)
     except BaseException:
         otel_context.detach(span_token)
         raise
@@ -464,7 +467,7 @@ def _fail(state: _CallState, error: BaseException) -> None:
 
 
 def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")))
+    state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")), instance)
     if state is None:
         return wrapped(*args, **kwargs)
     active = _ACTIVE.set(state)
@@ -488,7 +491,7 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
 async def _arequest(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")))
+    state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")), instance)
     if state is None:
         return await wrapped(*args, **kwargs)
     active = _ACTIVE.set(state)
@@ -592,9 +595,14 @@ def _account(state: _CallState, data: Any) -> None:
     if not _is_mapping(data):
         return
     call = state.call
+    pending = call.pending_attributes
     if not state.streamed:
         _usage(call, data.get("usage"))
+        if pending is not None:
+            response_attributes(pending, data)
         return
+    if pending is not None:
+        stream_attributes(pending, data)
     kind = data.get("type")
     if isinstance(kind, str):  # a Responses stream event
         if kind == "response.output_text.delta":
