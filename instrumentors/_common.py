@@ -22,6 +22,7 @@ from typing import Any
 import wrapt
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -59,6 +60,7 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("veronica_otel.instrumentors", __version__)
 BAGGAGE_PREFIX = "veronica."
+_SUPPRESS_KEY_PLAIN = "suppress_instrumentation"  # the older key is_instrumentation_enabled reads
 
 # Usage handler: (call, payload) -> None; reads usage and text from one payload.
 PayloadHandler = Callable[["ContainedCall", Any], None]
@@ -396,7 +398,13 @@ def attribute_value(value: object) -> object | None:
     return None
 
 
-def start_span(operation: str, provider: str, model: str, agent: str | None = None) -> Span:
+def start_span(
+    operation: str,
+    provider: str,
+    model: str,
+    agent: str | None = None,
+    context: otel_context.Context | None = None,
+) -> Span:
     """Open a GenAI client span (``{operation} {model}``).
 
     ``agent`` (``gen_ai.agent.name``) names the agent making the call, so
@@ -404,9 +412,13 @@ def start_span(operation: str, provider: str, model: str, agent: str | None = No
 
     Under ``suppress_instrumentation()`` no span is recorded, but the call is
     still contained: suppression silences telemetry, it is not a way around
-    the chain's limits.
+    the chain's limits. ``context``: the current OpenTelemetry context when
+    the caller already read it (one read per call instead of several).
     """
-    if not is_instrumentation_enabled():
+    if context is None:
+        if not is_instrumentation_enabled():
+            return trace.INVALID_SPAN
+    elif context.get(_SUPPRESS_KEY) or context.get(_SUPPRESS_KEY_PLAIN):
         return trace.INVALID_SPAN
     attributes = {
         "gen_ai.operation.name": operation,
@@ -415,7 +427,9 @@ def start_span(operation: str, provider: str, model: str, agent: str | None = No
     }
     if agent is not None:
         attributes["gen_ai.agent.name"] = agent
-    return tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attributes)
+    return tracer.start_span(
+        f"{operation} {model}", context, kind=SpanKind.CLIENT, attributes=attributes
+    )
 
 
 def admit(
@@ -662,13 +676,15 @@ def _note_trip(span: Span, error: BaseException | None, ctx: ExecutionContext) -
     span.set_status(Status(StatusCode.ERROR, f"veronica trip: {error.reason}"))
 
 
-def strip_veronica_baggage() -> object | None:
+def strip_veronica_baggage(context: otel_context.Context | None = None) -> object | None:
     """Attach a context without ``veronica.*`` baggage; returns the detach token.
 
     Baggage leaves with every outbound request; our entries must never reach
     an LLM vendor. Returns None (nothing attached) when there is none to strip.
+    ``context``: where to look for it when the caller already read the
+    current context (the one stripped is always the current one).
     """
-    entries = baggage.get_all()
+    entries = baggage.get_all(context)
     if not entries or not any(key.startswith(BAGGAGE_PREFIX) for key in entries):
         return None
     ctx = otel_context.get_current()

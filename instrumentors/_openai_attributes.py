@@ -111,12 +111,13 @@ def stream_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> No
 
 
 def _identity(attributes: dict[str, Any], data: Mapping[str, Any]) -> None:
-    for key, attribute in (
-        ("id", "gen_ai.response.id"),
-        ("model", "gen_ai.response.model"),
-        ("service_tier", "openai.response.service_tier"),
-        ("system_fingerprint", "openai.response.system_fingerprint"),
-    ):
-        value = data.get(key)
-        if type(value) is str and value:
-            attributes[attribute] = value
+    # Four keys read one by one: a loop over pairs costs twice as much per call.
+    get = data.get
+    if type(value := get("id")) is str and value:
+        attributes["gen_ai.response.id"] = value
+    if type(value := get("model")) is str and value:
+        attributes["gen_ai.response.model"] = value
+    if type(value := get("service_tier")) is str and value:
+        attributes["openai.response.service_tier"] = value
+    if type(value := get("system_fingerprint")) is str and value:
+        attributes["openai.response.system_fingerprint"] = value

@@ -112,7 +112,7 @@ _FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "respons
 class _CallState:
     """One contained API call, as the per-attempt and per-payload hooks see it."""
 
-    __slots__ = ("call", "replied", "retries", "span_token", "streamed")
+    __slots__ = ("baggage", "call", "replied", "retries", "span_token", "streamed")
 
     def __init__(self, call: ContainedCall, streamed: bool, span_token: object) -> None:
         self.call = call
@@ -123,6 +123,7 @@ class _CallState:
         # unanswered are counted on the call): nothing is tracked on the success
         # path, the last attempt is read from how the call ended.
         self.replied = False  # an HTTP reply came back (an error status: retried)
+        self.baggage: otel_context.Context | None = None  # where to look for ours to strip
 
 
 _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
@@ -206,7 +207,10 @@ def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None
     route = _route(options)
     if route is None:
         return None
-    ctx = default_context()
+    # The OpenTelemetry context, read once: the chain, the current span,
+    # suppression and baggage all come from it.
+    current = otel_context.get_current()
+    ctx = default_context(current)
     if ctx is None:
         return None
     operation, input_keys, cap_keys = route
@@ -219,11 +223,11 @@ def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None
     n_messages = len(messages) if type(messages) is list else 1
     cap, cap_key = _requested_cap(body, cap_keys)
     agent = current_agent() if ctx.tracks_handoffs else None
-    peer = _peer_span(operation, agent)
-    span = peer if peer is not None else start_span(operation, PROVIDER, model, agent)
+    peer = _peer_span(operation, agent, current)
+    span = peer if peer is not None else start_span(operation, PROVIDER, model, agent, current)
     # Current from here until the request returns (one attach for both): a
     # denial's trip event lands on this span, and HTTP spans nest under it.
-    span_token = otel_context.attach(trace.set_span_in_context(span))
+    span_token = otel_context.attach(trace.set_span_in_context(span, current))
     try:
         call, clamp, fallback = admit(
             ctx,
@@ -248,13 +252,15 @@ def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None
     except BaseException:
         otel_context.detach(span_token)
         raise
-    return _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+    state = _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+    state.baggage = current
+    return state
 
 
 # -- settlement ----------------------------------------------------------------------
 
 
-def _peer_span(operation: str, agent: str | None) -> Any:
+def _peer_span(operation: str, agent: str | None, current: otel_context.Context) -> Any:
     """A peer GenAI instrumentor's span for this very call, when one is current.
 
     The official ``opentelemetry-instrumentation-openai-v2``, OpenLLMetry and
@@ -263,7 +269,7 @@ def _peer_span(operation: str, agent: str | None) -> Any:
     to end, so the call is described once. Anything else (no span, another
     operation, a span already used for one of our calls): None, our own span.
     """
-    span = trace.get_current_span()
+    span = trace.get_current_span(current)
     if not span.is_recording() or getattr(span, "kind", None) is not trace.SpanKind.CLIENT:
         return None
     attributes = getattr(span, "attributes", None) or {}
@@ -359,6 +365,9 @@ def _result_types() -> tuple[Any, Any, Any]:
     return _RESULT_TYPES
 
 
+_MODEL_TYPES: set[type] = set()  # response model classes seen (a few per process)
+
+
 def _bind(state: _CallState, response: httpx2.Response) -> None:
     """Let the payload hook find ``state`` when ``response`` is read after ``request()``."""
     try:
@@ -377,9 +386,14 @@ def _settle_failed(state: _CallState, result: Any) -> Any:
 
 def _settle(state: _CallState, result: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
-    Stream, AsyncStream, BaseModel = _result_types()
     call = state.call
-    if isinstance(result, BaseModel) or result is None or call.usage_seen:
+    if type(result) in _MODEL_TYPES or result is None or call.usage_seen:
+        call.finish()  # the common case: a parsed model, usage already read
+        return result
+    Stream, AsyncStream, BaseModel = _result_types()
+    if isinstance(result, BaseModel):
+        if len(_MODEL_TYPES) < 256:  # pydantic isinstance is a Python-level ABC check
+            _MODEL_TYPES.add(type(result))
         call.finish()  # the common case: a parsed model, usage already read
         return result
     if isinstance(result, Stream):
@@ -471,7 +485,7 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if state is None:
         return wrapped(*args, **kwargs)
     active = _ACTIVE.set(state)
-    stripped = strip_veronica_baggage()
+    stripped = strip_veronica_baggage(state.baggage)
     try:
         result = wrapped(*args, **kwargs)
     except BaseException as exc:
@@ -495,7 +509,7 @@ async def _arequest(
     if state is None:
         return await wrapped(*args, **kwargs)
     active = _ACTIVE.set(state)
-    stripped = strip_veronica_baggage()
+    stripped = strip_veronica_baggage(state.baggage)
     try:
         result = await wrapped(*args, **kwargs)
     except BaseException as exc:
