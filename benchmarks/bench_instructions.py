@@ -417,6 +417,9 @@ def main() -> int:
         "--peers", action="store_true", help="with --quick: the peer instrumentors too"
     )
     parser.add_argument("--no-peers", action="store_true", help="no peer instrumentors")
+    parser.add_argument(
+        "--libraries", help="comma-separated subset of openai,anthropic (default: both)"
+    )
     parser.add_argument("--low", type=int, help=f"timed calls in the short run ({DEFAULT_LOW})")
     parser.add_argument("--high", type=int, help=f"timed calls in the long run ({DEFAULT_HIGH})")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -432,7 +435,11 @@ def main() -> int:
     high = args.high or (QUICK_HIGH if args.quick else DEFAULT_HIGH)
     if not 0 <= low < high:
         parser.error(f"need 0 <= --low < --high, got {low} and {high}")
-    libraries = ("openai",) if args.quick else ("openai", "anthropic")
+    libraries: tuple[str, ...] = ("openai",) if args.quick else ("openai", "anthropic")
+    if args.libraries:
+        libraries = tuple(args.libraries.split(","))
+        if not set(libraries) <= set(VARIANTS):
+            parser.error(f"--libraries: choose from {', '.join(VARIANTS)}, got {args.libraries}")
     report["packages"] = _versions()
     report["parameters"] = {
         "tool": "valgrind --tool=cachegrind --cache-sim=no (instructions executed)",
