@@ -22,10 +22,12 @@ from typing import Any
 import wrapt
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from veronica_otel._breaker import CircuitBreaker
+from veronica_otel._chain_span import remaining_attributes
 from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._gc_safe import defer
@@ -48,7 +50,9 @@ __all__ = [
     "aadmit",
     "ContainedStream",
     "admit",
+    "attribute_value",
     "input_bound",
+    "server_attributes",
     "strip_veronica_baggage",
     "token_count",
     "tracer",
@@ -58,6 +62,7 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("veronica_otel.instrumentors", __version__)
 BAGGAGE_PREFIX = "veronica."
+_SUPPRESS_KEY_PLAIN = "suppress_instrumentation"  # the older key is_instrumentation_enabled reads
 
 # Usage handler: (call, payload) -> None; reads usage and text from one payload.
 PayloadHandler = Callable[["ContainedCall", Any], None]
@@ -164,7 +169,8 @@ class ContainedCall:
     reasoning_tokens = 0
     breaker: CircuitBreaker | None = None
     probe: object | None = None
-    pending_attributes: dict[str, str | int | float] | None = None
+    # Attributes set on our own span when it ends (None: no span of ours records).
+    pending_attributes: dict[str, Any] | None = None
     usage_seen = False
     lost_attempts = 0  # attempts that may have reached the provider, never answered
     text_bytes = 0
@@ -176,7 +182,6 @@ class ContainedCall:
     _defer = False
     _deferred: tuple[BaseException | None, bool, bool] | None = None
     _async_stream = False
-    _remaining: tuple[int | None, int | None] | None = None  # read by afinish, for the span
 
     def __init__(
         self,
@@ -315,19 +320,8 @@ class ContainedCall:
                 await handle.acommit(amounts[0], amounts[1], error)
         except Exception:
             _logger.exception("settling an instrumented call failed")
-        finally:
-            try:
-                if self.span.is_recording() and self.ctx.awaits_store:
-                    self._remaining = await self._aremaining()
-            finally:  # even when cancelled here: the span ends, the probe is freed
-                self._settled(error, sent)
-
-    async def _aremaining(self) -> tuple[int | None, int | None]:
-        try:
-            return self.ctx.remaining_cost_and_steps(await self.ctx.asnapshots())
-        except Exception:  # the store failed: the span goes without them
-            _logger.debug("reading the chain's remaining budget failed", exc_info=True)
-            return None, None
+        finally:  # even when cancelled: the span ends, the probe is freed
+            self._settled(error, sent)
 
     def defer_settlement(self) -> None:
         """From now, :meth:`finish` only records how the call ends (an async
@@ -403,22 +397,17 @@ class ContainedCall:
         span = self.span
         try:
             if span.is_recording():
-                attributes: dict[str, str | int | float] = self.pending_attributes or {}
+                attributes: dict[str, Any] = self.pending_attributes or {}
                 attributes["veronica.cost_usd"] = nano_to_usd(max(self.handle.cost_nano, 0))
                 if self.usage_seen:
                     attributes["gen_ai.usage.input_tokens"] = self.input_tokens
                     attributes["gen_ai.usage.output_tokens"] = self.output_tokens
-                cost_left, steps_left = self._remaining or self.ctx.remaining_cost_and_steps()
-                if cost_left is not None:
-                    attributes["veronica.remaining.cost_usd"] = nano_to_usd(cost_left)
-                if steps_left is not None:
-                    attributes["veronica.remaining.steps"] = steps_left
                 span.set_attributes(attributes)
                 if error is not None:
                     span.set_attribute("error.type", type(error).__qualname__)
                     if not isinstance(error, BudgetExceededError):
                         span.record_exception(error)
-                    _note_trip(span, error)
+                    _note_trip(span, error, self.ctx)
                     span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
         except Exception:
             _logger.exception("recording the call on its span failed")
@@ -427,7 +416,50 @@ class ContainedCall:
                 span.end()
 
 
-def start_span(operation: str, provider: str, model: str, agent: str | None = None) -> Span:
+_SERVER: list[tuple[object, str | None, int | None]] = [(None, None, None)]
+
+
+def server_attributes(attributes: dict[str, Any], base_url: object) -> None:
+    """Add ``server.address`` and ``server.port`` read from an SDK client's base URL.
+
+    ``base_url`` is an ``httpx``-style URL (``host``, ``port``, ``scheme``);
+    the last one read is remembered by identity, as a process usually has one
+    client (this runs before every call whose span records).
+    """
+    last = _SERVER[0]
+    if last[0] is base_url:
+        host, port = last[1], last[2]
+    else:
+        host = getattr(base_url, "host", None) or None
+        port = getattr(base_url, "port", None)
+        if port is None:
+            port = {"https": 443, "http": 80}.get(getattr(base_url, "scheme", ""))
+        host = host if type(host) is str else None
+        port = port if type(port) is int else None
+        _SERVER[0] = (base_url, host, port)
+    if host is not None:
+        attributes["server.address"] = host
+    if port is not None:
+        attributes["server.port"] = port
+
+
+def attribute_value(value: object) -> object | None:
+    """``value`` when a span attribute may hold it (a primitive or a list of str), else None."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool:
+        return value
+    if kind is list and all(type(item) is str for item in value):  # type: ignore[attr-defined]
+        return value
+    return None
+
+
+def start_span(
+    operation: str,
+    provider: str,
+    model: str,
+    agent: str | None = None,
+    context: otel_context.Context | None = None,
+) -> Span:
     """Open a GenAI client span (``{operation} {model}``).
 
     ``agent`` (``gen_ai.agent.name``) names the agent making the call, so
@@ -435,9 +467,13 @@ def start_span(operation: str, provider: str, model: str, agent: str | None = No
 
     Under ``suppress_instrumentation()`` no span is recorded, but the call is
     still contained: suppression silences telemetry, it is not a way around
-    the chain's limits.
+    the chain's limits. ``context``: the current OpenTelemetry context when
+    the caller already read it (one read per call instead of several).
     """
-    if not is_instrumentation_enabled():
+    if context is None:
+        if not is_instrumentation_enabled():
+            return trace.INVALID_SPAN
+    elif context.get(_SUPPRESS_KEY) or context.get(_SUPPRESS_KEY_PLAIN):
         return trace.INVALID_SPAN
     attributes = {
         "gen_ai.operation.name": operation,
@@ -446,7 +482,9 @@ def start_span(operation: str, provider: str, model: str, agent: str | None = No
     }
     if agent is not None:
         attributes["gen_ai.agent.name"] = agent
-    return tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attributes)
+    return tracer.start_span(
+        f"{operation} {model}", context, kind=SpanKind.CLIENT, attributes=attributes
+    )
 
 
 def admit(
@@ -708,10 +746,10 @@ def _admission_attributes(
     fallback: str | None,
     *,
     pool: str | None = None,
-) -> dict[str, str | int | float] | None:
+) -> dict[str, Any] | None:
     if not span.is_recording():
         return None
-    attributes: dict[str, str | int | float] = {
+    attributes: dict[str, Any] = {
         "veronica.chain.id": ctx.chain_id,
         "veronica.decision": "ALLOW",
     }
@@ -729,7 +767,7 @@ def _admission_attributes(
     return attributes
 
 
-def _set_span_attributes(span: Span, attributes: dict[str, str | int | float]) -> None:
+def _set_span_attributes(span: Span, attributes: dict[str, Any]) -> None:
     try:
         span.set_attributes(attributes)
     except Exception:
@@ -823,7 +861,7 @@ def _mark_denied(
                 span.set_attribute("veronica.pool", error.pool)
             if isinstance(error, BudgetExceededError) and error.agent is not None:
                 span.set_attribute("veronica.agent", error.agent)
-            _note_trip(span, error)
+            _note_trip(span, error, ctx)
     except Exception:
         _logger.exception("recording the denial on its span failed")
     finally:
@@ -831,7 +869,7 @@ def _mark_denied(
             span.end()
 
 
-def _note_trip(span: Span, error: BaseException | None) -> None:
+def _note_trip(span: Span, error: BaseException | None, ctx: ExecutionContext) -> None:
     """Put the trip on the call's span if it is not there yet.
 
     A fresh trip is announced on the current span when it happens; a sticky
@@ -843,17 +881,19 @@ def _note_trip(span: Span, error: BaseException | None) -> None:
     events = getattr(span, "events", None)  # the SDK's spans expose their events
     if events is not None and any(event.name == "veronica.trip" for event in events):
         return
-    span.add_event("veronica.trip", trip_attributes(error.trip))
+    span.add_event("veronica.trip", {**trip_attributes(error.trip), **remaining_attributes(ctx)})
     span.set_status(Status(StatusCode.ERROR, f"veronica trip: {error.reason}"))
 
 
-def strip_veronica_baggage() -> object | None:
+def strip_veronica_baggage(context: otel_context.Context | None = None) -> object | None:
     """Attach a context without ``veronica.*`` baggage; returns the detach token.
 
     Baggage leaves with every outbound request; our entries must never reach
     an LLM vendor. Returns None (nothing attached) when there is none to strip.
+    ``context``: where to look for it when the caller already read the
+    current context (the one stripped is always the current one).
     """
-    entries = baggage.get_all()
+    entries = baggage.get_all(context)
     if not entries or not any(key.startswith(BAGGAGE_PREFIX) for key in entries):
         return None
     ctx = otel_context.get_current()

@@ -67,6 +67,7 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
 
+from ._anthropic_attributes import request_attributes, response_attributes
 from ._breakers import never_connected, raised_within
 from ._common import (
     AsyncContainedStream,
@@ -140,7 +141,7 @@ def _is_messages_call(options: Any) -> bool:
     return str(getattr(options, "url", "")).split("?", 1)[0].endswith("/v1/messages")
 
 
-def _begin(options: Any, sdk_call: Any) -> _CallState | None:
+def _begin(options: Any, sdk_call: Any, client: Any = None) -> _CallState | None:
     """Admit a ``messages.create`` call; None when it is not ours to contain."""
     request = _describe(options, sdk_call)
     if request is None:
@@ -160,10 +161,12 @@ def _begin(options: Any, sdk_call: Any) -> _CallState | None:
             clampable=True,
         )
     _rewrite(options, body, clamp, fallback)
+    if call.pending_attributes is not None:  # our own span records
+        request_attributes(call.pending_attributes, body, client)
     return _CallState(call)
 
 
-async def _abegin(options: Any, sdk_call: Any) -> _CallState | None:
+async def _abegin(options: Any, sdk_call: Any, client: Any = None) -> _CallState | None:
     """:func:`_begin` for the async client: a shared store is awaited (``aadmit``)."""
     request = _describe(options, sdk_call)
     if request is None:
@@ -183,6 +186,8 @@ async def _abegin(options: Any, sdk_call: Any) -> _CallState | None:
             clampable=True,
         )
     _rewrite(options, body, clamp, fallback)
+    if call.pending_attributes is not None:  # our own span records
+        request_attributes(call.pending_attributes, body, client)
     return _CallState(call)
 
 
@@ -314,7 +319,7 @@ def _no_item(call: ContainedCall, item: Any) -> None:
 
 def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     options = args[1] if len(args) > 1 else kwargs.get("options")
-    state = _begin(options, kwargs.get("call"))
+    state = _begin(options, kwargs.get("call"), instance)
     active = _ACTIVE.set(state)  # None for calls we do not contain: no stale parent
     if state is None:
         try:
@@ -347,7 +352,7 @@ async def _arequest(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     options = args[1] if len(args) > 1 else kwargs.get("options")
-    state = await _abegin(options, kwargs.get("call"))
+    state = await _abegin(options, kwargs.get("call"), instance)
     active = _ACTIVE.set(state)
     if state is None:
         try:
@@ -494,6 +499,8 @@ def _account(state: _CallState, data: Any) -> None:
         return
     kind = data.get("type")
     call = state.call
+    if call.pending_attributes is not None and kind != "content_block_delta":
+        response_attributes(call.pending_attributes, kind, data)
     if kind == "content_block_delta":
         _delta(state, data.get("delta"))
     elif kind == "message_start":

@@ -78,6 +78,7 @@ from ._common import (
     strip_veronica_baggage,
 )
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._openai_attributes import request_attributes, response_attributes, stream_attributes
 
 __all__ = ["OpenAIInstrumentor"]
 
@@ -114,7 +115,7 @@ _FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "respons
 class _CallState:
     """One contained API call, as the per-attempt and per-payload hooks see it."""
 
-    __slots__ = ("call", "replied", "retries", "span_token", "streamed")
+    __slots__ = ("baggage", "call", "replied", "retries", "span_token", "streamed")
 
     def __init__(self, call: ContainedCall, streamed: bool, span_token: object) -> None:
         self.call = call
@@ -125,6 +126,7 @@ class _CallState:
         # unanswered are counted on the call): nothing is tracked on the success
         # path, the last attempt is read from how the call ended.
         self.replied = False  # an HTTP reply came back (an error status: retried)
+        self.baggage: otel_context.Context | None = None  # where to look for ours to strip
 
 
 _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
@@ -203,15 +205,15 @@ def _choices(body: Mapping[str, Any], operation: str) -> int:
     return most
 
 
-def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
+def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None:
     """Admit the call described by ``options``; None when it is not ours to contain."""
     request = _describe(options)
     if request is None:
         return None
-    ctx, span, owns, model, operation, parts, n_messages, cap, cap_keys, body = request
+    ctx, span, owns, model, operation, parts, n_messages, cap, cap_keys, body, current = request
     # Current from here until the request returns (one attach for both): a
     # denial's trip event lands on this span, and HTTP spans nest under it.
-    span_token = otel_context.attach(trace.set_span_in_context(span))
+    span_token = otel_context.attach(trace.set_span_in_context(span, current))
     try:
         call, clamp, fallback = admit(
             ctx,
@@ -227,19 +229,23 @@ def _prepare(options: Any, stream_kwarg: bool) -> _CallState | None:
             choices=_choices(body, operation),
         )
         _rewrite(options, cap_keys, body, clamp, fallback)
+        if call.pending_attributes is not None:  # our own span records
+            request_attributes(call.pending_attributes, body, client)
     except BaseException:
         otel_context.detach(span_token)
         raise
-    return _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+    state = _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+    state.baggage = current
+    return state
 
 
-async def _aprepare(options: Any, stream_kwarg: bool) -> _CallState | None:
+async def _aprepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None:
     """:func:`_prepare` for the async client: a shared store is awaited (``aadmit``)."""
     request = _describe(options)
     if request is None:
         return None
-    ctx, span, owns, model, operation, parts, n_messages, cap, cap_keys, body = request
-    span_token = otel_context.attach(trace.set_span_in_context(span))
+    ctx, span, owns, model, operation, parts, n_messages, cap, cap_keys, body, current = request
+    span_token = otel_context.attach(trace.set_span_in_context(span, current))
     try:
         call, clamp, fallback = await aadmit(
             ctx,
@@ -255,10 +261,14 @@ async def _aprepare(options: Any, stream_kwarg: bool) -> _CallState | None:
             choices=_choices(body, operation),
         )
         _rewrite(options, cap_keys, body, clamp, fallback)
+        if call.pending_attributes is not None:  # our own span records
+            request_attributes(call.pending_attributes, body, client)
     except BaseException:
         otel_context.detach(span_token)
         raise
-    return _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+    state = _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+    state.baggage = current
+    return state
 
 
 _Request = tuple[
@@ -272,6 +282,7 @@ _Request = tuple[
     "int | None",
     tuple[str, ...],
     dict[str, Any],
+    otel_context.Context,
 ]
 
 
@@ -280,7 +291,10 @@ def _describe(options: Any) -> _Request | None:
     route = _route(options)
     if route is None:
         return None
-    ctx = default_context()
+    # The OpenTelemetry context, read once: the chain, the current span,
+    # suppression and baggage all come from it.
+    current = otel_context.get_current()
+    ctx = default_context(current)
     if ctx is None:
         return None
     operation, input_keys, cap_keys = route
@@ -293,9 +307,21 @@ def _describe(options: Any) -> _Request | None:
     n_messages = len(messages) if type(messages) is list else 1
     cap = _requested_cap(body, cap_keys)[0]
     agent = current_agent() if ctx.names_agents else None
-    peer = _peer_span(operation, agent)
-    span = peer if peer is not None else start_span(operation, PROVIDER, model, agent)
-    return ctx, span, peer is None, model, operation, parts, n_messages, cap, cap_keys, body
+    peer = _peer_span(operation, agent, current)
+    span = peer if peer is not None else start_span(operation, PROVIDER, model, agent, current)
+    return (
+        ctx,
+        span,
+        peer is None,
+        model,
+        operation,
+        parts,
+        n_messages,
+        cap,
+        cap_keys,
+        body,
+        current,
+    )
 
 
 def _rewrite(
@@ -316,7 +342,7 @@ def _rewrite(
 # -- settlement ----------------------------------------------------------------------
 
 
-def _peer_span(operation: str, agent: str | None) -> Any:
+def _peer_span(operation: str, agent: str | None, current: otel_context.Context) -> Any:
     """A peer GenAI instrumentor's span for this very call, when one is current.
 
     The official ``opentelemetry-instrumentation-openai-v2``, OpenLLMetry and
@@ -325,7 +351,7 @@ def _peer_span(operation: str, agent: str | None) -> Any:
     to end, so the call is described once. Anything else (no span, another
     operation, a span already used for one of our calls): None, our own span.
     """
-    span = trace.get_current_span()
+    span = trace.get_current_span(current)
     if not span.is_recording() or getattr(span, "kind", None) is not trace.SpanKind.CLIENT:
         return None
     attributes = getattr(span, "attributes", None) or {}
@@ -421,6 +447,9 @@ def _result_types() -> tuple[Any, Any, Any]:
     return _RESULT_TYPES
 
 
+_MODEL_TYPES: set[type] = set()  # response model classes seen (a few per process)
+
+
 def _bind(state: _CallState, response: httpx2.Response) -> None:
     """Let the payload hook find ``state`` when ``response`` is read after ``request()``."""
     try:
@@ -439,9 +468,14 @@ def _settle_failed(state: _CallState, result: Any) -> Any:
 
 def _settle(state: _CallState, result: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
-    Stream, AsyncStream, BaseModel = _result_types()
     call = state.call
-    if isinstance(result, BaseModel) or result is None or call.usage_seen:
+    if type(result) in _MODEL_TYPES or result is None or call.usage_seen:
+        call.finish()  # the common case: a parsed model, usage already read
+        return result
+    Stream, AsyncStream, BaseModel = _result_types()
+    if isinstance(result, BaseModel):
+        if len(_MODEL_TYPES) < 256:  # pydantic isinstance is a Python-level ABC check
+            _MODEL_TYPES.add(type(result))
         call.finish()  # the common case: a parsed model, usage already read
         return result
     if isinstance(result, Stream):
@@ -529,11 +563,11 @@ def _fail(state: _CallState, error: BaseException) -> None:
 
 
 def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")))
+    state = _prepare(_options_of(args, kwargs), bool(kwargs.get("stream")), instance)
     if state is None:
         return wrapped(*args, **kwargs)
     active = _ACTIVE.set(state)
-    stripped = strip_veronica_baggage()
+    stripped = strip_veronica_baggage(state.baggage)
     try:
         result = wrapped(*args, **kwargs)
     except BaseException as exc:
@@ -553,11 +587,11 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
 async def _arequest(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = await _aprepare(_options_of(args, kwargs), bool(kwargs.get("stream")))
+    state = await _aprepare(_options_of(args, kwargs), bool(kwargs.get("stream")), instance)
     if state is None:
         return await wrapped(*args, **kwargs)
     active = _ACTIVE.set(state)
-    stripped = strip_veronica_baggage()
+    stripped = strip_veronica_baggage(state.baggage)
     call = state.call
     try:
         result = await wrapped(*args, **kwargs)
@@ -679,9 +713,14 @@ def _account(state: _CallState, data: Any) -> None:
     if not _is_mapping(data):
         return
     call = state.call
+    pending = call.pending_attributes
     if not state.streamed:
         _usage(call, data.get("usage"))
+        if pending is not None:
+            response_attributes(pending, data)
         return
+    if pending is not None:
+        stream_attributes(pending, data)
     kind = data.get("type")
     if isinstance(kind, str):  # a Responses stream event
         if kind == "response.output_text.delta":

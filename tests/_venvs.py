@@ -111,11 +111,17 @@ def venv(name: str, steps: Sequence[Sequence[str]]) -> Path:
                     _run_step(root, step, checkout)
             ours.write_text(stamp)
             (root / ".complete").write_text("ok")
+        elif not _installs_ours(steps):
+            pass  # nothing of this checkout in it: nothing to refresh
         elif not ours.exists() or ours.read_text() != stamp:
             with _checkout_copy() as checkout:
                 _pip(root, "--no-deps", "--force-reinstall", str(checkout))
             ours.write_text(stamp)
     return root
+
+
+def _installs_ours(steps: Sequence[Sequence[str]]) -> bool:
+    return any(OURS in arg for step in steps for arg in step)
 
 
 def build_error(exc: subprocess.CalledProcessError) -> str:
@@ -161,4 +167,17 @@ PEERS: tuple[tuple[str, ...], ...] = (
         "xmltodict>=0.13,<2",
     ),
     ("--no-deps", "openlit==1.45.0"),
+)
+
+# The official contrib instrumentor alone (no veronica-otel), at the SDK and
+# OpenTelemetry versions of the project's own environment: what its spans
+# carry for a call is the reference our call spans are checked against.
+CONTRIB: tuple[tuple[str, ...], ...] = (
+    (
+        "openai==3.57.0",
+        "opentelemetry-sdk==1.45.2",
+        "opentelemetry-instrumentation-openai-v2==2.4b0",
+        "opentelemetry-util-genai==1.1b0",
+        "httpx",  # openai-v2 imports it (openai 3 itself uses httpx2)
+    ),
 )

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
 from ._errors import BudgetExceededError
+from ._units import nano_to_usd
 from ._version import __version__
 
 if TYPE_CHECKING:
     from ._context import ExecutionContext
 
-__all__ = ["end_chain_span", "open_chain_span"]
+__all__ = ["end_chain_span", "open_chain_span", "remaining_attributes"]
 
 _tracer = trace.get_tracer("veronica_otel", __version__)
 _logger = logging.getLogger(__name__)
@@ -59,8 +61,41 @@ def end_chain_span(ctx: ExecutionContext, span: trace.Span, exc: BaseException |
             }
             if snap.trip is not None:
                 attributes["veronica.trip.reason"] = snap.trip.reason
+            attributes.update(remaining_attributes(ctx))
             span.set_attributes(attributes)
     except Exception:
         _logger.warning("chain %s: totals not recorded on its span", ctx.chain_id, exc_info=True)
     finally:
         span.end()
+
+
+def remaining_attributes(ctx: ExecutionContext) -> dict[str, float | int]:
+    """``veronica.remaining.*``: what the chain's tightest cost and step ceilings have left.
+
+    Read where the chain's state is reported (its span's end, a trip), not on
+    every call span: one ledger read a level is too much for the hot path.
+    Empty when the ledger cannot be read; never raises. Empty too for a chain
+    on a shared store read from a running event loop: a blocking store read
+    there would stall every task (the gauges still report it).
+    """
+    if ctx.awaits_store and _in_event_loop():
+        return {}
+    try:
+        cost_left, steps_left = ctx.remaining_cost_and_steps()
+    except Exception:
+        _logger.debug("chain %s: remaining budget unreadable", ctx.chain_id, exc_info=True)
+        return {}
+    attributes: dict[str, float | int] = {}
+    if cost_left is not None:
+        attributes["veronica.remaining.cost_usd"] = nano_to_usd(cost_left)
+    if steps_left is not None:
+        attributes["veronica.remaining.steps"] = steps_left
+    return attributes
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -33,7 +33,7 @@ from ._call import (
     is_coroutine_function,
     settled_amounts,
 )
-from ._chain_span import end_chain_span, open_chain_span
+from ._chain_span import end_chain_span, open_chain_span, remaining_attributes
 from ._children import carve, min_limit, weak_cancel, weak_deadline
 from ._cm import AsyncFromSync, Entries
 from ._config import ExecutionConfig
@@ -354,7 +354,7 @@ class ExecutionContext(AsyncFromSync):
         overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
         if overrun is not None:
             self._trip = overrun
-            emit_trip(overrun)
+            emit_trip(overrun, remaining=remaining_attributes(self))
         return Decision.ALLOW
 
     async def _awrap(
@@ -941,7 +941,7 @@ class ExecutionContext(AsyncFromSync):
             call.agents is not None and self._agent_denied(overrun, raise_error=False)
         ):
             self._trip = overrun
-            emit_trip(overrun)
+            emit_trip(overrun, remaining=remaining_attributes(self))
 
     # -- usage -------------------------------------------------------------
 
@@ -1255,7 +1255,7 @@ class ExecutionContext(AsyncFromSync):
                 self.chain_id,
                 f"chain {self.chain_id}: {what}",
             )
-        emit_trip(trip)
+        emit_trip(trip, remaining=remaining_attributes(self))
         if raise_error:
             raise BudgetExceededError(trip)
 
@@ -1269,7 +1269,7 @@ class ExecutionContext(AsyncFromSync):
         )
         if decision.partial_result is not None:
             self._partial = decision.partial_result
-        emit_trip(trip)
+        emit_trip(trip, remaining=remaining_attributes(self))
         raise BudgetExceededError(trip)
 
     def _tripped(self, trip: TripEvent, *, raise_error: bool = True) -> None:
@@ -1278,12 +1278,12 @@ class ExecutionContext(AsyncFromSync):
             # sticky for every context of the chain, children included).
             trip = self._ledger.trip(self.chain_id, trip)
         if not trip.sticky:  # only in-flight reservations denied it: deny, remember nothing
-            emit_trip(trip)
+            emit_trip(trip, remaining=remaining_attributes(self))
         elif trip.chain_id == self.chain_id or self._trip is None:
             first = self._trip is None
             self._trip = trip
             if first:
-                emit_trip(trip)
+                emit_trip(trip, remaining=remaining_attributes(self))
         if raise_error:
             raise BudgetExceededError(trip)
 

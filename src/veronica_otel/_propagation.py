@@ -69,12 +69,13 @@ def set_default_context_error(error: Exception) -> None:
     _default_renew = None
 
 
-def default_context() -> ExecutionContext | None:
+def default_context(context: otel_context.Context | None = None) -> ExecutionContext | None:
     """The active chain, else the process default chain, else None.
 
+    ``context``: the OpenTelemetry context to read (the current one if None).
     Raises the configuration error set by :func:`set_default_context_error`.
     """
-    ctx = otel_context.get_value(CONTEXT_KEY)
+    ctx = otel_context.get_value(CONTEXT_KEY, context)
     if ctx is not None:
         return ctx  # type: ignore[return-value]
     if _default_error is not None:

@@ -10,7 +10,7 @@ may raise into the caller: a broken sink is logged and skipped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
@@ -38,7 +38,7 @@ def remove_trip_listener(listener: TripListener) -> None:
         _listeners.remove(listener)
 
 
-def trip_attributes(trip: TripEvent) -> dict[str, str | float]:
+def trip_attributes(trip: TripEvent) -> dict[str, str | float | int]:
     """The ``veronica.trip.*`` attributes describing ``trip``."""
     attributes: dict[str, str | float] = {
         "veronica.trip.reason": trip.reason,
@@ -55,12 +55,23 @@ def trip_attributes(trip: TripEvent) -> dict[str, str | float]:
     return attributes
 
 
-def emit_trip(trip: TripEvent, span: Span | None = None) -> None:
-    """Announce ``trip`` on the current (or given) span, the log and listeners."""
+def emit_trip(
+    trip: TripEvent,
+    span: Span | None = None,
+    remaining: Mapping[str, float | int] | None = None,
+) -> None:
+    """Announce ``trip`` on the current (or given) span, the log and listeners.
+
+    ``remaining`` (``veronica.remaining.*``, what the chain has left) goes on
+    the span event with the trip's own attributes.
+    """
     try:
         target = span if span is not None else trace.get_current_span()
         if target.is_recording():
-            target.add_event("veronica.trip", trip_attributes(trip))
+            attributes = trip_attributes(trip)
+            if remaining:
+                attributes.update(remaining)
+            target.add_event("veronica.trip", attributes)
             target.set_status(Status(StatusCode.ERROR, f"veronica trip: {trip.reason}"))
         record_trip(trip)
         trip_logger.warning(

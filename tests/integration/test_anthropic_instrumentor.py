@@ -563,6 +563,13 @@ def test_own_span_when_sdk_tracing_is_off(
         assert attrs["gen_ai.provider.name"] == "anthropic"
         assert attrs["gen_ai.usage.output_tokens"] == OUTPUT
         assert span.parent is not None  # under the chain's span
+        # The GenAI Recommended attributes, as the SDK's own span would carry them.
+        assert attrs["server.address"] == "127.0.0.1"
+        assert attrs["server.port"] == server.port
+        assert str(attrs["gen_ai.response.id"]).startswith("msg_")
+        assert attrs["gen_ai.response.model"] == MODEL
+        assert list(attrs["gen_ai.response.finish_reasons"]) == ["end_turn"]  # type: ignore[arg-type]
+        assert not [key for key in attrs if key.startswith("veronica.remaining.")]
 
 
 def test_no_veronica_baggage_sent_to_the_vendor(

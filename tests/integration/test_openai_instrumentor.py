@@ -1143,7 +1143,12 @@ def test_one_client_span_per_call_under_the_chains_root(
         (event,) = trip_events(span)
         assert event.attributes is not None
         assert event.attributes["veronica.trip.reason"] == "steps"
+        assert event.attributes["veronica.remaining.steps"] == 0  # what the chain had left
+    # What the chain has left is on its root span at its end, not on every call span.
+    assert attributes(root)["veronica.remaining.steps"] == 0
+    assert attributes(root)["veronica.remaining.cost_usd"] == pytest.approx(1.0 - cost)
     for span in calls:
+        assert not [key for key in attributes(span) if key.startswith("veronica.remaining.")]
         assert span.parent is not None
         assert span.parent.span_id == root.context.span_id
         assert span.context.trace_id == root.context.trace_id

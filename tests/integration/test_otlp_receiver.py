@@ -220,5 +220,6 @@ def test_chain_arrives_intact_over_otlp_http(
         "veronica.trip.limit": 3.0,
         "veronica.trip.observed": 4.0,
         "veronica.chain.id": ctx.chain_id,
+        "veronica.remaining.steps": 0,  # the chain's state at the trip, not on call spans
     }
     assert not any(event.name == "veronica.trip" for event in first.events)

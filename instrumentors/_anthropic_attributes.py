@@ -1,0 +1,55 @@
+"""The GenAI span attributes of an ``anthropic`` call, for the span we open ourselves.
+
+With its tracing on, ``anthropic`` describes the call on its own span and we
+add only ``veronica.*``. With it off, our ``chat {model}`` span stands in for
+it and carries the GenAI semantic conventions' Recommended attributes: the
+request parameters, ``server.*``, and the response's id, model and finish
+reasons. Written into the call's pending attributes (set when the span ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._common import attribute_value, server_attributes
+
+__all__ = ["request_attributes", "response_attributes"]
+
+_PLAIN = {
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "top_k": "gen_ai.request.top_k",
+    "stop_sequences": "gen_ai.request.stop_sequences",
+}
+_KEYS = frozenset(_PLAIN)
+
+
+def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], client: Any) -> None:
+    """Add what the request says: its sampling parameters and the server it goes to."""
+    for key in _KEYS.intersection(body):
+        value = attribute_value(body[key])
+        if value is not None:
+            attributes[_PLAIN[key]] = value
+    try:
+        base_url = client.base_url
+    except Exception:  # a client we do not know the shape of: no server attributes
+        return
+    server_attributes(attributes, base_url)
+
+
+def response_attributes(attributes: dict[str, Any], kind: object, data: Mapping[str, Any]) -> None:
+    """Add what one payload says: a whole message, ``message_start`` or ``message_delta``."""
+    message: object = data
+    if kind == "message_start":
+        message = data.get("message")
+    elif kind == "message_delta":
+        message = data.get("delta")
+    if not isinstance(message, Mapping):
+        return
+    if type(value := message.get("id")) is str and value:
+        attributes["gen_ai.response.id"] = value
+    if type(value := message.get("model")) is str and value:
+        attributes["gen_ai.response.model"] = value
+    if type(value := message.get("stop_reason")) is str and value:
+        attributes["gen_ai.response.finish_reasons"] = [value]

@@ -1,0 +1,123 @@
+"""The GenAI span attributes of an ``openai`` call, read from its request and its payloads.
+
+Our call span replaces the official contrib instrumentor's
+(``opentelemetry-instrumentation-openai-v2``), so it carries every attribute
+that one sets for the same call: the request parameters, ``server.*``, and
+the response's id, model, finish reasons, service tier and fingerprint.
+Everything here runs only when our own span records, and writes into the
+call's pending attributes (set on the span in one SDK call when it ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._common import attribute_value, server_attributes
+
+__all__ = ["request_attributes", "response_attributes", "stream_attributes"]
+
+# Body key -> attribute, copied as is when the value is a primitive.
+_PLAIN = {
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "presence_penalty": "gen_ai.request.presence_penalty",
+    "frequency_penalty": "gen_ai.request.frequency_penalty",
+    "seed": "gen_ai.request.seed",
+    "dimensions": "gen_ai.embeddings.dimension.count",
+}
+_SPECIAL = frozenset(("stop", "n", "response_format", "service_tier", "encoding_format"))
+_KEYS = frozenset(_PLAIN) | _SPECIAL
+
+
+def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], client: Any) -> None:
+    """Add what the request says: its parameters and the server it goes to."""
+    for key in _KEYS.intersection(body):  # usually few or none of them
+        value = body[key]
+        if value is None:
+            continue
+        if key in _PLAIN:
+            value = attribute_value(value)
+            if value is not None:
+                attributes[_PLAIN[key]] = value
+        elif key == "stop":
+            stop = [value] if type(value) is str else attribute_value(value)
+            if stop is not None:
+                attributes["gen_ai.request.stop_sequences"] = stop
+        elif key == "n":
+            if type(value) is int and value != 1:
+                attributes["gen_ai.request.choice.count"] = value
+        elif key == "response_format":
+            kind = value.get("type") if isinstance(value, Mapping) else value
+            if type(kind) is str:
+                attributes["gen_ai.output.type"] = "json" if kind.startswith("json") else kind
+        elif key == "service_tier":
+            if type(value) is str and value != "auto":
+                attributes["openai.request.service_tier"] = value
+        elif type(value) is str:  # encoding_format
+            attributes["gen_ai.request.encoding_formats"] = [value]
+    try:
+        base_url = client.base_url
+    except Exception:  # a client we do not know the shape of: no server attributes
+        return
+    server_attributes(attributes, base_url)
+
+
+def response_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> None:
+    """Add what a whole reply says (chat, completions, embeddings, responses)."""
+    _identity(attributes, data)
+    choices = data.get("choices")
+    if type(choices) is list and choices:
+        reasons = [
+            reason
+            for choice in choices
+            if isinstance(choice, Mapping) and type(reason := choice.get("finish_reason")) is str
+        ]
+        if reasons:
+            attributes["gen_ai.response.finish_reasons"] = reasons
+    elif type(status := data.get("status")) is str and "output" in data:  # the Responses API
+        attributes["gen_ai.response.finish_reasons"] = [status]
+    elif type(items := data.get("data")) is list and items:  # embeddings
+        dimensions = _dimensions(items[0])
+        if dimensions:
+            attributes["gen_ai.embeddings.dimension.count"] = dimensions
+
+
+def _dimensions(item: object) -> int | None:
+    """An embedding's length: a list of floats, or base64 of float32s (the SDK's default)."""
+    vector = item.get("embedding") if isinstance(item, Mapping) else None
+    if type(vector) is list:
+        return len(vector)
+    if type(vector) is str:
+        padding = len(vector) - len(vector.rstrip("="))
+        return (len(vector) * 3 // 4 - padding) // 4
+    return None
+
+
+def stream_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> None:
+    """Add what one stream chunk or event says (the first one names the reply)."""
+    kind = data.get("type")
+    if type(kind) is str:  # a Responses event: the final one carries the whole response
+        response = data.get("response")
+        if isinstance(response, Mapping) and kind.startswith("response.") and "id" in response:
+            response_attributes(attributes, response)
+        return
+    if "gen_ai.response.id" not in attributes:
+        _identity(attributes, data)
+    for choice in data.get("choices") or ():
+        if isinstance(choice, Mapping) and type(reason := choice.get("finish_reason")) is str:
+            reasons = attributes.setdefault("gen_ai.response.finish_reasons", [])
+            reasons.append(reason)
+
+
+def _identity(attributes: dict[str, Any], data: Mapping[str, Any]) -> None:
+    # Four keys read one by one: a loop over pairs costs twice as much per call.
+    get = data.get
+    if type(value := get("id")) is str and value:
+        attributes["gen_ai.response.id"] = value
+    if type(value := get("model")) is str and value:
+        attributes["gen_ai.response.model"] = value
+    if type(value := get("service_tier")) is str and value:
+        attributes["openai.response.service_tier"] = value
+    if type(value := get("system_fingerprint")) is str and value:
+        attributes["openai.response.system_fingerprint"] = value
