@@ -60,7 +60,10 @@ class RawServer:
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
-                server._serve(self.connection, self.rfile)
+                try:
+                    server._serve(self.connection, self.rfile)
+                except OSError:  # the client went away (a cancelled or timed-out call)
+                    return
 
         self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
