@@ -30,7 +30,9 @@ retries, ``t`` tokens, ``md`` max depth, ``dl`` the chain's deadline (unix
 milliseconds); ``cv`` 1 when the cost, steps and tokens are carved
 (reserved) out of the caller's chain, ``l`` the id of a ledger the caller
 shares (then ``a``, the caller's path on it, root first: ``[chain id, cost,
-steps, tokens, retries]`` ceilings per level, null for unlimited).
+steps, tokens, retries]`` ceilings per level, null for unlimited; and ``p``,
+the caller's budget pools on that ledger: ``[name, cost, steps, tokens,
+window seconds]``, so the service charges them as the caller would).
 
 What the downstream service's chain spent travels back in the
 ``veronica-spent`` response header, signed with the service's own signing
@@ -68,9 +70,11 @@ from typing import Any
 from opentelemetry import metrics
 
 from ._errors import REASONS
-from ._ledger import Level, Limits
+from ._ledger import Level, Limits, PoolLevel
+from ._pools import check_pool_name
 from ._units import MAX_COUNT
 from ._version import __version__
+from ._window import check_window
 
 __all__ = [
     "AUDIENCE_ENV",
@@ -170,6 +174,8 @@ class Grant:
         path: On that shared ledger, the caller's chain and the chains above
             it with their ceilings, root first, ``chain_id`` last (the root and
             the nearest levels when the path is deeper than a grant carries).
+        pools: On that shared ledger, the caller's budget pools: the
+            service's calls for the request are reserved in them too.
     """
 
     chain_id: str
@@ -188,6 +194,7 @@ class Grant:
     carved: bool = False
     ledger_id: str | None = None
     path: tuple[Level, ...] = field(default=())
+    pools: tuple[PoolLevel, ...] = field(default=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +344,8 @@ def _mac(key: bytes, tag: bytes, message: bytes) -> bytes:
 
 # -- grants ---------------------------------------------------------------------------
 
+MAX_GRANT_POOLS = 16  # as many as one chain may list
+
 _OPTIONAL_INTS = (
     ("$", "cost_nano"),
     ("s", "steps"),
@@ -370,6 +379,8 @@ def sign_grant(grant: Grant, keys: Any) -> str:
     if grant.ledger_id is not None:
         payload["l"] = grant.ledger_id
         payload["a"] = [_level_json(level) for level in grant.path]
+        if grant.pools:
+            payload["p"] = [_pool_json(pool) for pool in grant.pools]
     body = _b64encode(json.dumps(payload, separators=(",", ":")).encode("utf-8"))
     signed = f"{signer.kid}.{body}"
     return f"{signed}.{_b64encode(_mac(signer.secret, _GRANT_TAG, signed.encode('ascii')))}"
@@ -479,6 +490,33 @@ def _level_json(level: Level) -> list[Any]:
     return [level.chain_id, limits.cost_nano, limits.steps, limits.tokens, limits.retries]
 
 
+def _pool_json(pool: PoolLevel) -> list[Any]:
+    limits = pool.limits
+    return [pool.name, limits.cost_nano, limits.steps, limits.tokens, pool.window_s]
+
+
+def _pool(item: object) -> PoolLevel:
+    if not isinstance(item, list) or len(item) != 5:
+        raise ValueError("bad pool")
+    name, window = item[0], item[4]
+    try:
+        check_pool_name(name)
+    except TypeError:
+        raise ValueError("bad pool name") from None
+    counts = []
+    for value in item[1:4]:
+        if value is not None and (type(value) is not int or not 0 <= value <= MAX_COUNT):
+            raise ValueError("bad pool limit")
+        counts.append(value)
+    bucket_s: float | None = None
+    if window is not None:
+        if type(window) not in (int, float):
+            raise ValueError("bad pool window")
+        window, bucket_s = check_window(float(window))  # ValueError when out of range
+    cost, steps, tokens = counts
+    return PoolLevel(name, Limits(cost_nano=cost, steps=steps, tokens=tokens), window, bucket_s)
+
+
 def _level(item: object) -> Level:
     if not isinstance(item, list) or len(item) != 5:
         raise ValueError("bad level")
@@ -518,6 +556,7 @@ def _decode(payload: object) -> Grant:
         raise ValueError("bad carve flag")
     ledger_id = payload.get("l")
     path: tuple[Level, ...] = ()
+    pools: tuple[PoolLevel, ...] = ()
     if ledger_id is not None:
         if not isinstance(ledger_id, str) or not 0 < len(ledger_id) <= 128:
             raise ValueError("bad ledger id")
@@ -527,6 +566,12 @@ def _decode(payload: object) -> Grant:
         path = tuple(_level(item) for item in listed)
         if path[-1].chain_id != payload["c"]:
             raise ValueError("the path must end at the caller's chain")
+        pooled = payload.get("p", [])
+        if not isinstance(pooled, list) or len(pooled) > MAX_GRANT_POOLS:
+            raise ValueError("bad pools")
+        pools = tuple(_pool(item) for item in pooled)
+        if len({pool.name for pool in pools}) != len(pools):
+            raise ValueError("a pool listed twice")
     values = {name: _count(payload, short) for short, name in _OPTIONAL_INTS}
     issued_at, expires_at = _count(payload, "iat"), _count(payload, "exp")
     depth = _count(payload, "d", MAX_HOP_DEPTH)
@@ -543,6 +588,7 @@ def _decode(payload: object) -> Grant:
         carved=bool(carved),
         ledger_id=ledger_id,
         path=path,
+        pools=pools,
         **values,
     )
 

@@ -139,7 +139,9 @@ def issue_grant(
     }
     shared = ledger_shared_id(ledger)
     if shared is not None:
-        return Grant(**base, ledger_id=shared, path=_shared_path(ctx)), None  # type: ignore[arg-type]
+        pools = tuple(pool.level for pool in ctx.pools)  # charged there as the caller would
+        grant = Grant(**base, ledger_id=shared, path=_shared_path(ctx), pools=pools)  # type: ignore[arg-type]
+        return grant, None
     carve = _carve(ctx, ledger, limits or GrantLimits())
     retries = _retries_left(ctx, ledger)
     grant = Grant(
@@ -301,7 +303,9 @@ def join_chain(
     """The chain a request joins under ``grant`` (not entered yet).
 
     ``pools`` are the receiving service's own budget pools for the request
-    (the caller's pools were charged for the grant's carve already).
+    (the caller's pools were charged for the grant's carve already; on a
+    shared ledger, where nothing is carved, the request's calls are reserved
+    in the caller's pools named by the grant).
 
     Shared: the caller's path, with its ceilings, sits above the request's
     chain, so every call is checked against and charged to the caller's
@@ -326,6 +330,8 @@ def join_chain(
                 _parent=parent,
                 _depth=grant.depth,
             )
+    if shared and grant.pools:
+        pools = (*_caller_pools(grant, ledger, {pool.name for pool in pools}), *pools)
     return ExecutionContext(
         effective_config(config, grant, now),
         pipeline,
@@ -336,6 +342,27 @@ def join_chain(
         _depth=grant.depth + 1,
         pools=pools,
     )
+
+
+def _caller_pools(grant: Grant, ledger: Ledger | None, own: set[str]) -> list[BudgetPool]:
+    """The caller's pools on the shared ledger, with the limits its grant carries
+    (a pool the service lists itself is the same budget: listed once)."""
+    pools = []
+    for level in grant.pools:
+        if level.name in own:
+            continue
+        cost = level.limits.cost_nano
+        pools.append(
+            BudgetPool(
+                level.name,
+                max_cost_usd=None if cost is None else nano_to_usd(cost),
+                max_steps=level.limits.steps,
+                max_tokens=level.limits.tokens,
+                window=level.window_s,
+                ledger=ledger,
+            )
+        )
+    return pools
 
 
 def spent(ctx: ExecutionContext) -> Spent:

@@ -13,6 +13,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -21,7 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, LocalLedger
+from veronica_otel import (
+    BudgetExceededError,
+    BudgetPool,
+    Decision,
+    ExecutionConfig,
+    ExecutionContext,
+    LocalLedger,
+    WrapOptions,
+)
 from veronica_otel._grants import (
     GRANT_KEY_ENV,
     GRANT_KEYS_ENV,
@@ -36,7 +45,7 @@ from veronica_otel._grants import (
     verify_spent,
 )
 from veronica_otel._ledger import Level, Limits
-from veronica_otel._remote import MAX_CARVE_STEPS, GrantLimits, issue_grant, settle
+from veronica_otel._remote import MAX_CARVE_STEPS, GrantLimits, issue_grant, join_chain, settle
 from veronica_otel.distributed import RedisLedger
 from veronica_otel.distributed._keys import KeySpace, tree_tag
 
@@ -593,3 +602,61 @@ def test_per_grant_caps_come_from_arguments_or_the_environment() -> None:
             Propagation(environ={var: value})
     with pytest.raises(ValueError, match="grant_max_steps"):
         Propagation(grant_max_steps=-1)
+
+
+# -- shared Redis ledger: the caller's budget pools travel with the grant --------------
+
+
+def test_on_a_shared_ledger_the_service_charges_the_callers_pools(
+    redis_url: str, redis_prefix: str, cache: NonceCache
+) -> None:
+    """Nothing is carved on a shared ledger, so the grant names the caller's pools:
+    the service's calls for the request are reserved in them, exactly."""
+    ledger = RedisLedger(redis.Redis.from_url(redis_url), key_prefix=redis_prefix)
+    tenant = BudgetPool("tenant:acme", max_steps=3, window="1h", ledger=ledger)
+    hint = WrapOptions(cost_estimate_hint=0.001)
+    with ExecutionContext(ExecutionConfig(max_steps=50), ledger=ledger, pools=[tenant]) as ctx:
+        ctx.wrap_llm_call(lambda: None, hint)  # the caller's own call: 1 of the pool's 3
+        grant, carve = issue_grant(ctx, audience=AUD)
+    assert carve is None and [pool.name for pool in grant.pools] == ["tenant:acme"]
+    # Over the wire and back, as service B reads it.
+    received = verify_grant(sign_grant(grant, KEY), KEY, audience=AUD, replay_cache=cache)
+    assert received is not None and received.pools == grant.pools
+    request = join_chain(
+        ExecutionConfig(), received, ledger=ledger, pipeline=None, now=time.time(), shared=True
+    )
+    decisions = [request.wrap_llm_call(lambda: None, hint) for _ in range(4)]
+    assert decisions.count(Decision.ALLOW) == 2  # the pool's 3 steps, caller's included
+    denial = request.trip
+    assert denial is not None and denial.pool == "tenant:acme"
+    assert tenant.snapshot().steps == 3
+    ledger.close()
+
+
+@pytest.mark.parametrize(
+    "pools",
+    [
+        "tenant:acme",
+        [["tenant acme", None, 3, None, None]],  # a name no pool may have
+        [["t", -1, None, None, None]],
+        [["t", None, True, None, None]],
+        [["t", None, None, None, 0.5]],  # a window under a second
+        [["t", None, None, None, "1h"]],
+        [["t", None, 1, None, None]] * 2,
+        [["t" + str(i), None, 1, None, None] for i in range(17)],
+    ],
+)
+def test_a_grant_with_malformed_pools_is_not_trusted(pools: object, cache: NonceCache) -> None:
+    payload = {
+        "v": 2,
+        "c": "chain-a",
+        "d": 0,
+        "n": "nonce-pools",
+        "aud": AUD,
+        "iat": int(NOW),
+        "exp": int(NOW) + 60,
+        "l": "ledger-1",
+        "a": [["chain-a", None, 5, None, None]],
+        "p": pools,
+    }
+    assert verify_grant(forge(payload), KEY, now=NOW, audience=AUD, replay_cache=cache) is None

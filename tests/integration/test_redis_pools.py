@@ -166,7 +166,11 @@ def test_fits_the_chain_not_the_pool_reserves_nothing_anywhere(store: Store) -> 
     roomy, tight = lifetime("roomy", cost=100 * U), lifetime("tight", cost=U, steps=5)
     denied = ledger.reserve(path, 2 * U, 0, pools=[roomy, tight])
     assert not isinstance(denied, Reservation)
-    assert (denied.pool, denied.reason, denied.sticky) == ("tight", "cost", False)
+    assert (denied.pool, denied.reason, denied.sticky) == (
+        "tight",
+        "cost",
+        True,
+    )  # over on committed spend alone: the chain stops, as in process
     assert (denied.limit, denied.observed, denied.chain_id) == (0.001, 0.002, chain)
     assert denied.retry_after_s is None  # a lifetime pool never frees
     state = ledger.snapshot(chain)

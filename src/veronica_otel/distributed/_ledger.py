@@ -388,7 +388,8 @@ class RedisLedger:
 
         With ``pools``, the call is also reserved in each pool, all or nothing
         (see ``_pools.py``: one script on one server, two phases on a cluster);
-        a pool's denial is returned with ``pool`` set and ``sticky=False``.
+        a pool's denial is returned with ``pool`` set (sticky unless only calls in
+        flight fill the pool).
 
         Raises:
             LedgerUnavailableError: The store cannot be reached (or commits

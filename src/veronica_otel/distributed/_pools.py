@@ -210,7 +210,10 @@ class PoolStore:
             shown_observed,
             chain_id,
             message,
-            sticky=False,
+            # As on the in-process ledger: a pool full of committed spend
+            # stops the chain (the pool itself never trips); one that only
+            # calls in flight fill denies this call alone.
+            sticky=not soft,
             pool=pool.name,
             retry_after_s=retry,
         )
