@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from opentelemetry import trace
 
 from ._errors import BudgetExceededError
+from ._options import ChainSnapshot
 from ._version import __version__
-
-if TYPE_CHECKING:
-    from ._context import ExecutionContext
 
 __all__ = ["end_chain_span", "open_chain_span"]
 
@@ -19,7 +17,25 @@ _tracer = trace.get_tracer("veronica_otel", __version__)
 _logger = logging.getLogger(__name__)
 
 
-def open_chain_span(ctx: ExecutionContext) -> trace.Span | None:
+class _Chain(Protocol):
+    """What the chain span reads of its chain (so this module does not import the context)."""
+
+    @property
+    def chain_id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def parent(self) -> object | None: ...
+
+    def snapshot(self) -> ChainSnapshot: ...
+
+
+def open_chain_span(ctx: _Chain) -> trace.Span | None:
     """Open ``invoke_workflow`` (root) or ``invoke_agent`` (child) when one is due.
 
     A root chain entered under an active span (a server request, say) hangs
@@ -39,7 +55,7 @@ def open_chain_span(ctx: ExecutionContext) -> trace.Span | None:
     )
 
 
-def end_chain_span(ctx: ExecutionContext, span: trace.Span, exc: BaseException | None) -> None:
+def end_chain_span(ctx: _Chain, span: trace.Span, exc: BaseException | None) -> None:
     """Put the chain's totals on its span and end it.
 
     Never raises: leaving a ``with`` block must not fail because the ledger
