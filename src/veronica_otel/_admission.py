@@ -47,7 +47,9 @@ class Admission(Settlement):
         if options is None:
             options = _DEFAULT_OPTIONS
         if cost_nano is None:
-            cost_nano = self._cost_of(options)
+            cost_nano = options.hint_nano  # _cost_of, inline: every wrapped call comes here
+            if cost_nano == 0 and options.model is not None and self._priced:
+                cost_nano = self._worst_case(options)
         return self.begin_priced_call(
             kind,
             options.operation_name,
@@ -81,9 +83,17 @@ class Admission(Settlement):
             drain()  # settle what garbage collection left, outside any lock
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
-        policy_context, decision = self._admit_checks(
-            kind, operation_name, provider, model, cost_nano, signature
-        )
+        if (
+            self._deadline is None
+            and self._handoffs is None
+            and not self._has_policies
+            and not self._token.cancelled
+        ):
+            policy_context, decision = None, ALLOW  # nothing for _admit_checks to check
+        else:
+            policy_context, decision = self._admit_checks(
+                kind, operation_name, provider, model, cost_nano, signature
+            )
         agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
         fast = self._fast
         try:
@@ -111,6 +121,8 @@ class Admission(Settlement):
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
             raise
+        if type(reservation) is Reservation and agents is None and not self._metrics:
+            return CallHandle(self, reservation, policy_context, decision)  # the common case
         return self._admitted(reservation, policy_context, decision, kind, model, agents)
 
     # Shared by begin_priced_call and abegin_priced_call.

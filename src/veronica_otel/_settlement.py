@@ -36,13 +36,17 @@ class Settlement(ChainPolling):
             finally:
                 self._released(call)
             return
-        cost, tokens = settled_amounts(call)
+        if call.cost_nano >= 0 or call.tokens >= 0:  # settled_amounts, inline
+            cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
+        else:
+            cost, tokens = reservation.cost_nano, reservation.tokens
         fast = self._fast
         if fast is not None and agents is None:
             overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
         else:
             overrun = self._ledger.commit(path, reservation, cost, tokens)
-        self._finished(call, error, cost, overrun)
+        if overrun is not None or call.metrics or call.policy_context is not None:
+            self._finished(call, error, cost, overrun)
 
     async def _afinish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
         """:meth:`_finish` awaiting a shared store (``CallHandle.afinish``)."""

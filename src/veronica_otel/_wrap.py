@@ -7,7 +7,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import _agents
 from ._admission import Admission
 from ._call import (
     ACTIVE_CALL,
@@ -16,17 +15,9 @@ from ._call import (
     is_coroutine_function,
 )
 from ._errors import BudgetExceededError
-from ._gc_safe import pending
-from ._ledger import (
-    Reservation,
-)
 from ._options import Decision, WrapOptions
-from ._policy import ALLOW
-from ._trips import emit_trip
 
 __all__ = ["WrapCalls"]
-
-_monotonic = time.monotonic
 
 
 class WrapCalls(Admission):
@@ -73,37 +64,12 @@ class WrapCalls(Admission):
             raise TypeError(
                 f"wrap_{kind}_call got a coroutine function {fn!r}; use awrap_{kind}_call"
             )
-        fast = self._fast
-        if (
-            fast is not None
-            and self._trip is None
-            and (options is None or options.plain)
-            and (self._deadline is None or _monotonic() < self._deadline)
-            and not self._token.cancelled
-            and not self._metrics
-            and not pending
-            and not _agents._limited_in_code
-        ):
-            # The common case, kept short: an in-process root chain with no
-            # policies. Same checks as begin_call; any denial re-checks the
-            # general way inside reserve_one.
-            ledger, level, state = fast
-            cost, tokens = (
-                (0, 0) if options is None else (options.hint_nano, options.reserved_tokens)
-            )
-            reservation = ledger.reserve_one(level, state, cost, tokens)
-            if type(reservation) is not Reservation:
-                self._tripped(reservation, raise_error=False)  # type: ignore[arg-type]
-                return Decision.HALT
-            call = CallHandle(self, reservation, None, ALLOW)
-        else:
-            fast = None
-            try:
-                call = self.begin_call(kind, options)
-            except BudgetExceededError:
-                return Decision.HALT
-            if call.decision.rate_limit_ms:
-                _wait(call)
+        try:  # the one admission path every door takes (no lane of its own)
+            call = self.begin_call(kind, options)
+        except BudgetExceededError:
+            return Decision.HALT
+        if call.decision.rate_limit_ms:
+            _wait(call)
         active = ACTIVE_CALL.set(call)
         try:
             result = fn()
@@ -121,18 +87,7 @@ class WrapCalls(Admission):
             raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
         self._partial = result
         call._done = True  # settled here, one frame less on the hot path
-        if fast is None:
-            self._finish(call, None, True)
-            return Decision.ALLOW
-        reservation = call.reservation
-        if call.cost_nano >= 0 or call.tokens >= 0:
-            cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
-        else:
-            cost, tokens = reservation.cost_nano, reservation.tokens
-        overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
-        if overrun is not None:
-            self._trip = overrun
-            emit_trip(overrun)
+        self._finish(call, None, True)
         return Decision.ALLOW
 
     async def _awrap(
