@@ -26,7 +26,6 @@ CHAIN_CLOCK_MODULES = (
     "veronica_otel._chain_state",
     "veronica_otel._chain_poll",
     "veronica_otel._admission",
-    "veronica_otel._wrap",
 )
 
 
