@@ -1,7 +1,10 @@
 """What a chain holds and how it is read: counters, room left, its trip.
 
-The bottom of the
-:class:`~veronica_otel.ExecutionContext` stack; nothing here changes the ledger.
+The bottom of the :class:`~veronica_otel.ExecutionContext` stack, each layer
+one module importing only the one below: ``_chain_state`` (state, readers) <-
+``_chain_trips`` (denials, overrides) <- ``_chain_poll`` (``ensure_active``) <-
+``_settlement`` <- ``_admission`` <- ``_wrap`` (the wrap API) <- ``_context``
+(set-up, entering, children). Nothing here changes the ledger.
 """
 
 from __future__ import annotations
