@@ -20,17 +20,27 @@ import dataclasses
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote
 
 from ._agents import agent_scopes, bound_agents
 from ._errors import TripEvent
 from ._fork import remake_locks_after_fork
-from ._ledger import Level, Limits, LocalLedger
+from ._ledger import Ledger, Level, Limits, LocalLedger
 
 if TYPE_CHECKING:
-    from ._context import ExecutionContext
     from ._policy import PolicyPipeline
+
+
+class _Root(Protocol):
+    """What agent levels keep of their root chain (so this module does not import the context)."""
+
+    @property
+    def chain_id(self) -> str: ...
+
+    @property
+    def _ledger(self) -> Ledger: ...
+
 
 __all__ = ["AgentLevels", "agent_level_id", "lookups_of"]
 
@@ -72,7 +82,7 @@ class AgentLevels:
         "_tripped",
     )
 
-    def __init__(self, root: ExecutionContext) -> None:
+    def __init__(self, root: _Root) -> None:
         self._root = root.chain_id
         self._ledger = root._ledger
         self._holder = weakref.ref(root)
@@ -126,7 +136,7 @@ class AgentLevels:
             self._cache[key] = level
         return level
 
-    def adopt(self, root: ExecutionContext) -> AgentLevels:
+    def adopt(self, root: _Root) -> AgentLevels:
         """Carry these agents' counters over to ``root``, a context replacing the
         root under the same chain id (a policy reload rebuilding the default chain)."""
         with self._lock:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._ledger import Level, Reservation
 from ._policy import PolicyContext, PolicyDecision
 from ._units import nano_to_usd
-
-if TYPE_CHECKING:
-    from ._context import ExecutionContext
 
 __all__ = [
     "ACTIVE_CALL",
@@ -20,6 +17,17 @@ __all__ = [
     "is_coroutine_function",
     "settled_amounts",
 ]
+
+
+class _Settles(Protocol):
+    """What a call settles through: its chain (a protocol, so this module does not import it)."""
+
+    @property
+    def _aledger(self) -> object | None: ...
+
+    def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None: ...
+
+    async def _afinish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None: ...
 
 
 class CallHandle:
@@ -45,7 +53,7 @@ class CallHandle:
 
     def __init__(
         self,
-        context: ExecutionContext,
+        context: _Settles,
         reservation: Reservation,
         policy_context: PolicyContext | None,
         decision: PolicyDecision,

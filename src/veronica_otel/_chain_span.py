@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from opentelemetry import trace
 
 from ._errors import BudgetExceededError
+from ._options import ChainSnapshot
 from ._units import nano_to_usd
 from ._version import __version__
-
-if TYPE_CHECKING:
-    from ._context import ExecutionContext
 
 __all__ = ["end_chain_span", "open_chain_span", "remaining_attributes"]
 
@@ -21,7 +19,42 @@ _tracer = trace.get_tracer("veronica_otel", __version__)
 _logger = logging.getLogger(__name__)
 
 
-def open_chain_span(ctx: ExecutionContext) -> trace.Span | None:
+class _Chain(Protocol):
+    """What the chain span reads of its chain (so this module does not import the context)."""
+
+    @property
+    def chain_id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def parent(self) -> object | None: ...
+
+    @property
+    def awaits_store(self) -> bool: ...
+
+    def snapshot(self) -> ChainSnapshot: ...
+
+    def remaining_cost_and_steps(self) -> tuple[int | None, int | None]: ...
+
+
+class _Budget(Protocol):
+    """What ``remaining_attributes`` reads of a chain."""
+
+    @property
+    def chain_id(self) -> str: ...
+
+    @property
+    def awaits_store(self) -> bool: ...
+
+    def remaining_cost_and_steps(self) -> tuple[int | None, int | None]: ...
+
+
+def open_chain_span(ctx: _Chain) -> trace.Span | None:
     """Open ``invoke_workflow`` (root) or ``invoke_agent`` (child) when one is due.
 
     A root chain entered under an active span (a server request, say) hangs
@@ -41,7 +74,7 @@ def open_chain_span(ctx: ExecutionContext) -> trace.Span | None:
     )
 
 
-def end_chain_span(ctx: ExecutionContext, span: trace.Span, exc: BaseException | None) -> None:
+def end_chain_span(ctx: _Chain, span: trace.Span, exc: BaseException | None) -> None:
     """Put the chain's totals on its span and end it.
 
     Never raises: leaving a ``with`` block must not fail because the ledger
@@ -69,7 +102,7 @@ def end_chain_span(ctx: ExecutionContext, span: trace.Span, exc: BaseException |
         span.end()
 
 
-def remaining_attributes(ctx: ExecutionContext) -> dict[str, float | int]:
+def remaining_attributes(ctx: _Budget) -> dict[str, float | int]:
     """``veronica.remaining.*``: what the chain's tightest cost and step ceilings have left.
 
     Read where the chain's state is reported (its span's end, a trip), not on

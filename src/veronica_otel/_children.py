@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._config import ExecutionConfig
 from ._ledger import LedgerState
+from ._timer import CancellationToken
 from ._units import nano_to_usd, usd_to_nano
-
-if TYPE_CHECKING:
-    from ._context import ExecutionContext
 
 __all__ = ["carve", "min_limit", "weak_cancel", "weak_deadline"]
 
@@ -53,7 +51,15 @@ def carve(child: ExecutionConfig, parent: ExecutionConfig, state: LedgerState) -
     )
 
 
-def weak_deadline(ctx: ExecutionContext) -> Callable[[], None]:
+class _Timed(Protocol):
+    """What a chain's timers reach (so this module does not import the context)."""
+
+    _token: CancellationToken
+
+    def _on_deadline(self) -> None: ...
+
+
+def weak_deadline(ctx: _Timed) -> Callable[[], None]:
     ref = weakref.ref(ctx)
 
     def fire() -> None:
@@ -64,7 +70,7 @@ def weak_deadline(ctx: ExecutionContext) -> Callable[[], None]:
     return fire
 
 
-def weak_cancel(ctx: ExecutionContext) -> Callable[[], None]:
+def weak_cancel(ctx: _Timed) -> Callable[[], None]:
     ref = weakref.ref(ctx)
 
     def fire() -> None:

@@ -13,18 +13,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from ._ledger import Ledger
-from ._policy_schema import PoolRule
+from ._policy_schema import PolicySpec, PoolRule
 from ._pools import BudgetPool, PoolLimits, pool_limits
-
-if TYPE_CHECKING:
-    from .policy_file import PolicyFile
 
 __all__ = ["POOLS_ENV", "FilePool", "file_pool_limits", "parse_pool_names", "pools_from_env"]
 
 _logger = logging.getLogger("veronica_otel.policy_file")
+
+
+class PolicySource(Protocol):
+    """What a file pool reads of its :class:`~veronica_otel.PolicyFile` (a protocol,
+    so this module does not import the policy file back)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def snapshot(self) -> tuple[int, PolicySpec]: ...
 
 
 def file_pool_limits(rule: PoolRule) -> PoolLimits:
@@ -41,7 +49,9 @@ class FilePool(BudgetPool):
 
     __slots__ = ("_file", "_version")
 
-    def __init__(self, policy_file: PolicyFile, name: str, *, ledger: Ledger | None = None) -> None:
+    def __init__(
+        self, policy_file: PolicySource, name: str, *, ledger: Ledger | None = None
+    ) -> None:
         version, spec = policy_file.snapshot()
         rule = spec.pools.get(name)
         if rule is None:
@@ -62,7 +72,7 @@ class FilePool(BudgetPool):
         self._version = version
 
     @property
-    def policy_file(self) -> PolicyFile:
+    def policy_file(self) -> PolicySource:
         return self._file
 
     def _current(self) -> PoolLimits:
@@ -122,7 +132,7 @@ def parse_pool_names(raw: str, variable: str = POOLS_ENV) -> tuple[str, ...]:
 
 
 def pools_from_env(
-    environ: Mapping[str, str], policy_file: PolicyFile | None, ledger: Ledger | None
+    environ: Mapping[str, str], policy_file: PolicySource | None, ledger: Ledger | None
 ) -> tuple[BudgetPool, ...]:
     """The pools ``VERONICA_POOLS`` names, with limits from ``policy_file``'s ``[pools]``.
 

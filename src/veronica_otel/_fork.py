@@ -20,7 +20,6 @@ Nothing here runs on the hot path: only ``os.register_at_fork``'s child hook.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import weakref
@@ -31,9 +30,7 @@ from typing import Any
 # before ours, which may schedule the new default chain's deadline.
 from . import _timer  # noqa: F401
 
-__all__ = ["FORK_MESSAGE", "remake_locks_after_fork", "track_ledger"]
-
-_logger = logging.getLogger(__name__)
+__all__ = ["FORK_MESSAGE", "on_fork_in_child", "remake_locks_after_fork", "track_ledger"]
 
 FORK_MESSAGE = (
     "chain {chain_id} was inherited across os.fork() on an in-process ledger: the child "
@@ -54,61 +51,34 @@ def track_ledger(ledger: Any) -> None:
 
 
 def remake_locks_after_fork(owner: Any, *names: str) -> None:
-    """Give ``owner`` a new ``threading.Lock`` in each attribute ``names`` in a forked child."""
+    """Give ``owner`` a new ``threading.Lock`` in each attribute ``names`` in a forked child.
+
+    ``owner`` may be a module (its global locks).
+    """
     _locks[owner] = names or ("_lock",)
 
 
-def _module_locks() -> None:
-    from . import _pricing, _tools
-
-    _pricing._module_lock = threading.Lock()
-    table = _pricing._default_table
-    if table is not None:
-        table._lock = threading.Lock()
-    _tools._prices_lock = threading.Lock()
+# Hooks of the modules that own chains (the default chain's renewal), run after
+# every lock is made anew. They register themselves, so this module, which sits
+# under the ledger, imports none of them.
+_child_hooks: list[Callable[[], None]] = []
 
 
-def _renew_default_chain() -> None:
-    """The child's own default chain, when the parent's lives on an in-process ledger."""
-    from . import _propagation
-    from ._context import ExecutionContext
-    from ._ledger import LocalLedger
-
-    old = _propagation._default
-    if old is None or not isinstance(old._ledger, LocalLedger):
-        return  # none, or on the shared ledger: the store counts every process
-    renew: Callable[[], ExecutionContext] | None = _propagation._default_renew
-    if renew is None:
-        new = ExecutionContext(
-            old.config,
-            old.pipeline,
-            ledger=old._ledger,
-            price_table=old._prices,
-            name=old.name,
-        )
-    else:
-        new = renew()
-    _propagation.set_default_context(new, renew=renew)
+def on_fork_in_child(hook: Callable[[], None]) -> None:
+    """Run ``hook`` in a forked child, after the locks and the ledgers are made anew."""
+    _child_hooks.append(hook)
 
 
 def _after_fork_in_child() -> None:
     # Locks first: everything below takes them.
-    _module_locks()
     for owner, names in list(_locks.items()):
         for name in names:
             setattr(owner, name, threading.Lock())
     pid = os.getpid()
     for ledger in list(_ledgers):
         ledger.after_fork_in_child(pid)
-    try:
-        _renew_default_chain()
-    except Exception as exc:  # never break the child: fail closed instead
-        from . import _propagation
-
-        _logger.exception("veronica-otel: could not build the default chain after fork")
-        _propagation.set_default_context_error(
-            RuntimeError(f"veronica-otel: the default chain could not be rebuilt after fork: {exc}")
-        )
+    for hook in _child_hooks:
+        hook()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

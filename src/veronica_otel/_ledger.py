@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 from . import _fork
 from ._errors import TripEvent, TripReason
+from ._limits import Level, Limits, PoolLevel
 from ._pool_accounts import PoolAccount
 from ._units import nano_to_usd
 from ._window import Clock
@@ -50,41 +51,6 @@ MAX_RESERVE_STEPS = 1000
 # past this many, idle ones (nothing in the window, nothing reserved) are
 # forgotten when a new one is made: they are indistinguishable from new.
 _POOLS_BEFORE_SWEEP = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """One chain's ceilings in ledger units (nano-USD, counts); None = unlimited."""
-
-    cost_nano: int | None = None
-    steps: int | None = None
-    retries: int | None = None
-    tokens: int | None = None
-    repeats: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Level:
-    """One chain on a call's path: its id and its limits."""
-
-    chain_id: str
-    limits: Limits
-
-
-@dataclass(frozen=True, slots=True)
-class PoolLevel:
-    """One budget pool a call is also reserved in (see ``BudgetPool``).
-
-    ``window_s`` None is a lifetime budget; else spend counts for
-    ``window_s`` seconds after it was committed, kept in buckets of
-    ``bucket_s`` (at most 1/60 of the window). Only ``cost_nano``, ``steps``
-    and ``tokens`` of ``limits`` apply to a pool.
-    """
-
-    name: str
-    limits: Limits
-    window_s: float | None = None
-    bucket_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,14 +10,10 @@ and a changed window re-buckets the spend it already holds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ._errors import TripEvent, TripReason
+from ._limits import PoolLevel
 from ._units import nano_to_usd
 from ._window import Clock, LifetimeCounter, RollingWindow
-
-if TYPE_CHECKING:
-    from ._ledger import PoolLevel
 
 __all__ = ["PoolAccount", "pool_denial"]
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -51,6 +52,8 @@ from decimal import ROUND_CEILING, Decimal, localcontext
 from typing import TYPE_CHECKING, Any, cast
 
 from veronica_otel._units import MAX_COUNT, NANO_PER_USD, check_count, check_usd, usd_to_nano
+
+from ._fork import remake_locks_after_fork
 
 if TYPE_CHECKING:
     from genai_prices.data_snapshot import DataSnapshot
@@ -443,6 +446,7 @@ class PriceTable:
 _snapshot: DataSnapshot | None = None
 _default_table: PriceTable | None = None
 _module_lock = threading.Lock()
+remake_locks_after_fork(sys.modules[__name__], "_module_lock")
 
 
 def default_price_table() -> PriceTable:
@@ -465,6 +469,7 @@ def default_price_table() -> PriceTable:
                         raise ValueError(f"{msg} ({exc})") from None
                 aliases = parse_model_aliases(os.environ.get(MODEL_ALIASES_ENV, ""))
                 _default_table = PriceTable(aliases=aliases, unknown_model_price_usd_per_mtok=usd)
+                remake_locks_after_fork(_default_table)
     return _default_table
 
 

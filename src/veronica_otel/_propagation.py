@@ -8,13 +8,14 @@ through the middleware, other services.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 
-if TYPE_CHECKING:
-    from ._context import ExecutionContext
+from ._context import CONTEXT_KEY, ExecutionContext
+from ._fork import on_fork_in_child
+from ._ledger import LocalLedger
 
 __all__ = [
     "CONTEXT_KEY",
@@ -24,7 +25,7 @@ __all__ = [
     "set_default_context_error",
 ]
 
-CONTEXT_KEY = otel_context.create_key("veronica-otel-execution-context")
+_logger = logging.getLogger("veronica_otel._fork")
 _default: ExecutionContext | None = None
 _default_error: Exception | None = None
 # How a forked child builds its own default chain (see _fork.py); None: a copy
@@ -82,3 +83,35 @@ def default_context(context: otel_context.Context | None = None) -> ExecutionCon
         # The same error every call: without its last traceback, so it does not grow.
         raise _default_error.with_traceback(None)
     return _default
+
+
+def _renew_default_chain() -> None:
+    """The child's own default chain, when the parent's lives on an in-process ledger."""
+    old = _default
+    if old is None or not isinstance(old._ledger, LocalLedger):
+        return  # none, or on the shared ledger: the store counts every process
+    renew = _default_renew
+    if renew is None:
+        new = ExecutionContext(
+            old.config,
+            old.pipeline,
+            ledger=old._ledger,
+            price_table=old._prices,
+            name=old.name,
+        )
+    else:
+        new = renew()
+    set_default_context(new, renew=renew)
+
+
+def _after_fork_in_child() -> None:
+    try:
+        _renew_default_chain()
+    except Exception as exc:  # never break the child: fail closed instead
+        _logger.exception("veronica-otel: could not build the default chain after fork")
+        set_default_context_error(
+            RuntimeError(f"veronica-otel: the default chain could not be rebuilt after fork: {exc}")
+        )
+
+
+on_fork_in_child(_after_fork_in_child)

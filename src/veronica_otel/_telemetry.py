@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from opentelemetry import _logs, metrics
 from opentelemetry._logs import LogRecord, SeverityNumber
@@ -24,19 +24,53 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from ._errors import TripEvent
 from ._version import __version__
 
-if TYPE_CHECKING:
-    from ._context import ExecutionContext
-    from ._pools import BudgetPool
+
+# What the gauges read of a chain and of a pool: protocols, so this module sits
+# under the context and the pools rather than importing them back.
+class _Snapshot(Protocol):
+    @property
+    def reserved_usd(self) -> float: ...
+
+
+class _Chain(Protocol):
+    @property
+    def chain_id(self) -> str: ...
+
+    def snapshot(self) -> _Snapshot: ...
+
+    def remaining_cost_nano(self) -> int | None: ...
+
+
+class _PoolSnapshot(Protocol):
+    @property
+    def cost_usd(self) -> float: ...
+
+    @property
+    def reserved_cost_usd(self) -> float: ...
+
+
+class _Pool(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ledger(self) -> object: ...
+
+    @property
+    def max_cost_usd(self) -> float | None: ...
+
+    def snapshot(self) -> _PoolSnapshot: ...
+
 
 __all__ = ["MAX_TRACKED_POOLS", "record_call", "record_trip", "track_chain", "track_pool"]
 
 _logger = logging.getLogger(__name__)
-_live: weakref.WeakSet[ExecutionContext] = weakref.WeakSet()
+_live: weakref.WeakSet[_Chain] = weakref.WeakSet()
 MAX_TRACKED_POOLS = 256
 # (ledger id, pool name) -> the latest pool made with them: pools with the same
 # name and ledger share one budget, so one observation each. Insertion order
 # evicts the oldest past MAX_TRACKED_POOLS (a pool made per request stays one entry).
-_pools: dict[tuple[int, str], BudgetPool] = {}
+_pools: dict[tuple[int, str], _Pool] = {}
 
 
 def _observe_reserved(options: CallbackOptions) -> Iterable[Observation]:
@@ -119,7 +153,7 @@ _meter.create_observable_gauge(
 _otel_logger = _logs.get_logger("veronica_otel.trips", __version__)
 
 
-def track_chain(ctx: ExecutionContext) -> None:
+def track_chain(ctx: _Chain) -> None:
     """Observe ``ctx`` in the gauges while it is alive."""
     try:
         _live.add(ctx)
@@ -127,7 +161,7 @@ def track_chain(ctx: ExecutionContext) -> None:
         _logger.debug("tracking a chain for gauges failed", exc_info=True)
 
 
-def track_pool(pool: BudgetPool) -> None:
+def track_pool(pool: _Pool) -> None:
     """Observe ``pool`` in the pool gauges (replacing an older pool of the same name and ledger)."""
     try:
         key = (id(pool.ledger), pool.name)

@@ -18,6 +18,7 @@ import inspect
 import json
 import logging
 import math
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -32,6 +33,7 @@ from opentelemetry.util.types import AttributeValue
 from ._call import ACTIVE_CALL
 from ._cm import AsyncFromSync
 from ._errors import BudgetExceededError, TripEvent
+from ._fork import remake_locks_after_fork
 from ._options import WrapOptions
 from ._propagation import current_context
 from ._trips import emit_trip
@@ -55,6 +57,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _tracer = trace.get_tracer("veronica_otel", __version__)
 _logger = logging.getLogger("veronica_otel.tools")
 _prices_lock = threading.Lock()
+remake_locks_after_fork(sys.modules[__name__], "_prices_lock")
 _tool_prices: dict[str, float] = {}
 
 

@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-import veronica_otel._context
+from tests._clock import patch_chain_clock
 from veronica_otel import (
     BudgetExceededError,
     CircuitBreaker,
@@ -91,7 +91,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(veronica_otel._context, "_monotonic", fake)
+    patch_chain_clock(monkeypatch, fake)
     return fake
 
 

@@ -29,8 +29,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-import veronica_otel._context as context_module
-from tests._clock import FakeClock
+from tests._clock import FakeClock, patch_chain_clock
 from veronica_otel import (
     BudgetExceededError,
     CircuitBreaker,
@@ -109,7 +108,7 @@ def breaker_clock() -> Iterator[FakeClock]:
 @pytest.fixture
 def chain_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock(time.monotonic())  # the kernel's deadline timer thread reads the real one
-    monkeypatch.setattr(context_module, "_monotonic", fake)
+    patch_chain_clock(monkeypatch, fake)
     return fake
 
 

@@ -31,9 +31,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-import veronica_otel._context as context_module
 from tests._bounds import input_bound
-from tests._clock import FakeClock
+from tests._clock import FakeClock, patch_chain_clock
 from veronica_otel import (
     BudgetExceededError,
     ChainSnapshot,
@@ -125,7 +124,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     # Start at the real clock: the shared deadline timer thread keeps
     # comparing deadlines with time.monotonic().
     fake = FakeClock(time.monotonic())
-    monkeypatch.setattr(context_module, "_monotonic", fake)
+    patch_chain_clock(monkeypatch, fake)
     return fake
 
 

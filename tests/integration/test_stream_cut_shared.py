@@ -20,8 +20,7 @@ from typing import Any
 import openai
 import pytest
 
-import veronica_otel._context as context_module
-from tests._clock import FakeClock
+from tests._clock import FakeClock, patch_chain_clock
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel.distributed import RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
@@ -54,7 +53,7 @@ def client(server: FakeLLMServer) -> Iterator[openai.OpenAI]:
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     # Start at the real clock: the shared deadline timer compares with time.monotonic().
     fake = FakeClock(time.monotonic())
-    monkeypatch.setattr(context_module, "_monotonic", fake)
+    patch_chain_clock(monkeypatch, fake)
     return fake
 
 

@@ -144,7 +144,7 @@ def test_keyboard_interrupt_during_the_rate_limit_wait_releases() -> None:
             frame = sys._current_frames().get(main.ident or 0)
             if frame is not None and frame.f_code.co_name == "_wait" and ran == []:
                 source = frame.f_code.co_filename
-                if source.endswith("_context.py") and _in_sleep(frame):
+                if source.endswith("_wrap.py") and _in_sleep(frame):
                     signal.pthread_kill(main.ident or 0, signal.SIGINT)
                     return
             threading.Event().wait(0.001)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests._clock import patch_chain_clock
 from veronica_otel import (
     BudgetExceededError,
     Decision,
@@ -23,7 +24,6 @@ from veronica_otel import (
     LocalLedger,
     WrapOptions,
 )
-from veronica_otel import _context as context_module
 
 THREADS = 8
 
@@ -245,7 +245,7 @@ def test_g3_retry_attempt_counts_step_and_retry() -> None:
 
 def test_g5_no_dispatch_after_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr(context_module, "_monotonic", lambda: now[0])
+    patch_chain_clock(monkeypatch, lambda: now[0])
     calls = Counter()
     ctx = ExecutionContext(ExecutionConfig(timeout_ms=500))
     assert ctx.wrap_llm_call(calls) is Decision.ALLOW

@@ -34,6 +34,7 @@ from veronica_otel._ledger import (
     Level,
     Limits,
     LocalLedger,
+    PoolLevel,
     Reservation,
 )
 from veronica_otel._units import nano_to_usd
@@ -86,11 +87,21 @@ class _ModelChain:
         self.committed: list[tuple[int, int]] = []  # every commit's (cost, tokens)
 
 
+class _ModelPool:
+    """A lifetime budget pool: committed and held cost, steps and tokens."""
+
+    def __init__(self, level: PoolLevel) -> None:
+        self.level = level
+        self.spent = {"steps": 0, "tokens": 0, "cost": 0}
+        self.held = {"steps": 0, "tokens": 0, "cost": 0}
+
+
 class ReferenceLedger:
     """The ledger contract, written as plainly as possible (no locks, no speed)."""
 
     def __init__(self) -> None:
         self.chains: dict[str, _ModelChain] = {}
+        self.pool: _ModelPool | None = None  # one pool every call is also reserved in
 
     def chain(self, chain_id: str) -> _ModelChain:
         return self.chains.setdefault(chain_id, _ModelChain())
@@ -114,8 +125,16 @@ class ReferenceLedger:
                 chain.trip = denial[0]
                 return denial
             soft = soft or denial
+        if self.pool is not None:  # checked after the chain's levels; stores no trip
+            denial = self._pool_denial(self.pool, path[-1].chain_id, cost, tokens, step)
+            if denial is not None and denial[1]:
+                return denial
+            soft = soft or denial
         if soft is not None:
             return soft  # only in-flight reservations deny it: nothing is stored
+        if self.pool is not None:
+            for measure, amount in (("steps", step), ("tokens", tokens), ("cost", cost)):
+                self.pool.held[measure] += amount
         for level in path:
             chain = self.chain(level.chain_id)
             chain.steps += step
@@ -125,6 +144,51 @@ class ReferenceLedger:
             if signature is not None and level.limits.repeats is not None:
                 chain.seen[signature] = chain.seen.get(signature, 0) + 1
         return None
+
+    @staticmethod
+    def _pool_denial(
+        pool: _ModelPool, cid: str, cost: int, tokens: int, step: int
+    ) -> Denial | None:
+        """The first measure over the pool's limit (a measure that committed
+        spend alone exceeds wins over one only reservations exceed)."""
+        lim = pool.level.limits
+        denied: tuple[str, str, float, float] | None = None
+        sticky = False
+        for measure, limit, amount in (
+            ("steps", lim.steps, step),
+            ("tokens", lim.tokens, tokens),
+            ("cost", lim.cost_nano, cost),
+        ):
+            if limit is None:
+                continue
+            total = pool.spent[measure] + pool.held[measure] + amount
+            if total <= limit:
+                continue
+            hard = pool.spent[measure] + amount > limit
+            if denied is None or (hard and not sticky):
+                shown = (
+                    (nano_to_usd(limit), nano_to_usd(total))
+                    if measure == "cost"
+                    else (
+                        float(limit),
+                        float(total),
+                    )
+                )
+                denied = (measure, cid, *shown)
+            sticky = sticky or hard
+        return None if denied is None else (denied, sticky)
+
+    def settle_pool(self, reserved: Reservation, cost: int, tokens: int, steps: int) -> None:
+        """A call's settlement in the pool: its hold dropped, what it spent counted."""
+        if self.pool is None:
+            return
+        for measure, held, spent in (
+            ("steps", reserved.step, steps),
+            ("tokens", reserved.tokens, tokens),
+            ("cost", reserved.cost_nano, cost),
+        ):
+            self.pool.held[measure] -= held
+            self.pool.spent[measure] += spent
 
     @staticmethod
     def _denial(
@@ -215,6 +279,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # Whether commits may report more than was reserved (an over-reporting caller).
     ALLOW_OVERRUN = True
+    # Whether every call is also reserved in one budget pool (LedgerMachineWithPool).
+    POOLED = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -224,10 +290,28 @@ class LedgerMachine(RuleBasedStateMachine):
         self.outstanding: list[tuple[tuple[Level, ...], Reservation]] = []
         self.first_trip: dict[str, TripEvent] = {}
         self.overrun = False
+        self.pools: tuple[PoolLevel, ...] = ()
 
-    @initialize(limits=st.lists(limits_strategy, min_size=len(CHAINS), max_size=len(CHAINS)))
-    def set_limits(self, limits: list[Limits]) -> None:
+    @initialize(
+        limits=st.lists(limits_strategy, min_size=len(CHAINS), max_size=len(CHAINS)),
+        pool_limits=st.builds(
+            Limits,
+            cost_nano=st.one_of(st.none(), st.integers(0, 30_000)),
+            steps=st.one_of(st.none(), st.integers(0, 10)),
+            tokens=st.one_of(st.none(), st.integers(0, 4_000)),
+        ),
+    )
+    def set_limits(self, limits: list[Limits], pool_limits: Limits) -> None:
         self.limits = dict(zip(CHAINS, limits, strict=True))
+        if self.POOLED:
+            pool = PoolLevel("pool", pool_limits)
+            self.pools = (pool,)
+            self.model.pool = _ModelPool(pool)
+
+    @property
+    def pool_args(self) -> dict[str, tuple[PoolLevel, ...]]:
+        """``pools=`` for a reservation; none (the argument left out) unless POOLED."""
+        return {"pools": self.pools} if self.pools else {}
 
     def path(self, index: int) -> tuple[Level, ...]:
         return tuple(Level(cid, self.limits[cid]) for cid in PATHS[index])
@@ -259,11 +343,18 @@ class LedgerMachine(RuleBasedStateMachine):
         expected = self.model.reserve(path, cost, tokens, count, retry, signature)
         if steps == 1:  # the default: no steps argument at all
             result = self.ledger.reserve(
-                path, cost, tokens, step=step, retry=retry, signature=signature
+                path, cost, tokens, step=step, retry=retry, signature=signature, **self.pool_args
             )
         else:
             result = self.ledger.reserve(
-                path, cost, tokens, step=step, steps=steps, retry=retry, signature=signature
+                path,
+                cost,
+                tokens,
+                step=step,
+                steps=steps,
+                retry=retry,
+                signature=signature,
+                **self.pool_args,
             )
         after = {level.chain_id: self.ledger.snapshot(level.chain_id) for level in path}
         if isinstance(result, TripEvent):
@@ -325,6 +416,7 @@ class LedgerMachine(RuleBasedStateMachine):
         expected = self.model.commit(
             path, (reservation.cost_nano, reservation.tokens), cost, tokens, steps_back
         )
+        self.model.settle_pool(reservation, cost, tokens, reservation.step - steps_back)
         if back:
             overrun = self.ledger.commit(path, reservation, cost, tokens, release_steps=back)
         else:
@@ -344,6 +436,7 @@ class LedgerMachine(RuleBasedStateMachine):
         path, reservation = self.outstanding.pop(pick % len(self.outstanding))
         held = (reservation.cost_nano, reservation.tokens)
         expected = self.model.commit(path, held, *held)
+        self.model.settle_pool(reservation, *held, reservation.step)
         assert expected is None
         assert self.ledger.commit(path, reservation, *held) is None
 
@@ -353,6 +446,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """Cancelled (or failed) before anything was sent: given back."""
         path, reservation = self.outstanding.pop(pick % len(self.outstanding))
         self.model.release(path, reservation)
+        self.model.settle_pool(reservation, 0, 0, 0)
         self.ledger.release(path, reservation)
 
     @rule(
@@ -374,6 +468,7 @@ class LedgerMachine(RuleBasedStateMachine):
         while self.outstanding:
             path, reservation = self.outstanding.pop()
             self.model.release(path, reservation)
+            self.model.settle_pool(reservation, 0, 0, 0)
             self.ledger.release(path, reservation)
         for cid in CHAINS:
             snap = self.ledger.snapshot(cid)
@@ -396,6 +491,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.counted_limits_never_exceeded(snaps)
         self.cost_and_tokens_bounded_without_overrun(snaps)
         self.trips_are_sticky(snaps)
+        self.pool_matches_the_model()
 
     def matches_the_model(self, snaps: dict[str, LedgerState]) -> None:
         for cid, snap in snaps.items():
@@ -403,6 +499,31 @@ class LedgerMachine(RuleBasedStateMachine):
             for name in STATE_FIELDS:
                 assert getattr(snap, name) == getattr(chain, name), (cid, name)
             assert (None if snap.trip is None else _trip_key(snap.trip)) == chain.trip
+
+    def pool_matches_the_model(self) -> None:
+        """The pool's committed and held amounts, and its limits held without overrun."""
+        pool = self.model.pool
+        if pool is None:
+            return
+        snap = self.ledger.pool_snapshot(pool.level)
+        spent, held = pool.spent, pool.held
+        assert (snap.steps, snap.tokens, snap.cost_usd) == (
+            spent["steps"],
+            spent["tokens"],
+            nano_to_usd(spent["cost"]),
+        )
+        assert (snap.reserved_steps, snap.reserved_tokens, snap.reserved_cost_usd) == (
+            held["steps"],
+            held["tokens"],
+            nano_to_usd(held["cost"]),
+        )
+        lim = pool.level.limits
+        if lim.steps is not None:
+            assert spent["steps"] + held["steps"] <= lim.steps
+        if not self.overrun:
+            for measure, limit in (("tokens", lim.tokens), ("cost", lim.cost_nano)):
+                if limit is not None:
+                    assert spent[measure] + held[measure] <= limit, measure
 
     def money_and_counts_are_integers(self, snaps: dict[str, LedgerState]) -> None:
         for cid, snap in snaps.items():
@@ -447,6 +568,18 @@ class LedgerMachineWithinReservations(LedgerMachine):
     ALLOW_OVERRUN = False
 
 
+class LedgerMachineWithPool(LedgerMachine):
+    """Every call is also reserved in one lifetime pool: all fit or nothing is held.
+
+    LocalLedger only for now: the Redis scripts differ from this model (and from
+    LocalLedger) on pools: they check the pools before the chain's levels, mark
+    no pool denial sticky, and do not count in the pool what a call that held
+    nothing there commits (issue 16 closing note).
+    """
+
+    POOLED = True
+
+
 _MACHINE_SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
@@ -457,6 +590,8 @@ TestLedgerMachine = LedgerMachine.TestCase
 TestLedgerMachine.settings = _MACHINE_SETTINGS
 TestLedgerMachineWithinReservations = LedgerMachineWithinReservations.TestCase
 TestLedgerMachineWithinReservations.settings = _MACHINE_SETTINGS
+TestLedgerMachineWithPool = LedgerMachineWithPool.TestCase
+TestLedgerMachineWithPool.settings = _MACHINE_SETTINGS
 
 
 # -- targeted examples ---------------------------------------------------------

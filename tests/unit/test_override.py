@@ -7,6 +7,7 @@ import logging
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests._clock import patch_chain_clock
 from veronica_otel import Decision, ExecutionConfig, ExecutionContext, LocalLedger, WrapOptions
 from veronica_otel import _ledger as ledger_module
 
@@ -90,7 +91,7 @@ def test_override_rejects_bad_input(kwargs: dict[str, object], match: str) -> No
 
 def test_deadline_trip_is_not_lifted_by_a_budget_override(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
-    monkeypatch.setattr("veronica_otel._context._monotonic", lambda: now[0])
+    patch_chain_clock(monkeypatch, lambda: now[0])
     ctx = ExecutionContext(ExecutionConfig(timeout_ms=10))
     now[0] = 1.0
     assert ctx.wrap_llm_call(lambda: None) is Decision.HALT

@@ -1,0 +1,327 @@
+"""Admitting a call: deadline, pipeline and one atomic reservation of its worst case."""
+
+from __future__ import annotations
+
+import time
+
+from . import _agents
+from ._call import (
+    CallHandle,
+)
+from ._errors import BudgetExceededError, TripEvent
+from ._gc_safe import drain, pending
+from ._ledger import (
+    Level,
+    Reservation,
+)
+from ._options import WrapOptions
+from ._policy import ALLOW, PolicyContext, PolicyDecision
+from ._pricing import UnitPrices, default_price_table
+from ._settlement import Settlement
+from ._units import nano_to_usd
+
+__all__ = ["Admission"]
+
+_DEFAULT_OPTIONS = WrapOptions()
+_monotonic = time.monotonic
+
+
+class Admission(Settlement):
+    """The admission half of the kernel: every door (instrumentors, the wrap API,
+    tools, middleware, remote joins) asks here before a call is sent."""
+
+    def begin_call(
+        self,
+        kind: str = "llm",
+        options: WrapOptions | None = None,
+        *,
+        cost_nano: int | None = None,
+    ) -> CallHandle:
+        """Admit one call or raise :class:`BudgetExceededError`.
+
+        Runs the deadline, the pipeline and one atomic ledger reservation.
+        ``cost_nano`` overrides the reservation computed from ``options``
+        (instrumentors pass their own worst case). The caller must call
+        ``finish()`` on the returned handle.
+        """
+        if options is None:
+            options = _DEFAULT_OPTIONS
+        if cost_nano is None:
+            cost_nano = options.hint_nano  # _cost_of, inline: every wrapped call comes here
+            if cost_nano == 0 and options.model is not None and self._priced:
+                cost_nano = self._worst_case(options)
+        return self.begin_priced_call(
+            kind,
+            options.operation_name,
+            options.provider,
+            options.model,
+            cost_nano,
+            options.reserved_tokens,
+            retry=options.retry,
+            signature=options.signature,
+        )
+
+    def begin_priced_call(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        tokens: int,
+        *,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> CallHandle:
+        """:meth:`begin_call` for instrumentors that already priced the call.
+
+        ``cost_nano`` and ``tokens`` are the call's worst case in ledger units
+        (non-negative ints, validated by the caller): no options object is
+        built on the hot path of every instrumented call.
+        """
+        if pending:
+            drain()  # settle what garbage collection left, outside any lock
+        if self._trip is not None and not self._trip_lifted():
+            raise BudgetExceededError(self._trip)
+        if (
+            self._deadline is None
+            and self._handoffs is None
+            and not self._has_policies
+            and not self._token.cancelled
+        ):
+            policy_context, decision = None, ALLOW  # nothing for _admit_checks to check
+        else:
+            policy_context, decision = self._admit_checks(
+                kind, operation_name, provider, model, cost_nano, signature
+            )
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        fast = self._fast
+        try:
+            if agents is not None:
+                reservation = self._ledger.reserve(
+                    agents[0],
+                    cost_nano,
+                    tokens,
+                    retry=retry,
+                    signature=signature,
+                    **self._pool_args(),
+                )
+            elif fast is not None and signature is None and not retry:
+                reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
+            else:
+                reservation = self._ledger.reserve(
+                    self._path,
+                    cost_nano,
+                    tokens,
+                    retry=retry,
+                    signature=signature,
+                    **self._pool_args(),
+                )
+        except BaseException:  # the store failed: give back what policies took
+            if policy_context is not None:
+                self.pipeline.abandon(policy_context)
+            raise
+        if type(reservation) is Reservation and agents is None and not self._metrics:
+            return CallHandle(self, reservation, policy_context, decision)  # the common case
+        return self._admitted(reservation, policy_context, decision, kind, model, agents)
+
+    # Shared by begin_priced_call and abegin_priced_call.
+
+    def _admit_checks(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        signature: str | None,
+    ) -> tuple[PolicyContext | None, PolicyDecision]:
+        """Deadline, cancellation, handoffs and the pipeline, before the reservation."""
+        if self._deadline is not None and _monotonic() >= self._deadline:
+            self._deny_timeout()
+        if self._token.cancelled:
+            self._deny_timeout()
+        if self._handoffs is not None:
+            self._check_handoff(self._handoffs)
+        policy_context: PolicyContext | None = None
+        decision = ALLOW
+        if self._has_policies:
+            policy_context = PolicyContext(
+                chain_id=self.chain_id,
+                kind=kind,
+                operation_name=operation_name,
+                provider=provider,
+                model=model,
+                estimated_cost_usd=nano_to_usd(cost_nano),
+                signature=signature,
+            )
+            try:
+                decision = self.pipeline.evaluate(policy_context)
+            except BaseException:  # a policy raised: free the probes the earlier ones took
+                self.pipeline.abandon(policy_context)
+                raise
+            if not decision.allowed:
+                self._deny_policy(decision)
+        return policy_context, decision
+
+    def _admitted(
+        self,
+        reservation: Reservation | TripEvent,
+        policy_context: PolicyContext | None,
+        decision: PolicyDecision,
+        kind: str,
+        model: str | None,
+        agents: tuple[tuple[Level, ...], str] | None,
+    ) -> CallHandle:
+        """The call's handle, or the denial raised (its policy probes given back;
+        an agent's own level denied it: that agent's denial, the chain goes on)."""
+        if type(reservation) is not Reservation:
+            if policy_context is not None:
+                self.pipeline.abandon(policy_context)
+            if agents is not None:
+                self._agent_denied(reservation)  # type: ignore[arg-type]
+            self._tripped(reservation)  # type: ignore[arg-type]
+        call = CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
+        if agents is not None:
+            call.agents = agents
+        if self._metrics:
+            call.metrics = True
+            call.kind = kind
+            call.model = model
+        return call
+
+    async def abegin_call(
+        self, kind: str = "llm", options: WrapOptions | None = None, *, cost_nano: int | None = None
+    ) -> CallHandle:
+        """:meth:`begin_call` for async code: the reservation never blocks the
+        event loop. Settle the handle with ``await handle.afinish(...)``."""
+        if self._aledger is None:  # in process: nothing to await
+            return self.begin_call(kind, options, cost_nano=cost_nano)
+        if options is None:
+            options = _DEFAULT_OPTIONS
+        if cost_nano is None:
+            cost_nano = self._cost_of(options)
+        return await self.abegin_priced_call(
+            kind,
+            options.operation_name,
+            options.provider,
+            options.model,
+            cost_nano,
+            options.reserved_tokens,
+            retry=options.retry,
+            signature=options.signature,
+        )
+
+    async def abegin_priced_call(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        tokens: int,
+        *,
+        retry: bool = False,
+        signature: str | None = None,
+    ) -> CallHandle:
+        """:meth:`begin_priced_call` for async code (same checks, same denials)."""
+        aledger = self._aledger
+        if aledger is None:
+            return self.begin_priced_call(
+                kind,
+                operation_name,
+                provider,
+                model,
+                cost_nano,
+                tokens,
+                retry=retry,
+                signature=signature,
+            )
+        if pending:
+            drain()
+        if self._trip is not None and not await self._atrip_lifted():
+            raise BudgetExceededError(self._trip)
+        policy_context, decision = self._admit_checks(
+            kind, operation_name, provider, model, cost_nano, signature
+        )
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        try:
+            reservation = await aledger.areserve(
+                self._path if agents is None else agents[0],
+                cost_nano,
+                tokens,
+                retry=retry,
+                signature=signature,
+                **self._pool_args(),
+            )
+        except BaseException:  # the store failed, or we were cancelled: give back the probes
+            if policy_context is not None:
+                self.pipeline.abandon(policy_context)
+            raise
+        return self._admitted(reservation, policy_context, decision, kind, model, agents)
+
+    def consume_retry(self) -> None:
+        """Draw one retry from ``max_retries_total`` or raise BudgetExceededError."""
+        if self._trip is not None:
+            raise BudgetExceededError(self._trip)
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        path = self._path if agents is None else agents[0]
+        result = self._ledger.reserve(path, 0, 0, step=False, retry=True)
+        if type(result) is not Reservation:
+            if agents is not None:
+                self._agent_denied(result)  # type: ignore[arg-type]
+            self._tripped(result)  # type: ignore[arg-type]
+
+    async def aconsume_retry(self) -> None:
+        """:meth:`consume_retry` for async code: a shared store is awaited."""
+        aledger = self._aledger
+        if aledger is None:
+            self.consume_retry()
+            return
+        if self._trip is not None:
+            raise BudgetExceededError(self._trip)
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        path = self._path if agents is None else agents[0]
+        result = await aledger.areserve(path, 0, 0, step=False, retry=True)
+        if not isinstance(result, Reservation):
+            if agents is not None:
+                self._agent_denied(result)  # an agent's own level: that agent's denial
+            self._tripped(result)
+
+    def prices_for(self, provider: str | None, model: str) -> UnitPrices | None:
+        """Unit prices for a model; denies (reason ``cost``) an unknown model under
+        a cost ceiling. Returns None when the chain has no cost ceiling and the
+        model has no price (usage is then counted in tokens only)."""
+        table = self._prices if self._prices is not None else default_price_table()
+        prices = table.lookup(provider, model)
+        if prices is None and self._priced:
+            self._lookup(provider, model)
+        return prices
+
+    def _cost_of(self, options: WrapOptions) -> int:
+        """What a call described by ``options`` reserves (its hint, else its worst case)."""
+        cost_nano = options.hint_nano
+        if options.model is not None and self._priced and cost_nano == 0:
+            cost_nano = self._worst_case(options)
+        return cost_nano
+
+    def _worst_case(self, options: WrapOptions) -> int:
+        prices = self._lookup(options.provider, options.model)
+        return prices.max_cost_nano(options.input_tokens or 0, options.max_tokens or 0)
+
+    def _lookup(self, provider: str | None, model: str | None) -> UnitPrices:
+        table = self._prices if self._prices is not None else default_price_table()
+        prices = table.lookup(provider, model) if model is not None else None
+        if prices is None:
+            self._deny(
+                "cost",
+                self.config.max_cost_usd or 0.0,
+                float("inf"),
+                f"no known price for model {model!r} (provider {provider!r}); a model "
+                "with no price is never free: map the name to a priced model "
+                '(VERONICA_MODEL_ALIASES="name=gpt-4o", or [models] "name" = "gpt-4o" '
+                'in the policy file), price it ([prices."name"] in the policy file or '
+                "a price_table), or set VERONICA_UNKNOWN_MODEL_PRICE",
+                sticky=False,
+            )
+        return prices  # type: ignore[return-value]

@@ -1,0 +1,245 @@
+"""A chain's trips: denials, the sticky trip, deadlines, agents' own denials and overrides."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from opentelemetry import trace
+
+from ._agent_limits import AgentLevels
+from ._agents import HandoffCounter, current_agent
+from ._chain_span import remaining_attributes
+from ._chain_state import ChainState
+from ._errors import BudgetExceededError, TripEvent, TripReason
+from ._ledger import (
+    Level,
+)
+from ._policy import PolicyDecision
+from ._trips import emit_trip
+from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
+
+__all__ = ["ChainTrips"]
+
+_MAX_OVERRIDE_S = 7 * 24 * 3600.0
+_override_logger = logging.getLogger("veronica_otel.overrides")
+
+
+class ChainTrips(ChainState):
+    """Denying a call and tripping the chain (see :class:`ChainState` for the state)."""
+
+    def cancel(self) -> None:
+        """Stop the chain now: later calls are denied with reason ``timeout``."""
+        if self._token.cancel():
+            self._trip_now("timeout", 0, self._elapsed_ms(), "chain cancelled")
+
+    def _deny_timeout(self) -> None:
+        if self._token.cancelled and self._trip is None:
+            trip = self.trip
+            if trip is not None:
+                raise BudgetExceededError(trip)
+        limit = float(self.config.timeout_ms or 0)
+        self._deny("timeout", limit, self._elapsed_ms(), "wall-clock deadline passed")
+
+    def _on_deadline(self) -> None:
+        try:
+            if self._trip is None:
+                self._trip_now(
+                    "timeout", float(self.config.timeout_ms or 0), self._elapsed_ms(), "deadline"
+                )
+        finally:
+            self._token.cancel()  # streams are cut even if the store is unreachable
+
+    def _trip_now(self, reason: TripReason, limit: float, observed: float, what: str) -> TripEvent:
+        event = TripEvent(
+            reason, float(limit), float(observed), self.chain_id, f"chain {self.chain_id}: {what}"
+        )
+        self._trip = self._ledger.trip(self.chain_id, event)
+        return self._trip
+
+    def _deny(
+        self,
+        reason: TripReason,
+        limit: float,
+        observed: float,
+        what: str,
+        *,
+        sticky: bool = True,
+        raise_error: bool = True,
+    ) -> None:
+        if sticky:
+            trip = self._trip_now(reason, limit, observed, what)
+        else:
+            trip = TripEvent(
+                reason,
+                float(limit),
+                float(observed),
+                self.chain_id,
+                f"chain {self.chain_id}: {what}",
+            )
+        emit_trip(trip, remaining=remaining_attributes(self))
+        if raise_error:
+            raise BudgetExceededError(trip)
+
+    def _deny_policy(self, decision: PolicyDecision) -> None:
+        trip = TripEvent(
+            decision.trip_reason or "cost",
+            decision.limit,
+            decision.observed,
+            self.chain_id,
+            f"chain {self.chain_id}: {decision.policy_type} denied: {decision.reason}",
+        )
+        if decision.partial_result is not None:
+            self._partial = decision.partial_result
+        emit_trip(trip, remaining=remaining_attributes(self))
+        raise BudgetExceededError(trip)
+
+    def _tripped(self, trip: TripEvent, *, raise_error: bool = True) -> None:
+        if trip.pool is not None and trip.sticky and trip.chain_id == self.chain_id:
+            # A pool never trips; the chain it denied does (stored, so it is
+            # sticky for every context of the chain, children included).
+            trip = self._ledger.trip(self.chain_id, trip)
+        if not trip.sticky:  # only in-flight reservations denied it: deny, remember nothing
+            emit_trip(trip, remaining=remaining_attributes(self))
+        elif trip.chain_id == self.chain_id or self._trip is None:
+            first = self._trip is None
+            self._trip = trip
+            if first:
+                emit_trip(trip, remaining=remaining_attributes(self))
+        if raise_error:
+            raise BudgetExceededError(trip)
+
+    def _check_handoff(self, counter: HandoffCounter) -> None:
+        name = current_agent()
+        if name is None:
+            return
+        over = counter.observe(name)
+        if over is not None:
+            last, now, count = over
+            self._deny(
+                "loop",
+                counter.limit,
+                count,
+                f"agents {last!r} and {now!r} handed control back and forth {count} times "
+                f"(max_handoffs={counter.limit})",
+            )
+
+    def _agent_path(self) -> tuple[tuple[Level, ...], str] | None:
+        """This call's path with the levels of the limited agents it is made for."""
+        tree = self._agent_tree
+        if tree is None:
+            root: ChainState = self
+            while root._parent is not None:
+                root = root._parent
+            # One tree per root, also when threads race here (setdefault is atomic).
+            tree = root.__dict__.get("_agent_tree") or root.__dict__.setdefault(
+                "_agent_tree", AgentLevels(root)
+            )
+            self._agent_tree = tree
+        return tree.path(self._path, self._agent_lookups)
+
+    def _agent_denied(self, trip: TripEvent, *, raise_error: bool = True) -> bool:
+        """Deny for an agent whose own level made ``trip``; the chain goes on.
+
+        Returns False (nothing done) when ``trip`` is not an agent's."""
+        tree = self._agent_tree
+        mapped = tree.denial(trip, self.chain_id) if tree is not None else None
+        if mapped is None:
+            return False
+        event, news = mapped
+        if news:
+            emit_trip(event, remaining=remaining_attributes(self))
+        if raise_error:
+            raise BudgetExceededError(event)
+        return True
+
+    def _trip_lifted(self) -> bool:
+        """Whether a logged override (maybe from another process) lifted our trip."""
+        trip = self._trip
+        if trip is None or trip.reason == "timeout":
+            return trip is None  # a deadline is not lifted by a budget override
+        # Only an explicit override lifts a trip: a store that lost the chain
+        # (restart, flush, eviction) shows no trip but lifted nothing.
+        lifted = getattr(self._ledger, "trip_lifted", None)
+        if lifted is not None:
+            if not lifted(trip.chain_id):
+                return False
+        elif self._ledger.snapshot(trip.chain_id).trip is not None:
+            return False  # an in-process ledger removes a trip only by override
+        return self._lift(trip)
+
+    async def _atrip_lifted(self) -> bool:
+        """:meth:`_trip_lifted` reading the store without blocking."""
+        trip = self._trip
+        if trip is None or trip.reason == "timeout" or self._aledger is None:
+            return self._trip_lifted()
+        if not await self._aledger.atrip_lifted(trip.chain_id):
+            return False
+        return self._lift(trip)
+
+    def _lift(self, trip: TripEvent) -> bool:
+        self._trip = None
+        try:
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(
+                    "veronica.override.applied",
+                    {"veronica.chain.id": trip.chain_id, "veronica.trip.reason": trip.reason},
+                )
+        except Exception:
+            _override_logger.exception("recording an override on the span failed")
+        return True
+
+    def override(
+        self,
+        reason: str,
+        duration_s: float,
+        *,
+        add_usd: float = 0.0,
+        add_steps: int = 0,
+    ) -> TripEvent | None:
+        """Lift this chain's sticky trip for ``duration_s`` seconds: the only way past one.
+
+        Requires a reason; is logged on ``veronica_otel.overrides`` and shown
+        as a ``veronica.override`` span event; widens the cost or step ceiling
+        by ``add_usd`` / ``add_steps`` until it expires by itself.
+        Returns the trip that was lifted, if any.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError("override needs a reason (a non-empty string)")
+        duration = check_usd("duration_s", duration_s)  # finite, >= 0, not absurd
+        if duration <= 0 or duration > _MAX_OVERRIDE_S:
+            raise ValueError(
+                f"duration_s must be in (0, {_MAX_OVERRIDE_S}] seconds, got {duration_s!r}"
+            )
+        extra_cost = usd_to_nano(check_usd("add_usd", add_usd))
+        extra_steps = check_count("add_steps", add_steps)
+        apply = getattr(self._ledger, "override", None)
+        if apply is None:
+            raise TypeError(f"ledger {self._ledger!r} does not support overrides")
+        expires_at = time.time() + duration
+        lifted: TripEvent | None = apply(
+            self.chain_id, expires_at=expires_at, add_cost_nano=extra_cost, add_steps=extra_steps
+        )
+        self._trip = None
+        attributes: dict[str, str | float | int] = {
+            "veronica.chain.id": self.chain_id,
+            "veronica.override.reason": reason,
+            "veronica.override.duration_s": duration,
+            "veronica.override.add_usd": nano_to_usd(extra_cost),
+            "veronica.override.add_steps": extra_steps,
+            "veronica.trip.reason": lifted.reason if lifted else "",
+        }
+        _override_logger.warning(
+            "override chain=%s reason=%r duration=%gs add_usd=%g add_steps=%d lifted=%s",
+            self.chain_id,
+            reason,
+            duration,
+            nano_to_usd(extra_cost),
+            extra_steps,
+            lifted.reason if lifted else "none",
+        )
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event("veronica.override", attributes)
+        return lifted

@@ -1,0 +1,181 @@
+"""Settling a call: commit what it used (or release what it never sent), and usage reports."""
+
+from __future__ import annotations
+
+from . import _agents
+from ._call import (
+    ACTIVE_CALL,
+    CallHandle,
+    settled_amounts,
+)
+from ._chain_poll import ChainPolling
+from ._chain_span import remaining_attributes
+from ._errors import BudgetExceededError, TripEvent
+from ._ledger import (
+    Reservation,
+)
+from ._pricing import default_price_table
+from ._telemetry import record_call
+from ._trips import emit_trip
+from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
+
+__all__ = ["Settlement"]
+
+_NO_RESERVATION = Reservation("", 0, 0)
+
+
+class Settlement(ChainPolling):
+    """The settlement half of the kernel: one commit or release per call (DESIGN G10)."""
+
+    def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
+        reservation = call.reservation
+        agents = call.agents
+        path = self._path if agents is None else agents[0]
+        if not sent:
+            try:
+                self._ledger.release(path, reservation)
+            finally:
+                self._released(call)
+            return
+        if call.cost_nano >= 0 or call.tokens >= 0:  # settled_amounts, inline
+            cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
+        else:
+            cost, tokens = reservation.cost_nano, reservation.tokens
+        fast = self._fast
+        if fast is not None and agents is None:
+            overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
+        else:
+            overrun = self._ledger.commit(path, reservation, cost, tokens)
+        if overrun is not None or call.metrics or call.policy_context is not None:
+            self._finished(call, error, cost, overrun)
+
+    async def _afinish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
+        """:meth:`_finish` awaiting a shared store (``CallHandle.afinish``)."""
+        aledger = self._aledger
+        if aledger is None:
+            self._finish(call, error, sent)
+            return
+        path = self._path if call.agents is None else call.agents[0]
+        if not sent:
+            try:
+                await aledger.arelease(path, call.reservation)
+            finally:
+                self._released(call)
+            return
+        cost, tokens = settled_amounts(call)
+        overrun: TripEvent | None = None
+        try:
+            overrun = await aledger.acommit(path, call.reservation, cost, tokens)
+        finally:  # cancelled mid commit: the commit is queued, the call still settles
+            self._finished(call, error, cost, overrun)
+
+    def _released(self, call: CallHandle) -> None:
+        if call.policy_context is not None:
+            self.pipeline.abandon(call.policy_context)
+
+    def _finished(
+        self, call: CallHandle, error: BaseException | None, cost: int, overrun: TripEvent | None
+    ) -> None:
+        """What follows a commit: metrics, the pipeline's outcome, an overrun's trip
+        (an agent's own level overran: that agent's, not the chain's)."""
+        if call.metrics:
+            record_call(call.kind, nano_to_usd(cost), error is not None, call.model)
+        if call.policy_context is not None:
+            call.policy_context.actual_cost_usd = nano_to_usd(cost)
+            if error is None:
+                self.pipeline.record_success(call.policy_context)
+            elif isinstance(error, BudgetExceededError) or not isinstance(error, Exception):
+                # Our own denial, a cancellation or KeyboardInterrupt says nothing
+                # about the endpoint's health: free the probe, count no failure.
+                self.pipeline.abandon(call.policy_context)
+            else:
+                self.pipeline.record_failure(call.policy_context, error)
+        if overrun is not None and not (
+            call.agents is not None and self._agent_denied(overrun, raise_error=False)
+        ):
+            self._trip = overrun
+            emit_trip(overrun, remaining=remaining_attributes(self))
+
+    def record_usage(
+        self,
+        *,
+        cost_usd: float | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cached_input_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        model: str | None = None,
+        provider: str | None = None,
+    ) -> None:
+        """Report what the running call actually used.
+
+        ``input_tokens`` includes cached ones and ``output_tokens`` includes
+        reasoning ones (the OpenAI convention). Without ``cost_usd`` the cost
+        is priced from ``model``; a model with no known price is never free,
+        so under a cost ceiling it trips the chain. Outside a wrapped call the
+        usage is committed to the chain directly.
+        """
+        for name, value in (
+            ("input_tokens", input_tokens),
+            ("output_tokens", output_tokens),
+            ("cached_input_tokens", cached_input_tokens),
+            ("reasoning_tokens", reasoning_tokens),
+        ):
+            check_count(name, value)
+        if cached_input_tokens > input_tokens:
+            raise ValueError(
+                f"cached_input_tokens ({cached_input_tokens}) cannot exceed "
+                f"input_tokens ({input_tokens})"
+            )
+        if reasoning_tokens > output_tokens:
+            raise ValueError(
+                f"reasoning_tokens ({reasoning_tokens}) cannot exceed "
+                f"output_tokens ({output_tokens})"
+            )
+        if cost_usd is not None:
+            cost_nano = usd_to_nano(check_usd("cost_usd", cost_usd))
+        elif model is not None:
+            cost_nano = self._price_usage(
+                provider, model, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens
+            )
+        else:
+            cost_nano = 0
+        tokens = input_tokens + output_tokens
+        call = ACTIVE_CALL.get()
+        if call is not None and call.context is self:
+            call.add_usage(cost_nano, tokens)
+            return
+        held = _NO_RESERVATION
+        if self._pools:  # the chain's pools count it too
+            held = Reservation("", 0, 0, pools=self._pool_args()["pools"])
+        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        path = self._path if agents is None else agents[0]
+        overrun = self._ledger.commit(path, held, cost_nano, tokens)
+        if overrun is not None and not (
+            agents is not None and self._agent_denied(overrun, raise_error=False)
+        ):
+            self._tripped(overrun, raise_error=False)
+
+    def _price_usage(
+        self,
+        provider: str | None,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        cached: int,
+        reasoning: int,
+    ) -> int:
+        table = self._prices if self._prices is not None else default_price_table()
+        prices = table.lookup(provider, model)
+        if prices is not None:
+            return prices.cost_nano(input_tokens, output_tokens, cached, reasoning)
+        if self._priced:
+            self._deny(
+                "cost",
+                self.config.max_cost_usd or 0.0,
+                float("inf"),
+                f"usage reported for model {model!r} with no known price; the chain is "
+                "stopped because its spend can no longer be counted",
+                raise_error=False,
+            )
+        return 0

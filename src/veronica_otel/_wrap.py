@@ -1,0 +1,132 @@
+"""The paper-style wrap API: ``wrap_llm_call`` and friends run a callable as one contained call."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ._admission import Admission
+from ._call import (
+    ACTIVE_CALL,
+    CallHandle,
+    close_awaitable,
+    is_coroutine_function,
+)
+from ._errors import BudgetExceededError
+from ._options import Decision, WrapOptions
+
+__all__ = ["WrapCalls"]
+
+
+class WrapCalls(Admission):
+    """``wrap_*`` / ``awrap_*``: admit, run, settle; a denial is ``Decision.HALT``."""
+
+    def wrap_llm_call(self, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
+        """Run ``fn`` as one LLM call if the chain allows it.
+
+        Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
+        running it. Errors raised by ``fn`` propagate unchanged (a
+        ``BudgetExceededError`` from a call inside ``fn`` returns ``HALT``).
+
+        ``fn`` is committed at what it reported with ``record_usage``, else at
+        its reservation (``cost_estimate_hint`` or the priced worst case),
+        whether it returned or raised: once it ran, the provider may have
+        billed it (DESIGN G10). That holds for any exception, for
+        ``KeyboardInterrupt`` and for a ``BudgetExceededError`` raised by an
+        inner call, since ``fn`` may have sent a request before the denial.
+        Only a call that never started (denied, or interrupted during a
+        rate-limit wait) is released.
+        """
+        return self._wrap(fn, options, "llm")
+
+    def wrap_tool_call(self, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
+        """Run ``fn`` as one tool call if the chain allows it (see wrap_llm_call)."""
+        return self._wrap(fn, options, "tool")
+
+    async def awrap_llm_call(
+        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
+    ) -> Decision:
+        """Coroutine version of :meth:`wrap_llm_call`; ``fn`` returns an awaitable."""
+        return await self._awrap(fn, options, "llm")
+
+    async def awrap_tool_call(
+        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
+    ) -> Decision:
+        """Coroutine version of :meth:`wrap_tool_call`."""
+        return await self._awrap(fn, options, "tool")
+
+    def _wrap(self, fn: Callable[[], Any], options: WrapOptions | None, kind: str) -> Decision:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        if is_coroutine_function(fn):
+            raise TypeError(
+                f"wrap_{kind}_call got a coroutine function {fn!r}; use awrap_{kind}_call"
+            )
+        try:  # the one admission path every door takes (no lane of its own)
+            call = self.begin_call(kind, options)
+        except BudgetExceededError:
+            return Decision.HALT
+        if call.decision.rate_limit_ms:
+            _wait(call)
+        active = ACTIVE_CALL.set(call)
+        try:
+            result = fn()
+        except BudgetExceededError as exc:
+            call.finish(exc)
+            return Decision.HALT
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        finally:
+            ACTIVE_CALL.reset(active)
+        if result is not None and inspect.isawaitable(result):
+            call.finish(TypeError("awaitable"), sent=False)
+            close_awaitable(result)
+            raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
+        self._partial = result
+        call._done = True  # settled here, one frame less on the hot path
+        self._finish(call, None, True)
+        return Decision.ALLOW
+
+    async def _awrap(
+        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None, kind: str
+    ) -> Decision:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        try:
+            call = await self.abegin_call(kind, options)
+        except BudgetExceededError:
+            return Decision.HALT
+        if call.decision.rate_limit_ms:
+            import asyncio  # only rate-limited async calls need it; it is slow to import
+
+            try:
+                await asyncio.sleep(call.decision.rate_limit_ms / 1000)
+            except BaseException:  # cancelled while waiting: nothing was sent
+                await call.afinish(sent=False)
+                raise
+        active = ACTIVE_CALL.set(call)
+        try:
+            result = await fn()
+        except BudgetExceededError as exc:
+            await call.afinish(exc)
+            return Decision.HALT
+        except BaseException as exc:
+            await call.afinish(exc)
+            raise
+        finally:
+            ACTIVE_CALL.reset(active)
+        self._partial = result
+        await call.afinish()
+        return Decision.ALLOW
+
+
+def _wait(call: CallHandle) -> None:
+    """A rate-limit degradation's wait before a sync call is sent."""
+    try:
+        time.sleep(call.decision.rate_limit_ms / 1000)
+    except BaseException:  # KeyboardInterrupt while waiting: nothing was sent
+        call.finish(sent=False)
+        raise
