@@ -159,6 +159,18 @@ def test_release_gives_every_pool_back(store: Store) -> None:
     assert isinstance(ledger.reserve(path, 3 * U, 0, pools=[pool]), Reservation)
 
 
+def test_usage_committed_without_a_held_reservation_counts_in_the_pools(store: Store) -> None:
+    """A call that reserved nothing (no step, no amount) still spends what it reports."""
+    ledger = store.ledger
+    path = [Level(store.chain("c"), Limits())]
+    pool = lifetime("spent-late", cost=10 * U)
+    held = ledger.reserve(path, 0, 0, step=False, pools=[pool])
+    assert isinstance(held, Reservation) and not held.id
+    assert ledger.commit(path, held, 4 * U, 7) is None
+    snap = ledger.pool_snapshot(pool)
+    assert (_nano(snap.cost_usd), snap.tokens, _nano(snap.reserved_cost_usd)) == (4 * U, 7, 0)
+
+
 def test_fits_the_chain_not_the_pool_reserves_nothing_anywhere(store: Store) -> None:
     ledger = store.ledger
     chain = store.chain("c")

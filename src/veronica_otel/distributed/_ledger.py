@@ -200,7 +200,9 @@ class _ReserveOp(NamedTuple):
     steps: int
     retry: bool
     signature: str | None
-    pools: tuple[PoolLevel, ...]  # the pools it is also reserved in (only with an id)
+    # The pools it is also reserved in (held only with an id; without one
+    # nothing was reserved, and a commit's usage is applied to them as spend).
+    pools: tuple[PoolLevel, ...]
 
 
 class RedisLedger:
@@ -428,7 +430,7 @@ class RedisLedger:
                     (op.cost_nano, op.tokens, op.steps_held),
                     path,
                 )
-                if op.pools
+                if op.pools and op.rid
                 else self._reserve(op.keys, op.args)
             )
         except redis.RedisError as exc:
@@ -500,7 +502,7 @@ class RedisLedger:
             steps,
             retry,
             signature,
-            tuple(pools) if rid else (),
+            tuple(pools),
         )
 
     def _reserve_error(
@@ -528,7 +530,7 @@ class RedisLedger:
         if self._down:
             self._back()
         path = op.path
-        if op.pools and reply[0] != 1:
+        if op.pools and op.rid and reply[0] != 1:
             return self._pool_denied(path, op.keys, reply, op.pools, op.rid)
         if reply[0] == 1:
             self._marks.remember(path, reply, 4)
