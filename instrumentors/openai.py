@@ -53,7 +53,7 @@ import logging
 import sys
 import weakref
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx2
 from opentelemetry import context as otel_context
@@ -210,33 +210,15 @@ def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None
     request = _describe(options)
     if request is None:
         return None
-    ctx, span, owns, model, operation, parts, n_messages, cap, cap_keys, body, current = request
     # Current from here until the request returns (one attach for both): a
     # denial's trip event lands on this span, and HTTP spans nest under it.
-    span_token = otel_context.attach(trace.set_span_in_context(span, current))
+    span_token = otel_context.attach(trace.set_span_in_context(request.span, request.current))
     try:
-        call, clamp, fallback = admit(
-            ctx,
-            span,
-            owns,
-            provider=PROVIDER,
-            operation=operation,
-            model=model,
-            input_parts=parts,
-            n_messages=n_messages,
-            requested_cap=cap,
-            clampable=bool(cap_keys),
-            choices=_choices(body, operation),
-        )
-        _rewrite(options, cap_keys, body, clamp, fallback)
-        if call.pending_attributes is not None:  # our own span records
-            request_attributes(call.pending_attributes, body, client)
+        admitted = admit(request.ctx, request.span, request.owns, **_admission(request))
+        return _prepared(options, stream_kwarg, client, request, admitted, span_token)
     except BaseException:
         otel_context.detach(span_token)
         raise
-    state = _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
-    state.baggage = current
-    return state
 
 
 async def _aprepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None:
@@ -244,46 +226,62 @@ async def _aprepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState
     request = _describe(options)
     if request is None:
         return None
-    ctx, span, owns, model, operation, parts, n_messages, cap, cap_keys, body, current = request
-    span_token = otel_context.attach(trace.set_span_in_context(span, current))
+    span_token = otel_context.attach(trace.set_span_in_context(request.span, request.current))
     try:
-        call, clamp, fallback = await aadmit(
-            ctx,
-            span,
-            owns,
-            provider=PROVIDER,
-            operation=operation,
-            model=model,
-            input_parts=parts,
-            n_messages=n_messages,
-            requested_cap=cap,
-            clampable=bool(cap_keys),
-            choices=_choices(body, operation),
-        )
-        _rewrite(options, cap_keys, body, clamp, fallback)
-        if call.pending_attributes is not None:  # our own span records
-            request_attributes(call.pending_attributes, body, client)
+        admitted = await aadmit(request.ctx, request.span, request.owns, **_admission(request))
+        return _prepared(options, stream_kwarg, client, request, admitted, span_token)
     except BaseException:
         otel_context.detach(span_token)
         raise
+
+
+def _admission(request: _Request) -> dict[str, Any]:
+    """``admit``'s keyword arguments for a described call."""
+    return {
+        "provider": PROVIDER,
+        "operation": request.operation,
+        "model": request.model,
+        "input_parts": request.parts,
+        "n_messages": request.n_messages,
+        "requested_cap": request.cap,
+        "clampable": bool(request.cap_keys),
+        "choices": _choices(request.body, request.operation),
+    }
+
+
+def _prepared(
+    options: Any,
+    stream_kwarg: bool,
+    client: Any,
+    request: _Request,
+    admitted: tuple[ContainedCall, int | None, str | None],
+    span_token: object,
+) -> _CallState:
+    """Put the clamp and fallback into the request; the call's state."""
+    call, clamp, fallback = admitted
+    body = request.body
+    _rewrite(options, request.cap_keys, body, clamp, fallback)
+    if call.pending_attributes is not None:  # our own span records
+        request_attributes(call.pending_attributes, body, client)
     state = _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
-    state.baggage = current
+    state.baggage = request.current
     return state
 
 
-_Request = tuple[
-    ExecutionContext,
-    Span,
-    bool,
-    str,
-    str,
-    list[Any],
-    int,
-    "int | None",
-    tuple[str, ...],
-    dict[str, Any],
-    otel_context.Context,
-]
+class _Request(NamedTuple):
+    """A call described once: what admitting it needs, and its span."""
+
+    ctx: ExecutionContext
+    span: Span
+    owns: bool  # our span (False: a peer instrumentor's span carries ours)
+    model: str
+    operation: str
+    parts: list[Any]
+    n_messages: int
+    cap: int | None
+    cap_keys: tuple[str, ...]
+    body: dict[str, Any]
+    current: otel_context.Context  # the OpenTelemetry context, read once
 
 
 def _describe(options: Any) -> _Request | None:
@@ -309,18 +307,8 @@ def _describe(options: Any) -> _Request | None:
     agent = current_agent() if ctx.names_agents else None
     peer = _peer_span(operation, agent, current)
     span = peer if peer is not None else start_span(operation, PROVIDER, model, agent, current)
-    return (
-        ctx,
-        span,
-        peer is None,
-        model,
-        operation,
-        parts,
-        n_messages,
-        cap,
-        cap_keys,
-        body,
-        current,
+    return _Request(
+        ctx, span, peer is None, model, operation, parts, n_messages, cap, cap_keys, body, current
     )
 
 

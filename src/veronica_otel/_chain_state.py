@@ -212,15 +212,7 @@ class ChainState(AsyncFromSync):
         """What the tightest cost ceiling on the path (and, with ``pools``, in the
         chain's pools) has left unreserved, or None (the path's counters from
         ``states``, :meth:`asnapshots`, when given)."""
-        remaining: int | None = None
-        for level in self._path:
-            if level.limits.cost_nano is None:
-                continue
-            state = (
-                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
-            )
-            left = max(0, level.limits.cost_nano - state.cost_nano - state.reserved_nano)
-            remaining = left if remaining is None else min(remaining, left)
+        remaining = self._path_left(states, tokens=False)
         if pools and self._pools:
             remaining = min_limit(remaining, pool_room(self._pools).cost_nano)
         return remaining
@@ -231,17 +223,28 @@ class ChainState(AsyncFromSync):
         """What the tightest token ceiling on the path (and, with ``pools``, in the
         chain's pools) has left unreserved, or None (the path's counters from
         ``states``, :meth:`asnapshots`, when given)."""
+        remaining = self._path_left(states, tokens=True)
+        if pools and self._pools:
+            remaining = min_limit(remaining, pool_room(self._pools).tokens)
+        return remaining
+
+    def _path_left(self, states: Mapping[str, LedgerState] | None, *, tokens: bool) -> int | None:
+        """The tightest unreserved cost (or tokens) left over the path's levels."""
         remaining: int | None = None
         for level in self._path:
-            if level.limits.tokens is None:
+            limit = level.limits.tokens if tokens else level.limits.cost_nano
+            if limit is None:
                 continue
             state = (
                 self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
             )
-            left = max(0, level.limits.tokens - state.tokens - state.reserved_tokens)
+            used = (
+                state.tokens + state.reserved_tokens
+                if tokens
+                else state.cost_nano + state.reserved_nano
+            )
+            left = max(0, limit - used)
             remaining = left if remaining is None else min(remaining, left)
-        if pools and self._pools:
-            remaining = min_limit(remaining, pool_room(self._pools).tokens)
         return remaining
 
     def pool_room(self) -> PoolRoom | None:
