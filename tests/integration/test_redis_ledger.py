@@ -37,7 +37,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.crc import key_slot
 
 from tests.integration import _redis_workers as workers
-from tests.unit.test_ledger_properties import LedgerMachine, LedgerMachineWithinReservations
+from tests.unit.test_ledger_properties import (
+    LedgerMachine,
+    LedgerMachineWithinReservations,
+    LedgerMachineWithPool,
+)
 from veronica_otel import (
     BudgetExceededError,
     Decision,
@@ -382,7 +386,9 @@ def _same_trip(ours: TripEvent, theirs: TripEvent) -> None:
     )
 
 
-@pytest.mark.parametrize("machine", [LedgerMachine, LedgerMachineWithinReservations])
+@pytest.mark.parametrize(
+    "machine", [LedgerMachine, LedgerMachineWithinReservations, LedgerMachineWithPool]
+)
 def test_state_machine_matches_the_model_on_redis(
     machine: type[LedgerMachine], redis_url: str
 ) -> None:

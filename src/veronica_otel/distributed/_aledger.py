@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from opentelemetry import context as otel_context
@@ -50,6 +51,8 @@ __all__ = ["close", "commit", "flush", "release", "reserve", "snapshot", "trip",
 _logger = logging.getLogger("veronica_otel.distributed")
 _attach = otel_context.attach
 _detach = otel_context.detach
+_S = TypeVar("_S")
+_R = TypeVar("_R")
 
 
 async def reserve(
@@ -65,11 +68,11 @@ async def reserve(
 ) -> Reservation | TripEvent:
     """:meth:`reserve` without blocking the event loop (same raises).
 
-    A call also reserved in budget pools takes the sync path (one blocking
-    round trip on one server, two phases on a cluster): the pooled scripts
-    have no async twin yet.
+    A call also reserved in budget pools runs the sync path's plan
+    (``_pools.py``: one round trip on one server, two phases on a cluster)
+    with each round trip awaited.
     """
-    if ledger._local is not None or not ledger._aio.supported or pools:
+    if ledger._local is not None or not ledger._aio.supported:
         return ledger.reserve(
             path,
             cost_nano,
@@ -80,7 +83,7 @@ async def reserve(
             signature=signature,
             pools=pools,
         )
-    op = ledger._reserve_op(path, cost_nano, tokens, step, steps, retry, signature)
+    op = ledger._reserve_op(path, cost_nano, tokens, step, steps, retry, signature, pools)
     token = _attach(quiet())
     sent = False
     try:
@@ -90,7 +93,11 @@ async def reserve(
         if not ledger._checked:
             ledger._checked = await acheck_persistence(entry.client, ledger.store)
         sent = True
-        reply: Any = await entry.script(ledger._reserve)(op.keys, op.args)
+        reply: Any = await (
+            adrive(ledger._pool_plan(op), entry.run)
+            if op.pools
+            else entry.script(ledger._reserve)(op.keys, op.args)
+        )
     except redis.RedisError as exc:
         await ledger._aio.drop_idle()
         return ledger._reserve_error(exc, op, sent)
@@ -101,6 +108,9 @@ async def reserve(
         raise
     finally:
         _detach(token)
+    undo = ledger._pool_undo(op, reply)
+    if undo is not None:
+        await _settle(ledger, undo)
     return ledger._reserved(op, reply)
 
 
@@ -113,19 +123,27 @@ async def commit(
     release_steps: int,
 ) -> TripEvent | None:
     """:meth:`commit` without blocking the event loop (never raises for an outage)."""
-    if ledger._local is not None or not ledger._aio.supported or reservation.pools:
+    if ledger._local is not None or not ledger._aio.supported:
         return ledger.commit(path, reservation, cost_nano, tokens, release_steps=release_steps)
     op = ledger._commit_op(path, reservation, cost_nano, tokens, release_steps)
+    if reservation.pools:
+        plan = ledger._pooled_commit(op, reservation, release_steps)
+        return ledger._committed(op, await adrive(plan, partial(_settle, ledger)))
     return ledger._committed(op, await _settle(ledger, op))
 
 
 async def release(ledger: RedisLedger, path: Sequence[Level], reservation: Reservation) -> None:
     """:meth:`release` without blocking the event loop."""
-    if ledger._local is not None or not ledger._aio.supported or reservation.pools:
+    if ledger._local is not None or not ledger._aio.supported:
         ledger.release(path, reservation)
         return
     op = ledger._release_op(path, reservation)
-    if op is not None:
+    if op is None:
+        return
+    if reservation.pools:
+        plan = ledger._settle_pooled(op, reservation, (0, 0, 0), False)
+        await adrive(plan, partial(_settle, ledger))
+    else:
         await _settle(ledger, op)
 
 
@@ -251,6 +269,17 @@ async def _flush(ledger: RedisLedger, entry: LoopClient) -> None:
             ledger._replayed(op, reply)
     if replayed:
         _logger.info("ledger store %s: %d queued commits replayed", ledger.store, replayed)
+
+
+async def adrive(plan: Generator[_S, Any, _R], call: Callable[[_S], Awaitable[Any]]) -> _R:
+    """``_pools.drive`` with each request's reply awaited: the same plan, no blocking."""
+    try:
+        request = next(plan)
+        while True:
+            request = plan.send(await call(request))
+    except StopIteration as done:
+        result: _R = done.value
+        return result
 
 
 def _kick(ledger: RedisLedger) -> None:
