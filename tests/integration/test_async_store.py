@@ -575,8 +575,8 @@ def test_async_calls_on_a_redis_cluster(
 async def test_async_calls_in_a_redis_pool_count_exactly_and_settle(
     ledger: tuple[RedisLedger, CountingRedis], aclient: openai.AsyncOpenAI, server: FakeLLMServer
 ) -> None:
-    """Pooled reservations take the sync pooled scripts (documented); the bound is exact."""
-    store, _sync = ledger
+    """Pooled reservations and settlements go through the asyncio client too; the bound is exact."""
+    store, sync = ledger
     pool = BudgetPool("tenant:async", max_steps=4, window="1h", ledger=store)
 
     async def one() -> bool:
@@ -591,6 +591,7 @@ async def test_async_calls_in_a_redis_pool_count_exactly_and_settle(
     for _ in range(3):  # three chains, one after another, share the pool
         with ExecutionContext(ExecutionConfig(max_steps=10), ledger=store, pools=[pool]):
             admitted += sum(await asyncio.gather(*(one() for _ in range(3))))
+    assert sync.sent == []
     assert admitted == 4
     assert server.count(CHAT) == 4
     snap = pool.snapshot()
