@@ -156,8 +156,19 @@ class ChainState(AsyncFromSync):
         """A frozen view of this chain's counters."""
         if pending:
             drain()
-        state = self._ledger.snapshot(self.chain_id)
-        trip = self.trip
+        return self._snapshot_of(self._ledger.snapshot(self.chain_id), self.trip)
+
+    async def asnapshot(self) -> ChainSnapshot:
+        """:meth:`snapshot` for async code: a shared store is read without blocking."""
+        aledger = self._aledger
+        if aledger is None:
+            return self.snapshot()
+        if pending:
+            drain()
+        state = await aledger.asnapshot(self.chain_id)
+        return self._snapshot_of(state, await self.atrip())
+
+    def _snapshot_of(self, state: LedgerState, trip: TripEvent | None) -> ChainSnapshot:
         return ChainSnapshot(
             chain_id=self.chain_id,
             cost_usd=nano_to_usd(state.cost_nano),

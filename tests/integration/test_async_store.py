@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 import redis
 from openai.types.chat import ChatCompletionMessageParam
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -39,6 +40,7 @@ from veronica_otel import (
     current_context,
 )
 from veronica_otel._agent_limits import agent_level_id
+from veronica_otel._grants import Spent, verify_spent
 from veronica_otel._tools import ToolCall
 from veronica_otel.distributed import LedgerUnavailableError, RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
@@ -482,6 +484,62 @@ def test_asgi_middleware_on_a_valkey_ledger(ledger: tuple[RedisLedger, CountingR
         assert (state.steps, state.cost_nano, state.reserved_nano) == (1, 100_000_000, 0)
 
 
+def test_asgi_spend_back_header_is_read_from_the_store_without_blocking(
+    ledger: tuple[RedisLedger, CountingRedis], span_exporter: InMemorySpanExporter
+) -> None:
+    """A granted request's signed ``veronica-spent`` header (what the handler
+    spent, read from the store after it returned) and its chain span's totals
+    come through the async client."""
+    from tests.integration.test_middleware import KEY, baggage, make_grant
+
+    store, sync = ledger
+
+    async def endpoint(request: Request) -> JSONResponse:
+        ctx = current_context()
+        assert ctx is not None
+        for _ in range(2):
+            await ctx.awrap_llm_call(noop, HINT)
+        return JSONResponse({"chain": ctx.chain_id})
+
+    app = Starlette(routes=[Route("/", endpoint)])
+    wrapped = VeronicaASGIMiddleware(
+        app, config=ExecutionConfig(max_steps=5), ledger=store, grant_key=KEY
+    )
+    grant = make_grant(steps=5)
+    with TestClient(wrapped) as http:
+        response = http.get("/", headers=baggage(grant))
+    assert response.status_code == 200
+    used = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(used, Spent) and (used.steps, used.cost_nano) == (2, 200_000_000)
+    assert sync.sent == []  # the reserves, commits, the spend and the totals: all async
+    chain = response.json()["chain"]
+    (span,) = [
+        s for s in span_exporter.get_finished_spans() if s.attributes["veronica.chain.id"] == chain
+    ]
+    assert (span.attributes["veronica.steps"], span.attributes["veronica.decision"]) == (2, "ALLOW")
+
+
+@pytest.mark.asyncio
+async def test_async_with_reads_the_chain_spans_totals_without_blocking(
+    ledger: tuple[RedisLedger, CountingRedis], span_exporter: InMemorySpanExporter
+) -> None:
+    store, sync = ledger
+    async with ExecutionContext(
+        ExecutionConfig(max_cost_usd=1.0, max_steps=4), ledger=store
+    ) as ctx:
+        assert await ctx.awrap_llm_call(noop, HINT) is Decision.ALLOW
+    assert sync.sent == []
+    (span,) = [
+        s
+        for s in span_exporter.get_finished_spans()
+        if s.attributes["veronica.chain.id"] == ctx.chain_id and s.name.startswith("invoke_")
+    ]
+    attributes = span.attributes
+    assert (attributes["veronica.steps"], attributes["veronica.cost_usd"]) == (1, 0.1)
+    assert attributes["veronica.remaining.steps"] == 3
+    assert attributes["veronica.remaining.cost_usd"] == pytest.approx(0.9)
+
+
 def test_asgi_websocket_steps_on_a_valkey_ledger(
     ledger: tuple[RedisLedger, CountingRedis],
 ) -> None:
@@ -589,7 +647,7 @@ async def test_async_calls_in_a_redis_pool_count_exactly_and_settle(
 
     admitted = 0
     for _ in range(3):  # three chains, one after another, share the pool
-        with ExecutionContext(ExecutionConfig(max_steps=10), ledger=store, pools=[pool]):
+        async with ExecutionContext(ExecutionConfig(max_steps=10), ledger=store, pools=[pool]):
             admitted += sum(await asyncio.gather(*(one() for _ in range(3))))
     assert sync.sent == []
     assert admitted == 4
