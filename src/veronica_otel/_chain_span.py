@@ -16,6 +16,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from ._ledger import LedgerState
+    from ._pools import PoolRoom
 
 __all__ = ["aend_chain_span", "end_chain_span", "open_chain_span", "remaining_attributes"]
 
@@ -47,11 +48,10 @@ class _Chain(Protocol):
 
     async def asnapshots(self) -> dict[str, LedgerState] | None: ...
 
-    @property
-    def pools(self) -> tuple[object, ...]: ...
+    async def apool_room(self) -> PoolRoom | None: ...
 
     def remaining_cost_and_steps(
-        self, states: Mapping[str, LedgerState] | None = None
+        self, states: Mapping[str, LedgerState] | None = None, room: PoolRoom | None = None
     ) -> tuple[int | None, int | None]: ...
 
 
@@ -137,15 +137,13 @@ def _put_totals(span: trace.Span, snap: ChainSnapshot, remaining: dict[str, floa
 
 
 async def _aremaining_attributes(ctx: _Chain) -> dict[str, float | int]:
-    """:func:`remaining_attributes` with the path's counters awaited. Empty for
-    a chain with budget pools on a shared store: their room has no async read."""
+    """:func:`remaining_attributes` with the path's and the pools' counters awaited."""
     if not ctx.awaits_store:
         return remaining_attributes(ctx)
-    if ctx.pools:
-        return {}
     try:
         states = await ctx.asnapshots()
-        cost_left, steps_left = ctx.remaining_cost_and_steps(states)
+        room = await ctx.apool_room()
+        cost_left, steps_left = ctx.remaining_cost_and_steps(states, room)
     except Exception:
         _logger.debug("chain %s: remaining budget unreadable", ctx.chain_id, exc_info=True)
         return {}

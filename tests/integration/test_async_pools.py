@@ -20,7 +20,7 @@ from tests.integration.test_async_store import wait_until_blocked
 from tests.integration.test_redis_pools import Store, U, _close, lifetime, open_store
 from veronica_otel import LocalLedger
 from veronica_otel._errors import TripEvent
-from veronica_otel._ledger import Level, Limits, Reservation
+from veronica_otel._ledger import Level, Limits, PoolSnapshot, Reservation
 from veronica_otel._units import usd_to_nano as _nano
 from veronica_otel.distributed import RedisLedger
 
@@ -62,7 +62,7 @@ def test_async_pooled_calls_settle_the_chain_and_every_pool(store: Store) -> Non
     path = [Level(store.chain("a"), Limits(cost_nano=10 * U, steps=5))]
     pools = [lifetime("p1", cost=10 * U), lifetime("p2", steps=5)]
 
-    async def calls() -> None:
+    async def calls() -> list[PoolSnapshot]:
         kept = await ledger.areserve(path, 3 * U, 40, pools=pools)
         dropped = await ledger.areserve(path, 2 * U, 10, pools=pools)
         assert isinstance(kept, Reservation) and isinstance(dropped, Reservation)
@@ -74,8 +74,10 @@ def test_async_pooled_calls_settle_the_chain_and_every_pool(store: Store) -> Non
             empty = await ledger.areserve(path, 0, 0, step=False, pools=pools)
             assert isinstance(empty, Reservation) and not empty.id
             await ledger.acommit(path, empty, U, 1)
+        return [await ledger.apool_snapshot(pool) for pool in pools]
 
-    run(calls)
+    read_async = run(calls)
+    assert read_async == [ledger.pool_snapshot(pool) for pool in pools]
     chain = ledger.snapshot(path[0].chain_id)
     assert (chain.cost_nano, chain.tokens, chain.steps, chain.reserved_nano) == (4 * U, 32, 1, 0)
     first, second = (ledger.pool_snapshot(pool) for pool in pools)
@@ -147,7 +149,8 @@ def test_the_loop_runs_while_a_pooled_round_trip_is_in_flight(store: Store) -> N
 
 @pytest.fixture
 def paused_ledger(redis_url: str, redis_prefix: str) -> Iterator[RedisLedger]:
-    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)
+    # Replies may wait out the pause (a busy machine): never a timeout here.
+    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix, socket_timeout=15.0)
     yield ledger
     _close(ledger)
 

@@ -540,6 +540,27 @@ async def test_async_with_reads_the_chain_spans_totals_without_blocking(
     assert attributes["veronica.remaining.cost_usd"] == pytest.approx(0.9)
 
 
+@pytest.mark.asyncio
+async def test_async_with_reads_its_pools_room_without_blocking(
+    ledger: tuple[RedisLedger, CountingRedis], span_exporter: InMemorySpanExporter
+) -> None:
+    """The chain span's remaining budget counts its pools' room, read through the async client."""
+    store, sync = ledger
+    pool = BudgetPool("tenant:span", max_steps=5, max_cost_usd=0.5, window="1h", ledger=store)
+    config = ExecutionConfig(max_cost_usd=1.0, max_steps=4)
+    async with ExecutionContext(config, ledger=store, pools=[pool]) as ctx:
+        for _ in range(2):
+            assert await ctx.awrap_llm_call(noop, HINT) is Decision.ALLOW
+    assert sync.sent == []
+    (span,) = [
+        s
+        for s in span_exporter.get_finished_spans()
+        if s.attributes["veronica.chain.id"] == ctx.chain_id and s.name.startswith("invoke_")
+    ]
+    assert span.attributes["veronica.remaining.steps"] == 2  # the chain's 4 less 2
+    assert span.attributes["veronica.remaining.cost_usd"] == pytest.approx(0.3)  # the pool's
+
+
 def test_asgi_websocket_steps_on_a_valkey_ledger(
     ledger: tuple[RedisLedger, CountingRedis],
 ) -> None:

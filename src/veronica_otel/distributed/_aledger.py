@@ -36,7 +36,7 @@ import redis
 from opentelemetry import context as otel_context
 
 from veronica_otel._errors import TripEvent
-from veronica_otel._ledger import LedgerState, Level, PoolLevel, Reservation
+from veronica_otel._ledger import LedgerState, Level, PoolLevel, PoolSnapshot, Reservation
 
 from . import _ledger as _sync  # a cycle: RedisLedger's base is defined here
 from ._aio import LoopClient
@@ -46,7 +46,17 @@ from ._store import quiet
 if TYPE_CHECKING:
     from ._ledger import RedisLedger, _Pending
 
-__all__ = ["close", "commit", "flush", "release", "reserve", "snapshot", "trip", "trip_lifted"]
+__all__ = [
+    "close",
+    "commit",
+    "flush",
+    "pool_snapshot",
+    "release",
+    "reserve",
+    "snapshot",
+    "trip",
+    "trip_lifted",
+]
 
 _logger = logging.getLogger("veronica_otel.distributed")
 _attach = otel_context.attach
@@ -178,6 +188,17 @@ async def trip_lifted(ledger: RedisLedger, chain_id: str) -> bool:
     if values is _sync._LOCAL:
         return ledger.trip_lifted(chain_id)
     return ledger._lifted(chain_id, key, values)
+
+
+async def pool_snapshot(ledger: RedisLedger, pool: PoolLevel) -> PoolSnapshot:
+    """:meth:`pool_snapshot` without blocking the event loop."""
+    if ledger._local is not None or not ledger._aio.supported:
+        return ledger.pool_snapshot(pool)
+    script, keys, args = ledger._pools.snapshot_request(pool.name)
+    reply = await _call(ledger, f"(pool {pool.name})", script, keys, args)
+    if reply is _sync._LOCAL:
+        return ledger.pool_snapshot(pool)
+    return ledger._pools.snapshot_of(pool.name, reply)
 
 
 async def flush(ledger: RedisLedger) -> int:

@@ -909,6 +909,10 @@ class RedisLedger:
         """:meth:`trip_lifted` without blocking the event loop."""
         return await _aledger.trip_lifted(self, chain_id)
 
+    async def apool_snapshot(self, pool: PoolLevel) -> PoolSnapshot:
+        """:meth:`pool_snapshot` without blocking the event loop."""
+        return await _aledger.pool_snapshot(self, pool)
+
     async def aflush(self) -> int:
         """:meth:`flush` on the running loop; returns how many are still queued."""
         return await _aledger.flush(self)

@@ -318,9 +318,16 @@ class PoolStore:
 
     def snapshot(self, name: str) -> PoolSnapshot:
         """What pool ``name`` holds now (one read-only script; raises RedisError)."""
+        return self.snapshot_of(name, run_script(self.snapshot_request(name)))
+
+    def snapshot_request(self, name: str) -> Request:
+        """The read-only script call of :meth:`snapshot` (awaited by the async ledger)."""
         clock = "" if self.clock is None else str(self.clock())
-        values = [int(text(v)) for v in self._snapshot([self.key(name)], [clock])]
-        c, s, t, rc, rs, rt, wu, free = values
+        return self._snapshot, [self.key(name)], [clock]
+
+    def snapshot_of(self, name: str, reply: Sequence[Any]) -> PoolSnapshot:
+        """Pool ``name``'s snapshot from its script's reply."""
+        c, s, t, rc, rs, rt, wu, free = (int(text(v)) for v in reply)
         return PoolSnapshot(
             name=name,
             window_s=wu / 1e6 if wu else None,
