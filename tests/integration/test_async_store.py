@@ -28,6 +28,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from tests._bounds import input_bound
 from veronica_otel import (
     BudgetExceededError,
     BudgetPool,
@@ -41,7 +42,9 @@ from veronica_otel import (
 )
 from veronica_otel._agent_limits import agent_level_id
 from veronica_otel._grants import Spent, verify_spent
+from veronica_otel._pricing import default_price_table
 from veronica_otel._tools import ToolCall
+from veronica_otel._units import nano_to_usd
 from veronica_otel.distributed import LedgerUnavailableError, RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.middleware import VeronicaASGIMiddleware
@@ -458,6 +461,22 @@ async def test_more_concurrent_calls_than_connections_wait_for_one_and_count_exa
     assert sent_by_sync == []
     state = store.snapshot(chain)
     assert (state.steps, state.cost_nano, state.reserved_nano) == (150, 15_000_000_000, 0)
+
+
+@pytest.mark.asyncio
+async def test_an_uncapped_async_call_is_clamped_by_its_pool_read_without_blocking(
+    ledger: tuple[RedisLedger, CountingRedis], aclient: openai.AsyncOpenAI, server: FakeLLMServer
+) -> None:
+    """The clamp reads the chain's and its pools' room through the async client."""
+    store, sync = ledger
+    prices = default_price_table().lookup("openai", MODEL)
+    assert prices is not None
+    budget = prices.max_cost_nano(input_bound([MESSAGES], 1), 100)  # buys 100 output tokens
+    pool = BudgetPool("tenant:clamp", max_cost_usd=nano_to_usd(budget), ledger=store)
+    async with ExecutionContext(ExecutionConfig(max_cost_usd=5.0), ledger=store, pools=[pool]):
+        await aclient.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert sync.sent == []
+    assert server.requests[-1].body["max_completion_tokens"] == 100
 
 
 # -- the ASGI middleware ------------------------------------------------------------
