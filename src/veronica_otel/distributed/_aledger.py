@@ -1,14 +1,17 @@
 """RedisLedger's asyncio operations: the same scripts, the same semantics, no blocking.
 
 ``RedisLedger.areserve`` / ``acommit`` / ``arelease`` / ``atrip`` /
-``asnapshot`` / ``atrip_lifted`` (thin methods calling the functions here)
-are the coroutine versions of the sync operations, for code running on an
-event loop (async instrumented calls, ``awrap_*``, async ``ToolCall``, the
-ASGI middleware). Each builds its script call and reads the reply with the
-very helpers the sync operation uses (``_reserve_op`` / ``_reserved``,
-``_commit_op`` / ``_committed``, ``_settle_failed`` / ``_settled``, ...);
-only the round trip differs, through the running loop's ``redis.asyncio``
-client (``_aio.py``). Outage queue, fail-closed and fail-open, marks and
+``asnapshot`` / ``atrip_lifted`` / ``apool_snapshot`` (thin methods calling
+the functions here) are the coroutine versions of the sync operations, for
+code running on an event loop (async instrumented calls, ``awrap_*``, async
+``ToolCall``, the ASGI middleware). Each builds its script call and reads
+the reply with the very helpers the sync operation uses (``_reserve_op`` /
+``_reserved``, ``_commit_op`` / ``_committed``, ``_settle_failed`` /
+``_settled``, ...); only the round trip differs, through the running loop's
+``redis.asyncio`` client (``_aio.py``). A reservation in budget pools, and
+its settlement, are plans (generators yielding each round trip, see
+``_pools.py``) that the sync path runs with ``drive`` and this module with
+:func:`adrive`. Outage queue, fail-closed and fail-open, marks and
 re-seeding, commit ids and the heartbeat (its thread keeps async
 reservations alive too) are therefore those of the sync path; a ledger that
 failed open answers from its local ledger (in process, never blocking).

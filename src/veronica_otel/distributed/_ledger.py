@@ -85,10 +85,10 @@ What the store adds:
   never raises for it, so the caller gets its reply and the reservation is
   settled. Spent cost and tokens stop growing at 2**51.
 * **Async code** (``areserve``, ``acommit``, ``arelease``, ``atrip``,
-  ``asnapshot``, ``atrip_lifted``): the same scripts and the same handling
-  of every reply and failure, through a ``redis.asyncio`` client of the
-  running event loop (``_aio.py``, ``_aledger.py``), so async calls never
-  block the loop on a round trip.
+  ``asnapshot``, ``atrip_lifted``, ``apool_snapshot``): the same scripts and
+  the same handling of every reply and failure (budget pools included),
+  through a ``redis.asyncio`` client of the running event loop (``_aio.py``,
+  ``_aledger.py``), so async calls never block the loop on a round trip.
 * **Denials of in-flight calls.** A denial caused only by other calls'
   reservations (the call fits against committed spend alone) is returned with
   ``sticky=False`` and not stored, exactly as in the local ledger.
