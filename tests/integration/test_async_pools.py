@@ -10,11 +10,13 @@ during it (no clocks, no sleeps).
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from tests.integration.test_async_store import wait_until_blocked
 from tests.integration.test_redis_pools import Store, U, _close, lifetime, open_store
@@ -23,6 +25,7 @@ from veronica_otel._errors import TripEvent
 from veronica_otel._ledger import Level, Limits, PoolSnapshot, Reservation
 from veronica_otel._units import usd_to_nano as _nano
 from veronica_otel.distributed import RedisLedger
+from veronica_otel.testing import RedisClusterProcess
 
 T = TypeVar("T")
 
@@ -182,3 +185,44 @@ async def test_a_pooled_reserve_cancelled_in_flight_leaks_nothing(
     assert (_nano(snap.reserved_cost_usd), snap.reserved_steps, _nano(snap.cost_usd)) == (0, 0, 0)
     state = ledger.snapshot("cancelled")
     assert (state.reserved_nano, state.cost_nano) == (0, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_pooled_commit_cancelled_on_a_cluster_still_settles_every_pool(
+    redis_cluster: RedisClusterProcess, redis_prefix: str
+) -> None:
+    """Two-phase settlement: the chain's commit is cancelled in flight (its node
+    paused); the pools' commit, not yet sent, is queued with it, so both count once."""
+    ledger = RedisLedger.from_url(redis_cluster.url, key_prefix=redis_prefix, socket_timeout=15.0)
+    pool_slot = key_slot(ledger._pools.key("any").encode())
+    node = next(i for i in range(3) if pool_slot not in redis_cluster.slots(i))
+    chain = next(
+        f"c{i}"
+        for i in itertools.count()
+        if key_slot(ledger.key(f"c{i}").encode()) in redis_cluster.slots(node)
+    )
+    path = [Level(chain, Limits())]
+    pool = lifetime("cancel-commit", cost=100 * U)
+    url = f"redis://127.0.0.1:{redis_cluster.ports[node]}"
+    try:
+        held = await ledger.areserve(path, 5 * U, 0, pools=[pool])
+        assert isinstance(held, Reservation)
+        admin = redis.Redis.from_url(url)
+        admin.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
+        try:
+            task = asyncio.create_task(ledger.acommit(path, held, 3 * U, 0))
+            await asyncio.to_thread(wait_until_blocked, url, 1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert ledger.pending == 2  # the chain's commit and the pools'
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+            admin.close()
+        assert await ledger.aflush() == 0
+        snap = ledger.pool_snapshot(pool)
+        assert (_nano(snap.cost_usd), _nano(snap.reserved_cost_usd)) == (3 * U, 0)
+        state = ledger.snapshot(chain)
+        assert (state.cost_nano, state.reserved_nano) == (3 * U, 0)
+    finally:
+        _close(ledger)

@@ -25,13 +25,13 @@ from tests.integration import _pool_workers
 from tests.integration import _redis_workers as workers
 from tests.integration.test_redis_cluster import holder
 from tests.integration.test_redis_ledger import CountingRedis
+from tests.integration.test_redis_ledger import close_ledger as _close
 from veronica_otel import LocalLedger
 from veronica_otel._errors import TripEvent
 from veronica_otel._ledger import Level, Limits, PoolLevel, Reservation
 from veronica_otel._units import usd_to_nano as _nano
 from veronica_otel.cli import main
 from veronica_otel.distributed import LedgerCorruptedError, RedisLedger
-from veronica_otel.distributed._connect import ClusterClient
 from veronica_otel.testing import RedisClusterProcess
 
 U = 1_000_000  # one unit of cost in nano-USD
@@ -86,16 +86,6 @@ def open_store(request: pytest.FixtureRequest, redis_prefix: str) -> Iterator[St
         assert ledger._pools.cluster
         yield Store(ledger, elsewhere, cluster=True)
     _close(ledger)
-
-
-def _close(ledger: RedisLedger) -> None:
-    ledger.close()
-    client = ledger.client
-    if isinstance(client, ClusterClient):  # RedisCluster.close leaves node sockets open
-        for node in client.redis_cluster.get_nodes():
-            if node.redis_connection is not None:
-                node.redis_connection.connection_pool.disconnect()
-    client.close()
 
 
 @pytest.fixture

@@ -141,7 +141,7 @@ async def commit(
     op = ledger._commit_op(path, reservation, cost_nano, tokens, release_steps)
     if reservation.pools:
         plan = ledger._pooled_commit(op, reservation, release_steps)
-        return ledger._committed(op, await adrive(plan, partial(_settle, ledger)))
+        return ledger._committed(op, await adrive(plan, partial(_settle, ledger), ledger))
     return ledger._committed(op, await _settle(ledger, op))
 
 
@@ -155,7 +155,7 @@ async def release(ledger: RedisLedger, path: Sequence[Level], reservation: Reser
         return
     if reservation.pools:
         plan = ledger._settle_pooled(op, reservation, (0, 0, 0), False)
-        await adrive(plan, partial(_settle, ledger))
+        await adrive(plan, partial(_settle, ledger), ledger)
     else:
         await _settle(ledger, op)
 
@@ -295,15 +295,42 @@ async def _flush(ledger: RedisLedger, entry: LoopClient) -> None:
         _logger.info("ledger store %s: %d queued commits replayed", ledger.store, replayed)
 
 
-async def adrive(plan: Generator[_S, Any, _R], call: Callable[[_S], Awaitable[Any]]) -> _R:
-    """``_pools.drive`` with each request's reply awaited: the same plan, no blocking."""
+async def adrive(
+    plan: Generator[_S, Any, _R],
+    call: Callable[[_S], Awaitable[Any]],
+    queue_rest: RedisLedger | None = None,
+) -> _R:
+    """``_pools.drive`` with each request's reply awaited: the same plan, no blocking.
+
+    ``queue_rest`` (a settlement's ledger): when a round trip is cancelled,
+    the plan's later settlements are queued for replay (``_settle`` queued the
+    one in flight), so a cancelled pooled commit still settles every pool.
+    """
     try:
         request = next(plan)
         while True:
-            request = plan.send(await call(request))
+            try:
+                reply = await call(request)
+            except asyncio.CancelledError:
+                if queue_rest is not None:
+                    _queue_rest(queue_rest, plan)
+                raise
+            request = plan.send(reply)
     except StopIteration as done:
         result: _R = done.value
         return result
+
+
+def _queue_rest(ledger: RedisLedger, plan: Generator[Any, Any, Any]) -> None:
+    """Queue what a settlement plan still had to send (no replies: none came)."""
+    try:
+        request = plan.send(None)  # the one in flight was queued by _settle
+        while True:
+            with ledger._pending_lock:
+                ledger._pending.append(request)
+            request = plan.send(None)
+    except StopIteration:
+        return
 
 
 def _kick(ledger: RedisLedger) -> None:
