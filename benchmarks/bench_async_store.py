@@ -16,7 +16,9 @@ Measured per round: the event loop's lag, from a ticker task that yields
 consecutive runs (``max_lag_ms`` is the longest the loop went without
 returning to it; ``p99_lag_ms`` over all gaps), and throughput (contained
 calls per second, wall clock). Reported: the median over rounds. The chain
-counts every call (checked: steps == calls, nothing reserved).
+counts every call (checked: steps == calls, nothing reserved). ``--pools N``:
+every call is also reserved in N budget pools (before issue 16's follow-up,
+pooled async calls always took the sync path).
 
 Prints one JSON object. Usage::
 
@@ -41,7 +43,7 @@ from typing import Any
 import openai
 from _report import emit, environment
 
-from veronica_otel import ExecutionConfig, ExecutionContext, LocalLedger
+from veronica_otel import BudgetPool, ExecutionConfig, ExecutionContext, LocalLedger
 from veronica_otel._ledger import Ledger
 from veronica_otel.distributed import RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
@@ -64,9 +66,12 @@ async def _ticker(stop: asyncio.Event, gaps: list[float]) -> None:
         last = now
 
 
-async def _round(client: openai.AsyncOpenAI, ledger: Ledger, calls: int) -> dict[str, float]:
+async def _round(
+    client: openai.AsyncOpenAI, ledger: Ledger, calls: int, pools: int = 0
+) -> dict[str, float]:
     config = ExecutionConfig(max_cost_usd=1e6, max_steps=10**9)
-    with ExecutionContext(config, ledger=ledger) as ctx:
+    budgets = [BudgetPool(f"bench-{i}", max_cost_usd=1e6, ledger=ledger) for i in range(pools)]
+    async with ExecutionContext(config, ledger=ledger, pools=budgets) as ctx:
         stop, gaps = asyncio.Event(), []
         ticker = asyncio.create_task(_ticker(stop, gaps))
         await asyncio.sleep(0)  # the ticker runs before the first call
@@ -92,7 +97,7 @@ async def _round(client: openai.AsyncOpenAI, ledger: Ledger, calls: int) -> dict
     }
 
 
-async def _run(url: str, base_url: str, rounds: int, calls: int) -> dict[str, Any]:
+async def _run(url: str, base_url: str, rounds: int, calls: int, pools: int) -> dict[str, Any]:
     ledgers: dict[str, Ledger] = {
         "sync_path": RedisLedger.from_url(url, key_prefix="bench-sync:"),
         "async_path": RedisLedger.from_url(url, key_prefix="bench-async:"),
@@ -102,10 +107,10 @@ async def _run(url: str, base_url: str, rounds: int, calls: int) -> dict[str, An
     results: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
     async with openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0) as client:
         for name in VARIANTS:  # warm up: connections, scripts, price lookups
-            await _round(client, ledgers[name], 20)
+            await _round(client, ledgers[name], 20, pools)
         for _ in range(rounds):
             for name in VARIANTS:
-                results[name].append(await _round(client, ledgers[name], calls))
+                results[name].append(await _round(client, ledgers[name], calls, pools))
     for ledger in ledgers.values():
         if isinstance(ledger, RedisLedger):
             ledger.close()
@@ -133,6 +138,9 @@ def _serve(port: Connection, stop: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument(
+        "--pools", type=int, default=0, help="budget pools every call is also reserved in"
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else DEFAULT
     logging.disable(logging.WARNING)  # the store is not persisted: that warning is expected
@@ -150,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base_url = receive.recv()
         with RedisServerProcess(Path(tempfile.mkdtemp()), binary=binary, durable=False) as valkey:
-            measured = asyncio.run(_run(valkey.url, base_url, sizes["rounds"], sizes["calls"]))
+            measured = asyncio.run(
+                _run(valkey.url, base_url, sizes["rounds"], sizes["calls"], args.pools)
+            )
     finally:
         instrumentor.uninstrument()
         stop.set()
@@ -159,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(
         {
             "concurrent_calls": sizes["calls"],
+            "pools": args.pools,
             "rounds": sizes["rounds"],
             "statistic": "median over rounds",
             "results": measured,

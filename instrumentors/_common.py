@@ -32,6 +32,7 @@ from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._gc_safe import defer
 from veronica_otel._ledger import LedgerState
+from veronica_otel._pools import PoolRoom
 from veronica_otel._pricing import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     TOKENS_PER_MESSAGE,
@@ -582,8 +583,9 @@ async def aadmit(
     try:
         prices = _check_endpoint(ctx, breaker, probe, provider, model)
         states = await ctx.asnapshots() if clampable and requested_cap is None else None
+        room = await ctx.apool_room() if states is not None else None
         cap, clamped, bounded_by, cost, tokens, signature = _size(
-            ctx, prices, bound, model, input_parts, requested_cap, clampable, choices, states
+            ctx, prices, bound, model, input_parts, requested_cap, clampable, choices, states, room
         )
         handle = await ctx.abegin_priced_call(
             "llm", operation, provider, model, cost, tokens, signature=signature
@@ -633,6 +635,7 @@ def _size(
     clampable: bool,
     choices: int,
     states: Mapping[str, LedgerState] | None,
+    room: PoolRoom | None = None,
 ) -> tuple[int | None, int | None, str | None, int, int, str | None]:
     """(cap, clamp, the pool that set the clamp, cost, tokens, signature) of the reservation."""
     cap = requested_cap
@@ -642,7 +645,7 @@ def _size(
         # No output cap: send the most the remaining budget (the chain's
         # and its pools') can buy, so the reservation is a true worst case
         # without any caller hint.
-        affordable, bounded_by = _affordable_output(ctx, prices, bound, states)
+        affordable, bounded_by = _affordable_output(ctx, prices, bound, states, room)
         if affordable is not None:
             cap = clamped = max(1, affordable // max(1, choices))
     signature = _signature(model, input_parts) if ctx.tracks_repeats else None
@@ -791,9 +794,11 @@ def _affordable_output(
     prices: UnitPrices | None,
     bound: int,
     states: Mapping[str, LedgerState] | None = None,
+    room: PoolRoom | None = None,
 ) -> tuple[int | None, str | None]:
     """Output tokens (over all choices) an uncapped call is clamped to (None: no
     ceiling), and the budget pool that set it (None: the chain or the model did).
+    With ``states`` (the async path), ``room`` is the pools' room read with them.
 
     What the *unreserved* budget of the chain and of every one of its pools
     buys (the remaining cost and tokens leave out other calls' reservations),
@@ -810,7 +815,8 @@ def _affordable_output(
         ctx.remaining_tokens(states, pools=False),
     )
     pool: str | None = None
-    room = ctx.pool_room()
+    if states is None:  # else the async path read the pools' room with the states
+        room = ctx.pool_room()
     if room is not None:
         for buys, name in (
             (_buys(prices, bound, room.cost_nano, None), room.cost_pool),

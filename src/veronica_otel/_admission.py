@@ -172,6 +172,7 @@ class Admission(Settlement):
         kind: str,
         model: str | None,
         agents: tuple[tuple[Level, ...], str] | None,
+        stored: bool = False,
     ) -> CallHandle:
         """The call's handle, or the denial raised (its policy probes given back;
         an agent's own level denied it: that agent's denial, the chain goes on)."""
@@ -180,7 +181,7 @@ class Admission(Settlement):
                 self.pipeline.abandon(policy_context)
             if agents is not None:
                 self._agent_denied(reservation)  # type: ignore[arg-type]
-            self._tripped(reservation)  # type: ignore[arg-type]
+            self._tripped(reservation, stored=stored)  # type: ignore[arg-type]
         call = CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
         if agents is not None:
             call.agents = agents
@@ -258,7 +259,10 @@ class Admission(Settlement):
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
             raise
-        return self._admitted(reservation, policy_context, decision, kind, model, agents)
+        stored = type(reservation) is TripEvent and self._pool_trip(reservation)
+        if stored:  # the chain's trip, stored without blocking (the first trip wins)
+            reservation = await aledger.atrip(self.chain_id, reservation)
+        return self._admitted(reservation, policy_context, decision, kind, model, agents, stored)
 
     def consume_retry(self) -> None:
         """Draw one retry from ``max_retries_total`` or raise BudgetExceededError."""

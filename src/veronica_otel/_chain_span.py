@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import trace
 
@@ -13,7 +14,11 @@ from ._options import ChainSnapshot
 from ._units import nano_to_usd
 from ._version import __version__
 
-__all__ = ["end_chain_span", "open_chain_span", "remaining_attributes"]
+if TYPE_CHECKING:
+    from ._ledger import LedgerState
+    from ._pools import PoolRoom
+
+__all__ = ["aend_chain_span", "end_chain_span", "open_chain_span", "remaining_attributes"]
 
 _tracer = trace.get_tracer("veronica_otel", __version__)
 _logger = logging.getLogger(__name__)
@@ -39,7 +44,15 @@ class _Chain(Protocol):
 
     def snapshot(self) -> ChainSnapshot: ...
 
-    def remaining_cost_and_steps(self) -> tuple[int | None, int | None]: ...
+    async def asnapshot(self) -> ChainSnapshot: ...
+
+    async def asnapshots(self) -> dict[str, LedgerState] | None: ...
+
+    async def apool_room(self) -> PoolRoom | None: ...
+
+    def remaining_cost_and_steps(
+        self, states: Mapping[str, LedgerState] | None = None, room: PoolRoom | None = None
+    ) -> tuple[int | None, int | None]: ...
 
 
 class _Budget(Protocol):
@@ -81,25 +94,60 @@ def end_chain_span(ctx: _Chain, span: trace.Span, exc: BaseException | None) -> 
     store is unreachable (the totals are then missing from the span).
     """
     try:
-        if span.is_recording():
-            if exc is not None and not isinstance(exc, BudgetExceededError):
-                span.record_exception(exc)
-            snap = ctx.snapshot()
-            attributes: dict[str, str | float | int] = {
-                "veronica.cost_usd": snap.cost_usd,
-                "veronica.steps": snap.steps,
-                "veronica.retries": snap.retries,
-                "veronica.tokens": snap.tokens,
-                "veronica.decision": "HALT" if snap.aborted else "ALLOW",
-            }
-            if snap.trip is not None:
-                attributes["veronica.trip.reason"] = snap.trip.reason
-            attributes.update(remaining_attributes(ctx))
-            span.set_attributes(attributes)
+        if _recording(span, exc):
+            _put_totals(span, ctx.snapshot(), remaining_attributes(ctx))
     except Exception:
         _logger.warning("chain %s: totals not recorded on its span", ctx.chain_id, exc_info=True)
     finally:
         span.end()
+
+
+async def aend_chain_span(ctx: _Chain, span: trace.Span, exc: BaseException | None) -> None:
+    """:func:`end_chain_span` for ``async with``: a shared store is read without blocking."""
+    try:
+        if _recording(span, exc):
+            snap = await ctx.asnapshot()
+            _put_totals(span, snap, await _aremaining_attributes(ctx))
+    except Exception:
+        _logger.warning("chain %s: totals not recorded on its span", ctx.chain_id, exc_info=True)
+    finally:
+        span.end()
+
+
+def _recording(span: trace.Span, exc: BaseException | None) -> bool:
+    if not span.is_recording():
+        return False
+    if exc is not None and not isinstance(exc, BudgetExceededError):
+        span.record_exception(exc)
+    return True
+
+
+def _put_totals(span: trace.Span, snap: ChainSnapshot, remaining: dict[str, float | int]) -> None:
+    attributes: dict[str, str | float | int] = {
+        "veronica.cost_usd": snap.cost_usd,
+        "veronica.steps": snap.steps,
+        "veronica.retries": snap.retries,
+        "veronica.tokens": snap.tokens,
+        "veronica.decision": "HALT" if snap.aborted else "ALLOW",
+    }
+    if snap.trip is not None:
+        attributes["veronica.trip.reason"] = snap.trip.reason
+    attributes.update(remaining)
+    span.set_attributes(attributes)
+
+
+async def _aremaining_attributes(ctx: _Chain) -> dict[str, float | int]:
+    """:func:`remaining_attributes` with the path's and the pools' counters awaited."""
+    if not ctx.awaits_store:
+        return remaining_attributes(ctx)
+    try:
+        states = await ctx.asnapshots()
+        room = await ctx.apool_room()
+        cost_left, steps_left = ctx.remaining_cost_and_steps(states, room)
+    except Exception:
+        _logger.debug("chain %s: remaining budget unreadable", ctx.chain_id, exc_info=True)
+        return {}
+    return _remaining(cost_left, steps_left)
 
 
 def remaining_attributes(ctx: _Budget) -> dict[str, float | int]:
@@ -118,6 +166,10 @@ def remaining_attributes(ctx: _Budget) -> dict[str, float | int]:
     except Exception:
         _logger.debug("chain %s: remaining budget unreadable", ctx.chain_id, exc_info=True)
         return {}
+    return _remaining(cost_left, steps_left)
+
+
+def _remaining(cost_left: int | None, steps_left: int | None) -> dict[str, float | int]:
     attributes: dict[str, float | int] = {}
     if cost_left is not None:
         attributes["veronica.remaining.cost_usd"] = nano_to_usd(cost_left)

@@ -30,7 +30,7 @@ from ._ledger import (
 )
 from ._options import ChainSnapshot
 from ._policy import PolicyPipeline
-from ._pools import BudgetPool, PoolRoom, pool_room
+from ._pools import BudgetPool, PoolRoom, apool_room, pool_room
 from ._pricing import PriceTable
 from ._timer import CancellationToken
 from ._units import nano_to_usd
@@ -156,8 +156,19 @@ class ChainState(AsyncFromSync):
         """A frozen view of this chain's counters."""
         if pending:
             drain()
-        state = self._ledger.snapshot(self.chain_id)
-        trip = self.trip
+        return self._snapshot_of(self._ledger.snapshot(self.chain_id), self.trip)
+
+    async def asnapshot(self) -> ChainSnapshot:
+        """:meth:`snapshot` for async code: a shared store is read without blocking."""
+        aledger = self._aledger
+        if aledger is None:
+            return self.snapshot()
+        if pending:
+            drain()
+        state = await aledger.asnapshot(self.chain_id)
+        return self._snapshot_of(state, await self.atrip())
+
+    def _snapshot_of(self, state: LedgerState, trip: TripEvent | None) -> ChainSnapshot:
         return ChainSnapshot(
             chain_id=self.chain_id,
             cost_usd=nano_to_usd(state.cost_nano),
@@ -172,10 +183,11 @@ class ChainState(AsyncFromSync):
         )
 
     def remaining_cost_and_steps(
-        self, states: Mapping[str, LedgerState] | None = None
+        self, states: Mapping[str, LedgerState] | None = None, room: PoolRoom | None = None
     ) -> tuple[int | None, int | None]:
         """What the tightest cost and step ceilings have left (one ledger read a
-        level, or ``states`` from :meth:`asnapshots`)."""
+        level, or ``states`` from :meth:`asnapshots`; the pools' ``room`` from
+        :meth:`apool_room`, else read here)."""
         fast = self._fast
         if fast is not None:  # a root in-process chain: read the live counters
             limits, state = fast[1].limits, fast[2]
@@ -201,7 +213,8 @@ class ChainState(AsyncFromSync):
                 steps = max(0, limits.steps - state.steps)
                 steps_left = steps if steps_left is None else min(steps_left, steps)
         if self._pools:
-            room = pool_room(self._pools)
+            if room is None:
+                room = pool_room(self._pools)
             cost_left = min_limit(cost_left, room.cost_nano)
             steps_left = min_limit(steps_left, room.steps)
         return cost_left, steps_left
@@ -250,6 +263,10 @@ class ChainState(AsyncFromSync):
     def pool_room(self) -> PoolRoom | None:
         """What the chain's pools have left unreserved; None for a chain with no pools."""
         return pool_room(self._pools) if self._pools else None
+
+    async def apool_room(self) -> PoolRoom | None:
+        """:meth:`pool_room` for async code: a shared store is read without blocking."""
+        return await apool_room(self._pools) if self._pools else None
 
     @property
     def pools(self) -> tuple[BudgetPool, ...]:

@@ -94,10 +94,9 @@ class ChainTrips(ChainState):
         emit_trip(trip, remaining=remaining_attributes(self))
         raise BudgetExceededError(trip)
 
-    def _tripped(self, trip: TripEvent, *, raise_error: bool = True) -> None:
-        if trip.pool is not None and trip.sticky and trip.chain_id == self.chain_id:
-            # A pool never trips; the chain it denied does (stored, so it is
-            # sticky for every context of the chain, children included).
+    def _tripped(self, trip: TripEvent, *, raise_error: bool = True, stored: bool = False) -> None:
+        """Deny for ``trip``; ``stored``: a pool's trip the async path already stored."""
+        if not stored and self._pool_trip(trip):
             trip = self._ledger.trip(self.chain_id, trip)
         if not trip.sticky:  # only in-flight reservations denied it: deny, remember nothing
             emit_trip(trip, remaining=remaining_attributes(self))
@@ -108,6 +107,12 @@ class ChainTrips(ChainState):
                 emit_trip(trip, remaining=remaining_attributes(self))
         if raise_error:
             raise BudgetExceededError(trip)
+
+    def _pool_trip(self, trip: TripEvent) -> bool:
+        """Whether ``trip`` is a pool's sticky denial of this chain. A pool never
+        trips; the chain it denied does (stored, so it is sticky for every
+        context of the chain, children included)."""
+        return trip.pool is not None and trip.sticky and trip.chain_id == self.chain_id
 
     def _check_handoff(self, counter: HandoffCounter) -> None:
         name = current_agent()

@@ -25,7 +25,7 @@ from opentelemetry import trace
 from ._agent_limits import lookups_of
 from ._agents import HandoffCounter
 from ._call import CallHandle
-from ._chain_span import end_chain_span, open_chain_span
+from ._chain_span import aend_chain_span, end_chain_span, open_chain_span
 from ._children import carve, min_limit, weak_cancel, weak_deadline
 from ._cm import Entries
 from ._config import ExecutionConfig
@@ -207,6 +207,24 @@ class ExecutionContext(WrapCalls):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        span = self._leave()
+        if span is not None:
+            end_chain_span(self, span, exc)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """``async with``: the chain span's totals are read from a shared store
+        without blocking the event loop."""
+        span = self._leave()
+        if span is not None:
+            await aend_chain_span(self, span, exc)
+
+    def _leave(self) -> trace.Span | None:
+        """Detach this entry's context; the chain span to end, if this entry opened one."""
         token, span, last = self._entries.pop(self)
         if token is not None:
             otel_context.detach(token)  # type: ignore[arg-type]
@@ -218,8 +236,8 @@ class ExecutionContext(WrapCalls):
             )
         if last and self._timer is not None:
             self._timer.cancel()
-        if span is not None:
-            end_chain_span(self, span, exc)
+        opened: trace.Span | None = span
+        return opened
 
     # -- children ----------------------------------------------------------
 

@@ -33,6 +33,7 @@ __all__ = [
     "PoolLimits",
     "PoolRoom",
     "PoolSnapshot",
+    "apool_room",
     "check_pool_name",
     "check_pools",
     "parse_window",
@@ -185,6 +186,14 @@ class BudgetPool:
         """What was spent within the current window and what calls in flight hold."""
         return self._ledger.pool_snapshot(self.level)
 
+    async def asnapshot(self) -> PoolSnapshot:
+        """:meth:`snapshot` for async code: a shared store is read without blocking."""
+        read = getattr(self._ledger, "apool_snapshot", None)
+        if read is None:
+            return self.snapshot()
+        found: PoolSnapshot = await read(self.level)
+        return found
+
     def __repr__(self) -> str:
         limits = ", ".join(
             f"{key}={value!r}"
@@ -244,18 +253,33 @@ class PoolRoom(NamedTuple):
     tokens_pool: str | None  # the pool with the fewest tokens left
 
 
-def pool_room(pools: Sequence[BudgetPool]) -> PoolRoom:
-    """The least room left in ``pools`` on each measure (one snapshot a pool)."""
+async def apool_room(pools: Sequence[BudgetPool]) -> PoolRoom:
+    """:func:`pool_room` for async code: each pool's snapshot is awaited."""
+    return pool_room(pools, [await pool.asnapshot() if _limited(pool) else None for pool in pools])
+
+
+def _limited(pool: BudgetPool) -> bool:
+    limits = pool.level.limits
+    return not (limits.cost_nano is None and limits.steps is None and limits.tokens is None)
+
+
+def pool_room(
+    pools: Sequence[BudgetPool], snaps: Sequence[PoolSnapshot | None] | None = None
+) -> PoolRoom:
+    """The least room left in ``pools`` on each measure (one snapshot a pool,
+    or ``snaps``: :func:`apool_room`'s, in the order of ``pools``)."""
     cost: int | None = None
     steps: int | None = None
     tokens: int | None = None
     cost_pool: str | None = None
     tokens_pool: str | None = None
-    for pool in pools:
+    for i, pool in enumerate(pools):
         limits = pool.level.limits
-        if limits.cost_nano is None and limits.steps is None and limits.tokens is None:
+        if not _limited(pool):
             continue
-        snap = pool.snapshot()
+        snap = pool.snapshot() if snaps is None else snaps[i]
+        if snap is None:
+            continue
         if limits.cost_nano is not None:
             spent = usd_to_nano(snap.cost_usd) + usd_to_nano(snap.reserved_cost_usd)
             left = max(0, limits.cost_nano - spent)

@@ -39,7 +39,7 @@ from ._config import ExecutionConfig
 from ._context import ExecutionContext
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._grants import MAX_ANCESTORS, Grant, Spent, record_spent_rejection
-from ._ledger import Ledger, Level, Reservation
+from ._ledger import Ledger, LedgerState, Level, Reservation
 from ._policy import PolicyPipeline
 from ._pools import BudgetPool
 from ._trips import emit_trip
@@ -367,7 +367,18 @@ def _caller_pools(grant: Grant, ledger: Ledger | None, own: set[str]) -> list[Bu
 
 def spent(ctx: ExecutionContext) -> Spent:
     """What ``ctx``'s own chain has used so far (in-flight reservations included)."""
-    state = _ledger(ctx).snapshot(ctx.chain_id)
+    return _spent(_ledger(ctx).snapshot(ctx.chain_id))
+
+
+async def aspent(ctx: ExecutionContext) -> Spent:
+    """:func:`spent` for async code: a shared store is read without blocking."""
+    aledger = ctx._aledger
+    if aledger is None:
+        return spent(ctx)
+    return _spent(await aledger.asnapshot(ctx.chain_id))
+
+
+def _spent(state: LedgerState) -> Spent:
     return Spent(
         cost_nano=state.cost_nano + state.reserved_nano,
         tokens=state.tokens + state.reserved_tokens,

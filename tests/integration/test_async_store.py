@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 import redis
 from openai.types.chat import ChatCompletionMessageParam
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -27,6 +28,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from tests._bounds import input_bound
 from veronica_otel import (
     BudgetExceededError,
     BudgetPool,
@@ -39,7 +41,10 @@ from veronica_otel import (
     current_context,
 )
 from veronica_otel._agent_limits import agent_level_id
+from veronica_otel._grants import Spent, verify_spent
+from veronica_otel._pricing import default_price_table
 from veronica_otel._tools import ToolCall
+from veronica_otel._units import nano_to_usd
 from veronica_otel.distributed import LedgerUnavailableError, RedisLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.middleware import VeronicaASGIMiddleware
@@ -458,6 +463,22 @@ async def test_more_concurrent_calls_than_connections_wait_for_one_and_count_exa
     assert (state.steps, state.cost_nano, state.reserved_nano) == (150, 15_000_000_000, 0)
 
 
+@pytest.mark.asyncio
+async def test_an_uncapped_async_call_is_clamped_by_its_pool_read_without_blocking(
+    ledger: tuple[RedisLedger, CountingRedis], aclient: openai.AsyncOpenAI, server: FakeLLMServer
+) -> None:
+    """The clamp reads the chain's and its pools' room through the async client."""
+    store, sync = ledger
+    prices = default_price_table().lookup("openai", MODEL)
+    assert prices is not None
+    budget = prices.max_cost_nano(input_bound([MESSAGES], 1), 100)  # buys 100 output tokens
+    pool = BudgetPool("tenant:clamp", max_cost_usd=nano_to_usd(budget), ledger=store)
+    async with ExecutionContext(ExecutionConfig(max_cost_usd=5.0), ledger=store, pools=[pool]):
+        await aclient.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert sync.sent == []
+    assert server.requests[-1].body["max_completion_tokens"] == 100
+
+
 # -- the ASGI middleware ------------------------------------------------------------
 
 
@@ -480,6 +501,83 @@ def test_asgi_middleware_on_a_valkey_ledger(ledger: tuple[RedisLedger, CountingR
     for reply in replies:
         state = store.snapshot(reply["chain"])
         assert (state.steps, state.cost_nano, state.reserved_nano) == (1, 100_000_000, 0)
+
+
+def test_asgi_spend_back_header_is_read_from_the_store_without_blocking(
+    ledger: tuple[RedisLedger, CountingRedis], span_exporter: InMemorySpanExporter
+) -> None:
+    """A granted request's signed ``veronica-spent`` header (what the handler
+    spent, read from the store after it returned) and its chain span's totals
+    come through the async client."""
+    from tests.integration.test_middleware import KEY, baggage, make_grant
+
+    store, sync = ledger
+
+    async def endpoint(request: Request) -> JSONResponse:
+        ctx = current_context()
+        assert ctx is not None
+        for _ in range(2):
+            await ctx.awrap_llm_call(noop, HINT)
+        return JSONResponse({"chain": ctx.chain_id})
+
+    app = Starlette(routes=[Route("/", endpoint)])
+    wrapped = VeronicaASGIMiddleware(
+        app, config=ExecutionConfig(max_steps=5), ledger=store, grant_key=KEY
+    )
+    grant = make_grant(steps=5)
+    with TestClient(wrapped) as http:
+        response = http.get("/", headers=baggage(grant))
+    assert response.status_code == 200
+    used = verify_spent(response.headers["veronica-spent"], KEY, grant.nonce, "testserver")
+    assert isinstance(used, Spent) and (used.steps, used.cost_nano) == (2, 200_000_000)
+    assert sync.sent == []  # the reserves, commits, the spend and the totals: all async
+    chain = response.json()["chain"]
+    (span,) = [
+        s for s in span_exporter.get_finished_spans() if s.attributes["veronica.chain.id"] == chain
+    ]
+    assert (span.attributes["veronica.steps"], span.attributes["veronica.decision"]) == (2, "ALLOW")
+
+
+@pytest.mark.asyncio
+async def test_async_with_reads_the_chain_spans_totals_without_blocking(
+    ledger: tuple[RedisLedger, CountingRedis], span_exporter: InMemorySpanExporter
+) -> None:
+    store, sync = ledger
+    async with ExecutionContext(
+        ExecutionConfig(max_cost_usd=1.0, max_steps=4), ledger=store
+    ) as ctx:
+        assert await ctx.awrap_llm_call(noop, HINT) is Decision.ALLOW
+    assert sync.sent == []
+    (span,) = [
+        s
+        for s in span_exporter.get_finished_spans()
+        if s.attributes["veronica.chain.id"] == ctx.chain_id and s.name.startswith("invoke_")
+    ]
+    attributes = span.attributes
+    assert (attributes["veronica.steps"], attributes["veronica.cost_usd"]) == (1, 0.1)
+    assert attributes["veronica.remaining.steps"] == 3
+    assert attributes["veronica.remaining.cost_usd"] == pytest.approx(0.9)
+
+
+@pytest.mark.asyncio
+async def test_async_with_reads_its_pools_room_without_blocking(
+    ledger: tuple[RedisLedger, CountingRedis], span_exporter: InMemorySpanExporter
+) -> None:
+    """The chain span's remaining budget counts its pools' room, read through the async client."""
+    store, sync = ledger
+    pool = BudgetPool("tenant:span", max_steps=5, max_cost_usd=0.5, window="1h", ledger=store)
+    config = ExecutionConfig(max_cost_usd=1.0, max_steps=4)
+    async with ExecutionContext(config, ledger=store, pools=[pool]) as ctx:
+        for _ in range(2):
+            assert await ctx.awrap_llm_call(noop, HINT) is Decision.ALLOW
+    assert sync.sent == []
+    (span,) = [
+        s
+        for s in span_exporter.get_finished_spans()
+        if s.attributes["veronica.chain.id"] == ctx.chain_id and s.name.startswith("invoke_")
+    ]
+    assert span.attributes["veronica.remaining.steps"] == 2  # the chain's 4 less 2
+    assert span.attributes["veronica.remaining.cost_usd"] == pytest.approx(0.3)  # the pool's
 
 
 def test_asgi_websocket_steps_on_a_valkey_ledger(
@@ -575,8 +673,8 @@ def test_async_calls_on_a_redis_cluster(
 async def test_async_calls_in_a_redis_pool_count_exactly_and_settle(
     ledger: tuple[RedisLedger, CountingRedis], aclient: openai.AsyncOpenAI, server: FakeLLMServer
 ) -> None:
-    """Pooled reservations take the sync pooled scripts (documented); the bound is exact."""
-    store, _sync = ledger
+    """Pooled reservations and settlements go through the asyncio client too; the bound is exact."""
+    store, sync = ledger
     pool = BudgetPool("tenant:async", max_steps=4, window="1h", ledger=store)
 
     async def one() -> bool:
@@ -589,8 +687,9 @@ async def test_async_calls_in_a_redis_pool_count_exactly_and_settle(
 
     admitted = 0
     for _ in range(3):  # three chains, one after another, share the pool
-        with ExecutionContext(ExecutionConfig(max_steps=10), ledger=store, pools=[pool]):
+        async with ExecutionContext(ExecutionConfig(max_steps=10), ledger=store, pools=[pool]):
             admitted += sum(await asyncio.gather(*(one() for _ in range(3))))
+    assert sync.sent == []
     assert admitted == 4
     assert server.count(CHAT) == 4
     snap = pool.snapshot()

@@ -37,7 +37,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.crc import key_slot
 
 from tests.integration import _redis_workers as workers
-from tests.unit.test_ledger_properties import LedgerMachine, LedgerMachineWithinReservations
+from tests.unit.test_ledger_properties import (
+    LedgerMachine,
+    LedgerMachineWithinReservations,
+    LedgerMachineWithPool,
+)
 from veronica_otel import (
     BudgetExceededError,
     Decision,
@@ -51,7 +55,8 @@ from veronica_otel import (
 from veronica_otel._ledger import SIGNATURE_MEMORY, LedgerState, Level, Limits, Reservation
 from veronica_otel._units import NANO_PER_USD, usd_to_nano
 from veronica_otel.distributed import LedgerCorruptedError, LedgerUnavailableError, RedisLedger
-from veronica_otel.testing import RedisServerProcess
+from veronica_otel.distributed._connect import ClusterClient
+from veronica_otel.testing import RedisClusterProcess, RedisServerProcess
 
 STATE_FIELDS = ("cost_nano", "reserved_nano", "steps", "retries", "tokens", "reserved_tokens")
 
@@ -382,7 +387,9 @@ def _same_trip(ours: TripEvent, theirs: TripEvent) -> None:
     )
 
 
-@pytest.mark.parametrize("machine", [LedgerMachine, LedgerMachineWithinReservations])
+@pytest.mark.parametrize(
+    "machine", [LedgerMachine, LedgerMachineWithinReservations, LedgerMachineWithPool]
+)
 def test_state_machine_matches_the_model_on_redis(
     machine: type[LedgerMachine], redis_url: str
 ) -> None:
@@ -408,6 +415,46 @@ def test_state_machine_matches_the_model_on_redis(
         )
     finally:
         shared.close()
+
+
+def test_pool_state_machine_matches_the_model_on_a_cluster(
+    redis_cluster: RedisClusterProcess,
+) -> None:
+    """The pooled machine on Redis Cluster: the two-phase protocol (pools and
+    chains on different nodes) reports and counts as the in-process ledger."""
+    made: list[RedisLedger] = []
+
+    class ClusterMachine(LedgerMachineWithPool):
+        def __init__(self) -> None:
+            super().__init__()
+            prefix = f"m{uuid.uuid4().hex[:12]}:"
+            self.ledger = RedisLedger.from_url(redis_cluster.url, key_prefix=prefix)
+            made.append(self.ledger)
+
+    try:
+        run_state_machine_as_test(
+            ClusterMachine,
+            settings=settings(
+                max_examples=30,
+                stateful_step_count=30,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
+    finally:
+        for ledger in made:
+            close_ledger(ledger)
+
+
+def close_ledger(ledger: RedisLedger) -> None:
+    """Stop its heartbeat and close its client (every node's sockets on a cluster)."""
+    ledger.close()
+    client = ledger.client
+    if isinstance(client, ClusterClient):  # RedisCluster.close leaves node sockets open
+        for node in client.redis_cluster.get_nodes():
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+    client.close()
 
 
 def test_signature_memory_is_bounded(redis_ledger: RedisLedger, client: CountingRedis) -> None:

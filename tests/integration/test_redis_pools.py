@@ -25,11 +25,13 @@ from tests.integration import _pool_workers
 from tests.integration import _redis_workers as workers
 from tests.integration.test_redis_cluster import holder
 from tests.integration.test_redis_ledger import CountingRedis
+from tests.integration.test_redis_ledger import close_ledger as _close
+from veronica_otel import LocalLedger
+from veronica_otel._errors import TripEvent
 from veronica_otel._ledger import Level, Limits, PoolLevel, Reservation
 from veronica_otel._units import usd_to_nano as _nano
 from veronica_otel.cli import main
 from veronica_otel.distributed import LedgerCorruptedError, RedisLedger
-from veronica_otel.distributed._connect import ClusterClient
 from veronica_otel.testing import RedisClusterProcess
 
 U = 1_000_000  # one unit of cost in nano-USD
@@ -59,6 +61,11 @@ class Store:
 
 @pytest.fixture(params=["server", "cluster"])
 def store(request: pytest.FixtureRequest, redis_prefix: str) -> Iterator[Store]:
+    yield from open_store(request, redis_prefix)
+
+
+def open_store(request: pytest.FixtureRequest, redis_prefix: str) -> Iterator[Store]:
+    """The ``store`` fixture's body (other test modules parametrize their own)."""
     if request.param == "server":
         url = request.getfixturevalue("redis_url")
         ledger = RedisLedger.from_url(url, key_prefix=redis_prefix)
@@ -79,16 +86,6 @@ def store(request: pytest.FixtureRequest, redis_prefix: str) -> Iterator[Store]:
         assert ledger._pools.cluster
         yield Store(ledger, elsewhere, cluster=True)
     _close(ledger)
-
-
-def _close(ledger: RedisLedger) -> None:
-    ledger.close()
-    client = ledger.client
-    if isinstance(client, ClusterClient):  # RedisCluster.close leaves node sockets open
-        for node in client.redis_cluster.get_nodes():
-            if node.redis_connection is not None:
-                node.redis_connection.connection_pool.disconnect()
-    client.close()
 
 
 @pytest.fixture
@@ -164,11 +161,12 @@ def test_usage_committed_without_a_held_reservation_counts_in_the_pools(store: S
     ledger = store.ledger
     path = [Level(store.chain("c"), Limits())]
     pool = lifetime("spent-late", cost=10 * U)
-    held = ledger.reserve(path, 0, 0, step=False, pools=[pool])
-    assert isinstance(held, Reservation) and not held.id
-    assert ledger.commit(path, held, 4 * U, 7) is None
+    for cost, tokens in ((4 * U, 7), (U, 1)):  # each such commit has an id of its own
+        held = ledger.reserve(path, 0, 0, step=False, pools=[pool])
+        assert isinstance(held, Reservation) and not held.id
+        assert ledger.commit(path, held, cost, tokens) is None
     snap = ledger.pool_snapshot(pool)
-    assert (_nano(snap.cost_usd), snap.tokens, _nano(snap.reserved_cost_usd)) == (4 * U, 7, 0)
+    assert (_nano(snap.cost_usd), snap.tokens, _nano(snap.reserved_cost_usd)) == (5 * U, 8, 0)
 
 
 def test_fits_the_chain_not_the_pool_reserves_nothing_anywhere(store: Store) -> None:
@@ -216,6 +214,68 @@ def test_fits_the_pool_not_the_chain_releases_the_pools(store: Store) -> None:
     # The pool is untouched for other chains.
     other = [Level(store.chain("e"), Limits())]
     assert isinstance(ledger.reserve(other, 100 * U, 0, pools=[pool]), Reservation)
+
+
+def _denial(found: object) -> tuple[Any, ...]:
+    assert isinstance(found, TripEvent), found
+    return (found.pool, found.reason, found.sticky, found.chain_id, found.limit, found.observed)
+
+
+def test_the_chains_own_trip_is_reported_before_a_pools_denial(store: Store) -> None:
+    """Both refuse: the chain's own limits decide first, as on LocalLedger, so
+    its trip is stored at this call (not at its next one); nothing is held."""
+    ledger = store.ledger
+    chain = store.chain("o")
+    path = [Level(chain, Limits(cost_nano=U))]
+    pool = lifetime("full", cost=U)
+    denied = ledger.reserve(path, 2 * U, 0, pools=[pool])
+    assert _denial(denied) == _denial(LocalLedger().reserve(path, 2 * U, 0, pools=[pool]))
+    assert _denial(denied)[:4] == (None, "cost", True, chain)
+    state = ledger.snapshot(chain)
+    assert state.trip is not None and state.trip.reason == "cost"
+    assert (state.steps, state.reserved_nano) == (0, 0)
+    snap = ledger.pool_snapshot(pool)
+    assert (_nano(snap.reserved_cost_usd), snap.reserved_steps) == (0, 0)
+    assert store.pool_records() == 0
+
+
+def test_a_pools_hard_denial_beats_the_chains_soft_one_and_not_the_reverse(
+    store: Store,
+) -> None:
+    """Only calls in flight fill the chain (soft): a pool full of committed
+    spend is reported; a pool only calls in flight fill is not (LocalLedger's order)."""
+    ledger, local = store.ledger, LocalLedger()
+    path = [Level(store.chain("s"), Limits(cost_nano=3 * U))]
+    spent, busy = lifetime("spent", cost=3 * U), lifetime("busy", cost=3 * U)
+    other = [Level(store.chain("x"), Limits())]
+    for on in (ledger, local):
+        assert isinstance(on.reserve(path, 2 * U, 0), Reservation)  # in flight on the chain
+        filled = on.reserve(other, 2 * U, 0, pools=[spent])
+        assert isinstance(filled, Reservation)
+        on.commit(other, filled, 2 * U, 0)  # committed in "spent"
+        assert isinstance(on.reserve(other, 2 * U, 0, pools=[busy]), Reservation)
+    hard = ledger.reserve(path, 2 * U, 0, pools=[spent])
+    assert _denial(hard) == _denial(local.reserve(path, 2 * U, 0, pools=[spent]))
+    assert _denial(hard)[:3] == ("spent", "cost", True)
+    soft = ledger.reserve(path, 2 * U, 0, pools=[busy])
+    assert _denial(soft) == _denial(local.reserve(path, 2 * U, 0, pools=[busy]))
+    assert _denial(soft)[:3] == (None, "cost", False)
+    assert ledger.snapshot(path[0].chain_id).trip is None
+
+
+def test_a_call_of_no_amount_is_denied_by_a_pool_already_over(store: Store) -> None:
+    """As on LocalLedger: a pool whose committed spend passed its limit (usage
+    reported above the reservation) refuses even a call that reserves nothing."""
+    ledger, local = store.ledger, LocalLedger()
+    path = [Level(store.chain("z"), Limits())]
+    pool = lifetime("over", cost=U)
+    for on in (ledger, local):
+        held = on.reserve(path, U, 0, pools=[pool])
+        assert isinstance(held, Reservation)
+        on.commit(path, held, 2 * U, 0)
+    denied = ledger.reserve(path, 0, 0, step=False, pools=[pool])
+    assert _denial(denied) == _denial(local.reserve(path, 0, 0, step=False, pools=[pool]))
+    assert _denial(denied)[:3] == ("over", "cost", True)
 
 
 def test_a_denial_only_in_flight_calls_cause_is_soft(store: Store) -> None:

@@ -571,10 +571,8 @@ class LedgerMachineWithinReservations(LedgerMachine):
 class LedgerMachineWithPool(LedgerMachine):
     """Every call is also reserved in one lifetime pool: all fit or nothing is held.
 
-    LocalLedger only for now: the Redis scripts differ from this model (and from
-    LocalLedger) on pools: they check the pools before the chain's levels, mark
-    no pool denial sticky, and do not count in the pool what a call that held
-    nothing there commits (issue 16 closing note).
+    Runs on the Redis ledger too (tests/integration/test_redis_ledger.py): the
+    chain's own limits decide first there as well, then the pool.
     """
 
     POOLED = True

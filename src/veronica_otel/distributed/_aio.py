@@ -23,7 +23,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 import redis
@@ -137,6 +137,11 @@ class LoopClient:
         if found is None:
             found = self.scripts[script.sha] = self.client.register_script(script.script)
         return found
+
+    def run(self, request: tuple[Script, list[str], list[str]]) -> Awaitable[Any]:
+        """One script call of a pooled plan (``_pools.Plan``) on this client."""
+        script, keys, args = request
+        return self.script(script)(keys, args)
 
 
 class AsyncClients:

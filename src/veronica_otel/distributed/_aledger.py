@@ -1,14 +1,17 @@
 """RedisLedger's asyncio operations: the same scripts, the same semantics, no blocking.
 
 ``RedisLedger.areserve`` / ``acommit`` / ``arelease`` / ``atrip`` /
-``asnapshot`` / ``atrip_lifted`` (thin methods calling the functions here)
-are the coroutine versions of the sync operations, for code running on an
-event loop (async instrumented calls, ``awrap_*``, async ``ToolCall``, the
-ASGI middleware). Each builds its script call and reads the reply with the
-very helpers the sync operation uses (``_reserve_op`` / ``_reserved``,
-``_commit_op`` / ``_committed``, ``_settle_failed`` / ``_settled``, ...);
-only the round trip differs, through the running loop's ``redis.asyncio``
-client (``_aio.py``). Outage queue, fail-closed and fail-open, marks and
+``asnapshot`` / ``atrip_lifted`` / ``apool_snapshot`` (thin methods calling
+the functions here) are the coroutine versions of the sync operations, for
+code running on an event loop (async instrumented calls, ``awrap_*``, async
+``ToolCall``, the ASGI middleware). Each builds its script call and reads
+the reply with the very helpers the sync operation uses (``_reserve_op`` /
+``_reserved``, ``_commit_op`` / ``_committed``, ``_settle_failed`` /
+``_settled``, ...); only the round trip differs, through the running loop's
+``redis.asyncio`` client (``_aio.py``). A reservation in budget pools, and
+its settlement, are plans (generators yielding each round trip, see
+``_pools.py``) that the sync path runs with ``drive`` and this module with
+:func:`adrive`. Outage queue, fail-closed and fail-open, marks and
 re-seeding, commit ids and the heartbeat (its thread keeps async
 reservations alive too) are therefore those of the sync path; a ledger that
 failed open answers from its local ledger (in process, never blocking).
@@ -28,14 +31,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from opentelemetry import context as otel_context
 
 from veronica_otel._errors import TripEvent
-from veronica_otel._ledger import LedgerState, Level, PoolLevel, Reservation
+from veronica_otel._ledger import LedgerState, Level, PoolLevel, PoolSnapshot, Reservation
 
 from . import _ledger as _sync  # a cycle: RedisLedger's base is defined here
 from ._aio import LoopClient
@@ -45,11 +49,23 @@ from ._store import quiet
 if TYPE_CHECKING:
     from ._ledger import RedisLedger, _Pending
 
-__all__ = ["close", "commit", "flush", "release", "reserve", "snapshot", "trip", "trip_lifted"]
+__all__ = [
+    "close",
+    "commit",
+    "flush",
+    "pool_snapshot",
+    "release",
+    "reserve",
+    "snapshot",
+    "trip",
+    "trip_lifted",
+]
 
 _logger = logging.getLogger("veronica_otel.distributed")
 _attach = otel_context.attach
 _detach = otel_context.detach
+_S = TypeVar("_S")
+_R = TypeVar("_R")
 
 
 async def reserve(
@@ -65,11 +81,11 @@ async def reserve(
 ) -> Reservation | TripEvent:
     """:meth:`reserve` without blocking the event loop (same raises).
 
-    A call also reserved in budget pools takes the sync path (one blocking
-    round trip on one server, two phases on a cluster): the pooled scripts
-    have no async twin yet.
+    A call also reserved in budget pools runs the sync path's plan
+    (``_pools.py``: one round trip on one server, two phases on a cluster)
+    with each round trip awaited.
     """
-    if ledger._local is not None or not ledger._aio.supported or pools:
+    if ledger._local is not None or not ledger._aio.supported:
         return ledger.reserve(
             path,
             cost_nano,
@@ -80,7 +96,7 @@ async def reserve(
             signature=signature,
             pools=pools,
         )
-    op = ledger._reserve_op(path, cost_nano, tokens, step, steps, retry, signature)
+    op = ledger._reserve_op(path, cost_nano, tokens, step, steps, retry, signature, pools)
     token = _attach(quiet())
     sent = False
     try:
@@ -90,7 +106,11 @@ async def reserve(
         if not ledger._checked:
             ledger._checked = await acheck_persistence(entry.client, ledger.store)
         sent = True
-        reply: Any = await entry.script(ledger._reserve)(op.keys, op.args)
+        reply: Any = await (
+            adrive(ledger._pool_plan(op), entry.run)
+            if op.pools
+            else entry.script(ledger._reserve)(op.keys, op.args)
+        )
     except redis.RedisError as exc:
         await ledger._aio.drop_idle()
         return ledger._reserve_error(exc, op, sent)
@@ -101,6 +121,9 @@ async def reserve(
         raise
     finally:
         _detach(token)
+    undo = ledger._pool_undo(op, reply)
+    if undo is not None:
+        await _settle(ledger, undo)
     return ledger._reserved(op, reply)
 
 
@@ -113,19 +136,27 @@ async def commit(
     release_steps: int,
 ) -> TripEvent | None:
     """:meth:`commit` without blocking the event loop (never raises for an outage)."""
-    if ledger._local is not None or not ledger._aio.supported or reservation.pools:
+    if ledger._local is not None or not ledger._aio.supported:
         return ledger.commit(path, reservation, cost_nano, tokens, release_steps=release_steps)
     op = ledger._commit_op(path, reservation, cost_nano, tokens, release_steps)
+    if reservation.pools:
+        plan = ledger._pooled_commit(op, reservation, release_steps)
+        return ledger._committed(op, await adrive(plan, partial(_settle, ledger), ledger))
     return ledger._committed(op, await _settle(ledger, op))
 
 
 async def release(ledger: RedisLedger, path: Sequence[Level], reservation: Reservation) -> None:
     """:meth:`release` without blocking the event loop."""
-    if ledger._local is not None or not ledger._aio.supported or reservation.pools:
+    if ledger._local is not None or not ledger._aio.supported:
         ledger.release(path, reservation)
         return
     op = ledger._release_op(path, reservation)
-    if op is not None:
+    if op is None:
+        return
+    if reservation.pools:
+        plan = ledger._settle_pooled(op, reservation, (0, 0, 0), False)
+        await adrive(plan, partial(_settle, ledger), ledger)
+    else:
         await _settle(ledger, op)
 
 
@@ -160,6 +191,17 @@ async def trip_lifted(ledger: RedisLedger, chain_id: str) -> bool:
     if values is _sync._LOCAL:
         return ledger.trip_lifted(chain_id)
     return ledger._lifted(chain_id, key, values)
+
+
+async def pool_snapshot(ledger: RedisLedger, pool: PoolLevel) -> PoolSnapshot:
+    """:meth:`pool_snapshot` without blocking the event loop."""
+    if ledger._local is not None or not ledger._aio.supported:
+        return ledger.pool_snapshot(pool)
+    script, keys, args = ledger._pools.snapshot_request(pool.name)
+    reply = await _call(ledger, f"(pool {pool.name})", script, keys, args)
+    if reply is _sync._LOCAL:
+        return ledger.pool_snapshot(pool)
+    return ledger._pools.snapshot_of(pool.name, reply)
 
 
 async def flush(ledger: RedisLedger) -> int:
@@ -251,6 +293,44 @@ async def _flush(ledger: RedisLedger, entry: LoopClient) -> None:
             ledger._replayed(op, reply)
     if replayed:
         _logger.info("ledger store %s: %d queued commits replayed", ledger.store, replayed)
+
+
+async def adrive(
+    plan: Generator[_S, Any, _R],
+    call: Callable[[_S], Awaitable[Any]],
+    queue_rest: RedisLedger | None = None,
+) -> _R:
+    """``_pools.drive`` with each request's reply awaited: the same plan, no blocking.
+
+    ``queue_rest`` (a settlement's ledger): when a round trip is cancelled,
+    the plan's later settlements are queued for replay (``_settle`` queued the
+    one in flight), so a cancelled pooled commit still settles every pool.
+    """
+    try:
+        request = next(plan)
+        while True:
+            try:
+                reply = await call(request)
+            except asyncio.CancelledError:
+                if queue_rest is not None:
+                    _queue_rest(queue_rest, plan)
+                raise
+            request = plan.send(reply)
+    except StopIteration as done:
+        result: _R = done.value
+        return result
+
+
+def _queue_rest(ledger: RedisLedger, plan: Generator[Any, Any, Any]) -> None:
+    """Queue what a settlement plan still had to send (no replies: none came)."""
+    try:
+        request = plan.send(None)  # the one in flight was queued by _settle
+        while True:
+            with ledger._pending_lock:
+                ledger._pending.append(request)
+            request = plan.send(None)
+    except StopIteration:
+        return
 
 
 def _kick(ledger: RedisLedger) -> None:

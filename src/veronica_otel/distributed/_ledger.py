@@ -85,10 +85,10 @@ What the store adds:
   never raises for it, so the caller gets its reply and the reservation is
   settled. Spent cost and tokens stop growing at 2**51.
 * **Async code** (``areserve``, ``acommit``, ``arelease``, ``atrip``,
-  ``asnapshot``, ``atrip_lifted``): the same scripts and the same handling
-  of every reply and failure, through a ``redis.asyncio`` client of the
-  running event loop (``_aio.py``, ``_aledger.py``), so async calls never
-  block the loop on a round trip.
+  ``asnapshot``, ``atrip_lifted``, ``apool_snapshot``): the same scripts and
+  the same handling of every reply and failure (budget pools included),
+  through a ``redis.asyncio`` client of the running event loop (``_aio.py``,
+  ``_aledger.py``), so async calls never block the loop on a round trip.
 * **Denials of in-flight calls.** A denial caused only by other calls'
   reservations (the call fits against committed spend alone) is returned with
   ``sticky=False`` and not stored, exactly as in the local ledger.
@@ -103,7 +103,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -132,7 +132,7 @@ from ._connect import connect
 from ._errors import LedgerCorruptedError, LedgerLostError, LedgerUnavailableError
 from ._keys import KeySpace
 from ._marks import Marks, check_persistence, lost_words, seed_local
-from ._pools import PoolStore
+from ._pools import Plan, PoolStore, drive, run_script
 from ._store import TripCodec, check_seconds, corruption, describe, parse_int, quiet, text
 
 __all__ = ["RedisLedger"]
@@ -420,23 +420,17 @@ class RedisLedger:
                 self._checked = check_persistence(self._client, self.store)
             sent = True
             reply: Any = (
-                self._pools.reserve(
-                    self._reserve,
-                    op.keys,
-                    op.args,
-                    len(path),
-                    op.pools,
-                    op.rid,
-                    (op.cost_nano, op.tokens, op.steps_held),
-                    path,
-                )
-                if op.pools and op.rid
+                drive(self._pool_plan(op), run_script)
+                if op.pools
                 else self._reserve(op.keys, op.args)
             )
         except redis.RedisError as exc:
             return self._reserve_error(exc, op, sent)
         finally:
             _detach(token)
+        undo = self._pool_undo(op, reply)
+        if undo is not None:
+            self._settle(undo)
         return self._reserved(op, reply)
 
     # Shared by reserve and the async areserve (_aledger.py): all but the round trip.
@@ -505,6 +499,21 @@ class RedisLedger:
             tuple(pools),
         )
 
+    def _pool_plan(self, op: _ReserveOp) -> Plan:
+        """The pooled reserve's round trips (see ``_pools.py``)."""
+        amounts = (op.cost_nano, op.tokens, op.steps_held)
+        return self._pools.reserving(
+            self._reserve, op.keys, op.args, len(op.path), op.pools, op.rid, amounts, op.path
+        )
+
+    def _pool_undo(self, op: _ReserveOp, reply: Any) -> _Pending | None:
+        """The release of the pools' hold when the chain denied a call they held
+        (cluster phase one): settled at once, queued if the store fails then."""
+        if not op.pools or not op.rid or reply[0] in (1, 5):
+            return None
+        undo = self._pools.undo(op.pools, op.rid)
+        return None if undo is None else _Pending(*undo, (), 0, 0)
+
     def _reserve_error(
         self, exc: redis.RedisError, op: _ReserveOp, sent: bool
     ) -> Reservation | TripEvent:
@@ -530,8 +539,8 @@ class RedisLedger:
         if self._down:
             self._back()
         path = op.path
-        if op.pools and op.rid and reply[0] != 1:
-            return self._pool_denied(path, op.keys, reply, op.pools, op.rid)
+        if op.pools and reply[0] == 5:
+            return self._pool_denied(path, reply, op.pools)
         if reply[0] == 1:
             self._marks.remember(path, reply, 4)
             if reply[3]:
@@ -542,21 +551,16 @@ class RedisLedger:
         return self._denied(path, op.keys, reply)
 
     def _pool_denied(
-        self,
-        path: Sequence[Level],
-        keys: list[str],
-        reply: Any,
-        pools: Sequence[PoolLevel],
-        rid: str,
+        self, path: Sequence[Level], reply: Any, pools: Sequence[PoolLevel]
     ) -> TripEvent:
-        """A pooled reserve that was refused: by a pool (nothing held anywhere),
-        or by the chain (on a cluster, the pools' phase-one hold is given back)."""
-        if reply[0] == 5:
-            return self._pools.denial(reply, pools, path[-1].chain_id)
-        if self._pools.cluster:
-            script, pk, pa = self._pools.undo(pools, rid)
-            self._settle(_Pending(script, pk, pa, (), 0, 0))
-        return self._denied(path, keys, reply)
+        """A pool's denial (nothing held anywhere) that the chain's own verdict
+        did not beat; that verdict's report (after the denial's 8 fields)
+        keeps this client's marks of the chain."""
+        if len(reply) > 8:
+            self._marks.remember(path, reply, 12)
+            if reply[11]:
+                self._reseeded(path)
+        return self._pools.denial(reply, pools, path[-1].chain_id)
 
     def _denied(self, path: Sequence[Level], keys: list[str], reply: Any) -> TripEvent:
         code, at, marks = reply[0], int(reply[1]), self._marks
@@ -588,9 +592,8 @@ class RedisLedger:
             return local.commit(path, view, cost_nano, tokens, release_steps=release_steps)
         op = self._commit_op(path, reservation, cost_nano, tokens, release_steps)
         if reservation.pools:
-            back = min(max(0, release_steps), reservation.step)
-            amounts = (op.cost_nano, op.tokens, reservation.step - back)
-            return self._committed(op, self._settle_pooled(op, reservation, amounts, True))
+            plan = self._pooled_commit(op, reservation, release_steps)
+            return self._committed(op, drive(plan, self._settle))
         return self._committed(op, self._settle(op))
 
     def _commit_op(
@@ -645,7 +648,7 @@ class RedisLedger:
         op = self._release_op(path, reservation)
         if op is not None:
             if reservation.pools:
-                self._settle_pooled(op, reservation, (0, 0, 0), False)
+                drive(self._settle_pooled(op, reservation, (0, 0, 0), False), self._settle)
             else:
                 self._settle(op)
 
@@ -667,22 +670,30 @@ class RedisLedger:
         self._settle_args(path, args, reservation.id)
         return _Pending(self._release, keys, args, path, 0, 0)
 
+    def _pooled_commit(
+        self, op: _Pending, reservation: Reservation, release_steps: int
+    ) -> Generator[_Pending, Any, Any]:
+        """:meth:`_settle_pooled` of a commit (its steps less those given back)."""
+        back = min(max(0, release_steps), reservation.step)
+        amounts = (op.cost_nano, op.tokens, reservation.step - back)
+        return self._settle_pooled(op, reservation, amounts, True)
+
     def _settle_pooled(
         self, op: _Pending, reservation: Reservation, amounts: tuple[int, int, int], commit: bool
-    ) -> Any:
-        """Settle in the chain and the reservation's pools; returns the chain's reply."""
+    ) -> Generator[_Pending, Any, Any]:
+        """Settle in the chain and the reservation's pools: a plan yielding each
+        settlement (sent its settled reply); returns the chain's reply."""
         ops = self._pools.settlement(op.keys, op.args, reservation, amounts, commit)
         reply = None
         for script, keys, args, chain in ops:
             if chain:
                 pending = op if script is None else op._replace(script=script, keys=keys, args=args)
-                reply = self._settle(pending)
+                reply = yield pending
                 if script is not None:
                     self._pools.settled(reservation.pools, reply, 3 + _scripts.MARKS * len(op.path))
             else:
-                self._pools.settled(
-                    reservation.pools, self._settle(_Pending(script, keys, args, (), 0, 0)), 4
-                )
+                pool_reply = yield _Pending(script, keys, args, (), 0, 0)
+                self._pools.settled(reservation.pools, pool_reply, 4)
         return reply
 
     def _cancel(self, path: Sequence[Level], reservation: Reservation) -> None:
@@ -897,6 +908,10 @@ class RedisLedger:
     async def atrip_lifted(self, chain_id: str) -> bool:
         """:meth:`trip_lifted` without blocking the event loop."""
         return await _aledger.trip_lifted(self, chain_id)
+
+    async def apool_snapshot(self, pool: PoolLevel) -> PoolSnapshot:
+        """:meth:`pool_snapshot` without blocking the event loop."""
+        return await _aledger.pool_snapshot(self, pool)
 
     async def aflush(self) -> int:
         """:meth:`flush` on the running loop; returns how many are still queued."""

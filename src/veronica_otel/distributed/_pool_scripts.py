@@ -37,6 +37,7 @@ __all__ = [
     "POOLED_COMMIT",
     "POOLED_RELEASE",
     "POOLED_RESERVE",
+    "RESERVE_CHECK",
     "SECTION",
 ]
 
@@ -257,12 +258,17 @@ local function pool_of(A, a, j)
 end
 -- Check every pool (after sliding its window and re-seeding what the store
 -- lost): nil when the call fits in all of them, else the denial
--- {5, j, reason, limit, observed, soft, retry_us, reseeded}. Writes only
--- upkeep (slides, reaped charges, re-seeds), never a reservation.
+-- {5, j, reason, limit, observed, soft, retry_us, reseeded}, chosen as
+-- LocalLedger chooses (PoolAccount): in a pool, the first measure over its
+-- limit, or the first that committed spend alone puts over (then not soft);
+-- retry_us when every measure over has room again (-1: not by the window
+-- alone); across pools, the first hard denial, else the first soft one. A
+-- call of no amount is denied too by a pool already over its limit. Writes
+-- only upkeep (slides, reaped charges, re-seeds), never a reservation.
 local function pool_check(K, ko, A, a, now)
   local rh, rz = K[ko + a.np + 1], K[ko + a.np + 2]
   pool_reap(rh, rz, a.base, now, a.marker_ttl, a.chain_ttl)
-  local reseeded = 0
+  local reseeded, denied = 0, nil
   for j = 1, a.np do
     local key, p = K[ko + j], pool_of(A, a, j)
     local st = pool_state(key)
@@ -273,22 +279,29 @@ local function pool_check(K, ko, A, a, now)
       {'tokens', 't', st.t, st.rt, a.tokens, p.ltokens},
       {'cost', 'c', st.c, st.rc, a.cost, p.lcost},
     }
+    local found, hard, retry = nil, false, 0
     for _, ck in ipairs(checks) do
       local used, held, want, limit = ck[3], ck[4], ck[5], ck[6]
-      if want > 0 and limit >= 0 and used + held + want > limit then
-        local soft = used + want <= limit
-        local need = used + held + want - limit
-        local retry = -1
-        if not soft then retry = pool_retry(key, st, now, ck[2], need) end
-        return {5, j, ck[1], fmt(limit), fmt(used + held + want), soft and 1 or 0, fmt(retry),
-          reseeded}
+      local total = used + held + want
+      if limit >= 0 and total > limit then
+        local over = used + want > limit
+        if not found or (over and not hard) then found = {ck[1], limit, total} end
+        hard = hard or over
+        local wait = pool_retry(key, st, now, ck[2], total - limit)
+        if retry < 0 or wait < 0 then retry = -1 elseif wait > retry then retry = wait end
       end
     end
+    if found and (hard or not denied) then
+      denied = {5, j, found[1], fmt(found[2]), fmt(found[3]), hard and 0 or 1, fmt(retry), 0}
+    end
+    if found and hard then break end
   end
-  return nil
+  if denied then denied[8] = reseeded end
+  return denied
 end
 -- Hold the amounts in every pool and record the reservation.
 local function pool_hold(K, ko, A, a, now)
+  if a.id == '' then return end  -- a call of no amount holds nothing
   local rh, rz = K[ko + a.np + 1], K[ko + a.np + 2]
   local names = {}
   for j = 1, a.np do
@@ -308,6 +321,7 @@ local function pool_hold(K, ko, A, a, now)
 end
 -- Whether reservation id is known to the pools already (held, reaped or settled).
 local function pool_seen(K, ko, a)
+  if a.id == '' then return false end
   return probe('HEXISTS', K[ko + a.np + 1], a.id) == 1 or probe('ZSCORE', K[ko + a.np + 3], a.id)
 end
 -- Settle reservation a.id in every pool: commit (c s t actual spend) or
@@ -358,18 +372,39 @@ end
 """
 
 
-def _wrapped(chain_script: str) -> str:
+def _wrapped(chain_script: str, extra: str = "") -> str:
     # The chain's own script, whole, as a function whose parameters shadow
     # KEYS and ARGV: it runs unchanged on its slice of the combined script's.
-    return f"local function chain_op(KEYS, ARGV)\n{chain_script}\nend\n"
+    return f"local function chain_op(KEYS, ARGV{extra})\n{chain_script}\nend\n"
+
+
+def _checking(reserve: str) -> str:
+    """The chain's RESERVE that, when ``check_only`` is true, stops after its
+    checks (step 2: a sticky trip is stored, a soft denial returned) and
+    charges nothing: ``{1, 0, '', reseeded, report...}`` when the call fits."""
+    if reserve.count(_CHARGE) != 1:
+        raise RuntimeError("RESERVE has no single '-- 3. Charge every level' step to stop before")
+    stop = "\nif check_only then return report({1, 0, '', reseeded}, n) end"
+    return reserve.replace(_CHARGE, stop + _CHARGE)
+
+
+_CHARGE = "\n-- 3. Charge every level"
+_RESERVE_OR_CHECK = _checking(RESERVE)
+
+# The chain's verdict without charging it (Redis Cluster: asked after the
+# pools denied in phase one, so the chain's own limits decide first, as in
+# LocalLedger). KEYS and ARGV: RESERVE's; the reply: RESERVE's.
+RESERVE_CHECK = "local check_only = true\n" + _RESERVE_OR_CHECK
 
 
 # Combined scripts (one Redis or Valkey server): the chain's operation and
 # the pools' in one atomic script. KEYS: the chain script's, then the pool
 # section's. ARGV: section_length chain_key_count, the pool section, then
 # the chain script's ARGV. Replies: the chain script's reply with each
-# pool's report (e c s t) appended; POOLED_RESERVE returns a pool denial
-# {5, ...} (see pool_check) before the chain is touched.
+# pool's report (e c s t) appended. When a pool denies, POOLED_RESERVE
+# charges nothing and returns that denial {5, ...} (see pool_check) followed
+# by the chain's own verdict (RESERVE's reply, checked only): the client
+# reports the chain's denial first (PoolStore.first_denial).
 _SPLIT = r"""
 local np_args = tonumber(ARGV[1])
 local nk = tonumber(ARGV[2])
@@ -382,16 +417,20 @@ local a = pool_args(ARGV, po)
 POOLED_RESERVE = (
     _PRELUDE
     + _POOL_LIB
-    + _wrapped(RESERVE)
+    + _wrapped(_RESERVE_OR_CHECK, ", check_only")
     + _SPLIT
     + r"""
 local now = pool_now(a)
 if pool_seen(KEYS, ko, a) then  -- a duplicated reserve: the chain reports it
-  return pool_report({unpack(KEYS, ko + 1, ko + a.np)}, a.np, chain_op(ckeys, cargs))
+  return pool_report({unpack(KEYS, ko + 1, ko + a.np)}, a.np, chain_op(ckeys, cargs, false))
 end
 local denied = pool_check(KEYS, ko, ARGV, a, now)
-if denied then return denied end
-local reply = chain_op(ckeys, cargs)
+if denied then
+  local verdict = chain_op(ckeys, cargs, true)
+  for i = 1, #verdict do denied[#denied + 1] = verdict[i] end
+  return denied
+end
+local reply = chain_op(ckeys, cargs, false)
 if reply[1] == 1 then pool_hold(KEYS, ko, ARGV, a, now) end
 return pool_report({unpack(KEYS, ko + 1, ko + a.np)}, a.np, reply)
 """

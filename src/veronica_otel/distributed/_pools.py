@@ -3,9 +3,15 @@
 A call's reservation is made in its chain path and in every pool it names,
 all or nothing, and its settlement settles all of them.
 
+Which denial is reported is LocalLedger's order: the chain's own limits
+decide first (its trip is stored then, sticky), then a pool's sticky denial,
+then the chain's soft denial (only calls in flight fill it), then the pool's.
+
 * **One server** (Redis or Valkey, not a cluster): one script does both
   (``POOLED_RESERVE``: the pools are checked, then the chain's own RESERVE
-  runs unchanged, then the pools are charged only if the chain was), so a
+  runs unchanged, then the pools are charged only if the chain was; when a
+  pool denies, the chain's RESERVE runs checks only, charging nothing, and
+  both verdicts come back: :meth:`PoolStore.first_denial` picks), so a
   contained call stays one round trip to reserve and one to commit.
 * **Redis Cluster**: a chain tree's keys hash to its root's slot, the pools'
   to the one slot of the tag ``{pools}``, so no script can touch both. The
@@ -13,7 +19,9 @@ all or nothing, and its settlement settles all of them.
 
   1. ``POOL_RESERVE`` in every pool at once (one slot, one script), under
      the call's reservation id, with an expiry the heartbeat renews, like
-     the chain's reservations. A pool denial ends here: nothing was held.
+     the chain's reservations. A pool denial holds nothing; the chain's
+     RESERVE then runs checks only (``RESERVE_CHECK``, one more round trip
+     on this denial path alone), so its own trip is stored and reported first.
   2. The chain's RESERVE with the same id. If it denies, ``POOL_RELEASE``
      gives the pools back (queued and replayed if the store fails then).
   3. Only then is the call sent: it was held in every pool and the chain.
@@ -41,11 +49,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
+from redis.commands.core import Script
 
 from veronica_otel._errors import TripEvent
 from veronica_otel._ledger import Level, PoolLevel, PoolSnapshot, Reservation
@@ -57,7 +66,7 @@ from ._keys import _limit
 from ._scripts import MARKS
 from ._store import text
 
-__all__ = ["PoolStore"]
+__all__ = ["Plan", "PoolStore", "Request", "drive", "run_script"]
 
 _logger = logging.getLogger("veronica_otel.distributed")
 
@@ -67,6 +76,31 @@ _NO_MARKS = ("", "0", "0", "0")
 # Four values a pool-only script ignores (the ledger's replay queue renews
 # the fourth from last of every queued operation: the chain's fresh epoch id).
 _TAIL = ("", "", "", "")
+_DENIAL = 8  # fields of a pool denial before the chain's verdict that follows it
+
+_S = TypeVar("_S")
+_R = TypeVar("_R")
+Request = tuple[Script, list[str], list[str]]  # one script call: script, keys, args
+# A protocol step by step: yields each round trip's request, is sent its reply.
+Plan = Generator[Request, Any, Any]
+
+
+def drive(plan: Generator[_S, Any, _R], call: Callable[[_S], Any]) -> _R:
+    """Run ``plan`` to its end, answering each request it yields with
+    ``call(request)`` (the async ledger's ``adrive`` awaits it instead)."""
+    try:
+        request = next(plan)
+        while True:
+            request = plan.send(call(request))
+    except StopIteration as done:
+        result: _R = done.value
+        return result
+
+
+def run_script(request: Request) -> Any:
+    """One script call of a :data:`Plan` on the sync client."""
+    script, keys, args = request
+    return script(keys, args)
 
 
 class PoolStore:
@@ -77,6 +111,7 @@ class PoolStore:
         "_applied",
         "_base",
         "_chain_ttl",
+        "_check",
         "_client",
         "_commit",
         "_heartbeat",
@@ -123,6 +158,7 @@ class PoolStore:
         self.joined_commit = register(scripts.POOLED_COMMIT)
         self.joined_release = register(scripts.POOLED_RELEASE)
         self._reserve = register(scripts.POOL_RESERVE)
+        self._check = register(scripts.RESERVE_CHECK)
         self._commit = register(scripts.POOL_COMMIT)
         self._release = register(scripts.POOL_RELEASE)
         self._heartbeat = register(scripts.POOL_HEARTBEAT)
@@ -143,9 +179,9 @@ class PoolStore:
 
     # -- reserve ---------------------------------------------------------------
 
-    def reserve(
+    def reserving(
         self,
-        chain_script: Callable[..., Any],
+        chain_script: Script,
         keys: list[str],
         args: list[str],
         n_levels: int,
@@ -153,30 +189,54 @@ class PoolStore:
         rid: str,
         amounts: tuple[int, int, int],
         path: Sequence[Level],
-    ) -> Any:
-        """Reserve in the chain (``chain_script(keys, args)``) and every pool.
+    ) -> Plan:
+        """Reserve in the chain (``chain_script(keys, args)``) and every pool:
+        a plan that yields each script call ``(script, keys, args)`` and is
+        sent its reply (the sync and the async ledger run the same plan, see
+        :func:`drive`).
 
-        Returns the chain script's reply, or a pool denial (code 5). Raises
-        ``redis.RedisError`` like the chain script (the caller cancels ``rid``
-        in the chain and the pools).
+        Returns the chain script's reply, a pool denial (code 5, see
+        :meth:`first_denial`) or the chain's own denial. A ``redis.RedisError``
+        of a round trip ends the plan (the caller cancels ``rid`` in the chain
+        and the pools).
         """
         pk, pa = self._section(pools, rid, amounts, path[-1].chain_id)
         if not self.cluster:
-            reply = self.joined_reserve(keys + pk, [str(len(pa)), str(len(keys)), *pa, *args])
-            if reply[0] != 5:
-                self._remember(pools, reply, 4 + MARKS * n_levels)
-                if reply[0] == 1:
-                    self.live[rid] = None
+            reply = yield self.joined_reserve, keys + pk, [str(len(pa)), str(len(keys)), *pa, *args]
+            if reply[0] == 5:
+                return self.first_denial(reply, pools)
+            self._remember(pools, reply, 4 + MARKS * n_levels)
+            if reply[0] == 1 and rid:
+                self.live[rid] = None
             return reply
-        first = self._reserve(pk, [*pa, *_TAIL])
-        if first[0] == 5:
-            return first
+        first = yield self._reserve, pk, [*pa, *_TAIL]
+        if first[0] == 5:  # nothing held: the chain's own verdict decides first
+            return self.first_denial([*first, *(yield self._check, keys, args)], pools)
         self._remember(pools, first, 3)
-        self.live[rid] = None
-        return chain_script(keys, args)
+        if rid:  # a call of no amount (no id) is checked, holds nothing
+            self.live[rid] = None
+        return (yield chain_script, keys, args)
 
-    def undo(self, pools: Sequence[PoolLevel], rid: str) -> tuple[Any, list[str], list[str]]:
-        """The pool-only release of ``rid`` (cluster: the chain denied after phase 1)."""
+    def first_denial(self, reply: Sequence[Any], pools: Sequence[PoolLevel]) -> Sequence[Any]:
+        """Of a pool's denial and the chain's verdict (``reply``: the denial's
+        8 fields, then the chain's checked-only RESERVE reply), the one
+        LocalLedger reports: the chain's trip (stored by the check), else a
+        pool's sticky denial, else the chain's soft denial, else the pool's."""
+        verdict = reply[_DENIAL:]
+        code = verdict[0] if verdict else 1
+        if code in (2, 4) or (code == 3 and int(reply[5]) == 1):
+            if int(reply[7]):
+                self._reseeded([pools[int(reply[1]) - 1].name])
+            return verdict
+        return reply
+
+    def undo(
+        self, pools: Sequence[PoolLevel], rid: str
+    ) -> tuple[Script, list[str], list[str]] | None:
+        """The pool-only release of ``rid`` when the chain denied after the
+        pools held it (cluster phase one); None when no pool holds it."""
+        if not self.cluster or rid not in self.live:
+            return None
         self.live.pop(rid, None)
         pk, pa = self._section(pools, rid, (0, 0, 0), "")
         return self._release, pk, [*pa, *_TAIL]
@@ -233,7 +293,9 @@ class PoolStore:
         the chain's then the pools' on a cluster (the caller sends the chain's
         with its own script)."""
         self.live.pop(reservation.id, None)
-        pk, pa = self._section(reservation.pools, reservation.id, amounts, "")
+        # The chain script's id (ARGV[2]): a commit of a reservation without
+        # one has its own, so the pools count it once too.
+        pk, pa = self._section(reservation.pools, args[1], amounts, "")
         if not self.cluster:
             joined = self.joined_commit if commit else self.joined_release
             return [(joined, keys + pk, [str(len(pa)), str(len(keys)), *pa, *args], True)]
@@ -256,9 +318,16 @@ class PoolStore:
 
     def snapshot(self, name: str) -> PoolSnapshot:
         """What pool ``name`` holds now (one read-only script; raises RedisError)."""
+        return self.snapshot_of(name, run_script(self.snapshot_request(name)))
+
+    def snapshot_request(self, name: str) -> Request:
+        """The read-only script call of :meth:`snapshot` (awaited by the async ledger)."""
         clock = "" if self.clock is None else str(self.clock())
-        values = [int(text(v)) for v in self._snapshot([self.key(name)], [clock])]
-        c, s, t, rc, rs, rt, wu, free = values
+        return self._snapshot, [self.key(name)], [clock]
+
+    def snapshot_of(self, name: str, reply: Sequence[Any]) -> PoolSnapshot:
+        """Pool ``name``'s snapshot from its script's reply."""
+        c, s, t, rc, rs, rt, wu, free = (int(text(v)) for v in reply)
         return PoolSnapshot(
             name=name,
             window_s=wu / 1e6 if wu else None,

@@ -155,16 +155,16 @@ class VeronicaASGIMiddleware:
             return
         key = self.gate.key
         if admission.denial is not None:
-            await _send_denial(send, admission.denial, admission.spent_header(key))
+            await _send_denial(send, admission.denial, await admission.aspent_header(key))
             return
         responder = _Responder(
             send,
-            lambda: admission.spent_header(key),
+            lambda: admission.aspent_header(key),
             self.spent_buffer_bytes if admission.grant is not None else None,
         )
         token = otel_context.attach(admission.otel_context)
         try:
-            with admission.ctx:
+            async with admission.ctx:
                 await self.app(scope, receive, responder.send)
         except BaseException as exc:
             error = budget_error(exc)
@@ -175,7 +175,7 @@ class VeronicaASGIMiddleware:
             responder.discard()
             status, body, _ = refusal(error)
             retry = retry_after_header(error.trip) if status == 429 else None
-            await _send_json(send, status, body, admission.spent_header(key), retry)
+            await _send_json(send, status, body, await admission.aspent_header(key), retry)
         else:
             await responder.flush()
         finally:
@@ -193,7 +193,7 @@ class VeronicaASGIMiddleware:
         guard = _WebSocketGuard(admission.ctx, receive, send)
         token = otel_context.attach(admission.otel_context)
         try:
-            with admission.ctx:
+            async with admission.ctx:
                 guard.watch()
                 await self.app(scope, guard.receive, guard.send)
         except BaseException as exc:
@@ -283,7 +283,7 @@ class _Responder:
     def __init__(
         self,
         send: Send,
-        spent_header: Callable[[], tuple[str, str] | None],
+        spent_header: Callable[[], Awaitable[tuple[str, str] | None]],
         buffer: int | None,
     ) -> None:
         self._send = send
@@ -316,7 +316,7 @@ class _Responder:
         if not held:
             return
         self.started = True
-        extra = self._spent_header() if report else None
+        extra = await self._spent_header() if report else None
         for message in held:
             if extra is not None and message.get("type") == "http.response.start":
                 headers = list(message.get("headers") or ())

@@ -73,7 +73,7 @@ from veronica_otel._grants import (
 from veronica_otel._ledger import DEFAULT_LEDGER, Ledger, Level, Limits, PoolLevel
 from veronica_otel._policy import PolicyPipeline
 from veronica_otel._pools import BudgetPool, check_pools
-from veronica_otel._remote import join_chain, ledger_shared_id, spent
+from veronica_otel._remote import aspent, join_chain, ledger_shared_id, spent
 from veronica_otel._trips import emit_trip
 
 __all__ = [
@@ -132,14 +132,26 @@ class Admission:
         Signed with this service's signing key, bound to the grant's nonce and
         audience. Without it (a failure here) the caller commits its whole carve.
         """
-        if self.grant is None or key is None:
+        grant = self.grant
+        if grant is None or key is None:
             return None
         try:
-            value = sign_spent(spent(self.ctx), self.grant.nonce, self.grant.audience, key)
+            return SPENT_HEADER, sign_spent(spent(self.ctx), grant.nonce, grant.audience, key)
         except Exception:
             _logger.exception("building the veronica-spent header failed")
             return None
-        return SPENT_HEADER, value
+
+    async def aspent_header(self, key: GrantKeys | None) -> tuple[str, str] | None:
+        """:meth:`spent_header` for async code: a shared store is read without blocking."""
+        grant = self.grant
+        if grant is None or key is None:
+            return None
+        try:
+            used = await aspent(self.ctx)
+            return SPENT_HEADER, sign_spent(used, grant.nonce, grant.audience, key)
+        except Exception:
+            _logger.exception("building the veronica-spent header failed")
+            return None
 
 
 class Gate:
