@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -17,44 +16,13 @@ import pytest
 from redis.crc import key_slot
 
 from tests.integration import _agent_workers as workers
+from tests.integration._agent_calls import ask, sent_by
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, agent
 from veronica_otel._agent_limits import agent_level_id
 from veronica_otel.distributed import RedisLedger
-from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer, RedisClusterProcess
 
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-def server() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as fake:
-        yield fake
-
-
-@pytest.fixture
-def client(server: FakeLLMServer) -> Iterator[openai.OpenAI]:
-    instrumentor = OpenAIInstrumentor()
-    instrumentor.instrument()
-    try:
-        with openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0) as oai:
-            yield oai
-    finally:
-        instrumentor.uninstrument()
-
-
-def ask(client: openai.OpenAI, who: str) -> None:
-    client.chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": f"{who}: go"}], max_tokens=8
-    )
-
-
-def sent_by(server: FakeLLMServer, who: str) -> int:
-    return sum(
-        1
-        for r in server.requests
-        if r.path == CHAT and r.body["messages"][0]["content"].startswith(f"{who}:")
-    )
 
 
 def planner_critic(client: openai.OpenAI, ledger: RedisLedger, chain_id: str) -> int:
