@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
@@ -23,6 +24,25 @@ from veronica_otel.distributed import RedisLedger
 from veronica_otel.testing import FakeLLMServer, RedisClusterProcess
 
 CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def open_ledger() -> Iterator[Callable[..., RedisLedger]]:
+    """``RedisLedger.from_url``, closed after the test (heartbeat and connections).
+
+    Left open, a ledger's sockets are found by the garbage collector in some
+    later test, whose warning then fails it (``filterwarnings = error``).
+    """
+    made: list[RedisLedger] = []
+
+    def make(url: str, **options: Any) -> RedisLedger:
+        made.append(RedisLedger.from_url(url, **options))
+        return made[-1]
+
+    yield make
+    for ledger in made:
+        ledger.close()
+        ledger.client.close()
 
 
 def planner_critic(client: openai.OpenAI, ledger: RedisLedger, chain_id: str) -> int:
@@ -50,9 +70,13 @@ def planner_critic(client: openai.OpenAI, ledger: RedisLedger, chain_id: str) ->
 
 
 def test_planner_critic_on_valkey(
-    client: openai.OpenAI, server: FakeLLMServer, redis_url: str, redis_prefix: str
+    client: openai.OpenAI,
+    server: FakeLLMServer,
+    redis_url: str,
+    redis_prefix: str,
+    open_ledger: Callable[..., RedisLedger],
 ) -> None:
-    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix, fail_open=False)
+    ledger = open_ledger(redis_url, key_prefix=redis_prefix, fail_open=False)
     denied = planner_critic(client, ledger, "task-1")
     assert (sent_by(server, "researcher"), sent_by(server, "critic")) == (3, 9)
     assert denied == 6
@@ -66,10 +90,10 @@ def test_planner_critic_on_valkey(
 
 
 def test_a_second_client_of_the_chain_sees_the_agent_stopped(
-    redis_url: str, redis_prefix: str
+    redis_url: str, redis_prefix: str, open_ledger: Callable[..., RedisLedger]
 ) -> None:
-    first = RedisLedger.from_url(redis_url, key_prefix=redis_prefix, fail_open=False)
-    second = RedisLedger.from_url(redis_url, key_prefix=redis_prefix, fail_open=False)
+    first = open_ledger(redis_url, key_prefix=redis_prefix, fail_open=False)
+    second = open_ledger(redis_url, key_prefix=redis_prefix, fail_open=False)
     limits = ExecutionConfig(max_steps=2)
     ran: list[str] = []
     with ExecutionContext(chain_id="shared-1", ledger=first) as a, agent("writer", limits):
@@ -86,7 +110,9 @@ def test_a_second_client_of_the_chain_sees_the_agent_stopped(
     assert ran == ["a", "b", "chain"]
 
 
-def test_processes_share_an_agents_budget_exactly(redis_url: str, redis_prefix: str) -> None:
+def test_processes_share_an_agents_budget_exactly(
+    redis_url: str, redis_prefix: str, open_ledger: Callable[..., RedisLedger]
+) -> None:
     """3 processes x 6 rounds: the researcher gets exactly 5 steps in all, the critic 18."""
     ctx = multiprocessing.get_context("spawn")
     results: Any = ctx.Queue()
@@ -119,7 +145,7 @@ def test_processes_share_an_agents_budget_exactly(redis_url: str, redis_prefix: 
     assert sum(r for r, _, _ in outcomes) == 5
     assert sum(c for _, c, _ in outcomes) == 18
     assert not any(tripped for _, _, tripped in outcomes)
-    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)
+    ledger = open_ledger(redis_url, key_prefix=redis_prefix)
     assert ledger.snapshot(agent_level_id("multi", "researcher")).steps == 5
     assert ledger.snapshot("multi").steps == 23 and ledger.snapshot("multi").trip is None
 
@@ -129,8 +155,9 @@ def test_agent_levels_share_the_chain_trees_slot_on_a_cluster(
     server: FakeLLMServer,
     redis_cluster: RedisClusterProcess,
     redis_prefix: str,
+    open_ledger: Callable[..., RedisLedger],
 ) -> None:
-    ledger = RedisLedger.from_url(redis_cluster.url, key_prefix=redis_prefix)
+    ledger = open_ledger(redis_cluster.url, key_prefix=redis_prefix)
     name = "odd name {with} braces & spaces"  # percent-encoded into the key
     level = agent_level_id("clu", name)
     slots = {key_slot(ledger.key(c).encode()) for c in ("clu", "clu.1", level)}
