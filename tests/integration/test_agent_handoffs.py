@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -21,27 +20,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, agent
 from veronica_otel._agents import HandoffCounter, current_agent
-from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-def server() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as fake:
-        yield fake
-
-
-@pytest.fixture
-def client(server: FakeLLMServer) -> Iterator[openai.OpenAI]:
-    instrumentor = OpenAIInstrumentor()
-    instrumentor.instrument()
-    try:
-        with openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0) as oai:
-            yield oai
-    finally:
-        instrumentor.uninstrument()
 
 
 def ask(client: openai.OpenAI, text: str) -> None:

@@ -8,7 +8,6 @@ the chain go on until the chain's own ceiling.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests._clock import FakeClock
+from tests.integration._agent_calls import ask, sent_by
 from veronica_otel import (
     BudgetExceededError,
     ExecutionConfig,
@@ -31,38 +31,6 @@ from veronica_otel.policy_file import FilePolicy, PolicyFile
 from veronica_otel.testing import FakeLLMServer
 
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-def server() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as fake:
-        yield fake
-
-
-@pytest.fixture
-def client(server: FakeLLMServer) -> Iterator[openai.OpenAI]:
-    instrumentor = OpenAIInstrumentor()
-    instrumentor.instrument()
-    try:
-        with openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0) as oai:
-            yield oai
-    finally:
-        instrumentor.uninstrument()
-
-
-def ask(client: openai.OpenAI, who: str) -> None:
-    client.chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": f"{who}: go"}], max_tokens=8
-    )
-
-
-def sent_by(server: FakeLLMServer, who: str) -> int:
-    """Requests the server received from agent ``who`` (its name opens the prompt)."""
-    return sum(
-        1
-        for r in server.requests
-        if r.path == CHAT and r.body["messages"][0]["content"].startswith(f"{who}:")
-    )
 
 
 RESEARCHER = ExecutionConfig(max_steps=3)

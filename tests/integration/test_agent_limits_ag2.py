@@ -7,12 +7,10 @@ the fake server's recorded requests show what each agent really sent.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx2
 import pytest
-import pytest_asyncio
 
 pytest.importorskip("ag2")
 
@@ -20,34 +18,13 @@ from ag2 import Agent
 from ag2.config.openai import OpenAIConfig
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, PolicyPipeline
-from veronica_otel.instrumentors.ag2 import AG2Instrumentor
-from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.policy_file import FilePolicy, PolicyFile
 from veronica_otel.testing import FakeLLMServer
 
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture
-def server() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer(output_tokens=3) as fake:
-        yield fake
-
-
-@pytest.fixture
-def instrumented() -> Iterator[None]:
-    llm, tools = OpenAIInstrumentor(), AG2Instrumentor()
-    llm.instrument()
-    tools.instrument()
-    yield
-    tools.uninstrument()
-    llm.uninstrument()
-
-
-@pytest_asyncio.fixture
-async def http() -> AsyncIterator[httpx2.AsyncClient]:
-    async with httpx2.AsyncClient() as client:
-        yield client
+pytestmark = pytest.mark.fake_llm(output_tokens=3)
 
 
 def sent_with(server: FakeLLMServer, prompt: str) -> int:
@@ -59,15 +36,15 @@ def sent_with(server: FakeLLMServer, prompt: str) -> int:
 
 
 @pytest.mark.asyncio
-@pytest.mark.usefixtures("instrumented")
+@pytest.mark.usefixtures("ag2_instrumented")
 async def test_an_ag2_agent_stops_at_its_policy_file_limit_while_the_other_goes_on(
-    server: FakeLLMServer, http: httpx2.AsyncClient, tmp_path: Path
+    server: FakeLLMServer, ag2_http: httpx2.AsyncClient, tmp_path: Path
 ) -> None:
     path = tmp_path / "policy.toml"
     path.write_text('[agents."critic"]\nmax_steps = 2\n')
     pipeline = PolicyPipeline([FilePolicy(PolicyFile(path))])
     config = OpenAIConfig(
-        model="gpt-4o-mini", base_url=server.openai_base_url, api_key="test", http_client=http
+        model="gpt-4o-mini", base_url=server.openai_base_url, api_key="test", http_client=ag2_http
     )
     planner = Agent("planner", "You write plans.", config=config)
     critic = Agent("critic", "You reject plans.", config=config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
@@ -17,44 +17,32 @@ import pytest
 from redis.crc import key_slot
 
 from tests.integration import _agent_workers as workers
+from tests.integration._agent_calls import ask, sent_by
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, agent
 from veronica_otel._agent_limits import agent_level_id
 from veronica_otel.distributed import RedisLedger
-from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer, RedisClusterProcess
 
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
-def server() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as fake:
-        yield fake
+def open_ledger() -> Iterator[Callable[..., RedisLedger]]:
+    """``RedisLedger.from_url``, closed after the test (heartbeat and connections).
 
+    Left open, a ledger's sockets are found by the garbage collector in some
+    later test, whose warning then fails it (``filterwarnings = error``).
+    """
+    made: list[RedisLedger] = []
 
-@pytest.fixture
-def client(server: FakeLLMServer) -> Iterator[openai.OpenAI]:
-    instrumentor = OpenAIInstrumentor()
-    instrumentor.instrument()
-    try:
-        with openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0) as oai:
-            yield oai
-    finally:
-        instrumentor.uninstrument()
+    def make(url: str, **options: Any) -> RedisLedger:
+        made.append(RedisLedger.from_url(url, **options))
+        return made[-1]
 
-
-def ask(client: openai.OpenAI, who: str) -> None:
-    client.chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": f"{who}: go"}], max_tokens=8
-    )
-
-
-def sent_by(server: FakeLLMServer, who: str) -> int:
-    return sum(
-        1
-        for r in server.requests
-        if r.path == CHAT and r.body["messages"][0]["content"].startswith(f"{who}:")
-    )
+    yield make
+    for ledger in made:
+        ledger.close()
+        ledger.client.close()
 
 
 def planner_critic(client: openai.OpenAI, ledger: RedisLedger, chain_id: str) -> int:
@@ -82,9 +70,13 @@ def planner_critic(client: openai.OpenAI, ledger: RedisLedger, chain_id: str) ->
 
 
 def test_planner_critic_on_valkey(
-    client: openai.OpenAI, server: FakeLLMServer, redis_url: str, redis_prefix: str
+    client: openai.OpenAI,
+    server: FakeLLMServer,
+    redis_url: str,
+    redis_prefix: str,
+    open_ledger: Callable[..., RedisLedger],
 ) -> None:
-    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix, fail_open=False)
+    ledger = open_ledger(redis_url, key_prefix=redis_prefix, fail_open=False)
     denied = planner_critic(client, ledger, "task-1")
     assert (sent_by(server, "researcher"), sent_by(server, "critic")) == (3, 9)
     assert denied == 6
@@ -98,10 +90,10 @@ def test_planner_critic_on_valkey(
 
 
 def test_a_second_client_of_the_chain_sees_the_agent_stopped(
-    redis_url: str, redis_prefix: str
+    redis_url: str, redis_prefix: str, open_ledger: Callable[..., RedisLedger]
 ) -> None:
-    first = RedisLedger.from_url(redis_url, key_prefix=redis_prefix, fail_open=False)
-    second = RedisLedger.from_url(redis_url, key_prefix=redis_prefix, fail_open=False)
+    first = open_ledger(redis_url, key_prefix=redis_prefix, fail_open=False)
+    second = open_ledger(redis_url, key_prefix=redis_prefix, fail_open=False)
     limits = ExecutionConfig(max_steps=2)
     ran: list[str] = []
     with ExecutionContext(chain_id="shared-1", ledger=first) as a, agent("writer", limits):
@@ -118,7 +110,9 @@ def test_a_second_client_of_the_chain_sees_the_agent_stopped(
     assert ran == ["a", "b", "chain"]
 
 
-def test_processes_share_an_agents_budget_exactly(redis_url: str, redis_prefix: str) -> None:
+def test_processes_share_an_agents_budget_exactly(
+    redis_url: str, redis_prefix: str, open_ledger: Callable[..., RedisLedger]
+) -> None:
     """3 processes x 6 rounds: the researcher gets exactly 5 steps in all, the critic 18."""
     ctx = multiprocessing.get_context("spawn")
     results: Any = ctx.Queue()
@@ -151,7 +145,7 @@ def test_processes_share_an_agents_budget_exactly(redis_url: str, redis_prefix: 
     assert sum(r for r, _, _ in outcomes) == 5
     assert sum(c for _, c, _ in outcomes) == 18
     assert not any(tripped for _, _, tripped in outcomes)
-    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)
+    ledger = open_ledger(redis_url, key_prefix=redis_prefix)
     assert ledger.snapshot(agent_level_id("multi", "researcher")).steps == 5
     assert ledger.snapshot("multi").steps == 23 and ledger.snapshot("multi").trip is None
 
@@ -161,8 +155,9 @@ def test_agent_levels_share_the_chain_trees_slot_on_a_cluster(
     server: FakeLLMServer,
     redis_cluster: RedisClusterProcess,
     redis_prefix: str,
+    open_ledger: Callable[..., RedisLedger],
 ) -> None:
-    ledger = RedisLedger.from_url(redis_cluster.url, key_prefix=redis_prefix)
+    ledger = open_ledger(redis_cluster.url, key_prefix=redis_prefix)
     name = "odd name {with} braces & spaces"  # percent-encoded into the key
     level = agent_level_id("clu", name)
     slots = {key_slot(ledger.key(c).encode()) for c in ("clu", "clu.1", level)}

@@ -87,9 +87,12 @@ def sdk(request: pytest.FixtureRequest) -> Iterator[Sdk]:
     if instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.uninstrument()
     yield sdk
-    # Whatever the test left (a refusal, wrappers, a reset flag): none of ours stays.
+    # Whatever the test left (a refusal, wrappers, a reset flag, the threads an
+    # instrumentor holds): none of ours stays. Not instrumented as far as its
+    # flag says, uninstrument() still lifts a refusal and lets the threads go.
     sdk.hooks.remove()
     instrumentor._is_instrumented_by_opentelemetry = False
+    instrumentor.uninstrument()
 
 
 @pytest.fixture

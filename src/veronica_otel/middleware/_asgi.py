@@ -15,17 +15,27 @@ the request fails in any other way), the answer is 503 with a JSON body
 ``{"error": "budget store unavailable", "reason": ...}`` and the handler does
 not run; a store failure escaping the handler before the response started
 is a 503 too. A WebSocket is then refused with 503 (or closed with 1013,
-"try again later"). A response to a granted request is held until the
-application returns (up to ``spent_buffer_bytes``), then sent with the signed
-``veronica-spent`` header counting everything the handler spent.
+"try again later", where the server cannot answer a handshake with HTTP).
+A response to a granted request is held until the application returns (up
+to ``spent_buffer_bytes``), then sent with the signed ``veronica-spent``
+header counting everything the handler spent.
 
 WebSocket: each data message is one step of the session's chain
 (``websocket.receive`` delivered to the application, ``websocket.send``
 sent); the handshake and close messages are free. When a step is denied, or
 the chain trips or passes its deadline mid-session, the socket is closed at
-once with code 1008, and every later ``send`` or ``receive`` of the
-application raises ``BudgetExceededError``, so an application looping on
-``send`` cannot spin.
+once, and every later ``send`` or ``receive`` of the application raises
+``BudgetExceededError``, so an application looping on ``send`` cannot spin.
+The close code says whether trying again can help: 1008 (policy violation)
+for a chain's ceiling; 1013 (try again later) for a pool denial that says
+when its window frees room (the reason ends ``retry_after_s=N``, N in whole
+seconds rounded up, as in ``Retry-After``) and for a budget store that
+cannot be reached (our outage, not the client's fault). A session refused
+before it is accepted gets the HTTP answer a request would (429 with
+``Retry-After``, or 503) where the server supports the ASGI
+``websocket.http.response`` extension; elsewhere it is accepted and closed
+at once with that code (the application does not run): a close before the
+accept would reach the client as a bare 403, without code or reason.
 """
 
 from __future__ import annotations
@@ -49,12 +59,14 @@ from veronica_otel._policy import PolicyPipeline
 
 from ._core import (
     MAX_BAGGAGE_BYTES,
+    UNAVAILABLE,
     Gate,
     PoolsFor,
     budget_error,
     denial_body,
     refusal,
     retry_after_header,
+    store_failure,
 )
 
 __all__ = ["VeronicaASGIMiddleware"]
@@ -70,6 +82,7 @@ _RECEIVE = WrapOptions(operation_name="websocket.receive")
 _SEND = WrapOptions(operation_name="websocket.send")
 _POLICY_VIOLATION = 1008
 _TRY_AGAIN_LATER = 1013
+_MAX_CLOSE_REASON = 123  # bytes of UTF-8 (RFC 6455: a control frame carries 125)
 SPENT_BUFFER_BYTES = 64 * 1024
 
 
@@ -185,7 +198,9 @@ class VeronicaASGIMiddleware:
         try:
             admission = await self.gate.aadmit(_headers(scope), scope)
         except Exception as exc:
-            await _refuse_websocket(scope, receive, send, *refusal(exc))
+            status, body, reason = refusal(exc)
+            code = _TRY_AGAIN_LATER if status == 503 else _POLICY_VIOLATION
+            await _refuse_websocket(scope, receive, send, status, body, code, reason)
             return
         if admission.denial is not None:
             await _deny_websocket(scope, receive, send, admission.denial)
@@ -200,7 +215,7 @@ class VeronicaASGIMiddleware:
             error = budget_error(exc)
             if error is None:
                 raise
-            await guard.close(error.trip)
+            await guard.close(error)
         finally:
             guard.done = True
             otel_context.detach(token)
@@ -243,12 +258,22 @@ async def _send_json(
 
 
 async def _deny_websocket(scope: Scope, receive: Receive, send: Send, trip: TripEvent) -> None:
-    await _refuse_websocket(scope, receive, send, 429, denial_body(trip), _reason(trip))
+    code, reason = _trip_close(trip)
+    retry = retry_after_header(trip)
+    await _refuse_websocket(scope, receive, send, 429, denial_body(trip), code, reason, retry)
 
 
 async def _refuse_websocket(
-    scope: Scope, receive: Receive, send: Send, status: int, body: bytes, reason: str
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    status: int,
+    body: bytes,
+    code: int,
+    reason: str,
+    retry: tuple[str, str] | None = None,
 ) -> None:
+    """Refuse before accepting: the HTTP answer if the server can send one, else close."""
     message = await receive()
     if message.get("type") != "websocket.connect":
         return
@@ -257,17 +282,45 @@ async def _refuse_websocket(
             {
                 "type": "websocket.http.response.start",
                 "status": status,
-                "headers": _denial_headers(body),
+                "headers": _denial_headers(body, retry),
             }
         )
         await send({"type": "websocket.http.response.body", "body": body})
     else:
-        code = _POLICY_VIOLATION if status == 429 else _TRY_AGAIN_LATER
-        await send({"type": "websocket.close", "code": code, "reason": reason})
+        # Closed before the accept, the server would answer a bare 403 (ASGI
+        # spec): accept, so the code and the reason reach the client.
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": code, "reason": _bounded(reason)})
 
 
 def _reason(trip: TripEvent) -> str:
     return f"budget_exceeded: {trip.reason}"
+
+
+def _close_for(error: BudgetExceededError) -> tuple[int, str]:
+    """The close code and reason for a session a budget error stops."""
+    if store_failure(error):
+        return _TRY_AGAIN_LATER, UNAVAILABLE
+    return _trip_close(error.trip)
+
+
+def _trip_close(trip: TripEvent) -> tuple[int, str]:
+    """1008 for a ceiling; 1013 and the wait for a pool whose window says when."""
+    retry = retry_after_header(trip)
+    if retry is None:
+        return _POLICY_VIOLATION, _reason(trip)
+    tail = f"; retry_after_s={retry[1]}"
+    pool = f" (pool {trip.pool})" if trip.pool is not None else ""
+    head = _reason(trip)
+    room = _MAX_CLOSE_REASON - len((head + tail).encode("utf-8"))
+    # A long pool name is cut, never the wait.
+    pool = pool.encode("utf-8")[: max(room, 0)].decode("utf-8", "ignore")
+    return _TRY_AGAIN_LATER, head + pool + tail
+
+
+def _bounded(reason: str) -> str:
+    """``reason`` cut to what a close frame carries (whole UTF-8 characters)."""
+    return reason.encode("utf-8")[:_MAX_CLOSE_REASON].decode("utf-8", "ignore")
 
 
 class _Responder:
@@ -364,7 +417,7 @@ class _WebSocketGuard:
         trip = self._ctx.trip or TripEvent(
             "timeout", 0.0, 0.0, self._ctx.chain_id, f"chain {self._ctx.chain_id} cancelled"
         )
-        self._closer = asyncio.ensure_future(self.close(trip))
+        self._closer = asyncio.ensure_future(self.close(BudgetExceededError(trip)))
 
     async def receive(self) -> Message:
         self._check()
@@ -398,19 +451,18 @@ class _WebSocketGuard:
         try:
             return await self._ctx.abegin_call("tool", options)
         except BudgetExceededError as exc:
-            await self.close(exc.trip)
+            await self.close(exc)
             raise
 
-    async def close(self, trip: TripEvent) -> None:
-        """Close with 1008 (once); every later send or receive raises."""
+    async def close(self, error: BudgetExceededError) -> None:
+        """Close (once) with the code ``error`` calls for; every later send or receive raises."""
         if self._trip is None:
-            self._trip = trip
+            self._trip = error.trip
         if self._closed:
             return
         self._closed = True
+        code, reason = _close_for(error)
         try:
-            await self._send(
-                {"type": "websocket.close", "code": _POLICY_VIOLATION, "reason": _reason(trip)}
-            )
+            await self._send({"type": "websocket.close", "code": code, "reason": _bounded(reason)})
         except Exception:
             _logger.debug("closing the websocket after a trip failed", exc_info=True)
