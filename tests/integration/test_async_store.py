@@ -68,8 +68,10 @@ class CountingRedis(redis.Redis):
         return super().execute_command(*args, **options)
 
 
-def counting_ledger(url: str, prefix: str, **options: Any) -> tuple[RedisLedger, CountingRedis]:
-    client = CountingRedis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)
+def counting_ledger(
+    url: str, prefix: str, *, timeout: float = 2.0, **options: Any
+) -> tuple[RedisLedger, CountingRedis]:
+    client = CountingRedis.from_url(url, socket_timeout=timeout, socket_connect_timeout=1.0)
     return RedisLedger(client, key_prefix=prefix, **options), client
 
 
@@ -314,10 +316,10 @@ def wait_until_blocked(url: str, count: int) -> None:
 
 
 @pytest.mark.asyncio
-async def test_cancelled_mid_reserve_leaks_nothing(
-    ledger: tuple[RedisLedger, CountingRedis], redis_url: str
-) -> None:
-    store, sync = ledger
+async def test_cancelled_mid_reserve_leaks_nothing(redis_url: str, redis_prefix: str) -> None:
+    # A reply timeout longer than a loaded machine takes to see the command
+    # blocked: the cancel, not the timeout, must end the round trip.
+    store, sync = counting_ledger(redis_url, redis_prefix, timeout=8.0)
     ran: list[int] = []
 
     async def tool() -> None:
@@ -343,6 +345,7 @@ async def test_cancelled_mid_reserve_leaks_nothing(
     assert ran == []
     assert sent_by_sync == []
     state = store.snapshot(chain)
+    store.close()
     # Whether the paused reserve ran before or after its release: nothing held.
     assert (state.steps, state.cost_nano, state.reserved_nano) == (1, 100_000_000, 0)
 
