@@ -83,34 +83,20 @@ class Admission(Settlement):
             drain()  # settle what garbage collection left, outside any lock
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
-        if (
-            self._deadline is None
-            and self._handoffs is None
-            and not self._has_policies
-            and not self._token.cancelled
-        ):
-            policy_context, decision = None, ALLOW  # nothing for _admit_checks to check
-        else:
+        if self._checked or self._token.cancelled:
             policy_context, decision = self._admit_checks(
                 kind, operation_name, provider, model, cost_nano, signature
             )
+        else:  # no deadline, handoffs or policies: nothing for _admit_checks to check
+            policy_context, decision = None, ALLOW
         agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
         fast = self._fast
         try:
-            if agents is not None:
-                reservation = self._ledger.reserve(
-                    agents[0],
-                    cost_nano,
-                    tokens,
-                    retry=retry,
-                    signature=signature,
-                    **self._pool_args(),
-                )
-            elif fast is not None and signature is None and not retry:
+            if fast is not None and agents is None and signature is None and not retry:
                 reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
             else:
                 reservation = self._ledger.reserve(
-                    self._path,
+                    self._path if agents is None else agents[0],
                     cost_nano,
                     tokens,
                     retry=retry,

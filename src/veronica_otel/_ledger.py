@@ -241,6 +241,7 @@ class LocalLedger:
         self._clock = clock
         self._pools: dict[str, PoolAccount] = {}
         self._sweep_at = _POOLS_BEFORE_SWEEP
+        self._one = Reservation("", 0, 0, 1, False)
 
     def acquire(self, chain_id: str) -> None:
         """Keep ``chain_id``'s state alive until a matching :meth:`discard`."""
@@ -399,7 +400,9 @@ class LocalLedger:
         trip from a denial that only in-flight reservations cause).
         """
         limits = level.limits
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if state.trip is None and state.override is None:
                 steps = state.steps + 1
                 if (
@@ -416,7 +419,12 @@ class LocalLedger:
                     state.steps = steps
                     state.reserved_nano += cost_nano
                     state.reserved_tokens += tokens
-                    return Reservation("", cost_nano, tokens, 1, False)
+                    held = self._one
+                    if held.cost_nano != cost_nano or held.tokens != tokens:
+                        held = self._one = Reservation("", cost_nano, tokens, 1, False)
+                    return held
+        finally:
+            lock.release()
         return self.reserve((level,), cost_nano, tokens)
 
     def commit_one(
@@ -428,7 +436,9 @@ class LocalLedger:
         tokens: int,
     ) -> TripEvent | None:
         """:meth:`commit` for the hot path (one root level)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             state.reserved_nano -= reservation.cost_nano
             state.reserved_tokens -= reservation.tokens
             state.cost_nano += cost_nano
@@ -440,6 +450,8 @@ class LocalLedger:
                 state.trip = trip
                 return trip
             return None
+        finally:
+            lock.release()
 
     def commit(
         self,
