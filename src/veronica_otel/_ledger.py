@@ -47,6 +47,10 @@ SIGNATURE_MEMORY = 4096
 # steps in one reservation); bounded so every sum a store script makes stays exact.
 MAX_RESERVE_STEPS = 1000
 
+# Exact commits queued per chain before they are applied under the lock
+# (LocalLedger.commit_one): bounds the queue, amortises the lock.
+_SETTLE_BATCH = 64
+
 # Pools live as long as their ledger (their names are few, unlike chain ids);
 # past this many, idle ones (nothing in the window, nothing reserved) are
 # forgotten when a new one is made: they are indistinguishable from new.
@@ -203,6 +207,7 @@ class _ChainState:
         "reserved_nano",
         "reserved_tokens",
         "retries",
+        "settled",
         "signatures",
         "steps",
         "tokens",
@@ -221,6 +226,9 @@ class _ChainState:
         self.refs = 0
         # (expires_at wall time, extra cost_nano, extra steps) from an override
         self.override: tuple[float, int, int] | None = None
+        # Reservations committed at exactly what they held, not yet moved from
+        # reserved to spent (commit_one; applied under the lock by _settle).
+        self.settled: deque[Reservation] = deque()
 
 
 class LocalLedger:
@@ -309,6 +317,8 @@ class LocalLedger:
                     state = chains[level.chain_id] = _ChainState()
                 if state.trip is not None:
                     return state.trip
+                if state.settled:
+                    _settle(state)
                 denial = _check(level, state, cost_nano, tokens, count, retry, signature)
                 if denial is not None:
                     if denial.sticky:
@@ -400,9 +410,7 @@ class LocalLedger:
         trip from a denial that only in-flight reservations cause).
         """
         limits = level.limits
-        lock = self._lock
-        lock.acquire()
-        try:
+        with self._lock:
             if state.trip is None and state.override is None:
                 steps = state.steps + 1
                 if (
@@ -423,8 +431,6 @@ class LocalLedger:
                     if held.cost_nano != cost_nano or held.tokens != tokens:
                         held = self._one = Reservation("", cost_nano, tokens, 1, False)
                     return held
-        finally:
-            lock.release()
         return self.reserve((level,), cost_nano, tokens)
 
     def commit_one(
@@ -435,10 +441,26 @@ class LocalLedger:
         cost_nano: int,
         tokens: int,
     ) -> TripEvent | None:
-        """:meth:`commit` for the hot path (one root level)."""
-        lock = self._lock
-        lock.acquire()
-        try:
+        """:meth:`commit` for the hot path (one root level).
+
+        A commit of exactly what was reserved (a call that reported no usage)
+        only moves it from reserved to spent: every sum a limit is checked
+        against stays the same, so it can cross no ceiling and takes no lock.
+        It is queued (``deque.append`` is atomic) and applied under the lock
+        by the next operation that reads the split, or once _SETTLE_BATCH
+        are queued (:func:`_settle`).
+        """
+        if cost_nano == reservation.cost_nano and tokens == reservation.tokens:
+            settled = state.settled
+            settled.append(reservation)
+            if len(settled) < _SETTLE_BATCH:
+                return None
+            with self._lock:
+                _settle(state)
+            return None
+        with self._lock:
+            if state.settled:
+                _settle(state)
             state.reserved_nano -= reservation.cost_nano
             state.reserved_tokens -= reservation.tokens
             state.cost_nano += cost_nano
@@ -450,8 +472,6 @@ class LocalLedger:
                 state.trip = trip
                 return trip
             return None
-        finally:
-            lock.release()
 
     def commit(
         self,
@@ -468,6 +488,8 @@ class LocalLedger:
         with self._lock:
             for level in path:
                 state = chains.get(level.chain_id) or self._state(level.chain_id)
+                if state.settled:
+                    _settle(state)
                 state.reserved_nano -= reservation.cost_nano
                 state.reserved_tokens -= reservation.tokens
                 state.cost_nano += cost_nano
@@ -533,6 +555,8 @@ class LocalLedger:
             state = self._chains.get(chain_id)
             if state is None:
                 return LedgerState()
+            if state.settled:
+                _settle(state)
             return LedgerState(
                 state.cost_nano,
                 state.reserved_nano,
@@ -561,6 +585,7 @@ class LocalLedger:
         for account in self._pools.values():
             account.forked = pid  # a copy of a shared budget is a second budget
         for chain_id, state in self._chains.items():
+            _settle(state)
             if state.trip is None:
                 message = _fork.FORK_MESSAGE.format(chain_id=chain_id, pid=pid)
                 # Nothing of it may be spent here: limit 0, observed what was spent.
@@ -569,6 +594,17 @@ class LocalLedger:
 
 # The process's in-process ledger: chains and pools use it unless given another.
 DEFAULT_LEDGER = LocalLedger()
+
+
+def _settle(state: _ChainState) -> None:
+    """Apply the exact commits queued by commit_one (under the ledger lock)."""
+    settled = state.settled
+    while settled:
+        held = settled.popleft()  # only ever taken under the lock: never empty here
+        state.reserved_nano -= held.cost_nano
+        state.cost_nano += held.cost_nano
+        state.reserved_tokens -= held.tokens
+        state.tokens += held.tokens
 
 
 def _check(

@@ -39,7 +39,10 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
         if type(fn) is not FunctionType or fn.__code__.co_flags & CO_ASYNC or fn.__dict__:
             _check_sync(fn, kind)
         try:  # the one admission path every door takes (no lane of its own)
-            call = self.begin_call(kind, options)
+            if options is None:  # nothing to describe: the kernel entry as begin_call calls it
+                call = self.begin_priced_call(kind, "", None, None, 0, 0)
+            else:
+                call = self.begin_call(kind, options)
         except BudgetExceededError:
             return _HALT
         if call.decision.rate_limit_ms:
