@@ -69,7 +69,6 @@ class Admission(Settlement):
         model: str | None,
         cost_nano: int,
         tokens: int,
-        *,
         retry: bool = False,
         signature: str | None = None,
     ) -> CallHandle:
@@ -89,12 +88,22 @@ class Admission(Settlement):
             )
         else:  # no deadline, handoffs or policies: nothing for _admit_checks to check
             policy_context, decision = None, ALLOW
-        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
         fast = self._fast
+        agents = None
         try:
-            if fast is not None and agents is None and signature is None and not retry:
-                reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
+            if (
+                fast is not None
+                and signature is None
+                and not retry
+                and not _agents._limited_in_code
+            ):
+                # In process, a root with no policies (so no agent lookups) and
+                # no pools: the ledger's one-level reservation.
+                ledger, level, state = fast
+                reservation = ledger.reserve_one(level, state, cost_nano, tokens)
             else:
+                if self._agent_lookups or _agents._limited_in_code:
+                    agents = self._agent_path()
                 reservation = self._ledger.reserve(
                     self._path if agents is None else agents[0],
                     cost_nano,

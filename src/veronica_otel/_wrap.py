@@ -11,7 +11,6 @@ from typing import Any
 from ._admission import Admission
 from ._call import (
     ACTIVE_CALL,
-    CO_ASYNC,
     CallHandle,
     close_awaitable,
     is_coroutine_function,
@@ -23,6 +22,10 @@ __all__ = ["WrapCalls"]
 
 _ALLOW = Decision.ALLOW
 _HALT = Decision.HALT
+# Bound once: ``ACTIVE_CALL.set`` on an imported name compiles to an attribute
+# load that makes a bound method per call.
+_set_active = ACTIVE_CALL.set
+_reset_active = ACTIVE_CALL.reset
 
 _SyncWrap = Callable[["WrapCalls", Callable[[], Any], "WrapOptions | None"], Decision]
 
@@ -34,20 +37,34 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
     def wrap(
         self: WrapCalls, fn: Callable[[], Any], options: WrapOptions | None = None
     ) -> Decision:
-        # A plain sync function (the common case) is told by one flag test;
-        # anything else (methods, partials, callable objects) the long way.
-        if type(fn) is not FunctionType or fn.__code__.co_flags & CO_ASYNC or fn.__dict__:
+        # Methods, partials, callable objects are checked before admission. A
+        # plain function is not checked per call: an ``async def`` one returns
+        # a coroutine, refused below with its reservation released (and a
+        # denied call checks it first, so the TypeError is never hidden).
+        if type(fn) is not FunctionType:
             _check_sync(fn, kind)
         try:  # the one admission path every door takes (no lane of its own)
-            if options is None:  # nothing to describe: the kernel entry as begin_call calls it
+            # The kernel entry as begin_call enters it, without its frame when
+            # the options need no pricing (no model, signature or retry).
+            if options is None:
                 call = self.begin_priced_call(kind, "", None, None, 0, 0)
+            elif options.plain:
+                call = self.begin_priced_call(
+                    kind,
+                    options.operation_name,
+                    None,
+                    None,
+                    options.hint_nano,
+                    options.reserved_tokens,
+                )
             else:
                 call = self.begin_call(kind, options)
         except BudgetExceededError:
+            _check_sync(fn, kind)
             return _HALT
         if call.decision.rate_limit_ms:
             _wait(call)
-        active = ACTIVE_CALL.set(call)
+        active = _set_active(call)
         try:
             result = fn()
         except BudgetExceededError as exc:
@@ -57,10 +74,11 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
             call.finish(exc)
             raise
         finally:
-            ACTIVE_CALL.reset(active)
+            _reset_active(active)
         if result is not None and inspect.isawaitable(result):
             call.finish(TypeError("awaitable"), sent=False)
             close_awaitable(result)
+            _check_sync(fn, kind)  # an async def: said as such
             raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
         self._partial = result
         call._done = True  # settled here, one frame less on the hot path
