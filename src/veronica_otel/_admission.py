@@ -76,7 +76,10 @@ class Admission(Settlement):
 
         ``cost_nano`` and ``tokens`` are the call's worst case in ledger units
         (non-negative ints, validated by the caller): no options object is
-        built on the hot path of every instrumented call.
+        built on the hot path of every instrumented call. ``retry`` and
+        ``signature`` may be passed by position (CPython 3.11 specialises no
+        call to a function with keyword-only parameters; the wrap API calls
+        this with positions).
         """
         if pending:
             drain()  # settle what garbage collection left, outside any lock

@@ -84,7 +84,7 @@ class ChainState(AsyncFromSync):
     # (fixed when the chain is built; the common chain tests this one flag).
     _checked: bool
     # An in-process root chain with no policies, pools or handoffs: (ledger,
-    # level, live counters), the short path of begin_call, _finish and _wrap.
+    # level, live counters), the one-level ledger step of begin_priced_call and _finish.
     _fast: tuple[LocalLedger, Level, Any] | None
     # The live counters of every level of the path (in process): ensure_active reads them.
     _live: tuple[Any, ...] | None

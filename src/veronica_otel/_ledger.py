@@ -90,7 +90,9 @@ class Reservation:
 
     A plain slotted class rather than a frozen dataclass: one is built per
     call, on the hot path. ``pools`` are the pools it is also held in, so
-    ``commit`` and ``release`` settle them too.
+    ``commit`` and ``release`` settle them too. A value: never changed once
+    made, so one may be shared (``reserve_one`` reuses its last for the same
+    amounts).
     """
 
     __slots__ = ("cost_nano", "id", "pools", "retry", "step", "tokens")
