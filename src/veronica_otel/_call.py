@@ -12,7 +12,6 @@ from ._units import nano_to_usd
 
 __all__ = [
     "ACTIVE_CALL",
-    "CO_ASYNC",
     "CallHandle",
     "close_awaitable",
     "is_coroutine_function",
@@ -150,14 +149,14 @@ ACTIVE_CALL: contextvars.ContextVar[CallHandle | None] = contextvars.ContextVar(
     "veronica_otel_active_call", default=None
 )
 
-CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
+_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
 
 
 def is_coroutine_function(fn: object) -> bool:
     code = getattr(fn, "__code__", None)
     if code is not None and not hasattr(fn, "_is_coroutine_marker"):
         # Plain functions and lambdas: one flag test instead of inspect's walk.
-        return bool(code.co_flags & CO_ASYNC)
+        return bool(code.co_flags & _CO_ASYNC)
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
     )
