@@ -69,7 +69,6 @@ class Admission(Settlement):
         model: str | None,
         cost_nano: int,
         tokens: int,
-        *,
         retry: bool = False,
         signature: str | None = None,
     ) -> CallHandle:
@@ -77,40 +76,39 @@ class Admission(Settlement):
 
         ``cost_nano`` and ``tokens`` are the call's worst case in ledger units
         (non-negative ints, validated by the caller): no options object is
-        built on the hot path of every instrumented call.
+        built on the hot path of every instrumented call. ``retry`` and
+        ``signature`` may be passed by position (CPython 3.11 specialises no
+        call to a function with keyword-only parameters; the wrap API calls
+        this with positions).
         """
         if pending:
             drain()  # settle what garbage collection left, outside any lock
         if self._trip is not None and not self._trip_lifted():
             raise BudgetExceededError(self._trip)
-        if (
-            self._deadline is None
-            and self._handoffs is None
-            and not self._has_policies
-            and not self._token.cancelled
-        ):
-            policy_context, decision = None, ALLOW  # nothing for _admit_checks to check
-        else:
+        if self._checked or self._token.cancelled:
             policy_context, decision = self._admit_checks(
                 kind, operation_name, provider, model, cost_nano, signature
             )
-        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        else:  # no deadline, handoffs or policies: nothing for _admit_checks to check
+            policy_context, decision = None, ALLOW
         fast = self._fast
+        agents = None
         try:
-            if agents is not None:
-                reservation = self._ledger.reserve(
-                    agents[0],
-                    cost_nano,
-                    tokens,
-                    retry=retry,
-                    signature=signature,
-                    **self._pool_args(),
-                )
-            elif fast is not None and signature is None and not retry:
-                reservation = fast[0].reserve_one(fast[1], fast[2], cost_nano, tokens)
+            if (
+                fast is not None
+                and signature is None
+                and not retry
+                and not _agents._limited_in_code
+            ):
+                # In process, a root with no policies (so no agent lookups) and
+                # no pools: the ledger's one-level reservation.
+                ledger, level, state = fast
+                reservation = ledger.reserve_one(level, state, cost_nano, tokens)
             else:
+                if self._agent_lookups or _agents._limited_in_code:
+                    agents = self._agent_path()
                 reservation = self._ledger.reserve(
-                    self._path,
+                    self._path if agents is None else agents[0],
                     cost_nano,
                     tokens,
                     retry=retry,

@@ -32,7 +32,7 @@ from ._options import ChainSnapshot
 from ._policy import PolicyPipeline
 from ._pools import BudgetPool, PoolRoom, apool_room, pool_room
 from ._pricing import PriceTable
-from ._timer import CancellationToken
+from ._timer import CancellationToken, TimerHandle
 from ._units import nano_to_usd
 
 __all__ = ["ChainState"]
@@ -78,15 +78,21 @@ class ChainState(AsyncFromSync):
     _repeats_limited: bool
     _deadline: float | None
     _handoffs: HandoffCounter | None
+    # A chain with a deadline sets its own; the rest share this default.
+    _timer: TimerHandle | None = None
+    # A deadline, handoffs or policies: what admission checks before the ledger
+    # (fixed when the chain is built; the common chain tests this one flag).
+    _checked: bool
     # An in-process root chain with no policies, pools or handoffs: (ledger,
-    # level, live counters), the short path of begin_call, _finish and _wrap.
+    # level, live counters), the one-level ledger step of begin_priced_call and _finish.
     _fast: tuple[LocalLedger, Level, Any] | None
     # The live counters of every level of the path (in process): ensure_active reads them.
     _live: tuple[Any, ...] | None
     # Store polls for trips made elsewhere (ensure_active): chunks since, time, last ok.
-    _unpolled: int
-    _polled_at: float
-    _poll_ok: bool
+    # Set by a store-backed chain only (an in-process one reads its live counters).
+    _unpolled: int = 0
+    _polled_at: float = 0.0
+    _poll_ok: bool = True
 
     @property
     def tracks_handoffs(self) -> bool:

@@ -41,7 +41,7 @@ from ._policy import PolicyPipeline
 from ._pools import BudgetPool, check_pools
 from ._pricing import PriceTable
 from ._telemetry import track_chain
-from ._timer import CancellationToken, TimerHandle, schedule
+from ._timer import CancellationToken, schedule
 from ._units import check_count, usd_to_nano
 from ._wrap import WrapCalls
 
@@ -142,8 +142,7 @@ class ExecutionContext(WrapCalls):
         )
         self._repeats_limited = any(level.limits.repeats is not None for level in self._path)
         self._deadline = self._first_deadline(_parent)
-        self._timer: TimerHandle | None = None
-        if self._deadline is not None:
+        if self._deadline is not None:  # else the class default: no timer
             self._timer = schedule(self._deadline, weak_deadline(self))
         if _parent is not None:
             _parent._token.add_callback(weak_cancel(self))
@@ -152,12 +151,15 @@ class ExecutionContext(WrapCalls):
         self._handoffs = (
             HandoffCounter(limits.max_handoffs) if limits.max_handoffs is not None else None
         )
+        self._checked = (
+            self._deadline is not None or self._handoffs is not None or self._has_policies
+        )
         self._fast: tuple[LocalLedger, Level, Any] | None = None
         self._live: tuple[Any, ...] | None = None
-        # Store polls for trips made elsewhere (ensure_active): chunks since, time, last ok.
-        self._unpolled, self._polled_at, self._poll_ok = 0, self._started, True
         if isinstance(self._ledger, LocalLedger):
             self._hold(self._ledger)
+        else:  # store polls for trips made elsewhere (ensure_active): chunks since, time, last ok
+            self._unpolled, self._polled_at, self._poll_ok = 0, self._started, True
         if limits.max_depth is not None and self.depth > limits.max_depth:
             # A joined chain too deep is born tripped: every call is denied.
             self._deny(

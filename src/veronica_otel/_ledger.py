@@ -47,6 +47,10 @@ SIGNATURE_MEMORY = 4096
 # steps in one reservation); bounded so every sum a store script makes stays exact.
 MAX_RESERVE_STEPS = 1000
 
+# Exact commits queued per chain before they are applied under the lock
+# (LocalLedger.commit_one): bounds the queue, amortises the lock.
+_SETTLE_BATCH = 64
+
 # Pools live as long as their ledger (their names are few, unlike chain ids);
 # past this many, idle ones (nothing in the window, nothing reserved) are
 # forgotten when a new one is made: they are indistinguishable from new.
@@ -86,7 +90,9 @@ class Reservation:
 
     A plain slotted class rather than a frozen dataclass: one is built per
     call, on the hot path. ``pools`` are the pools it is also held in, so
-    ``commit`` and ``release`` settle them too.
+    ``commit`` and ``release`` settle them too. A value: never changed once
+    made, so one may be shared (``reserve_one`` reuses its last for the same
+    amounts).
     """
 
     __slots__ = ("cost_nano", "id", "pools", "retry", "step", "tokens")
@@ -203,6 +209,7 @@ class _ChainState:
         "reserved_nano",
         "reserved_tokens",
         "retries",
+        "settled",
         "signatures",
         "steps",
         "tokens",
@@ -221,6 +228,9 @@ class _ChainState:
         self.refs = 0
         # (expires_at wall time, extra cost_nano, extra steps) from an override
         self.override: tuple[float, int, int] | None = None
+        # Reservations committed at exactly what they held, not yet moved from
+        # reserved to spent (commit_one; applied under the lock by _settle).
+        self.settled: deque[Reservation] = deque()
 
 
 class LocalLedger:
@@ -241,6 +251,7 @@ class LocalLedger:
         self._clock = clock
         self._pools: dict[str, PoolAccount] = {}
         self._sweep_at = _POOLS_BEFORE_SWEEP
+        self._one = Reservation("", 0, 0, 1, False)
 
     def acquire(self, chain_id: str) -> None:
         """Keep ``chain_id``'s state alive until a matching :meth:`discard`."""
@@ -308,6 +319,8 @@ class LocalLedger:
                     state = chains[level.chain_id] = _ChainState()
                 if state.trip is not None:
                     return state.trip
+                if state.settled:
+                    _settle(state)
                 denial = _check(level, state, cost_nano, tokens, count, retry, signature)
                 if denial is not None:
                     if denial.sticky:
@@ -416,7 +429,10 @@ class LocalLedger:
                     state.steps = steps
                     state.reserved_nano += cost_nano
                     state.reserved_tokens += tokens
-                    return Reservation("", cost_nano, tokens, 1, False)
+                    held = self._one
+                    if held.cost_nano != cost_nano or held.tokens != tokens:
+                        held = self._one = Reservation("", cost_nano, tokens, 1, False)
+                    return held
         return self.reserve((level,), cost_nano, tokens)
 
     def commit_one(
@@ -427,8 +443,26 @@ class LocalLedger:
         cost_nano: int,
         tokens: int,
     ) -> TripEvent | None:
-        """:meth:`commit` for the hot path (one root level)."""
+        """:meth:`commit` for the hot path (one root level).
+
+        A commit of exactly what was reserved (a call that reported no usage)
+        only moves it from reserved to spent: every sum a limit is checked
+        against stays the same, so it can cross no ceiling and takes no lock.
+        It is queued (``deque.append`` is atomic) and applied under the lock
+        by the next operation that reads the split, or once _SETTLE_BATCH
+        are queued (:func:`_settle`).
+        """
+        if cost_nano == reservation.cost_nano and tokens == reservation.tokens:
+            settled = state.settled
+            settled.append(reservation)
+            if len(settled) < _SETTLE_BATCH:
+                return None
+            with self._lock:
+                _settle(state)
+            return None
         with self._lock:
+            if state.settled:
+                _settle(state)
             state.reserved_nano -= reservation.cost_nano
             state.reserved_tokens -= reservation.tokens
             state.cost_nano += cost_nano
@@ -456,6 +490,8 @@ class LocalLedger:
         with self._lock:
             for level in path:
                 state = chains.get(level.chain_id) or self._state(level.chain_id)
+                if state.settled:
+                    _settle(state)
                 state.reserved_nano -= reservation.cost_nano
                 state.reserved_tokens -= reservation.tokens
                 state.cost_nano += cost_nano
@@ -521,6 +557,8 @@ class LocalLedger:
             state = self._chains.get(chain_id)
             if state is None:
                 return LedgerState()
+            if state.settled:
+                _settle(state)
             return LedgerState(
                 state.cost_nano,
                 state.reserved_nano,
@@ -549,6 +587,7 @@ class LocalLedger:
         for account in self._pools.values():
             account.forked = pid  # a copy of a shared budget is a second budget
         for chain_id, state in self._chains.items():
+            _settle(state)
             if state.trip is None:
                 message = _fork.FORK_MESSAGE.format(chain_id=chain_id, pid=pid)
                 # Nothing of it may be spent here: limit 0, observed what was spent.
@@ -557,6 +596,17 @@ class LocalLedger:
 
 # The process's in-process ledger: chains and pools use it unless given another.
 DEFAULT_LEDGER = LocalLedger()
+
+
+def _settle(state: _ChainState) -> None:
+    """Apply the exact commits queued by commit_one (under the ledger lock)."""
+    settled = state.settled
+    while settled:
+        held = settled.popleft()  # only ever taken under the lock: never empty here
+        state.reserved_nano -= held.cost_nano
+        state.cost_nano += held.cost_nano
+        state.reserved_tokens -= held.tokens
+        state.tokens += held.tokens
 
 
 def _check(

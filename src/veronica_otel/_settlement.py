@@ -29,22 +29,27 @@ class Settlement(ChainPolling):
 
     def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
         reservation = call.reservation
-        agents = call.agents
-        path = self._path if agents is None else agents[0]
         if not sent:
+            agents = call.agents
             try:
-                self._ledger.release(path, reservation)
+                self._ledger.release(self._path if agents is None else agents[0], reservation)
             finally:
                 self._released(call)
             return
-        if call.cost_nano >= 0 or call.tokens >= 0:  # settled_amounts, inline
-            cost, tokens = max(call.cost_nano, 0), max(call.tokens, 0)
+        cost = call.cost_nano
+        tokens = call.tokens
+        if cost < 0 and tokens < 0:  # no usage reported: its reservation (settled_amounts)
+            cost = reservation.cost_nano
+            tokens = reservation.tokens
         else:
-            cost, tokens = reservation.cost_nano, reservation.tokens
+            cost, tokens = max(cost, 0), max(tokens, 0)
         fast = self._fast
+        agents = call.agents
         if fast is not None and agents is None:
-            overrun = fast[0].commit_one(fast[1], fast[2], reservation, cost, tokens)
+            ledger, level, state = fast
+            overrun = ledger.commit_one(level, state, reservation, cost, tokens)
         else:
+            path = self._path if agents is None else agents[0]
             overrun = self._ledger.commit(path, reservation, cost, tokens)
         if overrun is not None or call.metrics or call.policy_context is not None:
             self._finished(call, error, cost, overrun)

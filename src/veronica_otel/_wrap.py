@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from types import FunctionType
 from typing import Any
 
 from ._admission import Admission
@@ -19,11 +20,81 @@ from ._options import Decision, WrapOptions
 
 __all__ = ["WrapCalls"]
 
+_ALLOW = Decision.ALLOW
+_HALT = Decision.HALT
+# Bound once: ``ACTIVE_CALL.set`` on an imported name compiles to an attribute
+# load that makes a bound method per call.
+_set_active = ACTIVE_CALL.set
+_reset_active = ACTIVE_CALL.reset
+
+_SyncWrap = Callable[["WrapCalls", Callable[[], Any], "WrapOptions | None"], Decision]
+
+
+def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
+    """``wrap_{kind}_call``: admit, run, settle (one body for both kinds; the kind
+    is bound here rather than passed down, so a call runs one frame fewer)."""
+
+    def wrap(
+        self: WrapCalls, fn: Callable[[], Any], options: WrapOptions | None = None
+    ) -> Decision:
+        # Methods, partials, callable objects are checked before admission. A
+        # plain function is not checked per call: an ``async def`` one returns
+        # a coroutine, refused below with its reservation released (and a
+        # denied call checks it first, so the TypeError is never hidden).
+        if type(fn) is not FunctionType:
+            _check_sync(fn, kind)
+        try:  # the one admission path every door takes (no lane of its own)
+            # The kernel entry as begin_call enters it, without its frame when
+            # the options need no pricing (no model, signature or retry).
+            if options is None:
+                call = self.begin_priced_call(kind, "", None, None, 0, 0)
+            elif options.plain:
+                call = self.begin_priced_call(
+                    kind,
+                    options.operation_name,
+                    None,
+                    None,
+                    options.hint_nano,
+                    options.reserved_tokens,
+                )
+            else:
+                call = self.begin_call(kind, options)
+        except BudgetExceededError:
+            _check_sync(fn, kind)
+            return _HALT
+        if call.decision.rate_limit_ms:
+            _wait(call)
+        active = _set_active(call)
+        try:
+            result = fn()
+        except BudgetExceededError as exc:
+            call.finish(exc)
+            return _HALT
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        finally:
+            _reset_active(active)
+        if result is not None and inspect.isawaitable(result):
+            call.finish(TypeError("awaitable"), sent=False)
+            close_awaitable(result)
+            _check_sync(fn, kind)  # an async def: said as such
+            raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
+        self._partial = result
+        call._done = True  # settled here, one frame less on the hot path
+        self._finish(call, None, True)
+        return _ALLOW
+
+    wrap.__name__ = wrap.__qualname__ = f"wrap_{kind}_call"
+    wrap.__doc__ = doc
+    return wrap
+
 
 class WrapCalls(Admission):
     """``wrap_*`` / ``awrap_*``: admit, run, settle; a denial is ``Decision.HALT``."""
 
-    def wrap_llm_call(self, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
+    wrap_llm_call = _sync_wrap(
+        "llm",
         """Run ``fn`` as one LLM call if the chain allows it.
 
         Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
@@ -38,12 +109,11 @@ class WrapCalls(Admission):
         inner call, since ``fn`` may have sent a request before the denial.
         Only a call that never started (denied, or interrupted during a
         rate-limit wait) is released.
-        """
-        return self._wrap(fn, options, "llm")
-
-    def wrap_tool_call(self, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
-        """Run ``fn`` as one tool call if the chain allows it (see wrap_llm_call)."""
-        return self._wrap(fn, options, "tool")
+        """,
+    )
+    wrap_tool_call = _sync_wrap(
+        "tool", """Run ``fn`` as one tool call if the chain allows it (see wrap_llm_call)."""
+    )
 
     async def awrap_llm_call(
         self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
@@ -56,39 +126,6 @@ class WrapCalls(Admission):
     ) -> Decision:
         """Coroutine version of :meth:`wrap_tool_call`."""
         return await self._awrap(fn, options, "tool")
-
-    def _wrap(self, fn: Callable[[], Any], options: WrapOptions | None, kind: str) -> Decision:
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r}")
-        if is_coroutine_function(fn):
-            raise TypeError(
-                f"wrap_{kind}_call got a coroutine function {fn!r}; use awrap_{kind}_call"
-            )
-        try:  # the one admission path every door takes (no lane of its own)
-            call = self.begin_call(kind, options)
-        except BudgetExceededError:
-            return Decision.HALT
-        if call.decision.rate_limit_ms:
-            _wait(call)
-        active = ACTIVE_CALL.set(call)
-        try:
-            result = fn()
-        except BudgetExceededError as exc:
-            call.finish(exc)
-            return Decision.HALT
-        except BaseException as exc:
-            call.finish(exc)
-            raise
-        finally:
-            ACTIVE_CALL.reset(active)
-        if result is not None and inspect.isawaitable(result):
-            call.finish(TypeError("awaitable"), sent=False)
-            close_awaitable(result)
-            raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
-        self._partial = result
-        call._done = True  # settled here, one frame less on the hot path
-        self._finish(call, None, True)
-        return Decision.ALLOW
 
     async def _awrap(
         self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None, kind: str
@@ -121,6 +158,14 @@ class WrapCalls(Admission):
         self._partial = result
         await call.afinish()
         return Decision.ALLOW
+
+
+def _check_sync(fn: object, kind: str) -> None:
+    """TypeError for what a sync wrapper cannot run (before anything is reserved)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {fn!r}")
+    if is_coroutine_function(fn):
+        raise TypeError(f"wrap_{kind}_call got a coroutine function {fn!r}; use awrap_{kind}_call")
 
 
 def _wait(call: CallHandle) -> None:
