@@ -58,6 +58,10 @@ def find_redis_server() -> str | None:
     return None
 
 
+_PORT_ATTEMPTS = 5
+_IN_USE = "Address already in use"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -106,6 +110,9 @@ class RedisServerProcess:
             directory = self._tmp.name
         self.directory = Path(directory)
         self.port = port if port is not None else _free_port()
+        # A port picked here may be taken by another process before the server
+        # binds it; until its first start, such a port is picked again.
+        self._pick_ports = port is None
         self.durable = durable
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
@@ -130,6 +137,31 @@ class RedisServerProcess:
         """Start the server and wait until it accepts connections."""
         if self.running:
             return self
+        for _ in range(_PORT_ATTEMPTS - 1):
+            try:
+                return self._start()
+            except RuntimeError:
+                if not (self._pick_ports and any(_IN_USE in line for line in self.log)):
+                    raise
+                self._repick_ports()
+        return self._start()
+
+    def _repick_ports(self) -> None:
+        """New free ports for this server (and its cluster bus, if it has one)."""
+        self.port = _free_port()
+        args = list(self.extra_args)
+        if "--cluster-port" in args:
+            args[args.index("--cluster-port") + 1] = str(_free_port())
+        self.extra_args = tuple(args)
+        self.log.clear()
+
+    @property
+    def cluster_port(self) -> int | None:
+        """The cluster bus port given with ``--cluster-port``, if any."""
+        args = self.extra_args
+        return int(args[args.index("--cluster-port") + 1]) if "--cluster-port" in args else None
+
+    def _start(self) -> RedisServerProcess:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             self.binary,
@@ -170,6 +202,7 @@ class RedisServerProcess:
             self.kill()
             tail = "\n".join(self.log[-20:])
             raise RuntimeError(f"{self.binary} did not start on port {self.port}:\n{tail}")
+        self._pick_ports = False  # a restart must come back on the same port
         return self
 
     def kill(self) -> None:
@@ -292,7 +325,7 @@ class RedisClusterProcess:
         self.startup_timeout = startup_timeout
         # The bus port defaults to port + 10000, which a free port above
         # 55535 cannot have: each node gets one named.
-        self.bus_ports = [_free_port() for _ in range(nodes)]
+        bus_ports = [_free_port() for _ in range(nodes)]
         self.nodes = [
             RedisServerProcess(
                 self.directory / f"node{i}",
@@ -307,7 +340,7 @@ class RedisClusterProcess:
                     "--cluster-node-timeout",
                     "5000",
                     "--cluster-port",
-                    str(self.bus_ports[i]),
+                    str(bus_ports[i]),
                 ),
             )
             for i in range(nodes)
@@ -316,6 +349,11 @@ class RedisClusterProcess:
     @property
     def ports(self) -> list[int]:
         return [node.port for node in self.nodes]
+
+    @property
+    def bus_ports(self) -> list[int]:
+        """Each node's cluster bus port (picked again with its port on a clash)."""
+        return [port for node in self.nodes if (port := node.cluster_port) is not None]
 
     @property
     def url(self) -> str:
