@@ -177,7 +177,7 @@ class ContainedCall:
     usage_seen = False
     lost_attempts = 0  # attempts that may have reached the provider, never answered
     text_bytes = 0
-    _done = False
+    done = False  # settled (a plain attribute: every payload reads it)
     _text: list[str] | None = None
     # An async call collects a settlement decided in sync code (finish) and
     # then awaits it (settle_deferred), so a shared store is never waited on
@@ -212,10 +212,6 @@ class ContainedCall:
     def text(self) -> list[str]:
         """The streamed text received so far, in order."""
         return [] if self._text is None else self._text
-
-    @property
-    def done(self) -> bool:
-        return self._done
 
     def set_usage(
         self,
@@ -292,9 +288,9 @@ class ContainedCall:
         connection the SDK then retried) may have been generated and billed
         too: it adds one reservation, to the usage or in place of it.
         """
-        if self._done:
+        if self.done:
             return
-        self._done = True
+        self.done = True
         if self._defer:
             self._deferred = (error, sent, billed)
             return
@@ -317,9 +313,9 @@ class ContainedCall:
         self, error: BaseException | None = None, *, sent: bool = True, billed: bool = True
     ) -> None:
         """:meth:`finish` for async code: a shared store is awaited, never blocked on."""
-        if self._done:
+        if self.done:
             return
-        self._done = True
+        self.done = True
         handle = self.handle
         try:
             amounts = self._amounts(sent, billed)
@@ -342,7 +338,7 @@ class ContainedCall:
         self._defer = False
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            self._done = False
+            self.done = False
             await self.afinish(deferred[0], sent=deferred[1], billed=deferred[2])
 
     def _amounts(self, sent: bool, billed: bool) -> tuple[int, int] | None:
