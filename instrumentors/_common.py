@@ -237,8 +237,6 @@ class ContainedCall:
         if inp is None or out is None:
             self.usage_seen = False  # a later total replaces earlier ones: none now
             return False
-        self.input_tokens = inp
-        self.output_tokens = out
         if cached or reasoning or cache_write:
             c, r, w = _detail(cached), _detail(reasoning), _detail(cache_write)
             if c is None or r is None or w is None:
@@ -249,6 +247,8 @@ class ContainedCall:
             self.reasoning_tokens = min(r, out)
         else:  # the common case: no details (or all zero), no clamping to do
             self.cached_tokens = self.cache_write_tokens = self.reasoning_tokens = 0
+        self.input_tokens = inp
+        self.output_tokens = out
         self.usage_seen = True
         return True
 
