@@ -365,13 +365,7 @@ class ContainedCall:
                     _logger.exception("feeding the endpoint breaker failed")
             else:
                 self._feed_breaker(breaker, error if sent else None, sent)
-        if self.pending_attributes is None and self.owns_span:
-            # Our span does not record (no SDK, suppressed, sampled out): end it only.
-            try:
-                self.span.end()
-            except Exception:
-                _logger.exception("ending the call's span failed")
-        else:
+        if self.span is not UNTRACED_SPAN:  # no TracerProvider: no span to record or end
             self._end_span(error)
 
     def _usage_amounts(self) -> tuple[int, int]:
