@@ -17,6 +17,7 @@ import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextvars import Token
 from typing import Any
 
 import wrapt
@@ -57,6 +58,8 @@ __all__ = [
     "strip_veronica_baggage",
     "token_count",
     "tracer",
+    "UNTRACED_SPAN",
+    "make_current",
     "without_veronica_baggage",
 ]
 
@@ -175,7 +178,7 @@ class ContainedCall:
     usage_seen = False
     lost_attempts = 0  # attempts that may have reached the provider, never answered
     text_bytes = 0
-    _done = False
+    done = False  # settled (a plain attribute: every payload reads it)
     _text: list[str] | None = None
     # An async call collects a settlement decided in sync code (finish) and
     # then awaits it (settle_deferred), so a shared store is never waited on
@@ -211,10 +214,6 @@ class ContainedCall:
         """The streamed text received so far, in order."""
         return [] if self._text is None else self._text
 
-    @property
-    def done(self) -> bool:
-        return self._done
-
     def set_usage(
         self,
         input_tokens: object,
@@ -236,18 +235,21 @@ class ContainedCall:
         out = output_tokens
         if not (type(out) is int and 0 <= out <= MAX_COUNT):
             out = token_count(out)
-        if cached or reasoning or cache_write:
-            c, r, w = _detail(cached), _detail(reasoning), _detail(cache_write)
-        else:
-            c = r = w = 0
-        if inp is None or out is None or c is None or r is None or w is None:
+        if inp is None or out is None:
             self.usage_seen = False  # a later total replaces earlier ones: none now
             return False
+        if cached or reasoning or cache_write:
+            c, r, w = _detail(cached), _detail(reasoning), _detail(cache_write)
+            if c is None or r is None or w is None:
+                self.usage_seen = False
+                return False
+            self.cached_tokens = min(c, inp)
+            self.cache_write_tokens = w
+            self.reasoning_tokens = min(r, out)
+        else:  # the common case: no details (or all zero), no clamping to do
+            self.cached_tokens = self.cache_write_tokens = self.reasoning_tokens = 0
         self.input_tokens = inp
         self.output_tokens = out
-        self.cached_tokens = min(c, inp)
-        self.cache_write_tokens = w
-        self.reasoning_tokens = min(r, out)
         self.usage_seen = True
         return True
 
@@ -287,19 +289,22 @@ class ContainedCall:
         connection the SDK then retried) may have been generated and billed
         too: it adds one reservation, to the usage or in place of it.
         """
-        if self._done:
+        if self.done:
             return
-        self._done = True
+        self.done = True
         if self._defer:
             self._deferred = (error, sent, billed)
             return
         handle = self.handle
         try:
-            amounts = self._amounts(sent, billed)
-            if amounts is None:
-                handle.finish(error, sent=False)
+            if self.usage_seen and sent:  # the common case: a reply with its usage
+                handle.commit(*self._usage_amounts(), error)
             else:
-                handle.commit(amounts[0], amounts[1], error)
+                amounts = self._amounts(sent, billed)
+                if amounts is None:
+                    handle.finish(error, sent=False)
+                else:
+                    handle.commit(amounts[0], amounts[1], error)
         except Exception:
             _logger.exception("settling an instrumented call failed")
         finally:
@@ -309,9 +314,9 @@ class ContainedCall:
         self, error: BaseException | None = None, *, sent: bool = True, billed: bool = True
     ) -> None:
         """:meth:`finish` for async code: a shared store is awaited, never blocked on."""
-        if self._done:
+        if self.done:
             return
-        self._done = True
+        self.done = True
         handle = self.handle
         try:
             amounts = self._amounts(sent, billed)
@@ -334,7 +339,7 @@ class ContainedCall:
         self._defer = False
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            self._done = False
+            self.done = False
             await self.afinish(deferred[0], sent=deferred[1], billed=deferred[2])
 
     def _amounts(self, sent: bool, billed: bool) -> tuple[int, int] | None:
@@ -354,21 +359,27 @@ class ContainedCall:
     def _settled(self, error: BaseException | None, sent: bool) -> None:
         breaker = self.breaker
         if breaker is not None:
-            self._feed_breaker(breaker, error if sent else None, sent)
-        self._end_span(error)
+            if error is None and sent:  # the common case, without _feed_breaker's frame
+                try:
+                    breaker.record_success(self.probe)  # lock-free while closed
+                except Exception:
+                    _logger.exception("feeding the endpoint breaker failed")
+            else:
+                self._feed_breaker(breaker, error if sent else None, sent)
+        if self.span is not UNTRACED_SPAN:  # no TracerProvider: no span to record or end
+            self._end_span(error)
 
     def _usage_amounts(self) -> tuple[int, int]:
         inp, out = self.input_tokens, self.output_tokens
         cost = 0
-        if self.prices is not None and (inp or out):
-            cached = min(self.cached_tokens, inp)
-            cost = self.prices.cost_nano_unchecked(
-                inp,
-                out,
-                cached,
-                min(self.reasoning_tokens, out),
-                min(self.cache_write_tokens, inp - cached),
-            )
+        prices = self.prices
+        if prices is not None and (inp or out):
+            cached, reasoning = self.cached_tokens, self.reasoning_tokens
+            write = self.cache_write_tokens
+            if cached or reasoning or write:
+                cached = min(cached, inp)
+                reasoning, write = min(reasoning, out), min(write, inp - cached)
+            cost = prices.cost_nano_unchecked(inp, out, cached, reasoning, write)
         tokens = inp + out
         lost = self.lost_attempts
         if lost:
@@ -454,6 +465,30 @@ def attribute_value(value: object) -> object | None:
     return None
 
 
+# The call span while no TracerProvider is set: nothing records, so none is
+# opened and none is made current (the caller's context, a remote parent
+# included, passes through untouched, as the API's no-op tracer would leave it).
+UNTRACED_SPAN: Span = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+
+
+def _untraced() -> bool:
+    """True while no global TracerProvider is set (the API's proxy tracer is a no-op).
+
+    Reads the API's set-once global, as its ``ProxyTracer`` does on every span;
+    an API without it counts as traced (the general path).
+    """
+    return getattr(trace, "_TRACER_PROVIDER", True) is None
+
+
+def make_current(
+    span: Span, context: otel_context.Context | None
+) -> Token[otel_context.Context] | None:
+    """Make ``span`` current in ``context``; the detach token (None: nothing attached)."""
+    if span is UNTRACED_SPAN:
+        return None
+    return otel_context.attach(trace.set_span_in_context(span, context))
+
+
 def start_span(
     operation: str,
     provider: str,
@@ -476,6 +511,8 @@ def start_span(
             return trace.INVALID_SPAN
     elif context.get(_SUPPRESS_KEY) or context.get(_SUPPRESS_KEY_PLAIN):
         return trace.INVALID_SPAN
+    if _untraced():
+        return UNTRACED_SPAN
     attributes = {
         "gen_ai.operation.name": operation,
         "gen_ai.provider.name": provider,

@@ -68,11 +68,12 @@ def response_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> 
     _identity(attributes, data)
     choices = data.get("choices")
     if type(choices) is list and choices:
-        reasons = [
-            reason
-            for choice in choices
-            if isinstance(choice, Mapping) and type(reason := choice.get("finish_reason")) is str
-        ]
+        if len(choices) == 1:  # the common case, without a comprehension's frame
+            choice = choices[0]
+            reason = choice.get("finish_reason") if type(choice) is dict else None
+            reasons = [reason] if type(reason) is str else _reasons(choices)
+        else:
+            reasons = _reasons(choices)
         if reasons:
             attributes["gen_ai.response.finish_reasons"] = reasons
     elif type(status := data.get("status")) is str and "output" in data:  # the Responses API
@@ -81,6 +82,14 @@ def response_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> 
         dimensions = _dimensions(items[0])
         if dimensions:
             attributes["gen_ai.embeddings.dimension.count"] = dimensions
+
+
+def _reasons(choices: list[Any]) -> list[str]:
+    return [
+        reason
+        for choice in choices
+        if isinstance(choice, Mapping) and type(reason := choice.get("finish_reason")) is str
+    ]
 
 
 def _dimensions(item: object) -> int | None:

@@ -70,12 +70,14 @@ from veronica_otel._propagation import default_context
 from ._anthropic_attributes import request_attributes, response_attributes
 from ._breakers import never_connected, raised_within
 from ._common import (
+    UNTRACED_SPAN,
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
     aadmit,
     admit,
     get_field,
+    make_current,
     start_span,
     strip_veronica_baggage,
     token_count,
@@ -223,7 +225,7 @@ def _describe(
 
 
 def _scope(span: Span, owns: bool) -> contextlib.AbstractContextManager[Any]:
-    if owns:
+    if owns and span is not UNTRACED_SPAN:
         return trace.use_span(
             span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         )
@@ -327,9 +329,7 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         finally:
             _ACTIVE.reset(active)
     call = state.call
-    span_token = (
-        otel_context.attach(trace.set_span_in_context(call.span)) if call.owns_span else None
-    )
+    span_token = make_current(call.span, None) if call.owns_span else None
     try:
         delay_ms = call.handle.decision.rate_limit_ms
         if delay_ms:
@@ -360,9 +360,7 @@ async def _arequest(
         finally:
             _ACTIVE.reset(active)
     call = state.call
-    span_token = (
-        otel_context.attach(trace.set_span_in_context(call.span)) if call.owns_span else None
-    )
+    span_token = make_current(call.span, None) if call.owns_span else None
     try:
         delay_ms = call.handle.decision.rate_limit_ms
         if delay_ms:

@@ -74,6 +74,7 @@ from ._common import (
     aadmit,
     admit,
     get_field,
+    make_current,
     start_span,
     strip_veronica_baggage,
 )
@@ -212,12 +213,13 @@ def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None
         return None
     # Current from here until the request returns (one attach for both): a
     # denial's trip event lands on this span, and HTTP spans nest under it.
-    span_token = otel_context.attach(trace.set_span_in_context(request.span, request.current))
+    span_token = make_current(request.span, request.current)
     try:
         admitted = admit(request.ctx, request.span, request.owns, **_admission(request))
         return _prepared(options, stream_kwarg, client, request, admitted, span_token)
     except BaseException:
-        otel_context.detach(span_token)
+        if span_token is not None:
+            otel_context.detach(span_token)
         raise
 
 
@@ -226,12 +228,13 @@ async def _aprepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState
     request = _describe(options)
     if request is None:
         return None
-    span_token = otel_context.attach(trace.set_span_in_context(request.span, request.current))
+    span_token = make_current(request.span, request.current)
     try:
         admitted = await aadmit(request.ctx, request.span, request.owns, **_admission(request))
         return _prepared(options, stream_kwarg, client, request, admitted, span_token)
     except BaseException:
-        otel_context.detach(span_token)
+        if span_token is not None:
+            otel_context.detach(span_token)
         raise
 
 
@@ -565,7 +568,8 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
-        otel_context.detach(state.span_token)  # type: ignore[arg-type]
+        if state.span_token is not None:
+            otel_context.detach(state.span_token)  # type: ignore[arg-type]
     try:
         return _settle(state, result)
     except Exception:
@@ -594,7 +598,8 @@ async def _arequest(
         if stripped is not None:
             otel_context.detach(stripped)  # type: ignore[arg-type]
         _ACTIVE.reset(active)
-        otel_context.detach(state.span_token)  # type: ignore[arg-type]
+        if state.span_token is not None:
+            otel_context.detach(state.span_token)  # type: ignore[arg-type]
     call.defer_settlement()
     try:
         result = _settle(state, result)
@@ -669,9 +674,12 @@ async def _asleep_for_retry(
 def _process_response_data(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _state_of(kwargs.get("response"))
-    later = state is not None  # bound by _settle: read after request() returned
-    if state is None:
+    try:  # the call _bind put on a response read after request() returned
+        state = kwargs["response"].request.extensions.get(_CALL_KEY)
+    except (KeyError, AttributeError, RuntimeError):
+        state = None
+    later = type(state) is _CallState  # bound by _settle: read after request() returned
+    if not later:
         state = _ACTIVE.get()  # parsed inside request(): the call in flight
     if state is not None and not state.call.done:
         try:
@@ -686,19 +694,11 @@ def _process_response_data(
     return wrapped(*args, **kwargs)
 
 
-def _state_of(response: Any) -> _CallState | None:
-    try:
-        state = response.request.extensions.get(_CALL_KEY)
-    except (AttributeError, RuntimeError):
-        return None
-    return state if type(state) is _CallState else None
-
-
 # -- payloads ------------------------------------------------------------------------
 
 
 def _account(state: _CallState, data: Any) -> None:
-    if not _is_mapping(data):
+    if type(data) is not dict and not isinstance(data, Mapping):
         return
     call = state.call
     pending = call.pending_attributes
@@ -755,24 +755,26 @@ def _usage(call: ContainedCall, usage: Any) -> None:
     reservation), never zero. Embeddings report no completion tokens: their
     output is ``total_tokens - prompt_tokens``.
     """
-    if not usage or not _is_mapping(usage):
+    # Type checks inline (no _is_mapping frames): every reply passes here.
+    if not usage or (type(usage) is not dict and not isinstance(usage, Mapping)):
         return
+    get = usage.get
     if "prompt_tokens" in usage:  # chat, completions, embeddings
-        inp, out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        inp, out = get("prompt_tokens"), get("completion_tokens")
         if out is None and "completion_tokens" not in usage:
-            total = usage.get("total_tokens")
+            total = get("total_tokens")
             out = total - inp if type(total) is int and type(inp) is int else None
-        details_in = usage.get("prompt_tokens_details")
-        details_out = usage.get("completion_tokens_details")
+        details_in = get("prompt_tokens_details")
+        details_out = get("completion_tokens_details")
     else:  # responses
-        inp, out = usage.get("input_tokens"), usage.get("output_tokens")
-        details_in = usage.get("input_tokens_details")
-        details_out = usage.get("output_tokens_details")
+        inp, out = get("input_tokens"), get("output_tokens")
+        details_in = get("input_tokens_details")
+        details_out = get("output_tokens_details")
     cached = reasoning = cache_write = None
-    if details_in and _is_mapping(details_in):
+    if details_in and (type(details_in) is dict or isinstance(details_in, Mapping)):
         cached = details_in.get("cached_tokens")
         cache_write = details_in.get("cache_write_tokens")
-    if details_out and _is_mapping(details_out):
+    if details_out and (type(details_out) is dict or isinstance(details_out, Mapping)):
         reasoning = details_out.get("reasoning_tokens")
     call.set_usage(inp, out, cached, reasoning, cache_write)
 

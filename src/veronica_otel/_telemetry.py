@@ -201,8 +201,21 @@ def record_trip(trip: TripEvent) -> None:
         _logger.debug("recording trip telemetry failed", exc_info=True)
 
 
+def _idle(instrument: object) -> bool:
+    """True while ``instrument`` is the API's proxy with no MeterProvider behind it.
+
+    The proxy forwards to nothing until a provider is set; checking first
+    spares every settled call the attribute dict and two calls into it. An
+    instrument of another shape (a provider set before import, another API
+    version) is never idle: it records.
+    """
+    return getattr(instrument, "_real_instrument", instrument) is None
+
+
 def record_call(kind: str, cost_usd: float, failed: bool, model: str | None) -> None:
     """Count one settled call and its cost."""
+    if _idle(_calls):
+        return
     try:
         attributes = {"veronica.kind": kind, "veronica.outcome": "error" if failed else "ok"}
         if model is not None:

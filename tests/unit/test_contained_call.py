@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace
 
@@ -15,6 +15,8 @@ MODEL = "gpt-4o-mini"
 counts = st.one_of(st.integers(-(10**18), 10**18), st.sampled_from([0, 1, 7, MAX_COUNT]))
 
 
+# No deadline: the first example loads the price table (about 0.4 s on a busy machine).
+@settings(deadline=None)
 @given(counts, counts, counts, counts, counts)
 def test_any_reported_usage_settles_without_raising_and_is_priced_in_range(
     inp: int, out: int, cached: int, reasoning: int, cache_write: int

@@ -84,3 +84,33 @@ def test_gauges_observe_live_chains(metric_reader: InMemoryMetricReader) -> None
         if p.attributes.get("veronica.chain.id") == "gauge-chain"
     ]
     assert remaining == [pytest.approx(1.5)]
+
+
+def test_call_metrics_skipped_until_a_meter_provider_is_set_then_counted() -> None:
+    """With no MeterProvider the call counter is idle (nothing built per call);
+    one set later still receives every call settled after it (fresh interpreter:
+    the test process has its provider already)."""
+    import subprocess
+    import sys
+
+    code = """
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from veronica_otel import _telemetry
+
+assert _telemetry._idle(_telemetry._calls)
+_telemetry.record_call("llm", 0.5, False, "m")  # no provider: dropped, never raised
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+assert not _telemetry._idle(_telemetry._calls)
+_telemetry.record_call("llm", 0.25, False, "m")
+found = {}
+for rm in reader.get_metrics_data().resource_metrics:
+    for sm in rm.scope_metrics:
+        for metric in sm.metrics:
+            found[metric.name] = sum(p.value for p in metric.data.data_points)
+print(found["veronica.calls"], found["veronica.cost_usd"])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "0.25"]
