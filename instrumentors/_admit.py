@@ -24,6 +24,7 @@ from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
 
+from ._breakers import _breakers as _BREAKERS  # read-only here: a dict hit, no call
 from ._breakers import endpoint_breaker
 from ._common import ContainedCall, _note_trip
 
@@ -47,24 +48,28 @@ def input_bound(parts: object, n_messages: int) -> int:
 
 def _utf8_bytes(value: object) -> int:
     # Exact-type fast paths for what JSON request bodies are made of. A dict
-    # of ASCII strings (a chat message) is summed by C-level map/sum calls,
-    # with no Python step per string; everything else takes the general walk.
+    # of strings (a chat message) is measured by two C-level joins, with no
+    # Python step per string (UTF-8 lengths add up over a concatenation);
+    # everything else takes the general walk.
     kind = type(value)
     if kind is str:
         text: str = value  # type: ignore[assignment]
         return len(text) if text.isascii() else len(text.encode("utf-8"))
     if kind is dict:
         mapping: dict[object, object] = value  # type: ignore[assignment]
-        keys, items = mapping.keys(), mapping.values()
         try:
-            if all(map(str.isascii, keys)) and all(map(str.isascii, items)):  # type: ignore[arg-type]
-                return 2 * len(mapping) + sum(map(len, keys)) + sum(map(len, items))  # type: ignore[arg-type]
+            keys = "".join(mapping)  # type: ignore[arg-type]
+            items = "".join(mapping.values())  # type: ignore[arg-type]
         except TypeError:  # a key or value that is not a str
-            pass
-        total = 2 * len(mapping)
-        for key, item in mapping.items():
-            total += _utf8_bytes(key) + _utf8_bytes(item)
-        return total
+            total = 2 * len(mapping)
+            for key, item in mapping.items():
+                total += _utf8_bytes(key) + _utf8_bytes(item)
+            return total
+        return (
+            2 * len(mapping)
+            + (len(keys) if keys.isascii() else len(keys.encode("utf-8")))
+            + (len(items) if items.isascii() else len(items.encode("utf-8")))
+        )
     if kind is list:
         sequence: list[object] = value  # type: ignore[assignment]
         total = len(sequence)
@@ -97,7 +102,9 @@ def admit(
     and a fallback model to send instead (None: keep the model). Raises
     BudgetExceededError (after marking ``span``) when the call may not run.
     """
-    breaker = endpoint_breaker(spec.provider, spec.model)
+    breaker = _BREAKERS.get((spec.provider, spec.model)) or endpoint_breaker(
+        spec.provider, spec.model
+    )
     probe = object()  # identifies this call if it becomes the half-open probe
     try:
         answer = ctx.admit_call(spec, breaker, probe)
@@ -120,7 +127,9 @@ async def aadmit(
     awaited (a shared store never blocks the event loop). Settle with ``afinish``."""
     if not ctx.awaits_store:
         return admit(ctx, span, owns_span, spec)
-    breaker = endpoint_breaker(spec.provider, spec.model)
+    breaker = _BREAKERS.get((spec.provider, spec.model)) or endpoint_breaker(
+        spec.provider, spec.model
+    )
     probe = object()
     try:
         answer = await ctx.aadmit_call(spec, breaker, probe)

@@ -1,7 +1,7 @@
-"""What every LLM instrumentor shares once a call is admitted: account it.
+"""What every LLM instrumentor shares once a call is admitted (``_admit.py``).
 
-(Admission itself is ``_admit.py``.) :class:`ContainedCall` collects usage as
-it arrives and commits exactly once. :class:`ContainedStream` and :class:`AsyncContainedStream` are ``wrapt``
+:class:`ContainedCall` collects usage as it arrives and commits exactly once.
+:class:`ContainedStream` and :class:`AsyncContainedStream` are ``wrapt``
 proxies around SDK streams that cut the stream at the next chunk once the
 chain trips or its deadline passes, keep the text received so far, and settle
 the call on exhaustion, error, close or garbage collection.

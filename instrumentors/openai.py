@@ -187,7 +187,9 @@ def _requested_cap(body: Mapping[str, Any], cap_keys: tuple[str, ...]) -> tuple[
     """The output cap the request sets and the key it sets it under."""
     for key in cap_keys:
         value = body.get(key)
-        if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
+        if value is not None and (
+            type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+        ):
             return value, key
     return None, cap_keys[0] if cap_keys else ""
 
