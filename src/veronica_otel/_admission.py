@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["Admission"]
 
 _DEFAULT_OPTIONS = WrapOptions()
+_answer = tuple.__new__  # an Admitted without a Python-level __new__ (once per call)
 _monotonic = time.monotonic
 
 
@@ -185,10 +186,14 @@ class Admission(Settlement):
             signature=signature,
             clamp=clamp,
         )
+        handle.metrics = True  # an instrumented call: telemetry is worth its cost here
+        handle.model = spec.model
+        if clamp is not None:
+            cap, pool = clamp.cap, clamp.pool
+        if handle.decision is ALLOW:  # no policy degraded it (the common case)
+            return _answer(Admitted, (handle, cap, cap if clamped else None, pool, None, prices))
         try:
-            if clamp is not None:
-                cap, pool = clamp.cap, clamp.pool
-            return self._answer(spec, handle, prices, cap, pool, clamped)
+            return self._degraded(spec, handle, prices, cap, pool, clamped)
         except BaseException as exc:  # a fallback with no price: denied, nothing sent
             handle.finish(exc, sent=False)
             raise
@@ -217,8 +222,10 @@ class Admission(Settlement):
         handle = await self.abegin_priced_call(
             "llm", spec.operation, spec.provider, spec.model, cost_nano, tokens, signature=signature
         )
+        handle.metrics = True
+        handle.model = spec.model
         try:
-            return self._answer(spec, handle, prices, cap, pool, clamped)
+            return self._degraded(spec, handle, prices, cap, pool, clamped)
         except BaseException as exc:
             await handle.afinish(exc, sent=False)
             raise
@@ -288,7 +295,7 @@ class Admission(Settlement):
         path = self._path if agents is None else agents[0]
         return ledger.reserve_clamped(path, clamp, signature=signature, **self._pool_args())
 
-    def _answer(
+    def _degraded(
         self,
         spec: CallSpec,
         handle: CallHandle,
@@ -297,20 +304,18 @@ class Admission(Settlement):
         pool: str | None,
         clamped: bool,
     ) -> Admitted:
-        """The answer to an admitted call, with its policy's degradation applied."""
-        handle.metrics = True  # an instrumented call: telemetry is worth its cost here
-        handle.model = spec.model
+        """The answer to an admitted call, with its policy's degradation applied
+        (a lower cap; a fallback model and its prices: none denies)."""
         decision = handle.decision
-        model = spec.model
-        if decision is ALLOW:  # no policy degraded it (the common case)
-            return Admitted(handle, cap, cap if clamped else None, pool, None, prices)
         if decision.max_tokens is not None and spec.clampable:
             cap = decision.max_tokens if cap is None else min(cap, decision.max_tokens)
             clamped = True
         fallback = decision.fallback_model
-        if fallback is None or fallback == model:
-            return Admitted(handle, cap, cap if clamped else None, pool, None, prices)
-        call_prices = self.prices_for(spec.provider, fallback) or prices  # no price: denied
+        call_prices = prices
+        if fallback is None or fallback == spec.model:
+            fallback = None
+        else:
+            call_prices = self.prices_for(spec.provider, fallback) or prices  # None: denied
         return Admitted(handle, cap, cap if clamped else None, pool, fallback, call_prices)
 
     # Shared by begin_priced_call and abegin_priced_call.
