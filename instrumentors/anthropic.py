@@ -67,6 +67,7 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
 
+from ._admit import CallSpec, aadmit, admit, input_bound
 from ._anthropic_attributes import request_attributes, response_attributes
 from ._breakers import never_connected, raised_within
 from ._common import (
@@ -74,8 +75,6 @@ from ._common import (
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
-    aadmit,
-    admit,
     get_field,
     make_current,
     start_span,
@@ -148,20 +147,9 @@ def _begin(options: Any, sdk_call: Any, client: Any = None) -> _CallState | None
     request = _describe(options, sdk_call)
     if request is None:
         return None
-    ctx, span, owns, model, parts, n_messages, requested, body = request
+    ctx, spec, span, owns, body = request
     with _scope(span, owns):
-        call, clamp, fallback = admit(
-            ctx,
-            span,
-            owns,
-            provider=PROVIDER,
-            operation="chat",
-            model=model,
-            input_parts=parts,
-            n_messages=n_messages,
-            requested_cap=requested,
-            clampable=True,
-        )
+        call, clamp, fallback = admit(ctx, span, owns, spec)
     _rewrite(options, body, clamp, fallback)
     if call.pending_attributes is not None:  # our own span records
         request_attributes(call.pending_attributes, body, client)
@@ -173,20 +161,9 @@ async def _abegin(options: Any, sdk_call: Any, client: Any = None) -> _CallState
     request = _describe(options, sdk_call)
     if request is None:
         return None
-    ctx, span, owns, model, parts, n_messages, requested, body = request
+    ctx, spec, span, owns, body = request
     with _scope(span, owns):
-        call, clamp, fallback = await aadmit(
-            ctx,
-            span,
-            owns,
-            provider=PROVIDER,
-            operation="chat",
-            model=model,
-            input_parts=parts,
-            n_messages=n_messages,
-            requested_cap=requested,
-            clampable=True,
-        )
+        call, clamp, fallback = await aadmit(ctx, span, owns, spec)
     _rewrite(options, body, clamp, fallback)
     if call.pending_attributes is not None:  # our own span records
         request_attributes(call.pending_attributes, body, client)
@@ -195,8 +172,8 @@ async def _abegin(options: Any, sdk_call: Any, client: Any = None) -> _CallState
 
 def _describe(
     options: Any, sdk_call: Any
-) -> tuple[ExecutionContext, Span, bool, str, list[Any], int, int | None, Mapping[str, Any]] | None:
-    """What admitting the call needs, and its span; None when it is not ours."""
+) -> tuple[ExecutionContext, CallSpec, Span, bool, Mapping[str, Any]] | None:
+    """The call described once (for the kernel), its span; None when it is not ours."""
     try:
         body = options.json_data if _is_messages_call(options) else None
     except Exception:
@@ -213,15 +190,27 @@ def _describe(
     parts = [body[key] for key in _INPUT_KEYS if body.get(key) is not None]
     cap = body.get("max_tokens")
     requested = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+    agent = current_agent() if ctx.names_agents else None
+    spec = CallSpec(
+        PROVIDER,
+        "chat",
+        model,
+        input_bound(parts, n_messages),
+        requested,
+        True,
+        1,
+        body.get("stream") is True,
+        agent,
+        parts,
+    )
     span: Span | None = getattr(sdk_call, "span", None) if sdk_call is not None else None
     owns = span is None
     if span is None:
         # The SDK's tracing is off: our own span. Suppression hides it, never the check.
-        agent = current_agent() if ctx.names_agents else None
         span = start_span("chat", PROVIDER, model, agent) if is_instrumentation_enabled() else None
         span = span if span is not None else trace.INVALID_SPAN
     # Else the SDK's span is already current: no second span, our attributes go on it.
-    return ctx, span, owns, model, parts, n_messages, requested, body
+    return ctx, spec, span, owns, body
 
 
 def _scope(span: Span, owns: bool) -> contextlib.AbstractContextManager[Any]:

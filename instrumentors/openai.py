@@ -66,13 +66,12 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._propagation import default_context
 
+from ._admit import CallSpec, aadmit, admit, input_bound
 from ._breakers import never_connected, raised_within
 from ._common import (
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
-    aadmit,
-    admit,
     get_field,
     make_current,
     start_span,
@@ -189,7 +188,9 @@ def _requested_cap(body: Mapping[str, Any], cap_keys: tuple[str, ...]) -> tuple[
     """The output cap the request sets and the key it sets it under."""
     for key in cap_keys:
         value = body.get(key)
-        if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
+        if value is not None and (
+            type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+        ):
             return value, key
     return None, cap_keys[0] if cap_keys else ""
 
@@ -208,15 +209,15 @@ def _choices(body: Mapping[str, Any], operation: str) -> int:
 
 def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None:
     """Admit the call described by ``options``; None when it is not ours to contain."""
-    request = _describe(options)
+    request = _describe(options, stream_kwarg)
     if request is None:
         return None
     # Current from here until the request returns (one attach for both): a
     # denial's trip event lands on this span, and HTTP spans nest under it.
     span_token = make_current(request.span, request.current)
     try:
-        admitted = admit(request.ctx, request.span, request.owns, **_admission(request))
-        return _prepared(options, stream_kwarg, client, request, admitted, span_token)
+        admitted = admit(request.ctx, request.span, request.owns, request.spec)
+        return _prepared(options, client, request, admitted, span_token)
     except BaseException:
         if span_token is not None:
             otel_context.detach(span_token)
@@ -225,36 +226,21 @@ def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None
 
 async def _aprepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None:
     """:func:`_prepare` for the async client: a shared store is awaited (``aadmit``)."""
-    request = _describe(options)
+    request = _describe(options, stream_kwarg)
     if request is None:
         return None
     span_token = make_current(request.span, request.current)
     try:
-        admitted = await aadmit(request.ctx, request.span, request.owns, **_admission(request))
-        return _prepared(options, stream_kwarg, client, request, admitted, span_token)
+        admitted = await aadmit(request.ctx, request.span, request.owns, request.spec)
+        return _prepared(options, client, request, admitted, span_token)
     except BaseException:
         if span_token is not None:
             otel_context.detach(span_token)
         raise
 
 
-def _admission(request: _Request) -> dict[str, Any]:
-    """``admit``'s keyword arguments for a described call."""
-    return {
-        "provider": PROVIDER,
-        "operation": request.operation,
-        "model": request.model,
-        "input_parts": request.parts,
-        "n_messages": request.n_messages,
-        "requested_cap": request.cap,
-        "clampable": bool(request.cap_keys),
-        "choices": _choices(request.body, request.operation),
-    }
-
-
 def _prepared(
     options: Any,
-    stream_kwarg: bool,
     client: Any,
     request: _Request,
     admitted: tuple[ContainedCall, int | None, str | None],
@@ -266,28 +252,25 @@ def _prepared(
     _rewrite(options, request.cap_keys, body, clamp, fallback)
     if call.pending_attributes is not None:  # our own span records
         request_attributes(call.pending_attributes, body, client)
-    state = _CallState(call, stream_kwarg or body.get("stream") is True, span_token)
+    state = _CallState(call, request.spec.stream, span_token)
     state.baggage = request.current
     return state
 
 
 class _Request(NamedTuple):
-    """A call described once: what admitting it needs, and its span."""
+    """A call described once: the kernel's description of it (``spec``), its
+    span, and what rewriting the request needs."""
 
     ctx: ExecutionContext
+    spec: CallSpec
     span: Span
     owns: bool  # our span (False: a peer instrumentor's span carries ours)
-    model: str
-    operation: str
-    parts: list[Any]
-    n_messages: int
-    cap: int | None
     cap_keys: tuple[str, ...]
     body: dict[str, Any]
     current: otel_context.Context  # the OpenTelemetry context, read once
 
 
-def _describe(options: Any) -> _Request | None:
+def _describe(options: Any, stream_kwarg: bool) -> _Request | None:
     """What admitting the call needs, and its span (not yet current); None: not ours."""
     route = _route(options)
     if route is None:
@@ -305,14 +288,22 @@ def _describe(options: Any) -> _Request | None:
         model = str(model or "unknown")
     parts = [part for part in map(body.get, input_keys) if part is not None]
     messages = body.get("messages")
-    n_messages = len(messages) if type(messages) is list else 1
-    cap = _requested_cap(body, cap_keys)[0]
     agent = current_agent() if ctx.names_agents else None
+    spec = CallSpec(
+        PROVIDER,
+        operation,
+        model,
+        input_bound(parts, len(messages) if type(messages) is list else 1),
+        _requested_cap(body, cap_keys)[0],
+        bool(cap_keys),
+        _choices(body, operation),
+        stream_kwarg or body.get("stream") is True,
+        agent,
+        parts,
+    )
     peer = _peer_span(operation, agent, current)
     span = peer if peer is not None else start_span(operation, PROVIDER, model, agent, current)
-    return _Request(
-        ctx, span, peer is None, model, operation, parts, n_messages, cap, cap_keys, body, current
-    )
+    return _Request(ctx, spec, span, peer is None, cap_keys, body, current)
 
 
 def _rewrite(

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from . import _fork
 from ._errors import TripEvent, TripReason
@@ -24,6 +24,9 @@ from ._limits import Level, Limits, PoolLevel
 from ._pool_accounts import PoolAccount
 from ._units import nano_to_usd
 from ._window import Clock
+
+if TYPE_CHECKING:
+    from ._clamp import OutputClamp
 
 __all__ = [
     "DEFAULT_LEDGER",
@@ -309,43 +312,108 @@ class LocalLedger:
         pools: Sequence[PoolLevel] = (),
     ) -> Reservation | TripEvent:
         count = step_count(steps) if step else 0
+        with self._lock:
+            return self._reserve_locked(path, cost_nano, tokens, count, retry, signature, pools)
+
+    def reserve_clamped(
+        self,
+        path: Sequence[Level],
+        clamp: OutputClamp,
+        *,
+        signature: str | None = None,
+        pools: Sequence[PoolLevel] = (),
+    ) -> Reservation | TripEvent:
+        """:meth:`reserve` (one step) of an uncapped call sized under the same lock.
+
+        ``clamp`` is fed the unreserved room of every level of ``path`` with a
+        cost or token ceiling, then of every pool, and sizes the call
+        (``clamp.cap``, ``clamp.pool``); that worst case is then checked and
+        charged as :meth:`reserve` does. No other call can take the room
+        between the read and the reservation.
+        """
         chains = self._chains
         with self._lock:
-            states = []
-            soft: TripEvent | None = None  # a non-sticky denial; later levels may trip
             for level in path:
+                limits = level.limits
+                if limits.cost_nano is None and limits.tokens is None:
+                    continue
                 state = chains.get(level.chain_id)
                 if state is None:
-                    state = chains[level.chain_id] = _ChainState()
-                if state.trip is not None:
-                    return state.trip
-                if state.settled:
-                    _settle(state)
-                denial = _check(level, state, cost_nano, tokens, count, retry, signature)
+                    clamp.room(limits.cost_nano, limits.tokens)
+                    continue
+                clamp.room(
+                    None
+                    if limits.cost_nano is None
+                    else max(0, limits.cost_nano - state.cost_nano - state.reserved_nano),
+                    None
+                    if limits.tokens is None
+                    else max(0, limits.tokens - state.tokens - state.reserved_tokens),
+                )
+            for pool in pools:
+                limits = pool.limits
+                if limits.cost_nano is None and limits.tokens is None:
+                    continue
+                account = self._pool(pool)
+                cost, _, tokens = account.totals()
+                clamp.room(
+                    None
+                    if limits.cost_nano is None
+                    else max(0, limits.cost_nano - cost - account.reserved_nano),
+                    None
+                    if limits.tokens is None
+                    else max(0, limits.tokens - tokens - account.reserved_tokens),
+                    pool.name,
+                )
+            cost_nano, tokens = clamp.size()
+            return self._reserve_locked(path, cost_nano, tokens, 1, False, signature, pools)
+
+    def _reserve_locked(
+        self,
+        path: Sequence[Level],
+        cost_nano: int,
+        tokens: int,
+        count: int,
+        retry: bool,
+        signature: str | None,
+        pools: Sequence[PoolLevel],
+    ) -> Reservation | TripEvent:
+        """Check every level and pool, then charge them all (the lock held)."""
+        chains = self._chains
+        states = []
+        soft: TripEvent | None = None  # a non-sticky denial; later levels may trip
+        for level in path:
+            state = chains.get(level.chain_id)
+            if state is None:
+                state = chains[level.chain_id] = _ChainState()
+            if state.trip is not None:
+                return state.trip
+            if state.settled:
+                _settle(state)
+            denial = _check(level, state, cost_nano, tokens, count, retry, signature)
+            if denial is not None:
+                if denial.sticky:
+                    state.trip = denial
+                    return denial
+                soft = soft or denial
+            states.append(state)
+        accounts: list[PoolAccount] = []
+        if pools:
+            chain_id = path[-1].chain_id if path else ""
+            for pool in pools:
+                account = self._pool(pool)
+                denial = account.check(pool, chain_id, cost_nano, tokens, count)
                 if denial is not None:
                     if denial.sticky:
-                        state.trip = denial
-                        return denial
+                        return denial  # stored nowhere: a pool never trips
                     soft = soft or denial
-                states.append(state)
-            accounts: list[PoolAccount] = []
-            if pools:
-                chain_id = path[-1].chain_id if path else ""
-                for pool in pools:
-                    account = self._pool(pool)
-                    denial = account.check(pool, chain_id, cost_nano, tokens, count)
-                    if denial is not None:
-                        if denial.sticky:
-                            return denial  # stored nowhere: a pool never trips
-                        soft = soft or denial
-                    accounts.append(account)
-            if soft is not None:
-                return soft
-            for i, state in enumerate(states):
-                _charge(path[i], state, cost_nano, tokens, count, retry, signature)
-            for account in accounts:
-                account.charge(cost_nano, tokens, count)
-            return Reservation("", cost_nano, tokens, count, retry, tuple(pools))
+                accounts.append(account)
+        if soft is not None:
+            return soft
+        for i, state in enumerate(states):
+            _charge(path[i], state, cost_nano, tokens, count, retry, signature)
+        for account in accounts:
+            account.charge(cost_nano, tokens, count)
+        return Reservation("", cost_nano, tokens, count, retry, tuple(pools))
 
     def _pool(self, level: PoolLevel) -> PoolAccount:
         """``level``'s account, made on first use (under the lock)."""

@@ -315,7 +315,11 @@ class UnitPrices:
         if not (type(i) is int and type(o) is int and 0 <= i <= MAX_COUNT and 0 <= o <= MAX_COUNT):
             i = check_count("input_tokens", i)
             o = check_count("output_tokens", o)
-        wi, wo = self._worst_prices(i)
+        worst = self._worst
+        if len(worst) == 1:  # no tiers (most models): one price pair, no walk
+            wi, wo = worst[0][1], worst[0][2]
+        else:
+            wi, wo = self._worst_prices(i)
         return -(-(i * wi + o * wo) // _PER_MTOK)
 
     def max_output_tokens_for(self, budget_nano: int, input_tokens: int) -> int:
@@ -407,7 +411,7 @@ class PriceTable:
         )
         hit = self._cache.get(key, _MISS)
         if hit is not _MISS:
-            return cast("UnitPrices | None", hit)
+            return hit  # type: ignore[return-value]  # (before every call: no cast() call)
         with self._lock:
             hit = self._cache.get(key, _MISS)
             if hit is not _MISS:

@@ -12,6 +12,7 @@ from opentelemetry import trace
 
 from tests._clock import FakeClock
 from veronica_otel import CircuitBreaker, CircuitState, ExecutionConfig, ExecutionContext
+from veronica_otel.instrumentors._admit import CallSpec, admit, input_bound
 from veronica_otel.instrumentors._breakers import (
     classify_outcome,
     configure_endpoint_breakers,
@@ -19,7 +20,7 @@ from veronica_otel.instrumentors._breakers import (
     never_connected,
     raised_within,
 )
-from veronica_otel.instrumentors._common import ContainedCall, admit, token_count
+from veronica_otel.instrumentors._common import ContainedCall, token_count
 
 MODEL = "gpt-4o-mini"
 REQUEST = httpx2.Request("POST", "http://127.0.0.1/v1/chat/completions")
@@ -127,13 +128,14 @@ def _admit(ctx: ExecutionContext) -> ContainedCall:
         ctx,
         trace.INVALID_SPAN,
         False,
-        provider="openai",
-        operation="chat",
-        model=MODEL,
-        input_parts=[[{"role": "user", "content": "hi"}]],
-        n_messages=1,
-        requested_cap=10,
-        clampable=True,
+        CallSpec(
+            "openai",
+            "chat",
+            MODEL,
+            input_bound([[{"role": "user", "content": "hi"}]], 1),
+            10,
+            True,
+        ),
     )
     return call
 

@@ -9,7 +9,7 @@ from opentelemetry import trace
 from veronica_otel import ExecutionConfig, ExecutionContext
 from veronica_otel._pricing import UnitPrices
 from veronica_otel._units import MAX_COUNT
-from veronica_otel.instrumentors._common import admit
+from veronica_otel.instrumentors._admit import CallSpec, admit, input_bound
 
 MODEL = "gpt-4o-mini"
 counts = st.one_of(st.integers(-(10**18), 10**18), st.sampled_from([0, 1, 7, MAX_COUNT]))
@@ -29,13 +29,14 @@ def test_any_reported_usage_settles_without_raising_and_is_priced_in_range(
             ctx,
             trace.INVALID_SPAN,
             False,
-            provider="openai",
-            operation="chat",
-            model=MODEL,
-            input_parts=[[{"role": "user", "content": "hi"}]],
-            n_messages=1,
-            requested_cap=5,
-            clampable=True,
+            CallSpec(
+                "openai",
+                "chat",
+                MODEL,
+                input_bound([[{"role": "user", "content": "hi"}]], 1),
+                5,
+                True,
+            ),
         )
         # Absurd costs would swamp the process-wide cost counter that other tests
         # difference: this test checks the ledger, not the metrics.

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tests._bounds import text_bytes
 from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
-from veronica_otel.instrumentors._common import input_bound
+from veronica_otel.instrumentors._admit import input_bound
 
 roles = st.sampled_from(["system", "user", "assistant", "tool"])
 messages = st.lists(
@@ -50,7 +50,7 @@ json_like = st.recursive(
 def test_fast_paths_count_exactly_what_the_plain_walk_counts(value: object) -> None:
     # The C-level shortcut for dicts of ASCII strings and the per-item walk
     # must agree with the plain definition on every shape, ASCII or not.
-    from veronica_otel.instrumentors._common import _utf8_bytes
+    from veronica_otel.instrumentors._admit import _utf8_bytes
 
     assert _utf8_bytes(value) == text_bytes(value)
 

@@ -1,0 +1,264 @@
+"""Admitting an LLM API call: describe it once, ask the kernel once.
+
+An instrumentor reads its request into a :class:`~veronica_otel._call_spec.CallSpec`
+(the input bound from :func:`input_bound`) and calls :func:`admit` (or
+:func:`aadmit`), which asks ``ExecutionContext.admit_call`` once (breaker,
+prices, clamp, policies, the reservation, the fallback) and turns the answer
+into a :class:`~veronica_otel.instrumentors._common.ContainedCall` with the
+call's span attributes. A denial or a failure marks the span, frees the
+endpoint's half-open probe and holds nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from veronica_otel._breaker import CircuitBreaker
+from veronica_otel._call import CallHandle
+from veronica_otel._call_spec import Admitted, CallSpec
+from veronica_otel._context import ExecutionContext
+from veronica_otel._errors import BudgetExceededError
+from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
+
+from ._breakers import _breakers as _BREAKERS  # read-only here: a dict hit, no call
+from ._breakers import endpoint_breaker
+from ._common import ContainedCall, _note_trip
+
+__all__ = ["CallSpec", "aadmit", "admit", "input_bound"]
+
+_logger = logging.getLogger(__name__)
+
+
+def input_bound(parts: object, n_messages: int) -> int:
+    """A conservative bound on input tokens: UTF-8 bytes of every string in the input.
+
+    Keys, roles and punctuation are counted too, so the sum is at least the
+    bytes of the text the provider tokenises, and no byte-level BPE token is
+    shorter than one byte. Walking the strings is linear in their number,
+    not their size (``len`` of an ASCII str is O(1) and exact in bytes).
+    """
+    # The same sum as estimate_input_tokens_from_bytes, without re-validating
+    # counts this module computed itself (it runs before every call).
+    return _utf8_bytes(parts) + max(1, n_messages) * TOKENS_PER_MESSAGE + TOKENS_PER_REQUEST
+
+
+def _utf8_bytes(value: object) -> int:
+    # Exact-type fast paths for what JSON request bodies are made of. A dict
+    # of strings (a chat message) is measured by two C-level joins, with no
+    # Python step per string (UTF-8 lengths add up over a concatenation);
+    # everything else takes the general walk.
+    kind = type(value)
+    if kind is str:
+        text: str = value  # type: ignore[assignment]
+        return len(text) if text.isascii() else len(text.encode("utf-8"))
+    if kind is dict:
+        mapping: dict[object, object] = value  # type: ignore[assignment]
+        try:
+            keys = "".join(mapping)  # type: ignore[arg-type]
+            items = "".join(mapping.values())  # type: ignore[arg-type]
+        except TypeError:  # a key or value that is not a str
+            total = 2 * len(mapping)
+            for key, item in mapping.items():
+                total += _utf8_bytes(key) + _utf8_bytes(item)
+            return total
+        return (
+            2 * len(mapping)
+            + (len(keys) if keys.isascii() else len(keys.encode("utf-8")))
+            + (len(items) if items.isascii() else len(items.encode("utf-8")))
+        )
+    if kind is list:
+        sequence: list[object] = value  # type: ignore[assignment]
+        total = len(sequence)
+        for item in sequence:
+            total += _utf8_bytes(item)
+        return total
+    return _utf8_bytes_any(value)
+
+
+def _utf8_bytes_any(value: object) -> int:
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8"))
+    if isinstance(value, Mapping):
+        return sum(_utf8_bytes(k) + _utf8_bytes(v) + 2 for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_utf8_bytes(item) + 1 for item in value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return len(str(value))
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    return len(str(value).encode("utf-8"))  # pydantic params and the like
+
+
+def admit(
+    ctx: ExecutionContext, span: Span, owns_span: bool, spec: CallSpec
+) -> tuple[ContainedCall, int | None, str | None]:
+    """Run the pre-call check for the call ``spec`` describes.
+
+    Returns the call, the output cap to send (None: leave the request's own)
+    and a fallback model to send instead (None: keep the model). Raises
+    BudgetExceededError (after marking ``span``) when the call may not run.
+    """
+    breaker = _BREAKERS.get((spec.provider, spec.model)) or endpoint_breaker(
+        spec.provider, spec.model
+    )
+    probe = object()  # identifies this call if it becomes the half-open probe
+    try:
+        answer = ctx.admit_call(spec, breaker, probe)
+    except BaseException as exc:
+        # Denied, or our own failure (a store down, an interrupt): nothing is
+        # held, and the half-open probe must not stay taken.
+        _abandon(breaker, probe, None, span, owns_span, ctx, exc)
+        raise
+    try:
+        return _contained(ctx, span, owns_span, spec, answer, breaker, probe)
+    except BaseException as exc:
+        _abandon(breaker, probe, answer.handle, span, owns_span, ctx, exc)
+        raise
+
+
+async def aadmit(
+    ctx: ExecutionContext, span: Span, owns_span: bool, spec: CallSpec
+) -> tuple[ContainedCall, int | None, str | None]:
+    """:func:`admit` for async calls: the store reads and the reservation are
+    awaited (a shared store never blocks the event loop). Settle with ``afinish``."""
+    if not ctx.awaits_store:
+        return admit(ctx, span, owns_span, spec)
+    breaker = _BREAKERS.get((spec.provider, spec.model)) or endpoint_breaker(
+        spec.provider, spec.model
+    )
+    probe = object()
+    try:
+        answer = await ctx.aadmit_call(spec, breaker, probe)
+    except BaseException as exc:  # denied, failed or cancelled: nothing is held
+        _abandon(breaker, probe, None, span, owns_span, ctx, exc)
+        raise
+    try:
+        return _contained(ctx, span, owns_span, spec, answer, breaker, probe)
+    except BaseException as exc:
+        await _aabandon(breaker, probe, answer.handle, span, owns_span, ctx, exc)
+        raise
+
+
+def _contained(
+    ctx: ExecutionContext,
+    span: Span,
+    owns_span: bool,
+    spec: CallSpec,
+    answer: Admitted,
+    breaker: CircuitBreaker,
+    probe: object,
+) -> tuple[ContainedCall, int | None, str | None]:
+    """The admitted call, collecting its usage, with its admission on its span."""
+    fallback = answer.fallback
+    call = ContainedCall(
+        ctx,
+        answer.handle,
+        span,
+        owns_span,
+        spec.provider,
+        spec.model if fallback is None else fallback,
+        answer.prices,
+        spec.input_bound,
+        answer.cap,
+    )
+    call.breaker, call.probe = breaker, probe
+    if span.is_recording():
+        attributes = _admission_attributes(ctx, answer, spec.model)
+        if owns_span:
+            call.pending_attributes = attributes  # set with the end's, in one SDK call
+        else:
+            _set_span_attributes(span, attributes)  # the SDK's own span may end before us
+    return call, answer.clamped, fallback
+
+
+def _admission_attributes(ctx: ExecutionContext, answer: Admitted, model: str) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "veronica.chain.id": ctx.chain_id,
+        "veronica.decision": "ALLOW",
+    }
+    if answer.cap is not None:
+        attributes["gen_ai.request.max_tokens"] = answer.cap
+    if answer.clamped is not None:
+        attributes["veronica.clamped.max_tokens"] = answer.clamped
+        if answer.pool is not None:  # a budget pool had less room than the chain
+            attributes["veronica.pool"] = answer.pool
+    if answer.fallback is not None:
+        attributes["veronica.fallback_model"] = answer.fallback
+        attributes["gen_ai.request.model"] = answer.fallback
+    agents = answer.handle.agents
+    if agents is not None:  # an agent's own limits bound this call
+        attributes["veronica.agent"] = agents[1]
+    return attributes
+
+
+def _abandon(
+    breaker: CircuitBreaker,
+    probe: object,
+    handle: CallHandle | None,
+    span: Span,
+    owns_span: bool,
+    ctx: ExecutionContext,
+    error: BaseException,
+) -> None:
+    """Undo an admission that did not complete: nothing was sent."""
+    try:
+        breaker.release_probe(probe)
+        if handle is not None:
+            handle.finish(error, sent=False)
+    except Exception:
+        _logger.exception("releasing an abandoned admission failed")
+    finally:
+        _mark_denied(span, owns_span, ctx, error)
+
+
+async def _aabandon(
+    breaker: CircuitBreaker,
+    probe: object,
+    handle: CallHandle,
+    span: Span,
+    owns_span: bool,
+    ctx: ExecutionContext,
+    error: BaseException,
+) -> None:
+    """:func:`_abandon` of an async admission that holds a reservation."""
+    try:
+        breaker.release_probe(probe)
+        await handle.afinish(error, sent=False)
+    except Exception:
+        _logger.exception("releasing an abandoned admission failed")
+    finally:
+        _mark_denied(span, owns_span, ctx, error)
+
+
+def _set_span_attributes(span: Span, attributes: dict[str, Any]) -> None:
+    try:
+        span.set_attributes(attributes)
+    except Exception:
+        _logger.exception("recording the call on its span failed")
+
+
+def _mark_denied(
+    span: Span, owns_span: bool, ctx: ExecutionContext, error: BaseException | None = None
+) -> None:
+    try:
+        if span.is_recording():
+            span.set_attribute("veronica.chain.id", ctx.chain_id)
+            span.set_attribute("veronica.decision", "HALT")
+            span.set_attribute(
+                "error.type",
+                "BudgetExceededError" if error is None else type(error).__qualname__,
+            )
+            if isinstance(error, BudgetExceededError) and error.pool is not None:
+                span.set_attribute("veronica.pool", error.pool)
+            if isinstance(error, BudgetExceededError) and error.agent is not None:
+                span.set_attribute("veronica.agent", error.agent)
+            _note_trip(span, error, ctx)
+    except Exception:
+        _logger.exception("recording the denial on its span failed")
+    finally:
+        if owns_span:
+            span.end()

@@ -1,0 +1,269 @@
+"""One kernel entry for an LLM call: described once (CallSpec), answered once (admit_call)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from veronica_otel import (
+    BudgetExceededError,
+    BudgetPool,
+    ExecutionConfig,
+    ExecutionContext,
+    agent,
+)
+from veronica_otel._call_spec import Admitted, CallSpec
+from veronica_otel._clamp import OutputClamp
+from veronica_otel._ledger import LocalLedger
+from veronica_otel._pricing import UnitPrices, default_price_table
+from veronica_otel._units import MAX_COUNT, nano_to_usd
+
+MODEL = "gpt-4o-mini"
+BOUND = 40
+PRICES = default_price_table().lookup("openai", MODEL)
+assert PRICES is not None
+LIMIT = PRICES.output_limit(BOUND)  # the most one uncapped call may ask for
+
+
+def uncapped(choices: int = 1) -> CallSpec:
+    return CallSpec("openai", "chat", MODEL, BOUND, None, True, choices)
+
+
+def cost_of(output: int) -> int:
+    assert PRICES is not None
+    return PRICES.max_cost_nano(BOUND, output)
+
+
+@pytest.fixture
+def switch_often() -> Iterator[None]:
+    # Threads switch every microsecond: a read-then-reserve race shows up.
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+# -- the arithmetic: one place, equal to UnitPrices' own ------------------------------
+
+prices_st = st.builds(
+    UnitPrices,
+    input=st.integers(0, 10**11),
+    output=st.integers(0, 10**11),
+    cached_input=st.integers(0, 10**11),
+    reasoning=st.integers(0, 10**11),
+    max_output=st.one_of(st.none(), st.integers(1, 200_000)),
+    context_window=st.one_of(st.none(), st.integers(1, 2_000_000)),
+)
+tiered_st = st.builds(
+    lambda base, tier, threshold: UnitPrices(
+        base.input, base.output, base.cached_input, base.reasoning, tiers=((threshold, tier),)
+    ),
+    prices_st,
+    prices_st,
+    st.integers(1, 300_000),
+)
+rooms = st.one_of(st.none(), st.integers(0, 10**13))
+
+
+@given(
+    st.one_of(prices_st, tiered_st),
+    st.integers(0, 400_000),
+    rooms,
+    rooms,
+    st.integers(1, 8),
+)
+def test_a_clamp_buys_what_unit_prices_say_the_room_buys(
+    prices: UnitPrices, bound: int, cost_left: int | None, tokens_left: int | None, choices: int
+) -> None:
+    wi, wo = prices._worst_prices(bound)
+    clamp = OutputClamp(bound, wi, wo, True, choices, prices.output_limit(bound))
+    clamp.room(cost_left, tokens_left)
+    cost, tokens = clamp.size()
+    # The same figures by UnitPrices' public methods (what the instrumentors used before).
+    affordable: int | None = None
+    if cost_left is not None:
+        affordable = prices.max_output_tokens_for(cost_left, bound)
+    if tokens_left is not None:
+        left = max(0, tokens_left - bound)
+        affordable = left if affordable is None else min(affordable, left)
+    if affordable is None:
+        assert clamp.cap is None
+        assert (cost, tokens) == (prices.max_cost_nano(bound, 0), bound)
+        return
+    expected = max(1, min(affordable, prices.output_limit(bound)) // choices)
+    assert clamp.cap == expected
+    output = min(expected * choices, MAX_COUNT)
+    assert (cost, tokens) == (prices.max_cost_nano(bound, output), bound + expected * choices)
+
+
+def test_a_pool_is_credited_only_when_strictly_tightest() -> None:
+    clamp = OutputClamp(10, 0, 0, False, 1, 1000)
+    clamp.room(None, 110)
+    clamp.room(None, 110, "team")  # as tight as the chain: the chain set it
+    clamp.room(None, 500, "wide")
+    clamp.size()
+    assert (clamp.cap, clamp.pool) == (100, None)
+    clamp = OutputClamp(10, 0, 0, False, 1, 1000)
+    clamp.room(None, 110)
+    clamp.room(None, 60, "team")
+    clamp.size()
+    assert (clamp.cap, clamp.pool) == (50, "team")
+
+
+# -- the kernel's one answer ----------------------------------------------------------
+
+
+def test_a_capped_call_reserves_its_worst_case_and_is_not_clamped() -> None:
+    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
+        answer = ctx.admit_call(CallSpec("openai", "chat", MODEL, BOUND, 7, True, 3))
+        assert isinstance(answer, Admitted)
+        assert (answer.cap, answer.clamped, answer.pool, answer.fallback) == (7, None, None, None)
+        assert answer.prices == PRICES
+        assert answer.handle.reservation.cost_nano == cost_of(21)
+        assert answer.handle.reservation.tokens == BOUND + 21
+        answer.handle.finish(sent=False)
+        assert ctx.snapshot().steps == 0
+
+
+def test_an_uncapped_call_is_sized_to_the_room_under_the_ledgers_lock() -> None:
+    ceiling = cost_of(500)
+    with ExecutionContext(ExecutionConfig(max_cost_usd=nano_to_usd(ceiling))) as ctx:
+        answer = ctx.admit_call(uncapped(choices=2))
+        assert answer.cap == answer.clamped == 250
+        assert answer.handle.reservation.cost_nano == cost_of(500) <= ceiling
+        answer.handle.finish(sent=False)
+
+
+def test_a_pool_with_less_room_clamps_and_is_named() -> None:
+    ledger = LocalLedger()
+    pool = BudgetPool("team", max_cost_usd=nano_to_usd(cost_of(100)), ledger=ledger)
+    config = ExecutionConfig(max_cost_usd=1.0)
+    with ExecutionContext(config, ledger=ledger, pools=[pool]) as ctx:
+        answer = ctx.admit_call(uncapped())
+        assert (answer.clamped, answer.pool) == (100, "team")
+        answer.handle.finish(sent=False)
+
+
+def test_an_agents_own_ceiling_clamps_its_uncapped_call() -> None:
+    with (
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
+        agent("writer", config=ExecutionConfig(max_cost_usd=nano_to_usd(cost_of(80)))),
+    ):
+        answer = ctx.admit_call(uncapped())
+        assert answer.clamped == 80
+        assert answer.handle.agents is not None and answer.handle.agents[1] == "writer"
+        answer.handle.finish(sent=False)
+
+
+class _CountingLock:
+    """The ledger's lock, counting acquisitions and telling whether it is held."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.acquired = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        self.acquired += got
+        return got
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class _WatchedClamp(OutputClamp):
+    __slots__ = ("held",)
+
+    def room(self, cost_left: int | None, tokens_left: int | None, pool: str | None = None) -> None:
+        self.held.append(LOCK.locked())
+        super().room(cost_left, tokens_left, pool)
+
+
+LOCK = _CountingLock()
+
+
+def test_the_room_is_read_and_reserved_under_one_lock_acquisition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ledger = LocalLedger()
+    pool = BudgetPool("team", max_tokens=10_000, ledger=ledger)
+    config = ExecutionConfig(max_cost_usd=nano_to_usd(cost_of(300)), max_tokens=50_000)
+    held: list[bool] = []
+
+    def watched(*args: object) -> _WatchedClamp:
+        clamp = _WatchedClamp(*args)  # type: ignore[arg-type]
+        clamp.held = held
+        return clamp
+
+    monkeypatch.setattr("veronica_otel._admission.OutputClamp", watched)
+    with ExecutionContext(config, ledger=ledger, pools=[pool]) as ctx:
+        monkeypatch.setattr(ledger, "_lock", LOCK)
+        before = LOCK.acquired
+        answer = ctx.admit_call(uncapped())
+        assert LOCK.acquired - before == 1  # no read of the room before the reservation
+        assert held == [True, True]  # the chain's room and the pool's, read under it
+        assert answer.clamped == 300
+        answer.handle.finish(sent=False)
+
+
+def _side_by_side(
+    ctx: ExecutionContext, threads: int
+) -> tuple[list[Admitted], list[BudgetExceededError]]:
+    barrier = threading.Barrier(threads)
+    answers: list[Admitted] = []
+    denied: list[BudgetExceededError] = []
+
+    def call() -> None:
+        barrier.wait()
+        try:
+            answers.append(ctx.admit_call(uncapped()))
+        except BudgetExceededError as exc:
+            denied.append(exc)
+
+    workers = [threading.Thread(target=call) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return answers, denied
+
+
+def test_uncapped_calls_side_by_side_fill_the_room_exactly(switch_often: None) -> None:
+    # Room for 2.5 calls at the model's limit: whatever the order, the first two
+    # take the limit, the third the half left, and the rest are denied without
+    # tripping the chain.
+    ceiling = 2 * cost_of(LIMIT) + cost_of(LIMIT // 2)
+    for _ in range(5):
+        with ExecutionContext(ExecutionConfig(max_cost_usd=nano_to_usd(ceiling))) as ctx:
+            answers, denied = _side_by_side(ctx, 8)
+            clamps = sorted(a.clamped or 0 for a in answers)
+            assert clamps[1:] == [LIMIT, LIMIT]
+            assert abs(clamps[0] - LIMIT // 2) <= 1
+            assert len(denied) == 5
+            assert not any(exc.trip.sticky for exc in denied)
+            assert ctx.trip is None
+            for answer in answers:
+                answer.handle.finish(sent=False)
+
+
+@pytest.mark.asyncio
+async def test_the_async_entry_in_process_is_the_same_answer() -> None:
+    with ExecutionContext(ExecutionConfig(max_cost_usd=nano_to_usd(cost_of(300)))) as ctx:
+        answer = await ctx.aadmit_call(uncapped())
+        assert answer.clamped == 300
+        await answer.handle.afinish(sent=False)
