@@ -25,6 +25,7 @@ from ._policy import ALLOW, PolicyContext, PolicyDecision
 from ._pools import PoolRoom, pool_room
 from ._pricing import DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices, default_price_table
 from ._settlement import Settlement
+from ._telemetry import metrics_live
 from ._units import nano_to_usd
 
 if TYPE_CHECKING:
@@ -186,7 +187,8 @@ class Admission(Settlement):
             signature=signature,
             clamp=clamp,
         )
-        handle.metrics = True  # an instrumented call: telemetry is worth its cost here
+        # An instrumented call: telemetry is worth its cost here, once recorded.
+        handle.metrics = metrics_live()
         handle.model = spec.model
         if clamp is not None:
             cap, pool = clamp.cap, clamp.pool
@@ -222,7 +224,7 @@ class Admission(Settlement):
         handle = await self.abegin_priced_call(
             "llm", spec.operation, spec.provider, spec.model, cost_nano, tokens, signature=signature
         )
-        handle.metrics = True
+        handle.metrics = metrics_live()
         handle.model = spec.model
         try:
             return self._degraded(spec, handle, prices, cap, pool, clamped)

@@ -212,6 +212,11 @@ def _idle(instrument: object) -> bool:
     return getattr(instrument, "_real_instrument", instrument) is None
 
 
+def metrics_live() -> bool:
+    """Whether a MeterProvider records the per-call metrics (else: skip them)."""
+    return not _idle(_calls)
+
+
 def record_call(kind: str, cost_usd: float, failed: bool, model: str | None) -> None:
     """Count one settled call and its cost."""
     if _idle(_calls):
