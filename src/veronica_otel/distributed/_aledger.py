@@ -41,10 +41,10 @@ from opentelemetry import context as otel_context
 from veronica_otel._errors import TripEvent
 from veronica_otel._ledger import LedgerState, Level, PoolLevel, PoolSnapshot, Reservation
 
-from . import _ledger as _sync  # a cycle: RedisLedger's base is defined here
 from ._aio import LoopClient
+from ._ids import new_id
 from ._marks import acheck_persistence
-from ._store import quiet
+from ._store import LOCAL, SNAPSHOT_FIELDS, quiet
 
 if TYPE_CHECKING:
     from ._ledger import RedisLedger, _Pending
@@ -166,7 +166,7 @@ async def trip(ledger: RedisLedger, chain_id: str, event: TripEvent) -> TripEven
         return ledger.trip(chain_id, event)
     key, args = ledger._trip_args(chain_id, event)
     reply = await _call(ledger, chain_id, ledger._trip, [key], args)
-    if reply is _sync._LOCAL:
+    if reply is LOCAL:
         return ledger.trip(chain_id, event)
     return ledger._tripped(chain_id, key, event, reply)
 
@@ -177,7 +177,7 @@ async def snapshot(ledger: RedisLedger, chain_id: str) -> LedgerState:
         return ledger.snapshot(chain_id)
     key = ledger._space.chain(chain_id).chain
     values = await _call(ledger, chain_id, None, [key], [])
-    if values is _sync._LOCAL:
+    if values is LOCAL:
         return ledger.snapshot(chain_id)
     return ledger._state(chain_id, key, values)
 
@@ -188,7 +188,7 @@ async def trip_lifted(ledger: RedisLedger, chain_id: str) -> bool:
         return ledger.trip_lifted(chain_id)
     key = ledger._space.chain(chain_id).chain
     values = await _call(ledger, chain_id, None, [key], [])
-    if values is _sync._LOCAL:
+    if values is LOCAL:
         return ledger.trip_lifted(chain_id)
     return ledger._lifted(chain_id, key, values)
 
@@ -199,7 +199,7 @@ async def pool_snapshot(ledger: RedisLedger, pool: PoolLevel) -> PoolSnapshot:
         return ledger.pool_snapshot(pool)
     script, keys, args = ledger._pools.snapshot_request(pool.name)
     reply = await _call(ledger, f"(pool {pool.name})", script, keys, args)
-    if reply is _sync._LOCAL:
+    if reply is LOCAL:
         return ledger.pool_snapshot(pool)
     return ledger._pools.snapshot_of(pool.name, reply)
 
@@ -256,7 +256,7 @@ async def _call(
         if ledger._pending:
             await _flush(ledger, entry)
         if script is None:
-            reply: Any = await entry.client.hmget(keys[0], _sync._SNAPSHOT_FIELDS)
+            reply: Any = await entry.client.hmget(keys[0], SNAPSHOT_FIELDS)
         else:
             reply = await entry.script(script)(keys, args)
     except redis.RedisError as exc:
@@ -284,7 +284,7 @@ async def _flush(ledger: RedisLedger, entry: LoopClient) -> None:
                 if not pending:
                     break
                 op = pending[0]
-            op.args[-4] = _sync._new_id()  # a fresh epoch id per attempt (see _settle_args)
+            op.args[-4] = new_id()  # a fresh epoch id per attempt (see _settle_args)
             reply: Any = await entry.script(op.script)(op.keys, op.args)
             with ledger._pending_lock:
                 if pending and pending[0] is op:

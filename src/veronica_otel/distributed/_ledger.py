@@ -97,9 +97,7 @@ What the store adds:
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -130,9 +128,14 @@ from . import _aledger, _scripts
 from ._aio import AsyncClients
 from ._connect import connect
 from ._errors import LedgerCorruptedError, LedgerLostError, LedgerUnavailableError
+from ._ids import new_id as _new_id
 from ._keys import KeySpace
 from ._marks import Marks, check_persistence, lost_words, seed_local
 from ._pools import Plan, PoolStore, drive, run_script
+from ._store import LOCAL as _LOCAL
+from ._store import POOL_NAMES as _POOL_NAMES
+from ._store import POOL_SNAPSHOT as _POOL_SNAPSHOT
+from ._store import SNAPSHOT_FIELDS as _SNAPSHOT_FIELDS
 from ._store import TripCodec, check_seconds, corruption, describe, parse_int, quiet, text
 
 __all__ = ["RedisLedger"]
@@ -144,36 +147,12 @@ _MAX_AMOUNT = _scripts.STORE_MAX + 1
 # Longest TTL: server time (~1.8e15 us) plus it must stay below 2**53 us.
 _MAX_TTL_S = 1e9
 _MARKER_MIN_S = 60.0
-_SNAPSHOT_FIELDS = ("c", "rc", "s", "r", "t", "rt", "trip", "e", "ov", "k", "kt")
 _APPLIED_CAP = "100000"
 _ON_LOSS = ("reseed", "fail")
 _NO_RESERVATION = Reservation("", 0, 0)
 
 _attach = otel_context.attach
 _detach = otel_context.detach
-
-
-def _new_process_token() -> str:
-    return os.urandom(6).hex() + "-"
-
-
-# Reservation ids: a random per-process prefix and a counter (renewed in a
-# forked child, so parent and child never hand out the same id).
-_process_token = _new_process_token()
-_ids = itertools.count(1)
-
-
-def _after_fork() -> None:
-    global _process_token, _ids
-    _process_token = _new_process_token()
-    _ids = itertools.count(1)
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
-def _new_id() -> str:
-    return f"{_process_token}{next(_ids):x}"
 
 
 class _Pending(NamedTuple):
@@ -1202,10 +1181,6 @@ class RedisLedger:
         return f"RedisLedger({self.store!r}, key_prefix={self._prefix!r})"
 
 
-_LOCAL: Any = object()
-# Stand-ins for the pool reads that _call runs (not scripts of their own).
-_POOL_SNAPSHOT: Any = object()
-_POOL_NAMES: Any = object()
 _NO_LIMITS = Limits()
 _RESEEDED = (
     "chain %s: ledger store %s had lost it (restart without persistence, flush, expiry, "

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import redis
 
@@ -31,8 +31,12 @@ from veronica_otel._ledger import Level, LocalLedger
 from ._scripts import MARKS
 from ._store import TripCodec, text
 
-if TYPE_CHECKING:
-    from ._ledger import RedisLedger
+
+class _Heartbeating(Protocol):
+    """What the marks need of their ledger: a way to renew its reservations."""
+
+    def heartbeat(self) -> object: ...
+
 
 __all__ = [
     "MARKS_LIMIT",
@@ -55,7 +59,7 @@ class Marks:
 
     __slots__ = ("__weakref__", "_due", "_ledger", "_period", "_stopped", "live", "seen")
 
-    def __init__(self, ledger: RedisLedger, reservation_ttl_s: float) -> None:
+    def __init__(self, ledger: _Heartbeating, reservation_ttl_s: float) -> None:
         self.seen: dict[str, tuple[Any, ...]] = {}
         self.live: dict[str, tuple[str, str, str]] = {}  # id -> (rh, rz, chain key base)
         self._ledger = weakref.ref(ledger)

@@ -27,6 +27,10 @@ from ._errors import LedgerCorruptedError
 from ._scripts import CORRUPT_TAG
 
 __all__ = [
+    "LOCAL",
+    "POOL_NAMES",
+    "POOL_SNAPSHOT",
+    "SNAPSHOT_FIELDS",
     "TripCodec",
     "check_seconds",
     "corruption",
@@ -35,6 +39,14 @@ __all__ = [
     "quiet",
     "text",
 ]
+
+# A chain's fields a snapshot reads, in the order its reply is parsed.
+SNAPSHOT_FIELDS = ("c", "rc", "s", "r", "t", "rt", "trip", "e", "ov", "k", "kt")
+# Stand-ins in a plan's steps for what the client answers itself (no round
+# trip: LOCAL) and for the pool reads a step runs (not scripts of their own).
+LOCAL: Any = object()
+POOL_SNAPSHOT: Any = object()
+POOL_NAMES: Any = object()
 
 _QUIET: otel_context.Context | None = None
 _INT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")

@@ -85,7 +85,7 @@ import redis
 from veronica_otel._errors import TripEvent
 from veronica_otel._ledger import Level, Limits, Reservation
 from veronica_otel.distributed import RedisLedger
-from veronica_otel.distributed import _ledger as _ledger_module
+from veronica_otel.distributed import _ids as _ids_module
 from veronica_otel.distributed._errors import LedgerCorruptedError, LedgerUnavailableError
 from veronica_otel.distributed._keys import KeySpace
 
@@ -694,7 +694,7 @@ class Simulation:
 @contextmanager
 def _deterministic_ids(seed: int) -> Iterator[None]:
     """Reservation ids from a fixed token and counter, so a seed replays exactly."""
-    mod: Any = _ledger_module
+    mod: Any = _ids_module
     saved = (getattr(mod, "_process_token", None), getattr(mod, "_ids", None))
     if saved[0] is not None:
         mod._process_token = f"sim{seed:x}-"
