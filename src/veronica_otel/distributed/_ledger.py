@@ -323,6 +323,7 @@ class RedisLedger:
         # The async operations' clients, one per loop.
         self._aio = AsyncClients(client, async_connections)
         self._kicks: set[Any] = set()  # replay tasks started by cancellations
+        self._owns_client = False  # a client the caller passed stays theirs to close
 
     @classmethod
     def from_url(
@@ -353,7 +354,7 @@ class RedisLedger:
             async_connections: See :class:`RedisLedger`.
         """
         client = connect(url, socket_timeout, socket_connect_timeout)
-        return cls(
+        ledger = cls(
             client,
             key_prefix=key_prefix,
             reservation_ttl_s=reservation_ttl_s,
@@ -361,6 +362,8 @@ class RedisLedger:
             fail_open=fail_open,
             async_connections=async_connections,
         )
+        ledger._owns_client = True  # made here, so close() closes it
+        return ledger
 
     @property
     def shared_id(self) -> str | None:
@@ -987,8 +990,13 @@ class RedisLedger:
         return [] if reply is _LOCAL else list(reply)
 
     def close(self) -> None:
-        """Stop the heartbeat thread (the client stays open)."""
+        """Stop the heartbeat thread; close the sync client if :meth:`from_url`
+        made it (a client passed in stays open: it is the caller's). A later
+        operation connects afresh. Asyncio clients close with their loop
+        (or :meth:`aclose` on it)."""
         self._marks.stop()
+        if self._owns_client:
+            self._client.close()
 
     def flush(self) -> int:
         """Try to replay queued commits now; returns how many are still queued."""
