@@ -77,7 +77,7 @@ _COPIED = (
     "ssl_ciphers",
 )
 # Default connections of one loop's client (a round trip beyond them queues).
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = 16  # enough to keep one server busy; beyond it calls queue
 _WAIT_S = 2.0
 _OUTAGES = (redis.ConnectionError, redis.TimeoutError)
 _CLASSES = {
