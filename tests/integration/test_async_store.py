@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -35,6 +36,7 @@ from veronica_otel import (
     Decision,
     ExecutionConfig,
     ExecutionContext,
+    LocalLedger,
     WrapOptions,
     agent,
     contained_tool,
@@ -464,6 +466,88 @@ async def test_more_concurrent_calls_than_connections_wait_for_one_and_count_exa
     assert sent_by_sync == []
     state = store.snapshot(chain)
     assert (state.steps, state.cost_nano, state.reserved_nano) == (150, 15_000_000_000, 0)
+
+
+@pytest.mark.asyncio
+async def test_200_async_calls_queue_for_two_connections_and_all_settle_exactly(
+    redis_url: str, redis_prefix: str, aclient: openai.AsyncOpenAI, server: FakeLLMServer
+) -> None:
+    """Waiting for a connection is queueing, not an outage: with two connections
+    and a short reply timeout, 200 concurrent calls wait far longer than that
+    timeout for their turn, and every one is admitted and settled exactly."""
+    one = LocalLedger()  # what one such call costs: the 200 cost 200 times that
+    async with ExecutionContext(ExecutionConfig(), ledger=one) as ctx:
+        await aclient.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10)
+    each = one.snapshot(ctx.chain_id).cost_nano
+    sync = CountingRedis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=1.0)
+    store = RedisLedger(sync, key_prefix=redis_prefix, async_connections=2, fail_open=False)
+    counter = redis.Redis.from_url(redis_url)  # the server's own count of connections
+    before = counter.info("stats")["total_connections_received"]
+    try:
+        async with ExecutionContext(ExecutionConfig(max_steps=10_000), ledger=store) as ctx:
+            replies = await asyncio.gather(
+                *(
+                    aclient.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10)
+                    for _ in range(200)
+                )
+            )
+        state = await store.asnapshot(ctx.chain_id)
+        opened = counter.info("stats")["total_connections_received"] - before
+    finally:
+        await store.aclose()
+        store.close()
+        sync.close()
+        counter.close()
+    assert len(replies) == 200
+    assert server.count(CHAT) == 201  # the provider's own count (one priced call first)
+    assert sync.sent == []  # every round trip was the asyncio client's
+    assert (state.steps, state.cost_nano, state.reserved_nano) == (200, 200 * each, 0)
+    assert each > 0
+    assert opened <= 2
+
+
+@pytest.mark.asyncio
+async def test_a_hung_store_fails_a_queue_of_async_calls_closed_within_one_timeout() -> None:
+    """A store that accepts connections and never answers: the first calls time
+    out on their reply, and every call queued behind them fails closed with that
+    outage at once, without opening a connection of its own (the store saw only
+    as many connections as the cap)."""
+    hung = socket.create_server(("127.0.0.1", 0), backlog=64)
+    ran: list[int] = []
+
+    async def tool() -> None:
+        ran.append(1)
+
+    store = RedisLedger.from_url(
+        f"redis://127.0.0.1:{hung.getsockname()[1]}/0",
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
+        fail_open=False,
+        async_connections=2,
+    )
+    store._checked = True  # the persistence check would spend a timeout of its own
+    try:
+        async with ExecutionContext(ExecutionConfig(max_steps=100), ledger=store) as ctx:
+            decisions = await asyncio.gather(*(ctx.awrap_llm_call(tool, HINT) for _ in range(20)))
+            with pytest.raises(LedgerUnavailableError) as info:
+                await ctx.abegin_call("llm", HINT)  # a new call still tries the store
+        hung.setblocking(False)
+        accepted = 0
+        while True:
+            try:
+                conn, _ = hung.accept()
+            except BlockingIOError:
+                break
+            conn.close()
+            accepted += 1
+    finally:
+        await store.aclose()
+        store.close()
+        hung.close()
+    assert decisions == [Decision.HALT] * 20  # fail closed (G10)
+    assert ran == []
+    assert isinstance(info.value.__cause__, redis.TimeoutError)
+    assert accepted == 3  # the first two calls, then the new one: the queue never connected
 
 
 @pytest.mark.asyncio

@@ -15,6 +15,12 @@ loop per thread) keeps one client per loop:
 * After ``fork`` the child never uses the parent's sockets: its first
   lookup starts afresh (the parent's clients are kept, untouched, so their
   finalisers never write to the parent's connections).
+* At most ``size`` round trips at a time (``RedisLedger(async_connections=)``),
+  in first-come order (:class:`Slots`): waiting for a connection is queueing,
+  bounded by the round trips ahead (each within the socket timeouts), never
+  a store failure. A call that was waiting when a round trip failed on an
+  outage fails closed with it at once, without trying the store itself, so a
+  dead store still fails a whole queue within one timeout.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Sequence
+from types import TracebackType
 from typing import Any
 
 import redis
@@ -39,7 +46,7 @@ from veronica_otel._fork import remake_locks_after_fork
 
 from ._connect import ClusterClient
 
-__all__ = ["AsyncClients", "LoopClient"]
+__all__ = ["MAX_CONNECTIONS", "AsyncClients", "LoopClient", "QueuedOutageError", "Slots"]
 
 _logger = logging.getLogger("veronica_otel.distributed")
 
@@ -69,9 +76,10 @@ _COPIED = (
     "ssl_min_version",
     "ssl_ciphers",
 )
-# Connections of one loop's client (a task beyond them waits for one).
-MAX_CONNECTIONS = 64
+# Default connections of one loop's client (a round trip beyond them queues).
+MAX_CONNECTIONS = 16  # enough to keep one server busy; beyond it calls queue
 _WAIT_S = 2.0
+_OUTAGES = (redis.ConnectionError, redis.TimeoutError)
 _CLASSES = {
     "Connection": aredis.Connection,
     "SSLConnection": aredis.SSLConnection,
@@ -91,7 +99,43 @@ class _AsyncCluster(AsyncRedisCluster):
             raise redis.ConnectionError(str(exc)) from exc
 
 
-def async_client(client: redis.Redis) -> Any:
+class QueuedOutageError(redis.ConnectionError):
+    """The store failed on an outage while this round trip waited for a connection."""
+
+
+class Slots:
+    """First-come admission of one loop's round trips to its ``size`` connections.
+
+    ``async with slots:`` around one round trip (never nested: a task holding
+    a slot never waits for another). An uncontended entry does not yield.
+    """
+
+    __slots__ = ("_free", "_last", "_outages")
+
+    def __init__(self, size: int) -> None:
+        self._free = asyncio.Semaphore(size)  # FIFO: a newcomer never overtakes a waiter
+        self._outages = 0
+        self._last: BaseException | None = None
+
+    async def __aenter__(self) -> None:
+        seen = self._outages
+        await self._free.acquire()
+        if self._outages != seen:  # the store failed while this call queued
+            self._free.release()
+            raise QueuedOutageError(
+                f"the ledger store failed while this call waited for a connection: {self._last}"
+            ) from self._last
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, _OUTAGES) and not isinstance(exc, QueuedOutageError):
+            self._outages += 1
+            self._last = exc
+        self._free.release()
+
+
+def async_client(client: redis.Redis, size: int = MAX_CONNECTIONS) -> Any:
     """An asyncio client to ``client``'s store, with the same policy (no connection yet)."""
     retry = AsyncRetry(NoBackoff(), 0)
     if isinstance(client, ClusterClient):
@@ -108,12 +152,12 @@ def async_client(client: redis.Redis) -> Any:
             "async calls need a redis://, rediss:// or unix:// client"
         )
     options = {name: settings[name] for name in _COPIED if name in settings}
-    # Many concurrent calls share a bounded pool: a task waits (without
-    # blocking the loop) for a free connection, at most a reply's timeout.
+    # Bounded like the loop's Slots, which queue the round trips first, so
+    # this pool's own wait (a reply's timeout) is only a backstop.
     apool = aredis.BlockingConnectionPool(
         connection_class=kind,
         retry=retry,
-        max_connections=MAX_CONNECTIONS,
+        max_connections=size,
         timeout=options.get("socket_timeout") or _WAIT_S,
         **options,
     )
@@ -121,15 +165,16 @@ def async_client(client: redis.Redis) -> Any:
 
 
 class LoopClient:
-    """One loop's asyncio client and its registered scripts."""
+    """One loop's asyncio client, its registered scripts and its round-trip slots."""
 
-    __slots__ = ("client", "closer", "flushing", "scripts")
+    __slots__ = ("client", "closer", "flushing", "scripts", "slots")
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, size: int = MAX_CONNECTIONS) -> None:
         self.client = client
         self.scripts: dict[str, AsyncScript] = {}
         self.closer: AsyncGenerator[None, None] | None = None
         self.flushing = asyncio.Lock()  # queued commits replay one task at a time
+        self.slots = Slots(size)
 
     def script(self, script: Script) -> AsyncScript:
         """The asyncio twin of a script registered on the sync client (same SHA)."""
@@ -138,17 +183,28 @@ class LoopClient:
             found = self.scripts[script.sha] = self.client.register_script(script.script)
         return found
 
-    def run(self, request: tuple[Script, list[str], list[str]]) -> Awaitable[Any]:
+    async def call(self, script: Script, keys: list[str], args: list[str]) -> Any:
+        """One script round trip, in its turn for a connection."""
+        found = self.script(script)
+        async with self.slots:
+            return await found(keys, args)
+
+    async def hmget(self, key: str, fields: Sequence[str]) -> Any:
+        """One ``HMGET`` round trip, in its turn for a connection."""
+        async with self.slots:
+            return await self.client.hmget(key, fields)
+
+    async def run(self, request: tuple[Script, list[str], list[str]]) -> Any:
         """One script call of a pooled plan (``_pools.Plan``) on this client."""
-        script, keys, args = request
-        return self.script(script)(keys, args)
+        return await self.call(*request)
 
 
 class AsyncClients:
     """The asyncio clients of one ledger, one per running event loop."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, size: int = MAX_CONNECTIONS) -> None:
         self._sync = client
+        self._size = size
         self._by_loop: dict[asyncio.AbstractEventLoop, LoopClient] = {}
         self._pid = os.getpid()
         self._forked: list[dict[asyncio.AbstractEventLoop, LoopClient]] = []
@@ -178,7 +234,8 @@ class AsyncClients:
             ended = [self._by_loop.pop(old) for old in list(self._by_loop) if old.is_closed()]
             found = self._by_loop.get(loop)
             if found is None:
-                found = self._by_loop[loop] = LoopClient(async_client(self._sync))
+                client = async_client(self._sync, self._size)
+                found = self._by_loop[loop] = LoopClient(client, self._size)
         for entry in ended:
             _abandon(entry)
         if found.closer is None:

@@ -104,12 +104,13 @@ async def reserve(
         if ledger._pending:
             await _flush(ledger, entry)
         if not ledger._checked:
-            ledger._checked = await acheck_persistence(entry.client, ledger.store)
+            async with entry.slots:
+                ledger._checked = await acheck_persistence(entry.client, ledger.store)
         sent = True
         reply: Any = await (
             adrive(ledger._pool_plan(op), entry.run)
             if op.pools
-            else entry.script(ledger._reserve)(op.keys, op.args)
+            else entry.call(ledger._reserve, op.keys, op.args)
         )
     except redis.RedisError as exc:
         await ledger._aio.drop_idle()
@@ -232,7 +233,7 @@ async def _settle(ledger: RedisLedger, op: _Pending) -> Any:
         entry = await ledger._aio.get()
         if ledger._pending:
             await _flush(ledger, entry)
-        reply: Any = await entry.script(op.script)(op.keys, op.args)
+        reply: Any = await entry.call(op.script, op.keys, op.args)
     except redis.RedisError as exc:
         await ledger._aio.drop_idle()
         return ledger._settle_failed(op, exc)
@@ -256,9 +257,9 @@ async def _call(
         if ledger._pending:
             await _flush(ledger, entry)
         if script is None:
-            reply: Any = await entry.client.hmget(keys[0], SNAPSHOT_FIELDS)
+            reply: Any = await entry.hmget(keys[0], SNAPSHOT_FIELDS)
         else:
-            reply = await entry.script(script)(keys, args)
+            reply = await entry.call(script, keys, args)
     except redis.RedisError as exc:
         await ledger._aio.drop_idle()
         return ledger._call_failed(chain_id, keys, exc)
@@ -285,7 +286,7 @@ async def _flush(ledger: RedisLedger, entry: LoopClient) -> None:
                     break
                 op = pending[0]
             op.args[-4] = new_id()  # a fresh epoch id per attempt (see _settle_args)
-            reply: Any = await entry.script(op.script)(op.keys, op.args)
+            reply: Any = await entry.call(op.script, op.keys, op.args)
             with ledger._pending_lock:
                 if pending and pending[0] is op:
                     pending.popleft()

@@ -226,9 +226,17 @@ class ClusterClient(redis.Redis):
         return self.redis_cluster.pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
+        """Close every node's connections (a later command connects afresh)."""
         cluster, self._cluster = self._cluster, None
         if cluster is not None:
             cluster.close()
+            # A cluster built by from_url gives each node client a pool of its
+            # own making, which that client's close() leaves open: close them.
+            manager = cluster.nodes_manager
+            nodes = [*manager.nodes_cache.values(), *manager.startup_nodes.values()]
+            for node in nodes:
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
         super().close()
 
     def __repr__(self) -> str:

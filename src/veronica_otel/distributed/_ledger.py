@@ -125,7 +125,7 @@ from veronica_otel._ledger import (
 )
 
 from . import _aledger, _scripts
-from ._aio import AsyncClients
+from ._aio import MAX_CONNECTIONS, AsyncClients
 from ._connect import connect
 from ._errors import LedgerCorruptedError, LedgerLostError, LedgerUnavailableError
 from ._ids import new_id as _new_id
@@ -206,6 +206,9 @@ class RedisLedger:
             :class:`LedgerLostError`.
         applied_ttl_s: How long the store remembers a settled commit's id,
             so a replay within that time counts once.
+        async_connections: Round trips one event loop's asyncio client runs
+            at a time; more concurrent async calls queue for a connection
+            in arrival order (a wait, never a denial).
 
     Raises:
         ValueError: A malformed argument or ``VERONICA_FAIL_OPEN`` value.
@@ -222,8 +225,15 @@ class RedisLedger:
         shared_id: str | None = None,
         on_loss: str = "reseed",
         applied_ttl_s: float = 86400.0,
+        async_connections: int = MAX_CONNECTIONS,
     ) -> None:
         space = KeySpace(key_prefix)  # validates the prefix
+        if (
+            isinstance(async_connections, bool)
+            or not isinstance(async_connections, int)
+            or async_connections < 1
+        ):
+            raise ValueError(f"async_connections must be an int >= 1, got {async_connections!r}")
         self._shared_id = _shared_id(shared_id, describe(client), key_prefix)
         if on_loss not in _ON_LOSS:
             raise ValueError(f"on_loss must be 'reseed' or 'fail', got {on_loss!r}")
@@ -289,8 +299,10 @@ class RedisLedger:
         self._local: LocalLedger | None = None
         self._down = False
         self._checked = False
-        self._aio = AsyncClients(client)  # the async operations' clients, one per loop
+        # The async operations' clients, one per loop.
+        self._aio = AsyncClients(client, async_connections)
         self._kicks: set[Any] = set()  # replay tasks started by cancellations
+        self._owns_client = False  # a client the caller passed stays theirs to close
 
     @classmethod
     def from_url(
@@ -303,6 +315,7 @@ class RedisLedger:
         reservation_ttl_s: float = 600.0,
         chain_ttl_s: float = 86400.0,
         fail_open: bool | None = None,
+        async_connections: int = MAX_CONNECTIONS,
     ) -> RedisLedger:
         """Connect to ``redis://``, ``rediss://`` or ``unix://`` ``url``.
 
@@ -317,15 +330,19 @@ class RedisLedger:
             reservation_ttl_s: See :class:`RedisLedger`.
             chain_ttl_s: See :class:`RedisLedger`.
             fail_open: See :class:`RedisLedger`.
+            async_connections: See :class:`RedisLedger`.
         """
         client = connect(url, socket_timeout, socket_connect_timeout)
-        return cls(
+        ledger = cls(
             client,
             key_prefix=key_prefix,
             reservation_ttl_s=reservation_ttl_s,
             chain_ttl_s=chain_ttl_s,
             fail_open=fail_open,
+            async_connections=async_connections,
         )
+        ledger._owns_client = True  # made here, so close() closes it
+        return ledger
 
     @property
     def shared_id(self) -> str | None:
@@ -952,8 +969,13 @@ class RedisLedger:
         return [] if reply is _LOCAL else list(reply)
 
     def close(self) -> None:
-        """Stop the heartbeat thread (the client stays open)."""
+        """Stop the heartbeat thread; close the sync client if :meth:`from_url`
+        made it (a client passed in stays open: it is the caller's). A later
+        operation connects afresh. Asyncio clients close with their loop
+        (or :meth:`aclose` on it)."""
         self._marks.stop()
+        if self._owns_client:
+            self._client.close()
 
     def flush(self) -> int:
         """Try to replay queued commits now; returns how many are still queued."""
