@@ -21,7 +21,8 @@ from ._admit import CallSpec, aadmit, admit, input_bound
 from ._anthropic_attributes import request_attributes
 from ._common import UNTRACED_SPAN, ContainedCall, start_span
 
-_logger = logging.getLogger(__name__)
+# The logger users filter on, as before this module was split out of anthropic.py.
+_logger = logging.getLogger(__name__.rpartition(".")[0] + ".anthropic")
 PROVIDER = "anthropic"
 _CREATE = "anthropic.messages.create"
 _INPUT_KEYS = ("system", "messages", "tools")

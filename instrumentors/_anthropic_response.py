@@ -15,9 +15,16 @@ from veronica_otel._gc_safe import defer
 from ._anthropic_attributes import response_attributes
 from ._anthropic_request import _CallState
 from ._breakers import never_connected, raised_within
-from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, token_count
+from ._common import (
+    AsyncContainedStream,
+    ContainedStream,
+    get_field,
+    no_item,
+    token_count,
+)
 
-_logger = logging.getLogger(__name__)
+# The logger users filter on, as before this module was split out of anthropic.py.
+_logger = logging.getLogger(__name__.rpartition(".")[0] + ".anthropic")
 _CALL_KEY = "veronica.call"
 
 # Where the SDK sends an attempt and reads its reply: an error raised inside
@@ -50,13 +57,6 @@ def _fail(state: _CallState, error: BaseException) -> None:
     call.finish(error, sent=lost or state.replied, billed=lost)
 
 
-def _settle_failed(state: _CallState, result: Any) -> Any:
-    """:func:`_settle` raised (our bug): commit the reservation, hand back the reply."""
-    _logger.exception("settling an anthropic call failed; its reservation is committed")
-    state.call.finish()
-    return result
-
-
 def _settle(state: _CallState, result: Any, instance: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
     from anthropic import AsyncStream, Stream
@@ -70,9 +70,9 @@ def _settle(state: _CallState, result: Any, instance: Any) -> Any:
         call.finish(sent=False)
         return result
     if isinstance(result, Stream):
-        return ContainedStream(result, call, _no_item)
+        return ContainedStream(result, call, no_item)
     if isinstance(result, AsyncStream):
-        return AsyncContainedStream(result, call, _no_item)
+        return AsyncContainedStream(result, call, no_item)
     if call.done or result is None or isinstance(result, BaseModel):
         if not call.done and getattr(result, "type", None) == "message":
             # The payload hook never saw this body (the reply was not tagged by
@@ -88,10 +88,6 @@ def _settle(state: _CallState, result: Any, instance: Any) -> Any:
     except TypeError:
         call.finish()
     return result
-
-
-def _no_item(call: ContainedCall, item: Any) -> None:
-    """Stream items are accounted in the payload hook, which sees raw dicts."""
 
 
 def _tag(result: Any, state: _CallState) -> None:

@@ -15,11 +15,12 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 
 from ._breakers import never_connected, raised_within
-from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field
+from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, no_item
 from ._openai_attributes import response_attributes, stream_attributes
 from ._openai_request import _CallState
 
-_logger = logging.getLogger(__name__)
+# The logger users filter on, as before this module was split out of openai.py.
+_logger = logging.getLogger(__name__.rpartition(".")[0] + ".openai")
 _CALL_KEY = "veronica.call"
 # Streamed deltas whose bytes bound the output tokens when no usage arrives.
 _RESPONSES_DELTAS = frozenset(
@@ -126,13 +127,6 @@ def _bind(state: _CallState, response: httpx2.Response) -> None:
     request.extensions = {**request.extensions, _CALL_KEY: state}
 
 
-def _settle_failed(state: _CallState, result: Any) -> Any:
-    """:func:`_settle` raised (our bug): commit the reservation, hand back the reply."""
-    _logger.exception("settling an openai call failed; its reservation is committed")
-    state.call.finish()
-    return result
-
-
 def _settle(state: _CallState, result: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
     call = state.call
@@ -148,11 +142,11 @@ def _settle(state: _CallState, result: Any) -> Any:
     if isinstance(result, Stream):
         _bind(state, result.response)
         _settle_on_close(call, result.response)
-        return ContainedStream(result, call, _no_item)
+        return ContainedStream(result, call, no_item)
     if isinstance(result, AsyncStream):
         _bind(state, result.response)
         _settle_on_close(call, result.response)
-        return AsyncContainedStream(result, call, _no_item)
+        return AsyncContainedStream(result, call, no_item)
     # A raw response (with_raw_response / with_streaming_response).
     http_response = getattr(result, "http_response", None)
     if isinstance(http_response, httpx2.Response):
@@ -176,10 +170,6 @@ def _settle(state: _CallState, result: Any) -> Any:
     except TypeError:
         call.finish()
     return result
-
-
-def _no_item(call: ContainedCall, item: Any) -> None:
-    """Stream items are accounted in the payload hook, which sees raw dicts."""
 
 
 # Where the SDK's request loop sends an attempt and reads its reply: an error

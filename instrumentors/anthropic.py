@@ -64,17 +64,16 @@ from opentelemetry import context as otel_context
 
 from veronica_otel._errors import BudgetExceededError
 
-from ._anthropic_request import _abegin, _begin, _CallState
+from ._anthropic_request import PROVIDER, _abegin, _begin, _CallState
 from ._anthropic_response import (
     _account,
     _fail,
     _note_attempt,
     _settle,
-    _settle_failed,
     _state_of,
     _tag,
 )
-from ._common import make_current, strip_veronica_baggage
+from ._common import make_current, settle_failed, strip_veronica_baggage
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
 __all__ = ["AnthropicInstrumentor"]
@@ -117,7 +116,7 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     try:
         return _settle(state, result, instance)
     except Exception:
-        return _settle_failed(state, result)
+        return settle_failed(state.call, result, _logger, PROVIDER)
 
 
 async def _arequest(
@@ -153,7 +152,7 @@ async def _arequest(
     try:
         result = _settle(state, result, instance)
     except Exception:
-        result = _settle_failed(state, result)
+        result = settle_failed(state.call, result, _logger, PROVIDER)
     finally:
         await call.settle_deferred()
     return result

@@ -63,10 +63,10 @@ from opentelemetry import context as otel_context
 
 from veronica_otel._errors import BudgetExceededError
 
-from ._common import strip_veronica_baggage
+from ._common import settle_failed, strip_veronica_baggage
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
-from ._openai_request import _aprepare, _CallState, _prepare
-from ._openai_response import _CALL_KEY, _account, _fail, _note_attempt, _settle, _settle_failed
+from ._openai_request import PROVIDER, _aprepare, _CallState, _prepare
+from ._openai_response import _CALL_KEY, _account, _fail, _note_attempt, _settle
 
 __all__ = ["OpenAIInstrumentor"]
 
@@ -102,7 +102,7 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     try:
         return _settle(state, result)
     except Exception:
-        return _settle_failed(state, result)
+        return settle_failed(state.call, result, _logger, PROVIDER)
 
 
 async def _arequest(
@@ -134,7 +134,7 @@ async def _arequest(
     try:
         result = _settle(state, result)
     except Exception:
-        result = _settle_failed(state, result)
+        result = settle_failed(state.call, result, _logger, PROVIDER)
     finally:
         await call.settle_deferred()
     return result
