@@ -46,6 +46,8 @@ __all__ = [
     "tracer",
     "UNTRACED_SPAN",
     "make_current",
+    "no_item",
+    "settle_failed",
     "without_veronica_baggage",
 ]
 
@@ -617,3 +619,15 @@ def get_field(obj: Any, name: str, default: Any = None) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name, default)
     return getattr(obj, name, default)
+
+
+def no_item(call: ContainedCall, item: Any) -> None:
+    """For SDK streams whose items the SDK's payload hook accounts (it sees raw dicts)."""
+
+
+def settle_failed(call: ContainedCall, result: Any, logger: logging.Logger, provider: str) -> Any:
+    """Settling a call that returned raised (our bug): commit the reservation, hand
+    back the reply."""
+    logger.exception("settling an %s call failed; its reservation is committed", provider)
+    call.finish()
+    return result

@@ -1,0 +1,289 @@
+"""Reading how an ``openai`` call ended: its reply, its stream's events and
+usage, or its error (what its attempts may have cost); settling it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import weakref
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import httpx2
+
+from veronica_otel._errors import BudgetExceededError
+from veronica_otel._gc_safe import defer
+
+from ._breakers import never_connected, raised_within
+from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, no_item
+from ._openai_attributes import response_attributes, stream_attributes
+from ._openai_request import _CallState
+
+# The logger users filter on, as before this module was split out of openai.py.
+_logger = logging.getLogger(__name__.rpartition(".")[0] + ".openai")
+_CALL_KEY = "veronica.call"
+# Streamed deltas whose bytes bound the output tokens when no usage arrives.
+_RESPONSES_DELTAS = frozenset(
+    (
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+    )
+)
+_FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "response.failed"))
+
+
+def _stream_error(exc: BaseException | None) -> BaseException | None:
+    """The error a response closed under, if it ended the call (not a user's own)."""
+    if isinstance(exc, (BudgetExceededError, httpx2.HTTPError)):
+        return exc
+    from openai import OpenAIError
+
+    return exc if isinstance(exc, OpenAIError) else None
+
+
+class _SettleOnClose(httpx2.SyncByteStream):
+    """A response body that settles its call when the response is closed."""
+
+    def __init__(self, inner: httpx2.SyncByteStream, call: ContainedCall) -> None:
+        self._inner = inner
+        self._call = call
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._inner)
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            # Closed from a generator's ``finally`` or an ``except`` block: the
+            # exception in flight is why the stream ended.
+            self._call.finish(_stream_error(sys.exc_info()[1]))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+class _ASettleOnClose(httpx2.AsyncByteStream):
+    """The async twin of :class:`_SettleOnClose`."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, call: ContainedCall) -> None:
+        self._inner = inner
+        self._call = call
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._inner.__aiter__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            await self._call.afinish(_stream_error(sys.exc_info()[1]))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def _settle_on_close(call: ContainedCall, response: Any) -> None:
+    if not isinstance(response, httpx2.Response) or response.is_closed:
+        return
+    body = response.stream
+    if isinstance(body, httpx2.SyncByteStream):
+        response.stream = _SettleOnClose(body, call)
+    elif isinstance(body, httpx2.AsyncByteStream):
+        response.stream = _ASettleOnClose(body, call)
+
+
+_RESULT_TYPES: tuple[Any, Any, Any] | None = None
+
+
+def _result_types() -> tuple[Any, Any, Any]:
+    # Looked up on first use, not at import: the zero-code hook instruments
+    # while `openai` itself is still being imported (these are not bound yet).
+    global _RESULT_TYPES
+    if _RESULT_TYPES is None:
+        from openai import AsyncStream, Stream
+        from pydantic import BaseModel
+
+        _RESULT_TYPES = (Stream, AsyncStream, BaseModel)
+    return _RESULT_TYPES
+
+
+_MODEL_TYPES: set[type] = set()  # response model classes seen (a few per process)
+
+
+def _bind(state: _CallState, response: httpx2.Response) -> None:
+    """Let the payload hook find ``state`` when ``response`` is read after ``request()``."""
+    try:
+        request = response.request
+    except RuntimeError:  # a response built without a request
+        return
+    request.extensions = {**request.extensions, _CALL_KEY: state}
+
+
+def _settle(state: _CallState, result: Any) -> Any:
+    """Settle a call that returned, now or when its body is read."""
+    call = state.call
+    if type(result) in _MODEL_TYPES or result is None or call.usage_seen:
+        call.finish()  # the common case: a parsed model, usage already read
+        return result
+    Stream, AsyncStream, BaseModel = _result_types()
+    if isinstance(result, BaseModel):
+        if len(_MODEL_TYPES) < 256:  # pydantic isinstance is a Python-level ABC check
+            _MODEL_TYPES.add(type(result))
+        call.finish()  # the common case: a parsed model, usage already read
+        return result
+    if isinstance(result, Stream):
+        _bind(state, result.response)
+        _settle_on_close(call, result.response)
+        return ContainedStream(result, call, no_item)
+    if isinstance(result, AsyncStream):
+        _bind(state, result.response)
+        _settle_on_close(call, result.response)
+        return AsyncContainedStream(result, call, no_item)
+    # A raw response (with_raw_response / with_streaming_response).
+    http_response = getattr(result, "http_response", None)
+    if isinstance(http_response, httpx2.Response):
+        _bind(state, http_response)
+        if state.streamed:
+            _settle_on_close(call, http_response)
+        elif http_response.is_closed:
+            # The body is already read: account it now, whether or not the
+            # caller ever parses it.
+            try:
+                _account(state, http_response.json())
+            except Exception:
+                _logger.debug("no usage in a raw openai response body", exc_info=True)
+            if call.usage_seen:
+                call.finish()
+                return result
+    # Otherwise the payload hook settles it when its body is parsed, or
+    # garbage collection does (committing the reservation's bound).
+    try:
+        weakref.finalize(result, defer, call.finish)
+    except TypeError:
+        call.finish()
+    return result
+
+
+# Where the SDK's request loop sends an attempt and reads its reply: an error
+# raised inside either (an interrupt, a cancellation, garbage) came after the
+# request may have left.
+_SENDING = frozenset(("_send_request", "_process_response"))
+
+
+def _note_attempt(state: _CallState, error: BaseException | None) -> None:
+    """Record what one failed attempt says about the provider (from its error)."""
+    from openai import APIConnectionError, APIStatusError
+
+    if isinstance(error, APIStatusError):
+        state.replied = True
+    elif error is None:
+        state.call.lost_attempts += 1  # no error to read: assume the worst
+    elif isinstance(error, BudgetExceededError) or never_connected(error):
+        return  # refused by us, or no connection was ever made: not sent
+    elif (
+        isinstance(error, APIConnectionError)  # a timeout or a connection lost mid-request
+        or type(error).__module__.split(".", 1)[0] in _TRANSPORT_MODULES
+        or raised_within(error, _SENDING)
+    ):
+        state.call.lost_attempts += 1
+
+
+# The retry hook sees the transport's own error, before the SDK wraps it.
+_TRANSPORT_MODULES = frozenset(("httpx2", "httpx", "httpcore", "ssl", "anyio"))
+
+
+def _fail(state: _CallState, error: BaseException) -> None:
+    """Settle a call that raised, by what its attempts may have cost (DESIGN G10)."""
+    call = state.call
+    try:
+        _note_attempt(state, error)
+    except Exception:  # classification must never leave the call unsettled
+        _logger.exception("classifying an openai error failed")
+        call.lost_attempts += 1
+    lost = call.lost_attempts > 0
+    call.finish(error, sent=lost or state.replied, billed=lost)
+
+
+def _account(state: _CallState, data: Any) -> None:
+    if type(data) is not dict and not isinstance(data, Mapping):
+        return
+    call = state.call
+    pending = call.pending_attributes
+    if not state.streamed:
+        _usage(call, data.get("usage"))
+        if pending is not None:
+            response_attributes(pending, data)
+        return
+    if pending is not None:
+        stream_attributes(pending, data)
+    kind = data.get("type")
+    if isinstance(kind, str):  # a Responses stream event
+        if kind == "response.output_text.delta":
+            call.add_text(str(data.get("delta") or ""))
+        elif kind in _RESPONSES_DELTAS:
+            _add_output_bytes(call, data.get("delta"))
+        elif kind in _FINAL_EVENTS:
+            _usage(call, get_field(data.get("response") or {}, "usage"))
+    else:  # a chat or legacy completions chunk
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, Mapping):
+                continue
+            text = choice.get("text")  # legacy completions
+            if text:
+                call.add_text(str(text))
+            delta = choice.get("delta")
+            if isinstance(delta, Mapping):
+                if delta.get("content"):
+                    call.add_text(str(delta["content"]))
+                _add_output_bytes(call, delta.get("refusal"))
+                for tool_call in delta.get("tool_calls") or ():
+                    function = get_field(tool_call, "function") or {}
+                    _add_output_bytes(call, get_field(function, "name"))
+                    _add_output_bytes(call, get_field(function, "arguments"))
+        _usage(call, data.get("usage"))
+    call.check_alive()
+
+
+def _add_output_bytes(call: ContainedCall, text: Any) -> None:
+    """Output that is not the reply's text still bounds the output tokens."""
+    if isinstance(text, str) and text:
+        call.text_bytes += len(text.encode("utf-8"))
+
+
+def _usage(call: ContainedCall, usage: Any) -> None:
+    """Read a usage report; one that is null, empty or not a mapping is not usage.
+
+    A report missing its counts is unreadable (the call then costs its
+    reservation), never zero. Embeddings report no completion tokens: their
+    output is ``total_tokens - prompt_tokens``.
+    """
+    # Type checks inline (no _is_mapping frames): every reply passes here.
+    if not usage or (type(usage) is not dict and not isinstance(usage, Mapping)):
+        return
+    get = usage.get
+    if "prompt_tokens" in usage:  # chat, completions, embeddings
+        inp, out = get("prompt_tokens"), get("completion_tokens")
+        if out is None and "completion_tokens" not in usage:
+            total = get("total_tokens")
+            out = total - inp if type(total) is int and type(inp) is int else None
+        details_in = get("prompt_tokens_details")
+        details_out = get("completion_tokens_details")
+    else:  # responses
+        inp, out = get("input_tokens"), get("output_tokens")
+        details_in = get("input_tokens_details")
+        details_out = get("output_tokens_details")
+    cached = reasoning = cache_write = None
+    if details_in and (type(details_in) is dict or isinstance(details_in, Mapping)):
+        cached = details_in.get("cached_tokens")
+        cache_write = details_in.get("cache_write_tokens")
+    if details_out and (type(details_out) is dict or isinstance(details_out, Mapping)):
+        reasoning = details_out.get("reasoning_tokens")
+    call.set_usage(inp, out, cached, reasoning, cache_write)
