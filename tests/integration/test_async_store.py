@@ -547,7 +547,9 @@ async def test_a_hung_store_fails_a_queue_of_async_calls_closed_within_one_timeo
     assert decisions == [Decision.HALT] * 20  # fail closed (G10)
     assert ran == []
     assert isinstance(info.value.__cause__, redis.TimeoutError)
-    assert accepted == 3  # the first two calls, then the new one: the queue never connected
+    # The first two calls and the new one, plus the chain span's end-of-chain
+    # read where a TracerProvider records it: the 18 queued calls never connected.
+    assert 3 <= accepted <= 4
 
 
 @pytest.mark.asyncio
