@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from types import FunctionType
 from typing import Any
 
-from ._admission import Admission
 from ._call import (
     ACTIVE_CALL,
     CallHandle,
@@ -16,6 +15,7 @@ from ._call import (
     is_coroutine_function,
 )
 from ._errors import BudgetExceededError
+from ._llm_admission import LLMAdmission
 from ._options import Decision, WrapOptions
 
 __all__ = ["WrapCalls"]
@@ -90,7 +90,7 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
     return wrap
 
 
-class WrapCalls(Admission):
+class WrapCalls(LLMAdmission):
     """``wrap_*`` / ``awrap_*``: admit, run, settle; a denial is ``Decision.HALT``."""
 
     wrap_llm_call = _sync_wrap(

@@ -210,7 +210,7 @@ def test_the_room_is_read_and_reserved_under_one_lock_acquisition(
         clamp.held = held
         return clamp
 
-    monkeypatch.setattr("veronica_otel._admission.OutputClamp", watched)
+    monkeypatch.setattr("veronica_otel._llm_admission.OutputClamp", watched)
     with ExecutionContext(config, ledger=ledger, pools=[pool]) as ctx:
         monkeypatch.setattr(ledger, "_lock", LOCK)
         before = LOCK.acquired

@@ -1,0 +1,206 @@
+"""Admitting one LLM call described once: the instrumentors' door to the kernel.
+
+An instrumentor describes a call (:class:`~._call_spec.CallSpec`: provider,
+model, input bound, requested cap, choices) and asks once; the answer
+(:class:`~._call_spec.Admitted`) carries the reservation, the cap to send, the
+clamp and the pool that set it, a policy's fallback model and the prices to
+settle with. The reservation itself is :meth:`Admission.begin_priced_call`'s,
+the one every door shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from ._admission import Admission
+from ._call import CallHandle
+from ._call_spec import Admitted, CallSpec, call_signature
+from ._clamp import OutputClamp
+from ._ledger import LedgerState, LocalLedger
+from ._policy import ALLOW
+from ._pools import PoolRoom, pool_room
+from ._pricing import DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices, default_price_table
+from ._telemetry import metrics_live
+
+if TYPE_CHECKING:
+    from ._breaker import CircuitBreaker
+
+__all__ = ["LLMAdmission"]
+
+_answer = tuple.__new__  # an Admitted without a Python-level __new__ (once per call)
+
+
+class LLMAdmission(Admission):
+    """:meth:`admit_call` / :meth:`aadmit_call`, on top of the shared admission."""
+
+    def admit_call(
+        self, spec: CallSpec, breaker: CircuitBreaker | None = None, probe: object = None
+    ) -> Admitted:
+        """Admit one described LLM call, or raise :class:`BudgetExceededError`.
+
+        The whole pre-call check, in order: the endpoint's ``breaker``
+        (``probe`` names this call if it becomes the half-open probe; the
+        caller frees it on any failure), the model's prices, the output clamp
+        of an uncapped call, the deadline, policies and agents, one
+        reservation of the call's worst case, then a policy's degradation (a
+        lower cap; a fallback model, priced: one with no price denies and the
+        reservation is released). In process the room the clamp reads and the
+        reservation are one step under the ledger's lock; on a shared store
+        the room is read just before the reservation script runs.
+        """
+        prices = self._endpoint_prices(spec, breaker, probe)
+        signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
+        cap = spec.requested_cap
+        clamp: OutputClamp | None = None
+        pool: str | None = None
+        clamped = False
+        if cap is None and spec.clampable:
+            clamp, clamped = self._output_clamp(spec, prices), True
+            if type(self._ledger) is LocalLedger and not self._has_policies:
+                cost_nano = tokens = 0  # sized by the ledger, under its lock
+            else:  # a store, or policies that judge the cost before it is reserved
+                self._read_room(clamp, None)
+                cost_nano, tokens = clamp.size()
+                cap, pool, clamp = clamp.cap, clamp.pool, None
+        else:
+            output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
+            cost_nano = 0 if prices is None else prices.max_cost_nano(spec.input_bound, output)
+            tokens = spec.input_bound + output
+        handle = self.begin_priced_call(
+            "llm",
+            spec.operation,
+            spec.provider,
+            spec.model,
+            cost_nano,
+            tokens,
+            signature=signature,
+            clamp=clamp,
+        )
+        # An instrumented call: telemetry is worth its cost here, once recorded.
+        handle.metrics = metrics_live()
+        handle.model = spec.model
+        if clamp is not None:
+            cap, pool = clamp.cap, clamp.pool
+        if handle.decision is ALLOW:  # no policy degraded it (the common case)
+            return _answer(Admitted, (handle, cap, cap if clamped else None, pool, None, prices))
+        try:
+            return self._degraded(spec, handle, prices, cap, pool, clamped)
+        except BaseException as exc:  # a fallback with no price: denied, nothing sent
+            handle.finish(exc, sent=False)
+            raise
+
+    async def aadmit_call(
+        self, spec: CallSpec, breaker: CircuitBreaker | None = None, probe: object = None
+    ) -> Admitted:
+        """:meth:`admit_call` for async code: a shared store is awaited (the room
+        read for a clamp too), never blocked on. Settle with ``afinish``/``acommit``."""
+        if self._aledger is None:  # in process: nothing to await
+            return self.admit_call(spec, breaker, probe)
+        prices = self._endpoint_prices(spec, breaker, probe)
+        signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
+        cap = spec.requested_cap
+        clamped = False
+        pool: str | None = None
+        if cap is None and spec.clampable:
+            clamp = self._output_clamp(spec, prices)
+            self._read_room(clamp, await self.asnapshots(), await self.apool_room())
+            cost_nano, tokens = clamp.size()
+            cap, pool, clamped = clamp.cap, clamp.pool, True
+        else:
+            output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
+            cost_nano = 0 if prices is None else prices.max_cost_nano(spec.input_bound, output)
+            tokens = spec.input_bound + output
+        handle = await self.abegin_priced_call(
+            "llm", spec.operation, spec.provider, spec.model, cost_nano, tokens, signature=signature
+        )
+        handle.metrics = metrics_live()
+        handle.model = spec.model
+        try:
+            return self._degraded(spec, handle, prices, cap, pool, clamped)
+        except BaseException as exc:
+            await handle.afinish(exc, sent=False)
+            raise
+
+    def _endpoint_prices(
+        self, spec: CallSpec, breaker: CircuitBreaker | None, probe: object
+    ) -> UnitPrices | None:
+        """The endpoint's breaker, then the model's prices (either may deny)."""
+        if breaker is not None:
+            verdict = breaker.check(probe)
+            if not verdict.allowed:
+                self._deny(
+                    "circuit_open",
+                    0.0,
+                    0.0,
+                    f"endpoint {spec.provider}/{spec.model} is failing; {verdict.reason}",
+                    sticky=False,
+                )
+        table = self._prices if self._prices is not None else default_price_table()
+        prices = table.lookup(spec.provider, spec.model)
+        if prices is None and self._priced:
+            self._lookup(spec.provider, spec.model)  # denies: no price under a cost ceiling
+        return prices
+
+    @staticmethod
+    def _output_clamp(spec: CallSpec, prices: UnitPrices | None) -> OutputClamp:
+        bound = spec.input_bound
+        if prices is None:  # no cost ceiling and no price: only tokens bound it
+            return OutputClamp(bound, 0, 0, False, spec.choices, DEFAULT_MAX_OUTPUT_TOKENS)
+        input_price, output_price = prices._worst_prices(bound)
+        return OutputClamp(
+            bound, input_price, output_price, True, spec.choices, prices.output_limit(bound)
+        )
+
+    def _read_room(
+        self,
+        clamp: OutputClamp,
+        states: Mapping[str, LedgerState] | None,
+        room: PoolRoom | None = None,
+    ) -> None:
+        """Feed ``clamp`` the room the chain's levels and pools have (a shared
+        store: read, one snapshot a level and a pool; ``states`` from
+        :meth:`asnapshots` and ``room`` from :meth:`apool_room` when given)."""
+        for level in self._path:
+            limits = level.limits
+            if limits.cost_nano is None and limits.tokens is None:
+                continue
+            state = (
+                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
+            )
+            clamp.room(
+                None
+                if limits.cost_nano is None
+                else max(0, limits.cost_nano - state.cost_nano - state.reserved_nano),
+                None
+                if limits.tokens is None
+                else max(0, limits.tokens - state.tokens - state.reserved_tokens),
+            )
+        if self._pools:
+            if room is None:
+                room = pool_room(self._pools)
+            clamp.room(room.cost_nano, None, room.cost_pool)
+            clamp.room(None, room.tokens, room.tokens_pool)
+
+    def _degraded(
+        self,
+        spec: CallSpec,
+        handle: CallHandle,
+        prices: UnitPrices | None,
+        cap: int | None,
+        pool: str | None,
+        clamped: bool,
+    ) -> Admitted:
+        """The answer to an admitted call, with its policy's degradation applied
+        (a lower cap; a fallback model and its prices: none denies)."""
+        decision = handle.decision
+        if decision.max_tokens is not None and spec.clampable:
+            cap = decision.max_tokens if cap is None else min(cap, decision.max_tokens)
+            clamped = True
+        fallback = decision.fallback_model
+        call_prices = prices
+        if fallback is None or fallback == spec.model:
+            fallback = None
+        else:
+            call_prices = self.prices_for(spec.provider, fallback) or prices  # None: denied
+        return Admitted(handle, cap, cap if clamped else None, pool, fallback, call_prices)
