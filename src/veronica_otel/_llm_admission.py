@@ -161,21 +161,13 @@ class LLMAdmission(Admission):
         """Feed ``clamp`` the room the chain's levels and pools have (a shared
         store: read, one snapshot a level and a pool; ``states`` from
         :meth:`asnapshots` and ``room`` from :meth:`apool_room` when given)."""
-        for level in self._path:
-            limits = level.limits
-            if limits.cost_nano is None and limits.tokens is None:
-                continue
-            state = (
-                self._ledger.snapshot(level.chain_id) if states is None else states[level.chain_id]
-            )
-            clamp.room(
-                None
-                if limits.cost_nano is None
-                else max(0, limits.cost_nano - state.cost_nano - state.reserved_nano),
-                None
-                if limits.tokens is None
-                else max(0, limits.tokens - state.tokens - state.reserved_tokens),
-            )
+        if states is None:  # one read a limited level, shared by both measures
+            states = {
+                level.chain_id: self._ledger.snapshot(level.chain_id)
+                for level in self._path
+                if level.limits.cost_nano is not None or level.limits.tokens is not None
+            }
+        clamp.room(self._path_left(states, tokens=False), self._path_left(states, tokens=True))
         if self._pools:
             if room is None:
                 room = pool_room(self._pools)
