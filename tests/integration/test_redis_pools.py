@@ -365,21 +365,21 @@ def test_window_keeps_spend_per_bucket(open_ledger: Callable[..., RedisLedger]) 
     client = ledger.client
     pool = PoolLevel("steady", Limits(cost_nano=10 * U), window_s=1.0, bucket_s=0.02)
     path = [Level("s", Limits())]
-    times = []
+    times = []  # server time just before each commit: its spend is no older
     for amount in (U, 2 * U):
+        times.append(server_us(client))
         got = ledger.reserve(path, amount, 0, pools=[pool])
         assert isinstance(got, Reservation)
         ledger.commit(path, got, amount, 0)
-        times.append(server_us(client))
         while server_us(client) < times[-1] + 300_000:  # the second one 0.3 s later
             time.sleep(0.02)
     seen = set()
     deadline = time.monotonic() + 10
     while True:
-        start = server_us(client)
         cost = _nano(ledger.pool_snapshot(pool).cost_usd)
+        read_by = server_us(client)  # the snapshot was read no later than this
         seen.add(cost)
-        if start < times[0] + 1_000_000:
+        if read_by < times[0] + 1_000_000:  # read inside the first spend's window
             assert cost == 3 * U
         if cost == 0:
             break
