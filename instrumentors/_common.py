@@ -113,6 +113,14 @@ class ContainedCall:
     _defer = False
     _deferred: tuple[BaseException | None, bool, bool] | None = None
     _async_stream = False
+    # What an adapter read from the request (``_adapter.Request``), and what
+    # the HTTP layer saw of the call's attempts (``note_send`` and friends).
+    request: Any = None
+    adapter: Any = None  # the ``_adapter.ProviderAdapter`` that admitted it, if one did
+    http_attempts = False  # the HTTP layer reports its attempts (note_send, ...)
+    sends = 0  # attempts that began sending
+    replies = 0  # attempts answered with an HTTP status line
+    unsent = False  # an attempt failed before a byte left (the HTTP layer saw it)
 
     def __init__(
         self,
@@ -188,6 +196,34 @@ class ContainedCall:
             self._text.append(text)
             self.text_bytes += len(text.encode("utf-8"))
             self.ctx.set_partial_result("".join(self._text))
+
+    def note_send(self) -> None:
+        """An HTTP attempt of this call is about to be sent (the vendor guard's report).
+
+        Every attempt after the first is one of the SDK's own retries: it is
+        drawn from ``max_retries_total`` and re-checked against trips and the
+        deadline before it leaves, and raises BudgetExceededError otherwise.
+        """
+        if self.sends:
+            self.ctx.consume_retry()
+            self.ctx.ensure_active()
+        self.sends += 1
+
+    async def anote_send(self) -> None:
+        """:meth:`note_send` for an async transport: a shared store is awaited."""
+        if self.sends:
+            await self.ctx.aconsume_retry()
+            await self.ctx.aensure_active()
+        self.sends += 1
+
+    def note_reply(self) -> None:
+        """The attempt in flight was answered (an HTTP status line arrived)."""
+        self.replies += 1
+
+    def note_unsent(self) -> None:
+        """The attempt in flight failed before any byte of it left (no connection)."""
+        self.sends -= 1
+        self.unsent = True
 
     def check_alive(self) -> None:
         """Raise BudgetExceededError when the chain tripped or its deadline passed.
@@ -531,13 +567,13 @@ class ContainedStream(wrapt.BaseObjectProxy[Any]):
         try:
             self._self_call.finish(exc)
         finally:
-            self.__wrapped__.close()
+            _close(self.__wrapped__)
 
     def close(self) -> None:
         try:
             self._self_call.finish()
         finally:
-            self.__wrapped__.close()
+            _close(self.__wrapped__)
 
     def __enter__(self) -> ContainedStream:
         return self
@@ -586,7 +622,7 @@ class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
             try:
                 await call.afinish(exc)
             finally:
-                await self.__wrapped__.close()
+                await _aclose(self.__wrapped__)
             raise
         except BaseException as exc:
             await call.afinish(exc)
@@ -597,7 +633,7 @@ class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
         try:
             await self._self_call.afinish()
         finally:
-            await self.__wrapped__.close()
+            await _aclose(self.__wrapped__)
 
     async def aclose(self) -> None:
         await self.close()
@@ -612,6 +648,22 @@ class AsyncContainedStream(wrapt.BaseObjectProxy[Any]):
         call = self._self_call
         if not call.done:
             defer(call.finish)  # a finaliser must not take the ledger's lock
+
+
+def _close(stream: Any) -> None:
+    """Close an SDK stream: its ``close()``, a generator's included; nothing if it has none."""
+    close = getattr(stream, "close", None)
+    if callable(close):
+        close()
+
+
+async def _aclose(stream: Any) -> None:
+    """Close an async SDK stream: ``aclose()`` (async generators) or ``close()``."""
+    close = getattr(stream, "aclose", None) or getattr(stream, "close", None)
+    if callable(close):
+        result = close()
+        if hasattr(result, "__await__"):
+            await result
 
 
 def get_field(obj: Any, name: str, default: Any = None) -> Any:

@@ -170,10 +170,11 @@ class JSONReply:
 
 @dataclass(frozen=True)
 class StreamReply:
-    """A server-sent-events response, one encoded chunk per item."""
+    """A streamed response, one encoded chunk per item (server-sent events by default)."""
 
     chunks: Sequence[bytes]
     status: int = 200
+    content_type: str = "text/event-stream; charset=utf-8"
 
 
 class ApiError(Exception):

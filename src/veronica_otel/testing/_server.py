@@ -288,6 +288,15 @@ class FakeLLMServer:
         with self._lock:
             return self._counts[path]
 
+    def stats(self) -> dict[str, Any]:
+        """Requests received so far: ``{"total": n, "routes": {path: n}}`` (``GET /stats``).
+
+        ``/stats`` itself is not counted, so a client can ask what was sent
+        before and after without changing the answer.
+        """
+        with self._lock:
+            return {"total": self._total, "routes": dict(sorted(self._counts.items()))}
+
     def reset(self) -> None:
         """Forget requests and counts, clear failures and scripts, restore the latency."""
         with self._lock:
@@ -432,6 +441,8 @@ class FakeLLMServer:
     def _handle(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
         parts = urlsplit(target)
         path = parts.path
+        if method == "GET" and path == "/stats":  # not a request to the API: not counted
+            return Reply(200, {"content-type": "application/json"}, body=dumps(self.stats()))
         body: Any = None
         if raw:
             try:
@@ -466,7 +477,7 @@ class FakeLLMServer:
             return _error_reply(500, "fake server error", path, request_id, ids)
         if isinstance(reply, StreamReply):
             stream_headers = {
-                "content-type": "text/event-stream; charset=utf-8",
+                "content-type": reply.content_type,
                 "cache-control": "no-cache",
                 **ids,
             }
@@ -481,7 +492,7 @@ class FakeLLMServer:
         if method == "GET" and path == "/v1/models":
             model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
             return JSONReply({"object": "list", "data": [model]})
-        builder = _openai_api.ROUTES.get(path) or _anthropic_api.ROUTES.get(path)
+        builder = _builder(path)
         if builder is None:
             raise ApiError(404, f"Unknown route {method} {path}")
         if method != "POST":
@@ -497,6 +508,23 @@ class FakeLLMServer:
     def _chunk_delay(self) -> float:
         with self._lock:
             return self._chunk_delay_s
+
+
+# Each wire format's module: ``ROUTES`` (exact paths) and, where a path
+# carries the model (Gemini, Bedrock), ``PATTERNS`` (regex, builder) pairs.
+_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api)
+
+
+def _builder(path: str) -> Callable[[ApiCall], JSONReply | StreamReply] | None:
+    for api in _APIS:
+        builder = api.ROUTES.get(path)
+        if builder is not None:
+            return builder  # type: ignore[no-any-return]
+    for api in _APIS:
+        for pattern, builder in getattr(api, "PATTERNS", ()):
+            if pattern.fullmatch(path):
+                return builder  # type: ignore[no-any-return]
+    return None
 
 
 def _is_anthropic(path: str) -> bool:

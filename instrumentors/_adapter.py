@@ -1,0 +1,472 @@
+"""The shared call machinery every provider adapter goes through.
+
+A provider adapter (``instrumentors/<provider>.py``) says only what is
+provider-specific, as a :class:`ProviderAdapter` subclass:
+
+- :meth:`~ProviderAdapter.read_request`: how a call's arguments read
+  (:class:`Request`: operation, model, input, output cap, stream);
+- :meth:`~ProviderAdapter.rewrite`: how a clamp or a fallback model is put
+  into the arguments (adapters whose requests cannot be rewritten keep the
+  default, and mark their requests not clampable);
+- :meth:`~ProviderAdapter.read_reply` and :meth:`~ProviderAdapter.read_item`:
+  how a reply and one stream item read (usage, response id and model,
+  finish reasons) into the :class:`~._common.ContainedCall`;
+- :meth:`~ProviderAdapter.wrap_stream`: how a streamed reply is held
+  (default: a ``wrapt`` proxy that accounts each item and cuts the stream at
+  the next item once the chain trips).
+
+Everything else lives here once: the chain lookup, the span, admission (one
+:class:`~veronica_otel._call_spec.CallSpec`, one ``admit_call``), the clamp and
+fallback, the G10 failure table, settlement, and the mark that keeps a call
+counted once (DESIGN G13).
+
+Counted once: while an admitted call runs, :data:`ADMITTED` holds it. Another
+adapter underneath (litellm over the ``openai`` SDK) and the HTTP vendor guard
+see it and do not admit the call again. The vendor guard instead reports each
+HTTP attempt of it (:meth:`~._common.ContainedCall.note_send`,
+``note_reply``, ``note_unsent``): every attempt after the first is one of the
+SDK's own retries, drawn from ``max_retries_total`` before it is sent, and an
+attempt lost unanswered costs its reservation (G10).
+
+G10 for an adapter's call that raised:
+
+- a :class:`BudgetExceededError` raised inside the SDK (a retry refused by the
+  HTTP layer) reaches the caller as itself, even when the SDK wrapped it in
+  its own error type (``raise ... from`` the SDK's error);
+- no attempt left (the HTTP layer saw none, or the error says the connection
+  was never made): released;
+- every attempt answered by an HTTP error status: zero cost, the step counts;
+- otherwise the reservation, times the attempts lost unanswered.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+from opentelemetry import context as otel_context
+
+from veronica_otel._agents import current_agent
+from veronica_otel._errors import BudgetExceededError
+from veronica_otel._propagation import default_context
+
+from ._admit import CallSpec, aadmit, admit, input_bound
+from ._breakers import never_connected
+from ._common import (
+    AsyncContainedStream,
+    ContainedCall,
+    ContainedStream,
+    _aclose,
+    make_current,
+    start_span,
+    strip_veronica_baggage,
+)
+
+__all__ = [
+    "ADMITTED",
+    "ProviderAdapter",
+    "Request",
+    "admitted_call",
+    "denial_in",
+    "http_status",
+    "wrapper",
+]
+
+_logger = logging.getLogger(__name__)
+
+# The call an adapter admitted, while it runs (None outside one): no other
+# layer under it admits it again, and the HTTP layer counts its attempts.
+ADMITTED: contextvars.ContextVar[ContainedCall | None] = contextvars.ContextVar(
+    "veronica_admitted_call", default=None
+)
+admitted_call = ADMITTED.get
+
+
+class Request(NamedTuple):
+    """One SDK call's request, as its adapter reads it.
+
+    Attributes:
+        operation: ``gen_ai.operation.name`` (``"chat"``, ``"embeddings"``, ...).
+        model: The model requested (``"unknown"`` when the request names none).
+        input_parts: Everything sent as input (messages, system prompt, tools):
+            its UTF-8 bytes bound the input tokens, and it signs the call for
+            the repeat limit.
+        n_messages: Messages in the input (each adds the per-message overhead).
+        cap: The output cap the request sets (None: none).
+        clampable: Whether :meth:`ProviderAdapter.rewrite` can set or lower the cap.
+        choices: Completions generated, each up to the cap.
+        stream: Whether the reply streams.
+        extra_input_tokens: Input the byte walk cannot see, at its documented
+            worst case (images, files, server-side context).
+        attributes: More span attributes read from the request.
+    """
+
+    operation: str
+    model: str
+    input_parts: object
+    n_messages: int = 1
+    cap: int | None = None
+    clampable: bool = False
+    choices: int = 1
+    stream: bool = False
+    extra_input_tokens: int = 0
+    attributes: dict[str, Any] | None = None
+
+
+class ProviderAdapter:
+    """What one provider's SDK calls look like; see the module docs.
+
+    Subclasses set :attr:`provider` and override :meth:`read_request`,
+    :meth:`read_reply` and, for streams, :meth:`read_item`. One instance
+    serves every hooked method of the SDK: :func:`wrapper` builds the
+    ``wrapt`` wrapper for each.
+    """
+
+    #: ``gen_ai.provider.name`` (``"gcp.gemini"``, ``"aws.bedrock"``, ...).
+    provider: ClassVar[str] = ""
+    #: Where the SDK's HTTP requests go (for ``server.address``); None: unknown.
+    server: ClassVar[str | None] = None
+
+    def read_request(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+    ) -> Request | None:
+        """The call's request; None when it is not a billable call (passed through)."""
+        raise NotImplementedError
+
+    def rewrite(
+        self,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        cap: int | None,
+        model: str | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments with the output ``cap`` and the fallback ``model`` set.
+
+        Each is None when unchanged. Never mutate the caller's objects: copy
+        what changes.
+        """
+        return args, kwargs
+
+    def read_reply(self, call: ContainedCall, reply: Any) -> None:
+        """Read a whole reply's usage (``call.set_usage``) and attributes."""
+
+    def read_item(self, call: ContainedCall, item: Any) -> None:
+        """Read one stream item: usage totals so far, text (``call.add_text``)."""
+
+    def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
+        """Hold a streamed reply so each item is accounted and a trip cuts it."""
+        if is_async:
+            return AdapterAsyncStream(reply, call, self.read_item)
+        return AdapterStream(reply, call, self.read_item)
+
+    def is_stream(self, reply: Any, request: Request) -> bool:
+        """Whether ``reply`` is a stream to hold (default: what the request asked)."""
+        return request.stream
+
+    def billed_nothing(self, error: BaseException) -> bool:
+        """Whether ``error`` is an HTTP error reply the provider does not bill."""
+        status = http_status(error)
+        return status is not None and status >= 400
+
+
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status an SDK error carries (``status_code``, ``status``, ``code``,
+    or its ``response``'s), or None when it is not an HTTP reply."""
+    for name in ("status_code", "status", "code"):
+        value = getattr(error, name, None)
+        if type(value) is int and 100 <= value <= 599:
+            return value
+    response = getattr(error, "response", None)
+    for name in ("status_code", "status"):
+        value = getattr(response, name, None)
+        if type(value) is int and 100 <= value <= 599:
+            return value
+    return None
+
+
+def denial_in(error: BaseException) -> BudgetExceededError | None:
+    """Our denial, when ``error`` is one or an SDK error raised from (or while
+    handling) one: the caller must see it as itself."""
+    seen = 0
+    current: BaseException | None = error
+    while current is not None and seen < 8:  # a bounded walk: chains can loop
+        if isinstance(current, BudgetExceededError):
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+def _spec(adapter: ProviderAdapter, request: Request, agent: str | None) -> CallSpec:
+    bound = input_bound(request.input_parts, request.n_messages) + request.extra_input_tokens
+    return CallSpec(
+        adapter.provider,
+        request.operation,
+        request.model,
+        bound,
+        request.cap,
+        request.clampable,
+        request.choices,
+        request.stream,
+        agent,
+        request.input_parts,
+    )
+
+
+class _Prepared(NamedTuple):
+    call: ContainedCall
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class AdapterStream(ContainedStream):
+    """:class:`~._common.ContainedStream` for an adapter's call.
+
+    Many SDKs send a streamed request lazily, from the first ``next()`` (a
+    generator): each item is fetched with the call marked :data:`ADMITTED`,
+    so the HTTP layer counts its attempts instead of admitting it again, and
+    an error is settled by the G10 table and raised as our denial when the SDK
+    wrapped one.
+    """
+
+    def __next__(self) -> Any:
+        call = self._self_call
+        try:
+            call.check_alive()
+            mark = ADMITTED.set(call)
+            try:
+                item = self.__wrapped__.__next__()
+            finally:
+                ADMITTED.reset(mark)
+            self._self_on_item(call, item)
+        except StopIteration:
+            call.finish()
+            raise
+        except BudgetExceededError as exc:
+            self._self_cut(exc)
+            raise
+        except BaseException as exc:
+            _fail(call.adapter, call, exc)
+            denial = denial_in(exc)
+            if denial is None:
+                raise
+            raise denial from exc
+        return item
+
+
+class AdapterAsyncStream(AsyncContainedStream):
+    """The async twin of :class:`AdapterStream`."""
+
+    async def __anext__(self) -> Any:
+        call = self._self_call
+        try:
+            await call.ctx.aensure_active()
+            call.defer_settlement()
+            mark = ADMITTED.set(call)
+            try:
+                item = await self.__wrapped__.__anext__()
+                self._self_on_item(call, item)
+            finally:
+                ADMITTED.reset(mark)
+                await call.settle_deferred()
+        except StopAsyncIteration:
+            await call.afinish()
+            raise
+        except BudgetExceededError as exc:
+            try:
+                await call.afinish(exc)
+            finally:
+                await _aclose(self.__wrapped__)
+            raise
+        except BaseException as exc:
+            call.defer_settlement()
+            try:
+                _fail(call.adapter, call, exc)
+            finally:
+                await call.settle_deferred()
+            denial = denial_in(exc)
+            if denial is None:
+                raise
+            raise denial from exc
+        return item
+
+
+def _describe(
+    adapter: ProviderAdapter,
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    method: str,
+) -> tuple[Any, Request, CallSpec, Any, otel_context.Context] | None:
+    if ADMITTED.get() is not None:
+        return None  # a layer above admitted this call: counted there (G13)
+    current = otel_context.get_current()
+    ctx = default_context(current)
+    if ctx is None:
+        return None
+    request = adapter.read_request(instance, args, kwargs, method)
+    if request is None:
+        return None
+    agent = current_agent() if ctx.names_agents else None
+    spec = _spec(adapter, request, agent)
+    span = start_span(request.operation, adapter.provider, request.model, agent, current)
+    return ctx, request, spec, span, current
+
+
+def _prepared(
+    adapter: ProviderAdapter,
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    request: Request,
+    admitted: tuple[ContainedCall, int | None, str | None],
+) -> _Prepared:
+    """Put the clamp and fallback into the arguments, the request on the span."""
+    call, clamp, fallback = admitted
+    call.request, call.adapter, call.http_attempts = request, adapter, True
+    if clamp is not None or fallback is not None:
+        args, kwargs = adapter.rewrite(instance, args, kwargs, clamp, fallback)
+    attributes = call.pending_attributes
+    if attributes is not None:
+        if request.cap is not None and "gen_ai.request.max_tokens" not in attributes:
+            attributes["gen_ai.request.max_tokens"] = request.cap
+        if request.attributes:
+            attributes.update(request.attributes)
+        if adapter.server is not None:
+            attributes.setdefault("server.address", adapter.server)
+    return _Prepared(call, args, kwargs)
+
+
+def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -> None:
+    """Settle a call whose SDK call raised ``error``, per the G10 table."""
+    if not call.sends and (call.unsent or never_connected(error)):
+        call.finish(error, sent=False)  # no attempt left the process
+        return
+    if not call.sends and denial_in(error) is not None:
+        call.finish(error, sent=False)  # refused before its first attempt
+        return
+    lost = call.sends - call.replies
+    if lost > 0:
+        call.lost_attempts = lost
+    if call.replies and not lost and adapter.billed_nothing(error):
+        call.finish(error, billed=False)  # every attempt answered by an HTTP error
+        return
+    if not call.sends and adapter.billed_nothing(error):
+        call.finish(error, billed=False)  # the HTTP layer unseen: the SDK's error says
+        return
+    call.finish(error)
+
+
+def _settle(adapter: ProviderAdapter, call: ContainedCall, reply: Any, is_async: bool) -> Any:
+    try:
+        if adapter.is_stream(reply, call.request):
+            return adapter.wrap_stream(call, reply, is_async)
+        adapter.read_reply(call, reply)
+    except Exception:
+        _logger.exception("reading a %s reply failed; its reservation is committed", call.provider)
+    call.finish()
+    return reply
+
+
+def wrapper(adapter: ProviderAdapter, method: str, is_async: bool = False) -> Callable[..., Any]:
+    """The ``wrapt`` wrapper that contains one SDK method through ``adapter``.
+
+    ``method`` names the hooked method to :meth:`ProviderAdapter.read_request`
+    (one adapter reads several). ``is_async``: the method returns an awaitable.
+    """
+    return _async_wrapper(adapter, method) if is_async else _sync_wrapper(adapter, method)
+
+
+def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
+    async def acontained(
+        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        described = _describe(adapter, instance, args, kwargs, method)
+        if described is None:
+            return await wrapped(*args, **kwargs)
+        ctx, request, spec, span, current = described
+        span_token = make_current(span, current)
+        admitted = None
+        try:
+            admitted = await aadmit(ctx, span, True, spec)
+            prepared = _prepared(adapter, instance, args, kwargs, request, admitted)
+        except BaseException as exc:
+            if admitted is not None:  # admitted, then rewriting failed: nothing sent
+                await admitted[0].afinish(exc, sent=False)
+            if span_token is not None:
+                otel_context.detach(span_token)
+            raise
+        call = prepared.call
+        mark = ADMITTED.set(call)
+        stripped = strip_veronica_baggage(current)
+        try:
+            reply = await wrapped(*prepared.args, **prepared.kwargs)
+        except BaseException as exc:
+            call.defer_settlement()
+            try:
+                _fail(adapter, call, exc)
+            finally:
+                await call.settle_deferred()
+            denial = denial_in(exc)
+            if denial is None or denial is exc:
+                raise
+            raise denial from exc  # the SDK wrapped our denial in its own error
+        finally:
+            _detach(stripped, mark, span_token)
+        call.defer_settlement()
+        try:
+            return _settle(adapter, call, reply, True)
+        finally:
+            await call.settle_deferred()
+
+    return acontained
+
+
+def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
+    def contained(
+        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        described = _describe(adapter, instance, args, kwargs, method)
+        if described is None:
+            return wrapped(*args, **kwargs)
+        ctx, request, spec, span, current = described
+        # Current from admission until the SDK returns: a denial's trip event
+        # lands on this span, and HTTP spans nest under it.
+        span_token = make_current(span, current)
+        admitted = None
+        try:
+            admitted = admit(ctx, span, True, spec)
+            prepared = _prepared(adapter, instance, args, kwargs, request, admitted)
+        except BaseException as exc:
+            if admitted is not None:  # admitted, then rewriting failed: nothing sent
+                admitted[0].finish(exc, sent=False)
+            if span_token is not None:
+                otel_context.detach(span_token)
+            raise
+        call = prepared.call
+        mark = ADMITTED.set(call)
+        stripped = strip_veronica_baggage(current)
+        try:
+            reply = wrapped(*prepared.args, **prepared.kwargs)
+        except BaseException as exc:
+            _fail(adapter, call, exc)
+            denial = denial_in(exc)
+            if denial is None or denial is exc:
+                raise
+            raise denial from exc  # the SDK wrapped our denial in its own error
+        finally:
+            _detach(stripped, mark, span_token)
+        return _settle(adapter, call, reply, False)
+
+    return contained
+
+
+def _detach(stripped: object, mark: contextvars.Token[Any], span_token: object) -> None:
+    if stripped is not None:
+        otel_context.detach(stripped)  # type: ignore[arg-type]
+    ADMITTED.reset(mark)
+    if span_token is not None:
+        otel_context.detach(span_token)  # type: ignore[arg-type]
