@@ -1,0 +1,137 @@
+"""Each HTTP attempt of an adapter's call, as the transport sees it.
+
+SDKs retry in as many ways as there are SDKs (a loop around the send, a
+recursive ``request()``, tenacity, botocore's handler, urllib3's own
+``Retry``), but every attempt goes through one of a few transports. While a
+call an adapter admitted runs (:data:`~._adapter.ADMITTED`, with
+``call.http_attempts``), these hooks report each attempt to it:
+
+- before it is sent, :meth:`~._common.ContainedCall.note_send`: every attempt
+  after the first is one of the SDK's own retries, drawn from
+  ``max_retries_total`` and re-checked against trips and the deadline; a
+  refusal raises :class:`BudgetExceededError` there, and nothing is sent;
+- when a status line arrives, ``note_reply`` (an error status is a reply the
+  provider does not bill; an attempt with no reply may have been billed);
+- when the connection was never made, ``note_unsent`` (nothing left).
+
+Hooked, each when the application imports it (nothing is imported here):
+``httpx2`` and ``httpx`` (``HTTPTransport.handle_request``,
+``AsyncHTTPTransport.handle_async_request``) and ``urllib3``
+(``HTTPConnectionPool.urlopen``: ``requests`` and ``botocore`` send through
+it). Calls no adapter admitted pass through after one context variable read.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import wrapt
+
+from ._adapter import ADMITTED
+from ._unwrap import is_ours
+
+__all__ = ["ensure_attempt_hooks", "never_sent"]
+
+# Transport errors that say the attempt's connection was never made, by
+# module root: nothing of the request left the process.
+_UNSENT = {
+    "httpx2": frozenset(("ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol")),
+    "httpx": frozenset(("ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol")),
+    "httpcore": frozenset(("ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol")),
+    "urllib3": frozenset(
+        ("NewConnectionError", "NameResolutionError", "ConnectTimeoutError", "EmptyPoolError")
+    ),
+    "aiohttp": frozenset(
+        ("ClientConnectorError", "ClientConnectorDNSError", "ClientConnectorCertificateError")
+    ),
+}
+
+
+def never_sent(error: BaseException) -> bool:
+    """True when ``error`` says the attempt's connection was never made.
+
+    Follows urllib3's ``MaxRetryError.reason`` and ``__cause__`` a few steps.
+    """
+    seen = 0
+    current: BaseException | None = error
+    while current is not None and seen < 6:
+        kind = type(current)
+        names = _UNSENT.get(kind.__module__.split(".", 1)[0])
+        if names is not None and kind.__name__ in names:
+            return True
+        reason = getattr(current, "reason", None)
+        current = reason if isinstance(reason, BaseException) else current.__cause__
+        seen += 1
+    return False
+
+
+def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = ADMITTED.get()
+    if call is None or not call.http_attempts:
+        return wrapped(*args, **kwargs)
+    call.note_send()  # a retry over the chain's limits raises here, before the send
+    try:
+        response = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        if never_sent(exc):
+            call.note_unsent()
+        raise
+    call.note_reply()
+    return response
+
+
+async def _aattempt(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    call = ADMITTED.get()
+    if call is None or not call.http_attempts:
+        return await wrapped(*args, **kwargs)
+    await call.anote_send()
+    try:
+        response = await wrapped(*args, **kwargs)
+    except BaseException as exc:
+        if never_sent(exc):
+            call.note_unsent()
+        raise
+    call.note_reply()
+    return response
+
+
+# (module, class, method, wrapper)
+_HOOKS = (
+    ("httpx2", "HTTPTransport", "handle_request", _attempt),
+    ("httpx2", "AsyncHTTPTransport", "handle_async_request", _aattempt),
+    ("httpx", "HTTPTransport", "handle_request", _attempt),
+    ("httpx", "AsyncHTTPTransport", "handle_async_request", _aattempt),
+    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", _attempt),
+)
+_lock = threading.Lock()
+_registered = False
+
+
+def _hook_module(module_name: str) -> Any:
+    def install(module: Any) -> None:
+        for name, owner_name, method, wrapper in _HOOKS:
+            if name != module_name:
+                continue
+            owner = getattr(module, owner_name, None)
+            if isinstance(owner, type) and not is_ours(owner, method, wrapper):
+                wrapt.wrap_function_wrapper(owner, method, wrapper)
+
+    return install
+
+
+def ensure_attempt_hooks() -> None:
+    """Hook the transports (now if imported, else when they are); idempotent.
+
+    Adapter instrumentors call this when instrumented; the hooks stay (they
+    act only on calls an adapter admitted).
+    """
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        _registered = True
+        for module_name in dict.fromkeys(name for name, *_ in _HOOKS):
+            wrapt.register_post_import_hook(_hook_module(module_name), module_name)
