@@ -157,8 +157,12 @@ class ProviderAdapter:
         """Read one stream item: usage totals so far, text (``call.add_text``)."""
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
-        """Hold a streamed reply so each item is accounted and a trip cuts it."""
-        if is_async:
+        """Hold a streamed reply so each item is accounted and a trip cuts it.
+
+        ``is_async``: the hooked method was awaited; a sync method may return
+        an async iterator too (an async generator function).
+        """
+        if is_async or hasattr(reply, "__anext__"):
             return AdapterAsyncStream(reply, call, self.read_item)
         return AdapterStream(reply, call, self.read_item)
 
