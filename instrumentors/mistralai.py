@@ -41,7 +41,7 @@ chain trips.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection, Iterator
 from typing import Any
 
 import wrapt
@@ -217,6 +217,29 @@ def _read_event(call: ContainedCall, payload: bytes) -> None:
         stream_attributes(attributes, event)
 
 
+def _split(chunk: bytes) -> list[bytes]:
+    """``chunk`` cut after each event's end (a blank line), ends kept."""
+    pieces = chunk.split(b"\n\n")
+    last = pieces.pop()
+    out = [piece + b"\n\n" for piece in pieces]
+    if last:
+        out.append(last)
+    return out
+
+
+def _per_event(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The bytes one event at a time: the SDK's parser asks for each, so a
+    trip cuts the stream at the next event even when many came in one read."""
+    for chunk in chunks:
+        yield from _split(chunk) if chunk.count(b"\n\n") > 1 else (chunk,)
+
+
+async def _aper_event(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        for piece in _split(chunk) if chunk.count(b"\n\n") > 1 else (chunk,):
+            yield piece
+
+
 class _StreamedResponse(wrapt.BaseObjectProxy[Any]):
     """A contained call's streamed ``httpx2.Response``, as the SDK's event parser
     reads it: its bytes pass through the call, closing it settles the call."""
@@ -227,12 +250,12 @@ class _StreamedResponse(wrapt.BaseObjectProxy[Any]):
         self._self_events = _Events()
 
     def iter_bytes(self, chunk_size: int | None = None) -> Any:
-        chunks = self.__wrapped__.iter_bytes(chunk_size)
-        return AdapterStream(chunks, self._self_call, self._self_events.feed)
+        pieces = _per_event(self.__wrapped__.iter_bytes(chunk_size))
+        return AdapterStream(pieces, self._self_call, self._self_events.feed)
 
     def aiter_bytes(self, chunk_size: int | None = None) -> Any:
-        chunks = self.__wrapped__.aiter_bytes(chunk_size)
-        return AdapterAsyncStream(chunks, self._self_call, self._self_events.feed)
+        pieces = _aper_event(self.__wrapped__.aiter_bytes(chunk_size))
+        return AdapterAsyncStream(pieces, self._self_call, self._self_events.feed)
 
     def close(self) -> None:
         try:
