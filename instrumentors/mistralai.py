@@ -41,26 +41,16 @@ chain trips.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import Collection
 from typing import Any
 
-import wrapt
-
-from veronica_otel._gc_safe import defer
-
-from ._adapter import (
-    AdapterAsyncStream,
-    AdapterStream,
-    HTTPErrorReply,
-    ProviderAdapter,
-    Request,
-    wrapper,
-)
+from ._adapter import HTTPErrorReply, ProviderAdapter, Request, wrapper
 from ._attempts import ensure_attempt_hooks
 from ._common import ContainedCall
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 from ._mistralai_request import body_of, extra_input, route_of, unpriced_model
 from ._openai_attributes import response_attributes, stream_attributes
+from ._streamed_response import StreamedResponse
 
 __all__ = ["MistralAIInstrumentor"]
 
@@ -162,7 +152,7 @@ class _MistralAdapter(ProviderAdapter):
             response_attributes(attributes, data)
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
-        return _StreamedResponse(reply, call)
+        return StreamedResponse(reply, call, _read_event)
 
 
 def _read_usage(call: ContainedCall, usage: object) -> None:
@@ -172,30 +162,6 @@ def _read_usage(call: ContainedCall, usage: object) -> None:
     if output is None and call.request.operation in _NO_OUTPUT:
         output = 0
     call.set_usage(usage.get("prompt_tokens"), output)
-
-
-class _Events:
-    """The server-sent events in a stream's bytes, read as they pass.
-
-    Single-line ``data:`` events (what the API sends); a chunk may end
-    mid-line, the rest waits for the next one.
-    """
-
-    __slots__ = ("rest",)
-
-    def __init__(self) -> None:
-        self.rest = b""
-
-    def feed(self, call: ContainedCall, chunk: Any) -> None:
-        if type(chunk) is not bytes:
-            return
-        lines = (self.rest + chunk if self.rest else chunk).split(b"\n")
-        self.rest = lines.pop()
-        for line in lines:
-            if line.startswith(b"data:"):
-                payload = line[5:].strip()
-                if payload and payload != b"[DONE]":
-                    _read_event(call, payload)
 
 
 def _read_event(call: ContainedCall, payload: bytes) -> None:
@@ -215,64 +181,6 @@ def _read_event(call: ContainedCall, payload: bytes) -> None:
     attributes = call.pending_attributes
     if attributes is not None:
         stream_attributes(attributes, event)
-
-
-def _split(chunk: bytes) -> list[bytes]:
-    """``chunk`` cut after each event's end (a blank line), ends kept."""
-    pieces = chunk.split(b"\n\n")
-    last = pieces.pop()
-    out = [piece + b"\n\n" for piece in pieces]
-    if last:
-        out.append(last)
-    return out
-
-
-def _per_event(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """The bytes one event at a time: the SDK's parser asks for each, so a
-    trip cuts the stream at the next event even when many came in one read."""
-    for chunk in chunks:
-        yield from _split(chunk) if chunk.count(b"\n\n") > 1 else (chunk,)
-
-
-async def _aper_event(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    async for chunk in chunks:
-        for piece in _split(chunk) if chunk.count(b"\n\n") > 1 else (chunk,):
-            yield piece
-
-
-class _StreamedResponse(wrapt.BaseObjectProxy[Any]):
-    """A contained call's streamed ``httpx2.Response``, as the SDK's event parser
-    reads it: its bytes pass through the call, closing it settles the call."""
-
-    def __init__(self, response: Any, call: ContainedCall) -> None:
-        super().__init__(response)
-        self._self_call = call
-        self._self_events = _Events()
-
-    def iter_bytes(self, chunk_size: int | None = None) -> Any:
-        pieces = _per_event(self.__wrapped__.iter_bytes(chunk_size))
-        return AdapterStream(pieces, self._self_call, self._self_events.feed)
-
-    def aiter_bytes(self, chunk_size: int | None = None) -> Any:
-        pieces = _aper_event(self.__wrapped__.aiter_bytes(chunk_size))
-        return AdapterAsyncStream(pieces, self._self_call, self._self_events.feed)
-
-    def close(self) -> None:
-        try:
-            self._self_call.finish()
-        finally:
-            self.__wrapped__.close()
-
-    async def aclose(self) -> None:
-        try:
-            await self._self_call.afinish()
-        finally:
-            await self.__wrapped__.aclose()
-
-    def __del__(self) -> None:
-        call = self._self_call
-        if not call.done:
-            defer(call.finish)  # a finaliser must not take the ledger's lock
 
 
 _ADAPTER = _MistralAdapter()
