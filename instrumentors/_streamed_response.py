@@ -4,7 +4,7 @@ Adapters that hook an SDK's HTTP layer (``mistralai``'s ``do_request``,
 ``cohere``'s ``HttpClient.stream``) get the ``httpx``/``httpx2`` response of
 a streamed call before the SDK parses it. :class:`StreamedResponse` is a
 ``wrapt`` proxy of it: the bytes the SDK's event parser reads
-(``iter_bytes`` / ``aiter_bytes``) pass through an
+(``iter_bytes`` / ``aiter_bytes``, and the lines read from them) pass through an
 :class:`~._adapter.AdapterStream` one event at a time, so each event's usage
 is read (``read_event(call, payload)`` for each ``data:`` line or bare JSON
 line) and a trip cuts the stream at the next event even when many events came
@@ -18,6 +18,7 @@ reply billed nothing; the response it yields is a :class:`StreamedResponse`.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -110,6 +111,29 @@ class StreamedResponse(wrapt.BaseObjectProxy[Any]):
     def aiter_bytes(self, chunk_size: int | None = None) -> Any:
         pieces = _aper_event(self.__wrapped__.aiter_bytes(chunk_size))
         return AdapterAsyncStream(pieces, self._self_call, self._self_lines.feed)
+
+    def iter_lines(self) -> Iterator[str]:
+        """Lines of the bytes above (newline-delimited JSON streams read lines)."""
+        decode = codecs.getincrementaldecoder("utf-8")().decode
+        rest = ""
+        for chunk in self.iter_bytes():
+            *lines, rest = (rest + decode(chunk)).split("\n")
+            for line in lines:
+                yield line.rstrip("\r")
+        rest += decode(b"", final=True)
+        if rest:
+            yield rest
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        decode = codecs.getincrementaldecoder("utf-8")().decode
+        rest = ""
+        async for chunk in self.aiter_bytes():
+            *lines, rest = (rest + decode(chunk)).split("\n")
+            for line in lines:
+                yield line.rstrip("\r")
+        rest += decode(b"", final=True)
+        if rest:
+            yield rest
 
     def close(self) -> None:
         try:
