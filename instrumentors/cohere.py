@@ -147,7 +147,11 @@ class _CohereAdapter(ProviderAdapter):
         if route.unpriced:
             model = f"{path}:{model}"
         parts = [part for part in map(body.get, route.inputs) if part is not None]
-        history = body.get("messages", body.get("chat_history"))
+        messages, history = body.get("messages"), body.get("chat_history")
+        if type(messages) is list:
+            n_messages = len(messages)
+        else:  # v1: the message, after its history
+            n_messages = len(history) + 1 if type(history) is list else 1
         cap = body.get(route.cap) if route.cap is not None else None
         choices = body.get(route.choices) if route.choices is not None else None
         extra = _CONTEXT_BOUND if route.unpriced or any(map(body.get, route.server_side)) else 0
@@ -157,7 +161,7 @@ class _CohereAdapter(ProviderAdapter):
             route.operation,
             model,
             parts,
-            len(history) + 1 if type(history) is list else 1,
+            n_messages,
             cap if type(cap) is int else None,
             route.cap is not None and not route.unpriced,
             choices if type(choices) is int and choices > 1 else 1,
