@@ -66,6 +66,7 @@ from ._common import (
 
 __all__ = [
     "ADMITTED",
+    "HTTPErrorReply",
     "ProviderAdapter",
     "Request",
     "admitted_call",
@@ -174,6 +175,20 @@ class ProviderAdapter:
         """Whether ``error`` is an HTTP error reply the provider does not bill."""
         status = http_status(error)
         return status is not None and status >= 400
+
+
+class HTTPErrorReply(Exception):
+    """An HTTP error status that a hooked method returned as its reply.
+
+    Hooks below an SDK's error handling (a ``do_request`` that hands the
+    response back, the SDK raising its own error after it) settle such a
+    reply with ``call.finish(HTTPErrorReply(status), billed=False)``: zero
+    cost, the step counts (G10), and the endpoint breaker reads the status.
+    """
+
+    def __init__(self, status_code: int) -> None:
+        super().__init__(f"HTTP {status_code} reply")
+        self.status_code = status_code
 
 
 def http_status(error: BaseException) -> int | None:

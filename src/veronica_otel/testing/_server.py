@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _anthropic_api, _openai_api
+from . import _anthropic_api, _cohere_api, _mistral_api, _openai_api
 from ._common import (
     ApiCall,
     ApiError,
@@ -467,14 +467,14 @@ class FakeLLMServer:
         request_id = f"req_fake{serial}"
         ids = {"x-request-id": request_id, "request-id": request_id}
         if failure is not None:
-            return _failure_reply(failure, path, request_id, ids)
+            return _failure_reply(failure, path, request_id, ids, headers)
         try:
             reply = self._route(record, len(raw), serial)
         except ApiError as exc:
-            return _error_reply(exc.status, exc.message, path, request_id, ids)
+            return _error_reply(exc.status, exc.message, path, request_id, ids, headers)
         except Exception:
             _logger.exception("fake LLM server failed on %s %s", method, path)
-            return _error_reply(500, "fake server error", path, request_id, ids)
+            return _error_reply(500, "fake server error", path, request_id, ids, headers)
         if isinstance(reply, StreamReply):
             stream_headers = {
                 "content-type": reply.content_type,
@@ -492,7 +492,7 @@ class FakeLLMServer:
         if method == "GET" and path == "/v1/models":
             model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
             return JSONReply({"object": "list", "data": [model]})
-        builder = _builder(path)
+        builder = _builder(path, record.headers)
         if builder is None:
             raise ApiError(404, f"Unknown route {method} {path}")
         if method != "POST":
@@ -512,15 +512,40 @@ class FakeLLMServer:
 
 # Each wire format's module: ``ROUTES`` (exact paths) and, where a path
 # carries the model (Gemini, Bedrock), ``PATTERNS`` (regex, builder) pairs.
-_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api)
+# A module whose paths another API shares (Mistral's /v1/chat/completions)
+# has ``CLAIMS``: (header, value prefix) pairs, set by its SDK, under which its
+# routes come first; and optionally its own ``error_payload(status, message)``.
+_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api, _mistral_api, _cohere_api)
 
 
-def _builder(path: str) -> Callable[[ApiCall], JSONReply | StreamReply] | None:
-    for api in _APIS:
+def _claimants(headers: Mapping[str, str] | None) -> tuple[Any, ...]:
+    """The APIs whose ``CLAIMS`` match ``headers`` (the request came from their SDK)."""
+    if not headers:
+        return ()
+    return tuple(
+        api
+        for api in _APIS
+        if any(
+            headers.get(name, "").startswith(prefix) for name, prefix in getattr(api, "CLAIMS", ())
+        )
+    )
+
+
+def _claimed(headers: Mapping[str, str] | None) -> tuple[Any, ...]:
+    """The APIs in the order a request with ``headers`` tries them (claimants first)."""
+    first = _claimants(headers)
+    return first + tuple(api for api in _APIS if api not in first) if first else _APIS
+
+
+def _builder(
+    path: str, headers: Mapping[str, str] | None = None
+) -> Callable[[ApiCall], JSONReply | StreamReply] | None:
+    apis = _claimed(headers)
+    for api in apis:
         builder = api.ROUTES.get(path)
         if builder is not None:
             return builder  # type: ignore[no-any-return]
-    for api in _APIS:
+    for api in apis:
         for pattern, builder in getattr(api, "PATTERNS", ()):
             if pattern.fullmatch(path):
                 return builder  # type: ignore[no-any-return]
@@ -532,18 +557,34 @@ def _is_anthropic(path: str) -> bool:
 
 
 def _error_reply(
-    status: int, message: str, path: str, request_id: str, ids: Mapping[str, str]
+    status: int,
+    message: str,
+    path: str,
+    request_id: str,
+    ids: Mapping[str, str],
+    headers: Mapping[str, str] | None = None,
 ) -> Reply:
-    if _is_anthropic(path):
+    claimant = next((api for api in _claimants(headers) if path in api.ROUTES), None)
+    if claimant is not None and hasattr(claimant, "error_payload"):
+        payload = claimant.error_payload(status, message)
+    elif _is_anthropic(path):
         payload = _anthropic_api.error_payload(status, message, request_id)
+    elif path in _cohere_api.ROUTES:
+        payload = _cohere_api.error_payload(status, message)
     else:
         payload = _openai_api.error_payload(status, message)
     return Reply(status, {"content-type": "application/json", **ids}, body=dumps(payload))
 
 
-def _failure_reply(failure: _Failure, path: str, request_id: str, ids: Mapping[str, str]) -> Reply:
+def _failure_reply(
+    failure: _Failure,
+    path: str,
+    request_id: str,
+    ids: Mapping[str, str],
+    headers: Mapping[str, str] | None = None,
+) -> Reply:
     if failure.body is None:
-        reply = _error_reply(failure.status, "Injected failure", path, request_id, ids)
+        reply = _error_reply(failure.status, "Injected failure", path, request_id, ids, headers)
         return Reply(reply.status, {**reply.headers, **failure.headers}, body=reply.body)
     if isinstance(failure.body, bytes):
         raw = failure.body

@@ -1,0 +1,304 @@
+"""Containment for the ``cohere`` SDK (7.x): ``ClientV2``, ``Client`` and their async twins.
+
+Usage::
+
+    from veronica_otel.instrumentors.cohere import CohereInstrumentor
+
+    CohereInstrumentor().instrument()
+    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)):
+        co.chat(model="command-a-03-2025", messages=[...])
+
+Configuration: limits come from the active :class:`ExecutionContext`, else the
+process default chain (zero-code: ``VERONICA_*`` variables). With neither,
+calls pass through untouched.
+
+Where it hooks: ``cohere.core.http_client``. Every generated method of the
+SDK (v1 and v2, the raw clients, batches, datasets, fine-tuning, embed jobs,
+audio) sends through ``HttpClient.request`` / ``AsyncHttpClient.request``,
+and the three streaming ones (v2 chat, v1 chat, v1 generate) through
+``HttpClient.stream`` / ``AsyncHttpClient.stream``. The operation is read from
+the SDK's own path (``"v2/chat"``), the model, cap and input from the ``json``
+body it is given, so one place sees every endpoint, a new one included:
+
+- token-priced: chat (v1, v2), generate, embed, classify, summarize,
+  contained at their worst case (``max_tokens`` is set or lowered when the
+  chain's budget requires it); a v1 chat that continues a server-side
+  conversation or searches connectors adds :data:`_CONTEXT_BOUND` tokens;
+- free (tokenize, detokenize, connectors, datasets, cancellations): passed;
+- anything else (rerank, billed per search unit; batches, embed jobs and
+  fine-tuning, billed for files the request does not hold; audio): admitted
+  under a name no price table knows (``"v2/rerank:rerank-v3.5"``), so it is
+  refused under a cost ceiling, naming it, and counted as a step without one.
+
+``request()`` retries by calling itself (429, 408, 409, 5xx and lost
+connections, up to ``max_retries``): the inner calls see the call already
+admitted and pass, and each attempt goes through ``httpx``'s
+``HTTPTransport.handle_request``, where the transport hooks (``_attempts``)
+draw every retry from ``max_retries_total`` before it is sent. The response
+comes back before the SDK reads it: an HTTP error status is a reply billed
+nothing, a reply's ``usage.billed_units`` (v2) or ``meta.billed_units`` (v1)
+is committed. A stream is held as it is entered
+(``_streamed_response.StreamContext``): its ``message-end`` event's
+``delta.usage`` (v2) or ``stream-end`` event's ``response.meta`` (v1) is read,
+and it is cut at the next event once the chain trips.
+
+``AsyncHttpClient.stream`` returns its context manager synchronously: such a
+call is admitted there with the in-process ledger's synchronous path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from typing import Any, NamedTuple
+
+from ._adapter import HTTPErrorReply, ProviderAdapter, Request, wrapper
+from ._attempts import ensure_attempt_hooks
+from ._common import ContainedCall
+from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._streamed_response import StreamContext
+
+__all__ = ["CohereInstrumentor"]
+
+_instruments = ("cohere >= 7.0, < 8",)
+
+# The largest context window of Cohere's chat models (Command A: 256k): what
+# a server-side conversation or connector search can add at most.
+_CONTEXT_BOUND = 256_000
+# Cohere documents no per-image maximum for its vision and embed models; this
+# bound is above every per-image count we know of (Mistral's is 4,160).
+_IMAGE_TOKENS = 16_384
+_STREAMS = frozenset(("stream", "astream"))
+
+
+class _Route(NamedTuple):
+    operation: str
+    inputs: tuple[str, ...]
+    cap: str | None = None
+    unpriced: bool = False
+    server_side: tuple[str, ...] = ()  # body keys that add server-side input
+    choices: str | None = None  # body key of the number of generations
+
+
+_EMBED = _Route("embeddings", ("texts", "images", "inputs"))
+_ROUTES: dict[str, _Route] = {
+    "v2/chat": _Route("chat", ("messages", "tools", "documents", "response_format"), "max_tokens"),
+    "v1/chat": _Route(
+        "chat",
+        ("message", "preamble", "chat_history", "documents", "tools", "tool_results"),
+        "max_tokens",
+        server_side=("conversation_id", "connectors"),
+    ),
+    "v1/generate": _Route("text_completion", ("prompt",), "max_tokens", choices="num_generations"),
+    "v2/embed": _EMBED,
+    "v1/embed": _EMBED,
+    "v1/classify": _Route("classification", ("inputs", "examples")),
+    "v1/summarize": _Route("summarize", ("text", "additional_command")),
+}
+_FREE = frozenset(
+    ("v1/tokenize", "v1/detokenize", "v1/check-api-key", "v1/connectors", "v1/datasets")
+)
+_FREE_ENDINGS = (":cancel", "/cancel", "/oauth/authorize")
+_NO_OUTPUT = frozenset(("embeddings", "classification"))
+
+
+def _route(path: object) -> _Route | None:
+    if type(path) is not str:
+        return None
+    route = _ROUTES.get(path)
+    if route is not None:
+        return route
+    if path in _FREE or path.endswith(_FREE_ENDINGS):
+        return None
+    return _Route(path.split("/", 2)[-1] if "/" in path else path, (), unpriced=True)
+
+
+def _images(body: dict[str, Any]) -> int:
+    """Images sent: ``image_url`` parts of v2 messages, embed images and inputs."""
+    count = 0
+    for key in ("messages", "inputs"):
+        for item in body.get(key) or ():
+            content = item.get("content") if type(item) is dict else None
+            for part in content if type(content) is list else ():
+                if type(part) is dict and part.get("type") in ("image_url", "image"):
+                    count += 1
+    images = body.get("images")
+    return count + (len(images) if type(images) is list else 0)
+
+
+class _CohereAdapter(ProviderAdapter):
+    provider = "cohere"
+
+    def read_request(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+    ) -> Request | None:
+        if kwargs.get("method") != "POST":
+            return None
+        path = args[0] if args else kwargs.get("path")
+        route = _route(path)
+        if route is None:
+            return None
+        raw = kwargs.get("json")
+        body: dict[str, Any] = {}
+        if type(raw) is dict:  # OMIT (``...``) and None: parameters the caller left out
+            body = {k: v for k, v in raw.items() if v is not None and v is not ...}
+        named = body.get("model")
+        model = named if type(named) is str and named else "unknown"
+        if route.unpriced:
+            model = f"{path}:{model}"
+        parts = [part for part in map(body.get, route.inputs) if part is not None]
+        messages, history = body.get("messages"), body.get("chat_history")
+        if type(messages) is list:
+            n_messages = len(messages)
+        else:  # v1: the message, after its history
+            n_messages = len(history) + 1 if type(history) is list else 1
+        cap = body.get(route.cap) if route.cap is not None else None
+        choices = body.get(route.choices) if route.choices is not None else None
+        extra = _CONTEXT_BOUND if route.unpriced or any(map(body.get, route.server_side)) else 0
+        if route.cap is not None or route.operation == "embeddings":
+            extra += _images(body) * _IMAGE_TOKENS
+        return Request(
+            route.operation,
+            model,
+            parts,
+            n_messages,
+            cap if type(cap) is int else None,
+            route.cap is not None and not route.unpriced,
+            choices if type(choices) is int and choices > 1 else 1,
+            method in _STREAMS,
+            extra,
+        )
+
+    def rewrite(
+        self,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        cap: int | None,
+        model: str | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        body = kwargs.get("json")
+        route = _route(args[0] if args else kwargs.get("path"))
+        if type(body) is not dict or route is None:
+            return args, kwargs
+        body = dict(body)  # the caller's (and the retry's) dict stays as it was
+        if cap is not None and route.cap is not None:
+            body[route.cap] = cap
+        if model is not None:
+            body["model"] = model
+        return args, {**kwargs, "json": body}
+
+    def is_stream(self, reply: Any, request: Request) -> bool:
+        return request.stream
+
+    def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
+        return StreamContext(reply, call, _read_event)
+
+    def read_reply(self, call: ContainedCall, reply: Any) -> None:
+        status = reply.status_code
+        if status >= 400:  # the SDK raises its error once we return it
+            call.finish(HTTPErrorReply(status), billed=False)
+            return
+        data = reply.json()
+        if type(data) is not dict:
+            return
+        _read_usage(call, data)
+        attributes = call.pending_attributes
+        if attributes is not None:
+            _attributes(attributes, data)
+
+
+def _read_usage(call: ContainedCall, holder: dict[str, Any]) -> None:
+    """Usage from a reply or a final event: ``usage`` (v2) or ``meta`` (v1), billed units first."""
+    usage = holder.get("usage") or holder.get("meta")
+    if type(usage) is not dict:
+        return
+    counts = usage.get("billed_units") or usage.get("tokens")
+    if type(counts) is not dict:
+        return
+    inp, out = counts.get("input_tokens"), counts.get("output_tokens")
+    operation = call.request.operation
+    if out is None and operation in _NO_OUTPUT:
+        out = 0
+    if inp is None and "search_units" in counts:  # rerank: billed per search, not per token
+        inp = out = 0
+    call.set_usage(inp, out)
+
+
+def _attributes(attributes: dict[str, Any], data: dict[str, Any]) -> None:
+    identity = data.get("id", data.get("response_id", data.get("generation_id")))
+    if type(identity) is str and identity:
+        attributes["gen_ai.response.id"] = identity
+    reason = data.get("finish_reason")
+    if type(reason) is str:
+        attributes["gen_ai.response.finish_reasons"] = [reason]
+
+
+def _read_event(call: ContainedCall, payload: bytes) -> None:
+    """One stream event: v2 server-sent events, v1 JSON lines."""
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return
+    if type(event) is not dict:
+        return
+    kind = event.get("type", event.get("event_type"))
+    if kind == "content-delta":
+        delta = event.get("delta")
+        message = delta.get("message") if type(delta) is dict else None
+        content = message.get("content") if type(message) is dict else None
+        if type(content) is dict and type(text := content.get("text")) is str:
+            call.add_text(text)
+    elif kind == "text-generation":
+        if type(text := event.get("text")) is str:
+            call.add_text(text)
+    elif kind in ("message-end", "stream-end"):
+        final = event.get("delta") if kind == "message-end" else event.get("response")
+        if type(final) is dict:
+            _read_usage(call, final)
+            attributes = call.pending_attributes
+            if attributes is not None:
+                _attributes(attributes, {**final, **event})
+    elif kind == "message-start" and (attributes := call.pending_attributes) is not None:
+        _attributes(attributes, event)
+
+
+_ADAPTER = _CohereAdapter()
+_SIGNATURE = (("path",), ("method", "json"))
+_PATCHES = (
+    Hook("HttpClient", "request", wrapper(_ADAPTER, "request"), *_SIGNATURE),
+    Hook(
+        "AsyncHttpClient",
+        "request",
+        wrapper(_ADAPTER, "arequest", is_async=True),
+        *_SIGNATURE,
+        True,
+    ),
+    Hook("HttpClient", "stream", wrapper(_ADAPTER, "stream"), *_SIGNATURE),
+    Hook("AsyncHttpClient", "stream", wrapper(_ADAPTER, "astream"), *_SIGNATURE),
+)
+_GUARDS = (
+    ("HttpClient", ("request",)),
+    ("AsyncHttpClient", ("request",)),
+    ("HttpClient", ("stream",)),
+    ("AsyncHttpClient", ("stream",)),
+)
+_HOOKS = SDKHooks(_instruments[0], "cohere.core.http_client", _PATCHES, _GUARDS)
+
+
+class CohereInstrumentor(GuardedInstrumentor):
+    """Contains every HTTP API call of the ``cohere`` SDK in the active chain.
+
+    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
+    when the installed ``cohere`` is outside the tested range or a hook
+    changed; nothing is patched and calls in a chain are refused (fail closed).
+    """
+
+    _hooks = _HOOKS
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        super()._instrument(**kwargs)
+        ensure_attempt_hooks()
