@@ -83,6 +83,8 @@ _INSTRUMENTORS = (
     ("mcp.client.session", "veronica_otel.instrumentors.mcp", "MCPInstrumentor"),
     ("langchain_core.tools.base", "veronica_otel.instrumentors.langchain", "LangChainInstrumentor"),
     ("ag2.agent", "veronica_otel.instrumentors.ag2", "AG2Instrumentor"),
+    ("mistralai.client.basesdk", "veronica_otel.instrumentors.mistralai", "MistralAIInstrumentor"),
+    ("cohere.core.http_client", "veronica_otel.instrumentors.cohere", "CohereInstrumentor"),
     # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS), and
     # the vendor rule: no baggage at all on requests to LLM vendors.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
@@ -99,6 +101,8 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_httpx",
         "veronica_requests",
         "veronica_threading",
+        "veronica_mistralai",
+        "veronica_cohere",
     }
 )
 _installed = False  # the enforcement hooks (tests set it to skip them)
