@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _anthropic_api, _openai_api
+from . import _anthropic_api, _bedrock_api, _openai_api
 from ._common import (
     ApiCall,
     ApiError,
@@ -512,7 +512,7 @@ class FakeLLMServer:
 
 # Each wire format's module: ``ROUTES`` (exact paths) and, where a path
 # carries the model (Gemini, Bedrock), ``PATTERNS`` (regex, builder) pairs.
-_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api)
+_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api, _bedrock_api)
 
 
 def _builder(path: str) -> Callable[[ApiCall], JSONReply | StreamReply] | None:
@@ -536,6 +536,10 @@ def _error_reply(
 ) -> Reply:
     if _is_anthropic(path):
         payload = _anthropic_api.error_payload(status, message, request_id)
+    elif _bedrock_api.owns(path):  # restJson: the code in the body and in a header
+        headers = {"x-amzn-errortype": _bedrock_api.error_type(status), **ids}
+        payload = _bedrock_api.error_payload(status, message)
+        return Reply(status, {"content-type": "application/json", **headers}, body=dumps(payload))
     else:
         payload = _openai_api.error_payload(status, message)
     return Reply(status, {"content-type": "application/json", **ids}, body=dumps(payload))
