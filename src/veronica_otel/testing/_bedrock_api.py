@@ -13,7 +13,8 @@ What botocore must parse, as the real service sends it:
   (``cacheReadInputTokens``, ``cacheWriteInputTokens``), as Bedrock reports them;
 * InvokeModel: the model family's own body (Anthropic messages, Amazon Nova,
   Meta Llama, Amazon Titan text), and the family-independent
-  ``X-Amzn-Bedrock-Input-Token-Count`` / ``-Output-Token-Count`` headers;
+  ``X-Amzn-Bedrock-Input-Token-Count`` / ``-Output-Token-Count`` headers
+  (cache reads apart, in ``X-Amzn-Bedrock-Cache-Read-Input-Token-Count``);
 * streams: the AWS event-stream binary framing (prelude, headers, CRC32s),
   content type ``application/vnd.amazon.eventstream``; ConverseStream ends with
   a ``metadata`` event carrying the usage, InvokeModelWithResponseStream's
@@ -292,17 +293,21 @@ def _invoke(call: ApiCall, model: str, stream: bool) -> JSONReply | StreamReply:
     family = _family(model)
     usage = _billed(call, model, _invoke_cap(family, call.body))
     pieces = text_pieces(usage.text_tokens)
+    fresh = usage.input_tokens - usage.cached_tokens  # Bedrock counts cache reads apart
     counts = {
-        "x-amzn-bedrock-input-token-count": str(usage.input_tokens),
+        "x-amzn-bedrock-input-token-count": str(fresh),
         "x-amzn-bedrock-output-token-count": str(usage.output_tokens),
         "x-amzn-bedrock-invocation-latency": "1",
     }
+    if usage.cached_tokens:
+        counts["x-amzn-bedrock-cache-read-input-token-count"] = str(usage.cached_tokens)
     if not stream:
         return JSONReply(_invoke_body(family, call, usage, "".join(pieces)), headers=counts)
     events = _stream_events(family, usage, pieces)
     events[-1]["amazon-bedrock-invocationMetrics"] = {
-        "inputTokenCount": usage.input_tokens,
+        "inputTokenCount": fresh,
         "outputTokenCount": usage.output_tokens,
+        "cacheReadInputTokenCount": usage.cached_tokens,
         "invocationLatency": 1,
         "firstByteLatency": 1,
     }
