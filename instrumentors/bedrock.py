@@ -21,9 +21,10 @@ Where it hooks:
 
 - ``botocore.client.BaseClient._make_api_call`` /
   ``aiobotocore.client.AioBaseClient._make_api_call``: once per API call of any
-  AWS client. Calls to other services pass after one check (the service
-  name in a set). ``bedrock-runtime`` ``Converse``, ``ConverseStream``,
-  ``InvokeModel`` and ``InvokeModelWithResponseStream`` are contained (read in
+  AWS client. Calls to other services pass after one check (the client's
+  public ``meta.service_model.service_name`` in a set). ``bedrock-runtime``
+  ``Converse``, ``ConverseStream``, ``InvokeModel`` and
+  ``InvokeModelWithResponseStream`` are contained (read in
   ``_bedrock_request``, settled from ``_bedrock_response``); the endpoints
   whose bill a request cannot bound (batch, evaluation and customisation
   jobs, async invocations, bidirectional streams, guardrails, agents, flows:
@@ -34,8 +35,9 @@ Where it hooks:
   retries (legacy, standard and adaptive modes) draw on ``max_retries_total``.
   A retry refused there reaches the caller as :class:`BudgetExceededError`:
   a ``needs-retry`` handler registered first on each Bedrock client's events
-  stops botocore from retrying (and sleeping on) our denial, which its HTTP
-  session wraps in ``HTTPClientError``.
+  stops botocore from retrying our denial, which its HTTP session wraps in
+  ``HTTPClientError`` (botocore backs off once before the refused attempt,
+  as it decides a retry before sending it; never after the refusal).
 
 Streams (``response["stream"]``, ``response["body"]``) are held so each event
 is accounted and a trip cuts the stream at the next event.
@@ -160,7 +162,7 @@ class _Refused(_Bedrock):
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request:
-        service = instance._service_model.service_name
+        service = instance.meta.service_model.service_name
         return refused_request(service, method, _arguments(args, kwargs)[1])
 
     def read_reply(self, call: ContainedCall, reply: Any) -> None:
@@ -205,7 +207,7 @@ for _service, _operations in REFUSED.items():
 
 def _route(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Route | None:
     """The wrappers for a Bedrock call we contain or refuse; None: it passes."""
-    service = instance._service_model.service_name
+    service = instance.meta.service_model.service_name
     if service not in _SERVICES:
         return None  # every other AWS call: one attribute read and a set lookup
     operation = _arguments(args, kwargs)[0]
@@ -265,7 +267,7 @@ async def _amake_api_call(
 
 def _is_bedrock(instance: Any) -> bool:
     try:
-        return instance._service_model.service_name in _SERVICES
+        return instance.meta.service_model.service_name in _SERVICES
     except Exception:
         return True  # cannot tell: refused (closed)
 
