@@ -85,6 +85,7 @@ _INSTRUMENTORS = (
     ("ag2.agent", "veronica_otel.instrumentors.ag2", "AG2Instrumentor"),
     ("mistralai.client.basesdk", "veronica_otel.instrumentors.mistralai", "MistralAIInstrumentor"),
     ("cohere.core.http_client", "veronica_otel.instrumentors.cohere", "CohereInstrumentor"),
+    ("botocore.client", "veronica_otel.instrumentors.bedrock", "BedrockInstrumentor"),
     # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS), and
     # the vendor rule: no baggage at all on requests to LLM vendors.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
@@ -103,6 +104,7 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_threading",
         "veronica_mistralai",
         "veronica_cohere",
+        "veronica_bedrock",
     }
 )
 _installed = False  # the enforcement hooks (tests set it to skip them)

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _anthropic_api, _cohere_api, _mistral_api, _openai_api
+from . import _anthropic_api, _bedrock_api, _cohere_api, _mistral_api, _openai_api
 from ._common import (
     ApiCall,
     ApiError,
@@ -515,7 +515,7 @@ class FakeLLMServer:
 # A module whose paths another API shares (Mistral's /v1/chat/completions)
 # has ``CLAIMS``: (header, value prefix) pairs, set by its SDK, under which its
 # routes come first; and optionally its own ``error_payload(status, message)``.
-_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api, _mistral_api, _cohere_api)
+_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api, _mistral_api, _cohere_api, _bedrock_api)
 
 
 def _claimants(headers: Mapping[str, str] | None) -> tuple[Any, ...]:
@@ -571,6 +571,10 @@ def _error_reply(
         payload = _anthropic_api.error_payload(status, message, request_id)
     elif path in _cohere_api.ROUTES:
         payload = _cohere_api.error_payload(status, message)
+    elif _bedrock_api.owns(path):  # restJson: the code in the body and in a header
+        headers = {"x-amzn-errortype": _bedrock_api.error_type(status), **ids}
+        payload = _bedrock_api.error_payload(status, message)
+        return Reply(status, {"content-type": "application/json", **headers}, body=dumps(payload))
     else:
         payload = _openai_api.error_payload(status, message)
     return Reply(status, {"content-type": "application/json", **ids}, body=dumps(payload))

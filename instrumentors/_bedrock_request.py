@@ -1,0 +1,336 @@
+"""How a Bedrock API call's request reads (``bedrock.py`` hooks it).
+
+Converse and ConverseStream share one request shape (``messages``,
+``system``, ``toolConfig``, ``inferenceConfig.maxTokens``). InvokeModel and
+its response stream carry the model's own JSON ``body``, whose shape depends
+on the model family: the output cap is read from the family's field
+(:data:`CAP_FIELDS`), else the model's largest output is reserved. Both are
+rewritten on a copy of ``api_params`` (a clamp, a fallback model), never in
+the caller's dict.
+
+Endpoints whose bill the request cannot bound (batch and evaluation jobs,
+async invocations, agents, flows, guardrails, provisioned throughput: see
+:data:`REFUSED`) are described as an unpriced pseudo-model
+(``"<service>:<Operation>"``) with :data:`UNBOUNDED_OUTPUT` output tokens, so
+any cost or token ceiling denies them before sending, naming them (an
+explicit price for the pseudo-model, ``[prices."bedrock:CreateModelInvocationJob"]``,
+lets them through); with no such ceiling they pass, counted as a step, their
+spend (made later, inside AWS) not metered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from veronica_otel._pricing import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    canonical_model_name,
+    max_output_tokens,
+)
+
+from ._adapter import Request
+
+__all__ = [
+    "CAP_FIELDS",
+    "FREE",
+    "REFUSED",
+    "UNBOUNDED_OUTPUT",
+    "converse_request",
+    "family",
+    "invoke_request",
+    "output_limit",
+    "refused_request",
+    "rewrite_converse",
+    "rewrite_invoke",
+]
+
+#: Output tokens reserved for an endpoint whose bill cannot be bounded: more than
+#: any budget affords at any price, yet exact in every ledger (< 2**53 nano-USD).
+UNBOUNDED_OUTPUT = 1_000_000_000
+
+# Per service: operations that bill and cannot be bounded from the request.
+REFUSED: Mapping[str, frozenset[str]] = {
+    "bedrock-runtime": frozenset(
+        (
+            "ApplyGuardrail",  # priced per text unit, not per token
+            "InvokeGuardrailChecks",
+            "StartAsyncInvoke",  # video/long jobs, output to S3
+            "InvokeModelWithBidirectionalStream",  # speech-to-speech sessions
+        )
+    ),
+    "bedrock": frozenset(
+        (
+            "CreateModelInvocationJob",  # batch inference over S3 input
+            "CreateEvaluationJob",
+            "CreateModelCustomizationJob",
+            "CreateProvisionedModelThroughput",
+            "UpdateProvisionedModelThroughput",
+            "CreateAdvancedPromptOptimizationJob",
+        )
+    ),
+    "bedrock-agent-runtime": frozenset(
+        (
+            "AgenticRetrieveStream",
+            "GenerateQuery",
+            "InvokeAgent",
+            "InvokeFlow",
+            "InvokeInlineAgent",
+            "OptimizePrompt",
+            "Rerank",
+            "Retrieve",
+            "RetrieveAndGenerate",
+            "RetrieveAndGenerateStream",
+            "StartFlowExecution",
+        )
+    ),
+    "bedrock-agentcore": frozenset(
+        ("Evaluate", "InvokeAgentRuntime", "InvokeHarness", "StartBatchEvaluation")
+    ),
+    "bedrock-data-automation-runtime": frozenset(
+        ("InvokeDataAutomation", "InvokeDataAutomationAsync")
+    ),
+}
+
+# bedrock-runtime operations that bill nothing (any other one is refused under
+# a ceiling: a new billable operation must not pass uncounted).
+FREE = frozenset(("CountTokens", "GetAsyncInvoke", "ListAsyncInvokes"))
+
+# InvokeModel: where each family's body puts its output cap (read and written).
+CAP_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "anthropic": ("max_tokens",),
+    "amazon.nova": ("inferenceConfig", "max_new_tokens"),
+    "amazon.titan": ("textGenerationConfig", "maxTokenCount"),
+    "meta": ("max_gen_len",),
+    "mistral": ("max_tokens",),
+    "cohere": ("max_tokens",),
+    "ai21": ("max_tokens",),
+    "deepseek": ("max_tokens",),
+    "writer": ("max_tokens",),
+    "qwen": ("max_tokens",),
+    "openai": ("max_completion_tokens",),
+}
+
+# The largest output Bedrock accepts per call for families whose limit is
+# below the kernel's default (a clamp above it is a ValidationException),
+# by canonical-name prefix; from the Bedrock model parameter pages.
+_BEDROCK_OUTPUT_LIMITS: tuple[tuple[str, int], ...] = (
+    ("llama", 2_048),
+    ("titan-text-lite", 4_096),
+    ("titan-text-premier", 3_072),
+    ("titan-text", 8_192),
+    ("nova-micro", 10_000),
+    ("nova-lite", 10_000),
+    ("nova-pro", 10_000),
+)
+_REGIONS = frozenset(("us", "us-gov", "eu", "apac", "global", "jp", "au", "ca", "regional"))
+# S3-held content (images, documents, video) the request does not carry: its
+# tokens are bounded by the model's context window; this when that is unknown.
+_S3_INPUT_BOUND = 1_000_000
+
+
+def family(model: str) -> str:
+    """The model family of a Bedrock model id (``"anthropic"``, ``"amazon.nova"``, ...)."""
+    parts = model.rsplit("/", 1)[-1].lower().split(".")
+    if len(parts) > 2 and parts[0] in _REGIONS:
+        parts = parts[1:]
+    if len(parts) < 2:
+        return ""
+    if parts[0] == "amazon":
+        rest = parts[1]
+        if rest.startswith("nova"):
+            return "amazon.nova"
+        if rest.startswith(("titan-embed", "titan-text")):
+            return "amazon.titan"
+        return "amazon"
+    return parts[0]
+
+
+def output_limit(model: str) -> int:
+    """The most output tokens ``model`` returns per call (reserved when uncapped)."""
+    name = canonical_model_name(model)
+    for prefix, limit in _BEDROCK_OUTPUT_LIMITS:
+        if name.startswith(prefix):
+            return limit
+    return max_output_tokens(name) or DEFAULT_MAX_OUTPUT_TOKENS
+
+
+def refused_request(service: str, operation: str, params: Mapping[str, Any]) -> Request:
+    """An endpoint whose bill the request cannot bound: denied under any ceiling."""
+    return Request(
+        operation=_OPERATIONS.get(operation, "invoke_agent"),
+        model=f"{service}:{operation}",
+        input_parts=params,
+        cap=UNBOUNDED_OUTPUT,
+        attributes={"veronica.bedrock.operation": operation},
+    )
+
+
+_OPERATIONS = {
+    "StartAsyncInvoke": "generate_content",
+    "InvokeModelWithBidirectionalStream": "chat",
+    "ApplyGuardrail": "apply_guardrail",
+    "InvokeGuardrailChecks": "apply_guardrail",
+    "CreateModelInvocationJob": "batch",
+    "CreateEvaluationJob": "batch",
+    "CreateModelCustomizationJob": "fine_tuning",
+    "CreateProvisionedModelThroughput": "provisioned_throughput",
+    "UpdateProvisionedModelThroughput": "provisioned_throughput",
+    "Rerank": "rerank",
+    "Retrieve": "retrieve",
+}
+
+
+# -- Converse ------------------------------------------------------------------------
+
+
+def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
+    """Converse / ConverseStream: the input, the cap, whether it can be clamped."""
+    model = params.get("modelId")
+    model = model if isinstance(model, str) and model else "unknown"
+    messages = params.get("messages")
+    system = params.get("system")
+    parts = [
+        system,
+        messages,
+        params.get("toolConfig"),
+        params.get("additionalModelRequestFields"),
+        params.get("promptVariables"),
+    ]
+    n_messages = (len(messages) if isinstance(messages, list) else 1) + (1 if system else 0)
+    config = params.get("inferenceConfig")
+    cap = config.get("maxTokens") if isinstance(config, Mapping) else None
+    cap = cap if type(cap) is int and cap >= 0 else None
+    return Request(
+        operation="chat",
+        model=model,
+        input_parts=parts,
+        n_messages=n_messages,
+        cap=cap,
+        clampable=cap is None,
+        stream=stream,
+        extra_input_tokens=_s3_content(messages, model),
+    )
+
+
+def _s3_content(messages: object, model: str) -> int:
+    """Input held in S3 (not in the request): the model's context window, at most."""
+    if not isinstance(messages, list):
+        return 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for block in content if isinstance(content, list) else ():
+            if not isinstance(block, Mapping) or "text" in block:
+                continue
+            for media in block.values():
+                source = media.get("source") if isinstance(media, Mapping) else None
+                if isinstance(source, Mapping) and "s3Location" in source:
+                    return _context_window(model)
+    return 0
+
+
+def _context_window(model: str) -> int:
+    from veronica_otel._pricing import default_price_table
+
+    prices = default_price_table().lookup("aws.bedrock", model)
+    window = None if prices is None else prices.context_window
+    return window or _S3_INPUT_BOUND
+
+
+def rewrite_converse(
+    params: Mapping[str, Any], cap: int | None, model: str | None
+) -> dict[str, Any]:
+    """``params`` (a copy) with the output cap and the model set."""
+    sent = dict(params)
+    if cap is not None:
+        config = params.get("inferenceConfig")
+        limit = output_limit(str(params.get("modelId", "")))
+        sent["inferenceConfig"] = {
+            **(config if isinstance(config, Mapping) else {}),
+            "maxTokens": min(cap, limit),
+        }
+    if model is not None:
+        sent["modelId"] = model
+    return sent
+
+
+# -- InvokeModel ------------------------------------------------------------------------
+
+
+def _body(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The request body as JSON, or None (not JSON, or a stream we must not consume)."""
+    raw = params.get("body")
+    if isinstance(raw, (bytes, bytearray, str)):
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return body if isinstance(body, dict) else None
+    return None
+
+
+def _field(body: Mapping[str, Any], path: tuple[str, ...]) -> object:
+    value: object = body
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def invoke_request(params: Mapping[str, Any], stream: bool) -> Request:
+    """InvokeModel / InvokeModelWithResponseStream, read per model family."""
+    model = params.get("modelId")
+    model = model if isinstance(model, str) and model else "unknown"
+    kind = family(model)
+    body = _body(params)
+    embeddings = "embed" in model.lower()
+    operation = "embeddings" if embeddings else "chat"
+    if body is None:  # unreadable (a file object, not JSON): its size, the model's output
+        raw = params.get("body")
+        size = len(raw) if isinstance(raw, (bytes, bytearray, str)) else 0
+        extra = 0 if size else _context_window(model)
+        limit = 0 if embeddings else output_limit(model)
+        return Request(operation, model, raw if size else "", 1, limit, False, 1, stream, extra)
+    if embeddings:
+        return Request(operation, model, body, 1, 0, False, 1, stream)
+    fields = CAP_FIELDS.get(kind)
+    found: object = None
+    if fields is not None:
+        found = _field(body, fields)
+        if found is None and kind == "openai":
+            found = body.get("max_tokens")
+    else:  # a family we do not know: any cap it names, else the model's largest output
+        found = body.get("max_tokens")
+    cap = found if type(found) is int and found >= 0 else None
+    messages = body.get("messages")
+    n_messages = len(messages) if isinstance(messages, list) else 1
+    if cap is None and fields is None:
+        return Request(operation, model, body, n_messages, output_limit(model), False, 1, stream)
+    return Request(operation, model, body, n_messages, cap, cap is None, 1, stream)
+
+
+def rewrite_invoke(params: Mapping[str, Any], cap: int | None, model: str | None) -> dict[str, Any]:
+    """``params`` (a copy) with the family's cap field and the model set.
+
+    A fallback model replaces ``modelId`` only: the body keeps its family's
+    shape, so a fallback must be a model of the same family.
+    """
+    sent = dict(params)
+    current = str(params.get("modelId", ""))
+    if cap is not None:
+        body = _body(params)
+        fields = CAP_FIELDS.get(family(current))
+        if body is not None and fields is not None:
+            target: dict[str, Any] = body
+            for key in fields[:-1]:
+                inner = target.get(key)
+                inner = dict(inner) if isinstance(inner, Mapping) else {}
+                target[key] = inner
+                target = inner
+            target[fields[-1]] = min(cap, output_limit(current))
+            sent["body"] = json.dumps(body).encode("utf-8")
+    if model is not None:
+        sent["modelId"] = model
+    return sent
