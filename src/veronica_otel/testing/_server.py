@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _anthropic_api, _openai_api
+from . import _anthropic_api, _ollama_api, _openai_api
 from ._common import (
     ApiCall,
     ApiError,
@@ -512,7 +512,7 @@ class FakeLLMServer:
 
 # Each wire format's module: ``ROUTES`` (exact paths) and, where a path
 # carries the model (Gemini, Bedrock), ``PATTERNS`` (regex, builder) pairs.
-_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api)
+_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api, _ollama_api)
 
 
 def _builder(path: str) -> Callable[[ApiCall], JSONReply | StreamReply] | None:
@@ -531,11 +531,22 @@ def _is_anthropic(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
+def _api_for(path: str) -> Any:
+    """The wire-format module serving ``path`` (None: no route)."""
+    for api in _APIS:
+        if path in api.ROUTES or any(p.fullmatch(path) for p, _ in getattr(api, "PATTERNS", ())):
+            return api
+    return None
+
+
 def _error_reply(
     status: int, message: str, path: str, request_id: str, ids: Mapping[str, str]
 ) -> Reply:
+    api = _api_for(path)
     if _is_anthropic(path):
         payload = _anthropic_api.error_payload(status, message, request_id)
+    elif api is not None and api is not _openai_api and hasattr(api, "error_payload"):
+        payload = api.error_payload(status, message)  # the route's own error shape
     else:
         payload = _openai_api.error_payload(status, message)
     return Reply(status, {"content-type": "application/json", **ids}, body=dumps(payload))
