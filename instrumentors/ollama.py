@@ -197,9 +197,9 @@ class OllamaAdapter(ProviderAdapter):
         model = model if type(model) is str and model else "unknown"
         route = _ROUTES.get(path)
         operation, keys = route if route is not None else (path.rpartition("/")[2], ())
-        parts: list[object] = [body[key] for key in keys if body.get(key) is not None]
+        parts: list[object] = [body[key] for key in keys if body.get(key)]  # [] tools: none
         n_messages, images, extra = 1, 0, 0
-        if operation == "chat" and body.get("messages") is not None:
+        if operation == "chat" and body.get("messages"):
             parts[0], images = _without_images(parts[0])  # messages come first
             n_messages = len(parts[0]) if type(parts[0]) is list else 1
         elif operation == "embeddings" and type(body.get("input")) is list:
