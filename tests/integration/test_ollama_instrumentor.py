@@ -7,6 +7,7 @@ The fake server speaks Ollama's wire format (JSON replies, NDJSON streams,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import importlib
 import json
@@ -41,11 +42,31 @@ CHAT, GENERATE, EMBED = "/api/chat", "/api/generate", "/api/embed"
 INPUT, OUTPUT = 12, 5
 FREE = PriceTable({"ollama:*": UnitPrices(0, 0, 0, 0)})
 PRICED = UnitPrices.from_usd_per_mtok(1.0, 2.0)
+REFUSED = (ConnectionError, httpx.ConnectError)  # 0.4.7 on map it to the first; 0.4.0 did not
 # The module (``ollama._client`` as an attribute is the package's default Client).
 ollama_client = importlib.import_module("ollama._client")
 
 
 # -- fixtures -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _local(host: str, **kwargs: Any) -> Iterator[ollama.Client]:
+    """A client, closed after (ollama before 0.6 has no ``with`` or ``close()``)."""
+    local = ollama.Client(host=host, **kwargs)
+    try:
+        yield local
+    finally:
+        local._client.close()
+
+
+@contextlib.asynccontextmanager
+async def _alocal(host: str) -> AsyncIterator[ollama.AsyncClient]:
+    local = ollama.AsyncClient(host=host)
+    try:
+        yield local
+    finally:
+        await local._client.aclose()
 
 
 @pytest.fixture
@@ -64,7 +85,7 @@ def server() -> Iterator[FakeLLMServer]:
 
 @pytest.fixture
 def client(server: FakeLLMServer, instrumented: OllamaInstrumentor) -> Iterator[ollama.Client]:
-    with ollama.Client(host=server.base_url) as local:
+    with _local(server.base_url) as local:
         yield local
 
 
@@ -72,7 +93,7 @@ def client(server: FakeLLMServer, instrumented: OllamaInstrumentor) -> Iterator[
 async def aclient(
     server: FakeLLMServer, instrumented: OllamaInstrumentor
 ) -> AsyncIterator[ollama.AsyncClient]:
-    async with ollama.AsyncClient(host=server.base_url) as local:
+    async with _alocal(server.base_url) as local:
         yield local
 
 
@@ -174,7 +195,7 @@ def test_cloud_models_do_not_match_the_local_wildcard(
             with pytest.raises(BudgetExceededError, match=model):
                 _chat(client, model=model)
         with (
-            ollama.Client(host="https://ollama.com") as hosted,  # denied before any send
+            _local("https://ollama.com") as hosted,  # denied before any send
             pytest.raises(BudgetExceededError, match="gpt-oss:120b"),
         ):
             _chat(hosted, model="gpt-oss:120b")
@@ -385,10 +406,10 @@ def test_connection_refused_charges_nothing(
     instrumented: OllamaInstrumentor, closed_port: int
 ) -> None:
     with (
-        ollama.Client(host=f"http://127.0.0.1:{closed_port}") as local,
+        _local(f"http://127.0.0.1:{closed_port}") as local,
         ExecutionContext(ExecutionConfig(max_steps=5), price_table=FREE) as ctx,
     ):
-        with pytest.raises(ConnectionError):
+        with pytest.raises(REFUSED):
             _chat(local)
         with pytest.raises(httpx.ConnectError):  # the SDK maps it only when not streaming
             list(_chat(local, stream=True))
@@ -401,10 +422,10 @@ async def test_async_connection_refused_charges_nothing(
     instrumented: OllamaInstrumentor, closed_port: int
 ) -> None:
     async with (
-        ollama.AsyncClient(host=f"http://127.0.0.1:{closed_port}") as local,
+        _alocal(f"http://127.0.0.1:{closed_port}") as local,
         ExecutionContext(ExecutionConfig(max_steps=5)) as ctx,
     ):
-        with pytest.raises(ConnectionError):
+        with pytest.raises(REFUSED):
             await local.chat(model=MODEL, messages=MESSAGES)
     assert (ctx.snapshot().steps, ctx.snapshot().tokens) == (0, 0)
 
@@ -444,7 +465,7 @@ def test_a_timeout_after_sending_commits_the_reservation(
     table = PriceTable({"ollama:llama3.2": PRICED})
     server.set_latency(2.0)
     with (
-        ollama.Client(host=server.base_url, timeout=0.2) as local,
+        _local(server.base_url, timeout=0.2) as local,
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0), price_table=table) as ctx,
         pytest.raises(httpx.ReadTimeout),
     ):
@@ -470,7 +491,7 @@ def test_a_stream_that_fails_after_its_first_chunk_commits_the_reservation(
     else:
         reply = Reply(chunks=[first], cut=True)
     table = PriceTable({"ollama:llama3.2": PRICED})
-    with RawServer() as raw, ollama.Client(host=raw.base_url) as local:
+    with RawServer() as raw, _local(raw.base_url) as local:
         raw.script(Reply(**{**reply.__dict__, "content_type": "application/x-ndjson"}))
         with (
             ExecutionContext(ExecutionConfig(max_cost_usd=1.0), price_table=table) as ctx,
@@ -526,8 +547,8 @@ def test_web_tools_are_contained_as_tool_calls(
     server: FakeLLMServer, instrumented: OllamaInstrumentor, span_exporter: InMemorySpanExporter
 ) -> None:
     with (
-        ollama.Client(
-            host=server.base_url,
+        _local(
+            server.base_url,
             headers={"Authorization": "Bearer k"},
             mounts={"https://ollama.com": _ToFake(server)},
         ) as local,
@@ -572,7 +593,7 @@ def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
     try:
         for name, original in originals.items():
             assert getattr(ollama_client, name).__dict__["_request"].__wrapped__ is original
-        with ollama.Client(host=server.base_url) as local:
+        with _local(server.base_url) as local:
             with ExecutionContext(ExecutionConfig(max_steps=5)) as ctx:
                 _chat(local)
             assert ctx.snapshot().steps == 1
@@ -596,7 +617,7 @@ def test_a_version_outside_the_range_is_refused_and_nothing_is_sent(
     try:
         with pytest.raises(InstrumentationError, match=r"ollama 1\.0\.0: the version"):
             instrumentor.instrument()
-        with ollama.Client(host=server.base_url) as local:
+        with _local(server.base_url) as local:
             with (
                 ExecutionContext(ExecutionConfig(max_steps=5)),
                 pytest.raises(InstrumentationError),
@@ -623,7 +644,7 @@ def test_a_changed_hook_is_refused(server: FakeLLMServer, monkeypatch: pytest.Mo
         ):
             instrumentor.instrument()
         with (
-            ollama.Client(host=server.base_url) as local,
+            _local(server.base_url) as local,
             ExecutionContext(ExecutionConfig(max_steps=5)),
             pytest.raises(InstrumentationError),
         ):
