@@ -154,7 +154,9 @@ def _is_cloud(instance: Any, model: str) -> bool:
 
 def _cap(options: object) -> tuple[int | None, bool]:
     """The output cap ``options.num_predict`` sets, and whether it can be rewritten."""
-    value = options.get("num_predict") if isinstance(options, Mapping) else None
+    value: object = None
+    if type(options) is dict or isinstance(options, Mapping):  # the SDK's: a dict
+        value = options.get("num_predict")
     if value is None or type(value) is int:
         return (value if value is not None and value > 0 else None), True
     if type(value) is float and math.isfinite(value):
@@ -169,7 +171,7 @@ def _without_images(messages: object) -> tuple[object, int]:
         return messages, 0
     images = 0
     for message in messages:
-        if isinstance(message, Mapping) and message.get("images"):
+        if type(message) is dict and message.get("images"):
             images += len(message["images"])
     if not images:
         return messages, 0
@@ -192,7 +194,8 @@ class OllamaAdapter(ProviderAdapter):
         if path in _FREE or path.startswith("/api/blobs/"):
             return None
         body = kwargs.get("json")
-        body = body if isinstance(body, Mapping) else {}
+        if type(body) is not dict:
+            body = dict(body) if isinstance(body, Mapping) else {}
         model = body.get("model")
         model = model if type(model) is str and model else "unknown"
         route = _ROUTES.get(path)
@@ -221,7 +224,7 @@ class OllamaAdapter(ProviderAdapter):
         attributes: dict[str, Any] = {}
         server_attributes(attributes, getattr(getattr(instance, "_client", None), "base_url", None))
         options = body.get("options")
-        if isinstance(options, Mapping):
+        if type(options) is dict:  # the SDK dumps Options to a dict
             for key in _OPTIONS.keys() & options.keys():
                 value = attribute_value(options[key])
                 if value is not None:
