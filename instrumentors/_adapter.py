@@ -103,6 +103,10 @@ class Request(NamedTuple):
         extra_input_tokens: Input the byte walk cannot see, at its documented
             worst case (images, files, server-side context).
         attributes: More span attributes read from the request.
+        provider: The provider this call goes to, when it is not the
+            adapter's :attr:`ProviderAdapter.provider` (one SDK reaching a
+            local server and a hosted service billed differently): the call
+            is priced, broken and named (``gen_ai.provider.name``) under it.
     """
 
     operation: str
@@ -115,6 +119,7 @@ class Request(NamedTuple):
     stream: bool = False
     extra_input_tokens: int = 0
     attributes: dict[str, Any] | None = None
+    provider: str | None = None
 
 
 class ProviderAdapter:
@@ -223,7 +228,7 @@ def denial_in(error: BaseException) -> BudgetExceededError | None:
 def _spec(adapter: ProviderAdapter, request: Request, agent: str | None) -> CallSpec:
     bound = input_bound(request.input_parts, request.n_messages) + request.extra_input_tokens
     return CallSpec(
-        adapter.provider,
+        request.provider or adapter.provider,
         request.operation,
         request.model,
         bound,
@@ -332,7 +337,8 @@ def _describe(
         return None
     agent = current_agent() if ctx.names_agents else None
     spec = _spec(adapter, request, agent)
-    span = start_span(request.operation, adapter.provider, request.model, agent, current)
+    provider = request.provider or adapter.provider
+    span = start_span(request.operation, provider, request.model, agent, current)
     return ctx, request, spec, span, current
 
 

@@ -345,15 +345,26 @@ class UnitPrices:
 class PriceTable:
     """Resolves and caches :class:`UnitPrices` per ``(provider, model)``.
 
-    Precedence: the user's ``prices`` (key ``"provider:model"``, then
-    ``"model"``, case-insensitive), then ``genai-prices``, then the unknown-model
+    Precedence: the user's ``prices`` for the model (key ``"provider:model"``,
+    then ``"model"``, case-insensitive; as sent, then under its alias, then in
+    its :func:`canonical_model_name` form: Bedrock and Vertex ids), then the
+    user's provider-wide price (key ``"provider:*"``), then ``genai-prices``
+    (the name as sent or aliased, then canonical), then the unknown-model
     price. A model with no known price resolves to ``None``, never to zero.
     ``aliases`` rename a model first (once: an alias's target is not looked
-    up again as an alias); a name still unpriced is retried in its
-    :func:`canonical_model_name` form (Bedrock and Vertex ids).
+    up again as an alias).
+
+    A provider-wide price covers every model the user did not price one by
+    one, ahead of ``genai-prices``: ``{"ollama:*": UnitPrices(0, 0, 0, 0)}``
+    makes a local server's models free, even one whose name ``genai-prices``
+    would match to a hosted vendor's price (``deepseek-r1:7b``). It applies
+    to that provider id only (as the instrumentor names it): a model without
+    a provider matches no wildcard. Resolved once per ``(provider, model)``
+    like any price.
 
     Args:
-        prices: User prices keyed by ``"model"`` or ``"provider:model"``.
+        prices: User prices keyed by ``"model"``, ``"provider:model"`` or
+            ``"provider:*"``.
         aliases: Model names (Azure deployment names, say) mapped to the model
             whose price they take, ``{"my-gpt4o-deploy": "gpt-4o"}``;
             case-insensitive.
@@ -435,11 +446,16 @@ class PriceTable:
         if prices is not None:
             return prices
         name = self._aliases.get(name, name)
-        prices = self._user_prices(prov, name) or _from_genai_prices(prov, name, context)
         canonical = canonical_model_name(name)
+        prices = self._user_prices(prov, name)
         if prices is None and canonical != name:
             prices = self._user_prices(prov, canonical)
-            prices = prices or _from_genai_prices(prov, canonical, context)
+        if prices is None and prov is not None:
+            prices = self._user.get(f"{prov}:*")  # the user's price for the whole provider
+        if prices is None:
+            prices = _from_genai_prices(prov, name, context)
+        if prices is None and canonical != name:
+            prices = _from_genai_prices(prov, canonical, context)
         return prices
 
     def _user_prices(self, provider: str | None, name: str) -> UnitPrices | None:

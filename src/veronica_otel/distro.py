@@ -86,6 +86,7 @@ _INSTRUMENTORS = (
     ("mistralai.client.basesdk", "veronica_otel.instrumentors.mistralai", "MistralAIInstrumentor"),
     ("cohere.core.http_client", "veronica_otel.instrumentors.cohere", "CohereInstrumentor"),
     ("botocore.client", "veronica_otel.instrumentors.bedrock", "BedrockInstrumentor"),
+    ("ollama._client", "veronica_otel.instrumentors.ollama", "OllamaInstrumentor"),
     # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS), and
     # the vendor rule: no baggage at all on requests to LLM vendors.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
@@ -105,6 +106,7 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_mistralai",
         "veronica_cohere",
         "veronica_bedrock",
+        "veronica_ollama",
     }
 )
 _installed = False  # the enforcement hooks (tests set it to skip them)

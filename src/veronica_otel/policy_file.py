@@ -30,6 +30,10 @@ is installed)::
     output = 12.0
     cached_input = 1.5       # optional, as are reasoning and cache_write
 
+    [prices."ollama:*"]      # "provider:*": every model of the provider not priced
+    input = 0.0              # by name (ahead of genai-prices): a local server's
+    output = 0.0             # models free under a cost ceiling
+
     [models]                 # a name only the deployment knows, priced as a model
     "my-gpt4o-deploy" = "gpt-4o"  # (Azure deployment names; VERONICA_MODEL_ALIASES wins)
 

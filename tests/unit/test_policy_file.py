@@ -753,3 +753,14 @@ def test_exported_names() -> None:
         "ToolRule",
         "install_default_chain",
     }
+
+
+def test_a_files_provider_wildcard_prices_that_providers_models(tmp_path: Path) -> None:
+    text = (
+        '[prices."ollama:*"]\ninput = 0\noutput = 0\n\n'
+        '[prices."ollama:big"]\ninput = 1\noutput = 2\n'
+    )
+    table = rules(text, tmp_path).price_table({})
+    assert table.lookup("ollama", "llama3.2") == UnitPrices(0, 0, 0, 0)
+    assert table.lookup("ollama", "big") == UnitPrices.from_usd_per_mtok(1, 2)
+    assert table.lookup("ollama.cloud", "gpt-oss:120b") is None

@@ -397,3 +397,48 @@ def test_cache_size_is_bounded(monkeypatch: pytest.MonkeyPatch, lookup_calls: li
     assert table.lookup("openai", "gpt-4o") is table.lookup("openai", "gpt-4o")
     assert table.lookup("openai", "gpt-4o-mini") == table.lookup("openai", "gpt-4o-mini")
     assert lookup_calls == ["gpt-4o", "gpt-4o-mini", "gpt-4o-mini"]
+
+
+def test_a_provider_wildcard_prices_that_providers_unpriced_models() -> None:
+    free = UnitPrices(0, 0, 0, 0)
+    mine = UnitPrices.from_usd_per_mtok(1, 2)
+    table = PriceTable({"Ollama:*": free, "ollama:llama3.2:70b": mine, "qwen3": mine})
+    assert table.lookup("ollama", "llama3.2") is free
+    assert table.lookup("OLLAMA", "gemma3:4b") is free
+    # Ahead of genai-prices: a local deepseek-r1 is not priced as DeepSeek's API.
+    assert PriceTable().lookup("ollama", "deepseek-r1:7b") is not None
+    assert table.lookup("ollama", "deepseek-r1:7b") is free
+    # A price for the model itself wins, scoped or not.
+    assert table.lookup("ollama", "llama3.2:70b") is mine
+    assert table.lookup("ollama", "qwen3") is mine
+    # Another provider, or no provider at all, matches no wildcard.
+    assert table.lookup("ollama.cloud", "gpt-oss:120b") is None
+    assert table.lookup(None, "llama3.2") is None
+    assert table.lookup("openai", "gpt-4o-mini") not in (None, free)
+
+
+def test_a_provider_wildcard_yields_to_an_aliased_or_canonical_price() -> None:
+    wild, named = UnitPrices.from_usd_per_mtok(9, 9), UnitPrices.from_usd_per_mtok(1, 2)
+    table = PriceTable(
+        {"aws.bedrock:*": wild, "claude-3-5-sonnet-20241022": named, "gpt-4o": named},
+        aliases={"my-deploy": "gpt-4o"},
+    )
+    assert table.lookup("aws.bedrock", "anthropic.claude-3-5-sonnet-20241022-v2:0") is named
+    assert table.lookup("aws.bedrock", "my-deploy") is named
+    assert table.lookup("aws.bedrock", "amazon.titan-text-express-v1") is wild
+
+
+def test_a_provider_wildcard_is_resolved_once_per_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = PriceTable({"ollama:*": UnitPrices(0, 0, 0, 0)})
+    resolved: list[str] = []
+    real = table._resolve
+
+    def counting(provider: str | None, model: str, context: Any) -> UnitPrices | None:
+        resolved.append(model)
+        return real(provider, model, context)
+
+    monkeypatch.setattr(table, "_resolve", counting)
+    for _ in range(3):
+        table.lookup("ollama", "llama3.2")
+        table.lookup("ollama", "gemma3")
+    assert resolved == ["llama3.2", "gemma3"]

@@ -37,7 +37,7 @@ from urllib.parse import unquote
 
 from ._common import ApiCall, ApiError, JSONReply, StreamReply, Usage, dumps, text_pieces
 
-__all__ = ["PATTERNS", "ROUTES", "error_payload", "event_message", "owns"]
+__all__ = ["PATTERNS", "ROUTES", "error_headers", "error_payload", "event_message"]
 
 _EVENT_STREAM = "application/vnd.amazon.eventstream"
 _ERROR_TYPES = {
@@ -51,16 +51,16 @@ _ERROR_TYPES = {
 }
 
 
-def owns(path: str) -> bool:
-    """Whether ``path`` is a Bedrock runtime route (errors then take its shape)."""
-    return path.startswith("/model/")
-
-
 def error_type(status: int) -> str:
     """The Bedrock exception name for an HTTP error status."""
     return _ERROR_TYPES.get(
         status, "InternalServerException" if status >= 500 else "ValidationException"
     )
+
+
+def error_headers(status: int) -> dict[str, str]:
+    """restJson: the error's code goes in a header too (botocore reads either)."""
+    return {"x-amzn-errortype": error_type(status)}
 
 
 def error_payload(status: int, message: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _anthropic_api, _bedrock_api, _cohere_api, _mistral_api, _openai_api
+from . import _anthropic_api, _bedrock_api, _cohere_api, _mistral_api, _ollama_api, _openai_api
 from ._common import (
     ApiCall,
     ApiError,
@@ -514,8 +514,16 @@ class FakeLLMServer:
 # carries the model (Gemini, Bedrock), ``PATTERNS`` (regex, builder) pairs.
 # A module whose paths another API shares (Mistral's /v1/chat/completions)
 # has ``CLAIMS``: (header, value prefix) pairs, set by its SDK, under which its
-# routes come first; and optionally its own ``error_payload(status, message)``.
-_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api, _mistral_api, _cohere_api, _bedrock_api)
+# routes come first; and optionally its own ``error_payload(status, message)``
+# and ``error_headers(status)``.
+_APIS: tuple[Any, ...] = (
+    _openai_api,
+    _anthropic_api,
+    _mistral_api,
+    _cohere_api,
+    _bedrock_api,
+    _ollama_api,
+)
 
 
 def _claimants(headers: Mapping[str, str] | None) -> tuple[Any, ...]:
@@ -540,20 +548,30 @@ def _claimed(headers: Mapping[str, str] | None) -> tuple[Any, ...]:
 def _builder(
     path: str, headers: Mapping[str, str] | None = None
 ) -> Callable[[ApiCall], JSONReply | StreamReply] | None:
-    apis = _claimed(headers)
-    for api in apis:
-        builder = api.ROUTES.get(path)
-        if builder is not None:
-            return builder  # type: ignore[no-any-return]
-    for api in apis:
-        for pattern, builder in getattr(api, "PATTERNS", ()):
-            if pattern.fullmatch(path):
-                return builder  # type: ignore[no-any-return]
-    return None
+    api = _api_for(path, headers)
+    if api is None:
+        return None
+    builder = api.ROUTES.get(path)
+    if builder is None:
+        builder = next(b for p, b in api.PATTERNS if p.fullmatch(path))
+    return builder  # type: ignore[no-any-return]
 
 
 def _is_anthropic(path: str) -> bool:
     return path.startswith("/v1/messages")
+
+
+def _api_for(path: str, headers: Mapping[str, str] | None = None) -> Any:
+    """The wire-format module serving ``path`` (None: no route): exact routes
+    before patterns, an API the request's headers claim before the others."""
+    apis = _claimed(headers)
+    for api in apis:
+        if path in api.ROUTES:
+            return api
+    for api in apis:
+        if any(p.fullmatch(path) for p, _ in getattr(api, "PATTERNS", ())):
+            return api
+    return None
 
 
 def _error_reply(
@@ -564,20 +582,18 @@ def _error_reply(
     ids: Mapping[str, str],
     headers: Mapping[str, str] | None = None,
 ) -> Reply:
-    claimant = next((api for api in _claimants(headers) if path in api.ROUTES), None)
-    if claimant is not None and hasattr(claimant, "error_payload"):
-        payload = claimant.error_payload(status, message)
-    elif _is_anthropic(path):
+    api = _api_for(path, headers)
+    extra: Mapping[str, str] = {}
+    if _is_anthropic(path):
         payload = _anthropic_api.error_payload(status, message, request_id)
-    elif path in _cohere_api.ROUTES:
-        payload = _cohere_api.error_payload(status, message)
-    elif _bedrock_api.owns(path):  # restJson: the code in the body and in a header
-        headers = {"x-amzn-errortype": _bedrock_api.error_type(status), **ids}
-        payload = _bedrock_api.error_payload(status, message)
-        return Reply(status, {"content-type": "application/json", **headers}, body=dumps(payload))
+    elif api is not None and api is not _openai_api and hasattr(api, "error_payload"):
+        payload = api.error_payload(status, message)  # the route's own error shape
+        if hasattr(api, "error_headers"):
+            extra = api.error_headers(status)
     else:
         payload = _openai_api.error_payload(status, message)
-    return Reply(status, {"content-type": "application/json", **ids}, body=dumps(payload))
+    reply_headers = {"content-type": "application/json", **ids, **extra}
+    return Reply(status, reply_headers, body=dumps(payload))
 
 
 def _failure_reply(

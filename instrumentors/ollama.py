@@ -1,0 +1,360 @@
+"""Containment for the ``ollama`` SDK (0.4 and later 0.x).
+
+Usage::
+
+    from veronica_otel.instrumentors.ollama import OllamaInstrumentor
+
+    OllamaInstrumentor().instrument()
+    with ExecutionContext(ExecutionConfig(max_steps=20, max_tokens=50_000)):
+        ollama.chat(model="llama3.2", messages=[...])   # raises BudgetExceededError when over
+
+Configuration: limits come from the active :class:`ExecutionContext`, else the
+process default chain (zero-code: ``VERONICA_*`` variables). With neither,
+calls pass through untouched.
+
+Prices: a local Ollama model costs no money, but its calls still count as
+steps, tokens and time. Under a cost ceiling a model with no known price is
+denied (DESIGN, Cost), so say that local models are free, once for all of
+them, in the policy file or the :class:`~veronica_otel._pricing.PriceTable`::
+
+    [prices."ollama:*"]
+    input = 0
+    output = 0
+
+Calls to Ollama's hosted models are not local: those sent to ``ollama.com``
+and those whose tag says ``cloud`` (``gpt-oss:120b-cloud``,
+``glm-4.6:cloud``, relayed by a signed-in local server) are priced under the
+provider ``ollama.cloud``, which ``ollama:*`` does not match: price them
+(``[prices."ollama.cloud:gpt-oss:120b-cloud"]``, ``"ollama.cloud:*"``) or
+they are denied under a cost ceiling.
+
+Where it hooks: ``Client._request`` and ``AsyncClient._request``, through
+which every model call of the SDK passes, streamed or not (the public
+``chat``, ``generate``, ``embed``, ``embeddings`` and ``systemone``, and the
+module-level functions bound to the default client). ``_request_raw`` is not
+enough: streams open ``httpx``'s ``stream()`` directly. A streamed call is a
+generator that sends its request at the first ``next()``; it is held so
+each chunk is read and a trip cuts it. Model management (``list``, ``show``,
+``pull``, ``push``, ``create``, ``copy``, ``delete``, ``ps``) is not billed
+and passes; a path this module does not know is contained as a call of the
+model its body names (denied under a cost ceiling unless priced).
+``web_search`` and ``web_fetch`` (ollama.com's tools) are contained as tool
+calls (``execute_tool web_search``): a step each, priced by
+``[tools."web_search"] cost_usd`` if set.
+
+The request as read, per route (the JSON body the SDK built):
+
+- ``/api/chat``: ``messages``, ``tools``, ``format``; ``/api/generate``:
+  ``prompt``, ``suffix``, ``system``, ``template``, plus ``len(context)``
+  tokens (a previous reply's context, sent back as token ids);
+  ``/api/embed``: ``input``; ``/api/embeddings``: ``prompt``.
+- Images (base64, in ``images``) are left out of the byte walk and count
+  :data:`IMAGE_TOKENS` each.
+- Output cap: ``options.num_predict``. Absent, ``-1`` (unbounded) or ``-2``
+  (fill the context): no cap, and the call is clamped to what the chain has
+  left, at most the model's largest output
+  (:data:`~veronica_otel._pricing.DEFAULT_MAX_OUTPUT_TOKENS` for a model
+  with no known limit), by rewriting a copy of ``options``.
+
+Usage is ``prompt_eval_count`` (input) and ``eval_count`` (output), on the
+reply or on a stream's last chunk (``done: true``). ``/api/embeddings``
+reports none: its reservation (the input bound) is committed.
+
+Ollama's SDK does not retry. A call that failed is settled by the G10 table
+in :mod:`~veronica_otel.instrumentors._adapter` with the attempts the
+``httpx`` transport hook saw: connection refused (``ConnectionError``)
+releases it, an HTTP error reply (``ResponseError`` with its status) costs
+nothing but the step, a timeout after the send costs the reservation, and an
+``{"error": ...}`` line inside a stream (no HTTP status) costs the
+reservation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from veronica_otel._pricing import DEFAULT_MAX_OUTPUT_TOKENS
+from veronica_otel._propagation import default_context
+from veronica_otel._tools import ToolCall
+
+from ._adapter import ADMITTED, ProviderAdapter, Request, wrapper
+from ._attempts import ensure_attempt_hooks
+from ._common import ContainedCall, attribute_value, server_attributes
+from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+
+__all__ = ["IMAGE_TOKENS", "OllamaInstrumentor"]
+
+_instruments = ("ollama >= 0.4, < 1",)
+PROVIDER = "ollama"
+CLOUD_PROVIDER = "ollama.cloud"
+
+IMAGE_TOKENS = 16_384
+"""Input tokens one image may cost. Vision models turn an image into a
+number of tokens set by its resolution, not its bytes; the largest we know
+of is a dynamic-resolution encoder (Qwen-VL) at its pixel ceiling, 16,384."""
+
+# Path -> (gen_ai.operation.name, body keys that are input text).
+_ROUTES: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "/api/chat": ("chat", ("messages", "tools", "format")),
+    "/api/generate": ("text_completion", ("prompt", "suffix", "system", "template")),
+    "/api/embed": ("embeddings", ("input",)),
+    "/api/embeddings": ("embeddings", ("prompt",)),
+    "/v1/systemone": ("generate_content", ("state", "questions")),
+}
+# Not billed: model management and status.
+_FREE = frozenset(
+    (
+        "/api/tags",
+        "/api/show",
+        "/api/pull",
+        "/api/push",
+        "/api/create",
+        "/api/copy",
+        "/api/delete",
+        "/api/ps",
+        "/api/version",
+    )
+)
+_TOOLS = {"/api/web_search": "web_search", "/api/web_fetch": "web_fetch"}
+_OPTIONS = {
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "top_k": "gen_ai.request.top_k",
+    "seed": "gen_ai.request.seed",
+    "presence_penalty": "gen_ai.request.presence_penalty",
+    "frequency_penalty": "gen_ai.request.frequency_penalty",
+}
+_CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
+
+
+def _path(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """The request's path (``_request(cls, method, url, ...)``), without host or query."""
+    url = args[2] if len(args) > 2 else kwargs.get("url", "")
+    url = url if type(url) is str else str(url)
+    if "://" in url:
+        url = "/" + url.split("://", 1)[1].partition("/")[2]
+    return url.partition("?")[0]
+
+
+def _is_cloud(instance: Any, model: str) -> bool:
+    """Whether the call reaches Ollama's hosted models (ollama.com, or a ``cloud`` tag)."""
+    if ":" in model and model.rpartition(":")[2].endswith("cloud"):
+        return True
+    base_url = getattr(getattr(instance, "_client", None), "base_url", None)
+    last = _CLOUD_HOSTS[0]
+    if last[0] is base_url:
+        return last[1]
+    host = getattr(base_url, "host", None)
+    cloud = type(host) is str and (host == "ollama.com" or host.endswith(".ollama.com"))
+    _CLOUD_HOSTS[0] = (base_url, cloud)
+    return cloud
+
+
+def _cap(options: object) -> tuple[int | None, bool]:
+    """The output cap ``options.num_predict`` sets, and whether it can be rewritten."""
+    value: object = None
+    if type(options) is dict or isinstance(options, Mapping):  # the SDK's: a dict
+        value = options.get("num_predict")
+    if value is None or type(value) is int:
+        return (value if value is not None and value > 0 else None), True
+    if type(value) is float and math.isfinite(value):
+        return (math.ceil(value) if value > 0 else None), True  # Ollama truncates it
+    # Something Ollama will reject or we cannot read: reserve the most, keep it.
+    return DEFAULT_MAX_OUTPUT_TOKENS, False
+
+
+def _without_images(messages: object) -> tuple[object, int]:
+    """The messages with their images left out, and how many there were."""
+    if type(messages) is not list:
+        return messages, 0
+    images = 0
+    for message in messages:
+        if type(message) is dict and message.get("images"):
+            images += len(message["images"])
+    if not images:
+        return messages, 0
+    stripped = [
+        {k: v for k, v in m.items() if k != "images"} if isinstance(m, Mapping) else m
+        for m in messages
+    ]
+    return stripped, images
+
+
+class OllamaAdapter(ProviderAdapter):
+    """How ``ollama`` calls read; see the module docs."""
+
+    provider = PROVIDER
+
+    def read_request(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+    ) -> Request | None:
+        path = _path(args, kwargs)
+        if path in _FREE or path.startswith("/api/blobs/"):
+            return None
+        body = kwargs.get("json")
+        if type(body) is not dict:
+            body = dict(body) if isinstance(body, Mapping) else {}
+        model = body.get("model")
+        model = model if type(model) is str and model else "unknown"
+        route = _ROUTES.get(path)
+        operation, keys = route if route is not None else (path.rpartition("/")[2], ())
+        parts: list[object] = [body[key] for key in keys if body.get(key)]  # [] tools: none
+        n_messages, images, extra = 1, 0, 0
+        if operation == "chat" and body.get("messages"):
+            parts[0], images = _without_images(parts[0])  # messages come first
+            n_messages = len(parts[0]) if type(parts[0]) is list else 1
+        elif operation == "embeddings" and type(body.get("input")) is list:
+            n_messages = len(body["input"])
+        if body.get("images"):
+            images += len(body["images"])
+        context = body.get("context")
+        if type(context) is list:
+            extra = len(context)  # token ids: exactly their number
+        if route is None or path == "/v1/systemone":
+            # No cap in the request, nothing to clamp: the most a model may produce.
+            cap, clampable = (DEFAULT_MAX_OUTPUT_TOKENS, False)
+            if route is None:
+                parts = [body]
+        elif operation == "embeddings":
+            cap, clampable = None, False  # no output tokens
+        else:
+            cap, clampable = _cap(body.get("options"))
+        attributes: dict[str, Any] = {}
+        server_attributes(attributes, getattr(getattr(instance, "_client", None), "base_url", None))
+        options = body.get("options")
+        if type(options) is dict:  # the SDK dumps Options to a dict
+            for key in _OPTIONS.keys() & options.keys():
+                value = attribute_value(options[key])
+                if value is not None:
+                    attributes[_OPTIONS[key]] = value
+        return Request(
+            operation,
+            model,
+            parts,
+            n_messages,
+            cap,
+            clampable,
+            1,
+            bool(kwargs.get("stream")),
+            extra + images * IMAGE_TOKENS,
+            attributes,
+            CLOUD_PROVIDER if _is_cloud(instance, model) else None,
+        )
+
+    def rewrite(
+        self,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        cap: int | None,
+        model: str | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        body = dict(kwargs.get("json") or {})
+        if cap is not None:
+            options = body.get("options")
+            body["options"] = {
+                **(options if isinstance(options, Mapping) else {}),
+                "num_predict": cap,
+            }
+        if model is not None:
+            body["model"] = model
+        return args, {**kwargs, "json": body}
+
+    def read_reply(self, call: ContainedCall, reply: Any) -> None:
+        _read_usage(call, reply)
+
+    def read_item(self, call: ContainedCall, item: Any) -> None:
+        message = getattr(item, "message", None)
+        text = getattr(message, "content", None) if message is not None else None
+        if text is None:
+            text = getattr(item, "response", None)
+        if type(text) is str and text:
+            call.add_text(text)
+        if getattr(item, "done", False):
+            _read_usage(call, item)
+
+
+def _read_usage(call: ContainedCall, reply: Any) -> None:
+    """Usage and response attributes of a reply or a stream's last chunk."""
+    usage = getattr(reply, "usage", None)  # /v1/systemone: input_tokens, output_tokens
+    if usage is not None:
+        call.set_usage(getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None))
+    else:
+        inp = getattr(reply, "prompt_eval_count", None)
+        out = getattr(reply, "eval_count", None)
+        if inp is not None or out is not None:  # Ollama omits a count that is 0
+            call.set_usage(inp or 0, out or 0)
+    attributes = call.pending_attributes
+    if attributes is not None:
+        model = getattr(reply, "model", None)
+        if type(model) is str:
+            attributes["gen_ai.response.model"] = model
+        reason = getattr(reply, "done_reason", None)
+        if type(reason) is str:
+            attributes["gen_ai.response.finish_reasons"] = [reason]
+
+
+_ADAPTER = OllamaAdapter()
+_contained = wrapper(_ADAPTER, "_request")
+_acontained = wrapper(_ADAPTER, "_request", is_async=True)
+
+
+def _tool(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolCall | None:
+    """A ``web_search`` / ``web_fetch`` call as a contained tool call (None: not one)."""
+    if len(args) < 3 or type(args[2]) is not str or "://" not in args[2]:
+        return None  # the tools name ollama.com in full; model calls a path
+    name = _TOOLS.get(_path(args, kwargs))
+    if name is None or ADMITTED.get() is not None:
+        return None
+    ctx = default_context()
+    if ctx is None:
+        return None
+    return ToolCall(
+        name, kwargs.get("json"), attributes={"gen_ai.provider.name": PROVIDER}, context=ctx
+    )
+
+
+def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    tool = _tool(instance, args, kwargs)
+    if tool is None:
+        return _contained(wrapped, instance, args, kwargs)
+    with tool:
+        return wrapped(*args, **kwargs)
+
+
+async def _arequest(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    tool = _tool(instance, args, kwargs)
+    if tool is None:
+        return await _acontained(wrapped, instance, args, kwargs)
+    async with tool:
+        return await wrapped(*args, **kwargs)
+
+
+_PATCHES = (
+    Hook("Client", "_request", _request, ("cls",), ("stream",)),
+    Hook("AsyncClient", "_request", _arequest, ("cls",), ("stream",), True),
+)
+_GUARDS = (("Client", ("_request", "_request_raw")), ("AsyncClient", ("_request", "_request_raw")))
+_HOOKS = SDKHooks(_instruments[0], "ollama._client", _PATCHES, _GUARDS)
+
+
+class OllamaInstrumentor(GuardedInstrumentor):
+    """Contains every model call of the ``ollama`` SDK in the active chain.
+
+    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
+    when the installed ``ollama`` is outside the tested range or a hook changed;
+    nothing is patched and calls in a chain are refused (fail closed).
+    """
+
+    _hooks = _HOOKS
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        super()._instrument(**kwargs)
+        ensure_attempt_hooks()
