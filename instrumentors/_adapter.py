@@ -204,6 +204,12 @@ def denial_in(error: BaseException) -> BudgetExceededError | None:
     return None
 
 
+def _denial(call: ContainedCall, error: BaseException) -> BudgetExceededError | None:
+    """Our denial behind ``error``: in its chain, or a retry the HTTP layer refused
+    (some SDKs rebuild the error from its message, breaking the chain)."""
+    return denial_in(error) or call.denial
+
+
 def _spec(adapter: ProviderAdapter, request: Request, agent: str | None) -> CallSpec:
     bound = input_bound(request.input_parts, request.n_messages) + request.extra_input_tokens
     return CallSpec(
@@ -254,7 +260,7 @@ class AdapterStream(ContainedStream):
             raise
         except BaseException as exc:
             _fail(call.adapter, call, exc)
-            denial = denial_in(exc)
+            denial = _denial(call, exc)
             if denial is None:
                 raise
             raise denial from exc
@@ -291,7 +297,7 @@ class AdapterAsyncStream(AsyncContainedStream):
                 _fail(call.adapter, call, exc)
             finally:
                 await call.settle_deferred()
-            denial = denial_in(exc)
+            denial = _denial(call, exc)
             if denial is None:
                 raise
             raise denial from exc
@@ -415,7 +421,7 @@ def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
                 _fail(adapter, call, exc)
             finally:
                 await call.settle_deferred()
-            denial = denial_in(exc)
+            denial = _denial(call, exc)
             if denial is None or denial is exc:
                 raise
             raise denial from exc  # the SDK wrapped our denial in its own error
@@ -458,7 +464,7 @@ def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
             reply = wrapped(*prepared.args, **prepared.kwargs)
         except BaseException as exc:
             _fail(adapter, call, exc)
-            denial = denial_in(exc)
+            denial = _denial(call, exc)
             if denial is None or denial is exc:
                 raise
             raise denial from exc  # the SDK wrapped our denial in its own error

@@ -82,12 +82,20 @@ _CHAT = _Operation(
     ("max_completion_tokens", "max_tokens"),
     "acompletion",
 )
-_TEXT = _Operation("text_completion", ("prompt", "model"), ("prompt", "suffix"), ("max_tokens",), "acompletion")
+_TEXT = _Operation(
+    "text_completion", ("prompt", "model"), ("prompt", "suffix"), ("max_tokens",), "acompletion"
+)
 _EMBED = _Operation("embeddings", ("model", "input"), ("input",), (), "aembedding")
 _RESPONSES = _Operation(
-    "chat", ("input", "model"), ("input", "instructions", "tools"), ("max_output_tokens",), "aresponses"
+    "chat",
+    ("input", "model"),
+    ("input", "instructions", "tools"),
+    ("max_output_tokens",),
+    "aresponses",
 )
-_IMAGE = _Operation("image_generation", ("prompt", "model"), ("prompt",), (), "aimg_generation", False)
+_IMAGE = _Operation(
+    "image_generation", ("prompt", "model"), ("prompt",), (), "aimg_generation", False
+)
 
 # hooked function name -> how it reads (async twins read as their sync function).
 OPERATIONS: dict[str, _Operation] = {
@@ -135,7 +143,9 @@ def _resolve(model: str, kwargs: dict[str, Any]) -> tuple[str, str]:
     try:
         from litellm import get_llm_provider
 
-        name, provider, _, _ = get_llm_provider(model=model, custom_llm_provider=custom, api_base=base)
+        name, provider, _, _ = get_llm_provider(
+            model=model, custom_llm_provider=custom, api_base=base
+        )
         hit = (semconv_provider(str(provider)), str(name))
     except Exception:  # litellm will refuse it too; priced (or denied) on the name as given
         hit = ("litellm", model)
@@ -155,13 +165,18 @@ def _parameter_names(function: Callable[..., Any]) -> tuple[str, ...]:
     if found is None:
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         target = inspect.unwrap(function)
-        found = tuple(p.name for p in inspect.signature(target).parameters.values() if p.kind in kinds)
+        found = tuple(
+            p.name for p in inspect.signature(target).parameters.values() if p.kind in kinds
+        )
         _NAMES[function.__qualname__] = found
     return found
 
 
 def by_name(
-    operation: _Operation, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    operation: _Operation,
+    wrapped: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> dict[str, Any]:
     """Every argument by name (positional ones mapped through the signature)."""
     if not args:
@@ -249,7 +264,9 @@ class LiteLLMAdapter(ProviderAdapter):
             named[_cap(named, self.operation.caps)[1]] = cap
         if model is not None:  # keep litellm's routing prefix (``anthropic/``)
             current = named.get("model")
-            prefix = current.split("/", 1)[0] + "/" if type(current) is str and "/" in current else ""
+            prefix = (
+                current.split("/", 1)[0] + "/" if type(current) is str and "/" in current else ""
+            )
             named["model"] = prefix + model
         return (), named
 
@@ -277,7 +294,9 @@ class LiteLLMAdapter(ProviderAdapter):
         choices = get_field(item, "choices")
         if choices:
             delta = get_field(choices[0], "delta")
-            text = get_field(delta, "content") if delta is not None else get_field(choices[0], "text")
+            text = (
+                get_field(delta, "content") if delta is not None else get_field(choices[0], "text")
+            )
             if type(text) is str:
                 call.add_text(text)
         attributes = call.pending_attributes
@@ -314,7 +333,9 @@ def _read_usage(call: ContainedCall, usage: Any) -> bool:
         details = get_field(usage, "input_tokens_details")
         out_details = get_field(usage, "output_tokens_details")
     cached = (get_field(details, "cached_tokens") if details is not None else None) or 0
-    reasoning = (get_field(out_details, "reasoning_tokens") if out_details is not None else None) or 0
+    reasoning = (
+        get_field(out_details, "reasoning_tokens") if out_details is not None else None
+    ) or 0
     write = get_field(usage, "cache_creation_input_tokens") or 0
     return call.set_usage(inp, out, cached, reasoning, write)
 

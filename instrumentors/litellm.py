@@ -221,9 +221,10 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "anthropic_messages": ("",),
     "agenerate_content": ("", "google_genai.main"),
 }
-_ASYNC = frozenset(
-    name for name in _HOMES if name.startswith("a") and name[1:] in _HOMES
-) | {"anthropic_messages", "agenerate_content"}
+_ASYNC = frozenset(name for name in _HOMES if name.startswith("a") and name[1:] in _HOMES) | {
+    "anthropic_messages",
+    "agenerate_content",
+}
 _LEADING = {"completion": ("model", "messages"), "acompletion": ("model", "messages")}
 _WRAPPERS = {name: _contained(name, name in _ASYNC) for name in _HOMES}
 _ROUTER = "router_rust.core.RustCore"
