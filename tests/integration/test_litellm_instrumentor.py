@@ -23,20 +23,24 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported
 
-import litellm  # noqa: E402
+import litellm
 
-from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext  # noqa: E402
-from veronica_otel._pricing import default_price_table  # noqa: E402
-from veronica_otel._units import nano_to_usd  # noqa: E402
-from veronica_otel.instrumentors import InstrumentationError  # noqa: E402
-from veronica_otel.instrumentors import _hooks as hooks_module  # noqa: E402
-from veronica_otel.instrumentors.litellm import LiteLLMInstrumentor  # noqa: E402
-from veronica_otel.testing import FakeLLMServer  # noqa: E402
+from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
+from veronica_otel._pricing import default_price_table
+from veronica_otel._units import nano_to_usd
+from veronica_otel.instrumentors import InstrumentationError
+from veronica_otel.instrumentors import _hooks as hooks_module
+from veronica_otel.instrumentors.litellm import LiteLLMInstrumentor
+from veronica_otel.testing import FakeLLMServer
 
 # litellm's own modules warn as they load and stream (pydantic on its types).
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*ReadOnly.*:UserWarning"),
     pytest.mark.filterwarnings("ignore:Accessing the 'model_:DeprecationWarning"),
+    # litellm's logging worker keeps an event loop (and its sockets) of its own
+    # that it never closes; collected at random points of later tests.
+    pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
 
 INPUT, OUTPUT = 10, 5
@@ -340,7 +344,7 @@ def test_a_version_outside_the_tested_range_fails_closed(
     instrumentor = LiteLLMInstrumentor()
     instrumentor.uninstrument()  # the fixture's instrumentation, off for this test
     try:
-        with pytest.raises(InstrumentationError, match="litellm 2.0.0: the version"):
+        with pytest.raises(InstrumentationError, match=r"litellm 2\.0\.0: the version"):
             instrumentor.instrument()
         with ExecutionContext(ExecutionConfig(max_steps=5)), pytest.raises(InstrumentationError):
             litellm.completion(**_args(server, "anthropic"))
@@ -352,8 +356,8 @@ def test_a_version_outside_the_tested_range_fails_closed(
 
 
 def test_uninstrument_restores_every_public_function(instrumented: LiteLLMInstrumentor) -> None:
-    import litellm.chat_completions.dispatch as dispatch
-    import litellm.main as main
+    from litellm import main
+    from litellm.chat_completions import dispatch
 
     instrumentor = LiteLLMInstrumentor()
     instrumentor.uninstrument()
@@ -404,7 +408,12 @@ def test_litellm_sends_nothing_but_the_calls(tmp_path: Path) -> None:
     )
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=180
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "OUTSIDE []" in done.stdout, done.stdout[-2000:]
