@@ -103,10 +103,11 @@ class Request(NamedTuple):
         extra_input_tokens: Input the byte walk cannot see, at its documented
             worst case (images, files, server-side context).
         attributes: More span attributes read from the request.
-        provider: The provider this call goes to, when it is not the
-            adapter's :attr:`ProviderAdapter.provider` (one SDK reaching a
-            local server and a hosted service billed differently): the call
-            is priced, broken and named (``gen_ai.provider.name``) under it.
+        provider: ``gen_ai.provider.name`` of this call when it is not the
+            adapter's own (a library that routes to many providers, such as
+            ``litellm``; one SDK reaching a local server and a hosted service
+            billed differently); None: :attr:`ProviderAdapter.provider`. The
+            call is priced, broken and named under it.
     """
 
     operation: str
@@ -169,7 +170,7 @@ class ProviderAdapter:
         ``is_async``: the hooked method was awaited; a sync method may return
         an async iterator too (an async generator function).
         """
-        if is_async or hasattr(reply, "__anext__"):
+        if is_async or (hasattr(reply, "__anext__") and not hasattr(reply, "__next__")):
             return AdapterAsyncStream(reply, call, self.read_item)
         return AdapterStream(reply, call, self.read_item)
 
@@ -225,6 +226,12 @@ def denial_in(error: BaseException) -> BudgetExceededError | None:
     return None
 
 
+def _denial(call: ContainedCall, error: BaseException) -> BudgetExceededError | None:
+    """Our denial behind ``error``: in its chain, or a retry the HTTP layer refused
+    (some SDKs rebuild the error from its message, breaking the chain)."""
+    return denial_in(error) or call.denial
+
+
 def _spec(adapter: ProviderAdapter, request: Request, agent: str | None) -> CallSpec:
     bound = input_bound(request.input_parts, request.n_messages) + request.extra_input_tokens
     return CallSpec(
@@ -275,7 +282,7 @@ class AdapterStream(ContainedStream):
             raise
         except BaseException as exc:
             _fail(call.adapter, call, exc)
-            denial = denial_in(exc)
+            denial = _denial(call, exc)
             if denial is None:
                 raise
             raise denial from exc
@@ -312,7 +319,7 @@ class AdapterAsyncStream(AsyncContainedStream):
                 _fail(call.adapter, call, exc)
             finally:
                 await call.settle_deferred()
-            denial = denial_in(exc)
+            denial = _denial(call, exc)
             if denial is None:
                 raise
             raise denial from exc
@@ -438,7 +445,7 @@ def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
                 _fail(adapter, call, exc)
             finally:
                 await call.settle_deferred()
-            denial = denial_in(exc)
+            denial = _denial(call, exc)
             if denial is None or denial is exc:
                 raise
             raise denial from exc  # the SDK wrapped our denial in its own error
@@ -481,7 +488,7 @@ def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
             reply = wrapped(*prepared.args, **prepared.kwargs)
         except BaseException as exc:
             _fail(adapter, call, exc)
-            denial = denial_in(exc)
+            denial = _denial(call, exc)
             if denial is None or denial is exc:
                 raise
             raise denial from exc  # the SDK wrapped our denial in its own error

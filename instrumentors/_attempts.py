@@ -16,11 +16,12 @@ call an adapter admitted runs (:data:`~._adapter.ADMITTED`, with
 
 Hooked, each when the application imports it (nothing is imported here):
 ``httpx2`` and ``httpx`` (``HTTPTransport.handle_request``,
-``AsyncHTTPTransport.handle_async_request``) and ``urllib3``
+``AsyncHTTPTransport.handle_async_request``), ``urllib3``
 (``HTTPConnectionPool.urlopen``: ``requests`` and ``botocore`` send through
-it) and ``aiohttp`` (``ClientSession._request``: ``aiobotocore`` sends
-through it). Calls no adapter admitted pass through after one context
-variable read.
+it) and ``aiohttp`` (``ClientSession._request``, once per request whoever
+sends it: ``session.request``/``get``/``post``, aiobotocore, and litellm's
+aiohttp transport under its ``httpx`` client). Calls no adapter admitted pass
+through after one context variable read.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ _HOOKS = (
     ("httpx", "HTTPTransport", "handle_request", _attempt),
     ("httpx", "AsyncHTTPTransport", "handle_async_request", _aattempt),
     ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", _attempt),
-    ("aiohttp", "ClientSession", "_request", _aattempt),
+    ("aiohttp.client", "ClientSession", "_request", _aattempt),
 )
 _lock = threading.Lock()
 _registered = False

@@ -121,6 +121,9 @@ class ContainedCall:
     sends = 0  # attempts that began sending
     replies = 0  # attempts answered with an HTTP status line
     unsent = False  # an attempt failed before a byte left (the HTTP layer saw it)
+    # A retry the chain refused (note_send): the caller sees it even when the
+    # SDK turned it into an error of its own that does not chain to it.
+    denial: BudgetExceededError | None = None
 
     def __init__(
         self,
@@ -205,15 +208,23 @@ class ContainedCall:
         deadline before it leaves, and raises BudgetExceededError otherwise.
         """
         if self.sends:
-            self.ctx.consume_retry()
-            self.ctx.ensure_active()
+            try:
+                self.ctx.consume_retry()
+                self.ctx.ensure_active()
+            except BudgetExceededError as exc:
+                self.denial = exc
+                raise
         self.sends += 1
 
     async def anote_send(self) -> None:
         """:meth:`note_send` for an async transport: a shared store is awaited."""
         if self.sends:
-            await self.ctx.aconsume_retry()
-            await self.ctx.aensure_active()
+            try:
+                await self.ctx.aconsume_retry()
+                await self.ctx.aensure_active()
+            except BudgetExceededError as exc:
+                self.denial = exc
+                raise
         self.sends += 1
 
     def note_reply(self) -> None:

@@ -66,8 +66,10 @@ class Hook:
     """One SDK method we wrap, and the part of its signature our wrapper relies on.
 
     Attributes:
-        owner: The class holding the method, in the SDK module.
-        method: The method's name.
+        owner: The class holding the method, in the SDK module; or a module
+            function's module: ``""`` for the SDK module itself, a dotted path
+            for a submodule (``"main"``) or a class in one (``"core.Client"``).
+        method: The method's (or module function's) name.
         wrapper: Our ``wrapt`` wrapper.
         positional: Parameters after ``self`` that we read by position (in this
             order) or by name.
@@ -84,16 +86,33 @@ class Hook:
 
     @property
     def name(self) -> str:
-        return f"{self.owner}.{self.method}"
+        return f"{self.owner}.{self.method}" if self.owner else self.method
 
 
-def _problem(owner: type, hook: Hook) -> str | None:
+def _owner(module: Any, path: str) -> Any:
+    """The class or module ``path`` names in ``module`` (see :attr:`Hook.owner`),
+    importing a submodule not imported yet; None when there is none."""
+    owner = module
+    for part in path.split(".") if path else ():
+        found = getattr(owner, part, None)
+        if inspect.ismodule(owner) and not (isinstance(found, type) or inspect.ismodule(found)):
+            try:  # a submodule (a package may export a function of the same name)
+                found = importlib.import_module(f"{owner.__name__}.{part}")
+            except ImportError:
+                return None
+        owner = found
+    return owner if isinstance(owner, type) or inspect.ismodule(owner) else None
+
+
+def _problem(owner: Any, hook: Hook) -> str | None:
     """What is wrong with ``hook`` on ``owner``, or None when our wrapper fits it."""
     try:
         found = inspect.getattr_static(owner, hook.method)
     except AttributeError:
         return "is missing"
-    return function_problem(found, hook.positional, hook.keyword, hook.is_async)
+    return function_problem(
+        found, hook.positional, hook.keyword, hook.is_async, method=not inspect.ismodule(owner)
+    )
 
 
 def function_problem(
@@ -136,7 +155,8 @@ class SDKHooks:
         hooks: What to wrap.
         guards: ``(class, (method, ...))`` in ``module`` where a refusal goes:
             the first of the methods that exists, any signature (public ones
-            every API call passes through, e.g. ``request`` then ``post``).
+            every API call passes through, e.g. ``request`` then ``post``);
+            the class is named as :attr:`Hook.owner` (module functions too).
     """
 
     def __init__(
@@ -180,8 +200,8 @@ class SDKHooks:
         except Exception as exc:
             raise self._error(label, [f"{self.module} cannot be imported ({exc})"]) from exc
         for hook in self.hooks:
-            owner = getattr(module, hook.owner, None)
-            if not isinstance(owner, type):
+            owner = _owner(module, hook.owner)
+            if owner is None:
                 problems.append(f"{self.module}.{hook.owner} is missing")
                 continue
             problem = _problem(owner, hook)
@@ -206,13 +226,13 @@ class SDKHooks:
             wrapped: list[Hook] = []
             try:
                 for hook in self.hooks:
-                    owner = getattr(module, hook.owner)
+                    owner = _owner(module, hook.owner)
                     if not is_ours(owner, hook.method, hook.wrapper):
                         wrapt.wrap_function_wrapper(owner, hook.method, hook.wrapper)
                         wrapped.append(hook)
             except Exception as exc:
                 for hook in wrapped:
-                    unwrap_ours(getattr(module, hook.owner), hook.method, hook.wrapper)
+                    unwrap_ours(_owner(module, hook.owner), hook.method, hook.wrapper)
                 raise self._error(self._label(), [f"wrapping failed ({exc!r})"]) from exc
         except InstrumentationError as exc:
             self._unwrap()  # nothing of ours stays half in place
@@ -231,8 +251,8 @@ class SDKHooks:
         except Exception:
             return  # never imported, so never wrapped
         for hook in self.hooks:
-            owner = getattr(module, hook.owner, None)
-            if isinstance(owner, type):
+            owner = _owner(module, hook.owner)
+            if owner is not None:
                 unwrap_ours(owner, hook.method, hook.wrapper)
 
     def refuse(self, error: BaseException) -> None:
@@ -246,7 +266,7 @@ class SDKHooks:
             return
         message = str(error)
         for owner_name, methods in self.guards:
-            owner = getattr(module, owner_name, None)
+            owner = _owner(module, owner_name)
             method = next((m for m in methods if callable(getattr(owner, m, None))), None)
             if owner is None or method is None:
                 _logger.error(

@@ -87,6 +87,7 @@ _INSTRUMENTORS = (
     ("cohere.core.http_client", "veronica_otel.instrumentors.cohere", "CohereInstrumentor"),
     ("botocore.client", "veronica_otel.instrumentors.bedrock", "BedrockInstrumentor"),
     ("ollama._client", "veronica_otel.instrumentors.ollama", "OllamaInstrumentor"),
+    ("litellm", "veronica_otel.instrumentors.litellm", "LiteLLMInstrumentor"),
     # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS), and
     # the vendor rule: no baggage at all on requests to LLM vendors.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
@@ -107,6 +108,7 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_cohere",
         "veronica_bedrock",
         "veronica_ollama",
+        "veronica_litellm",
     }
 )
 _installed = False  # the enforcement hooks (tests set it to skip them)
