@@ -1,7 +1,7 @@
 """The in-process fake LLM server: lifecycle, request log, failures and latency.
 
-:class:`FakeLLMServer` routes requests to the OpenAI and Anthropic builders
-(``_openai_api.py``, ``_anthropic_api.py``) and serves them through the
+:class:`FakeLLMServer` routes requests to the OpenAI, Anthropic and Gemini builders
+(``_openai_api.py``, ``_anthropic_api.py``, ``_gemini_api.py``) and serves them through the
 HTTP/1.1 plumbing in ``_http.py`` on a daemon thread.
 """
 
@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _anthropic_api, _openai_api
+from . import _anthropic_api, _gemini_api, _openai_api
 from ._common import (
     ApiCall,
     ApiError,
@@ -512,7 +512,7 @@ class FakeLLMServer:
 
 # Each wire format's module: ``ROUTES`` (exact paths) and, where a path
 # carries the model (Gemini, Bedrock), ``PATTERNS`` (regex, builder) pairs.
-_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api)
+_APIS: tuple[Any, ...] = (_openai_api, _anthropic_api, _gemini_api)
 
 
 def _builder(path: str) -> Callable[[ApiCall], JSONReply | StreamReply] | None:
@@ -531,13 +531,23 @@ def _is_anthropic(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
+def _api_of(path: str) -> Any:
+    """The wire-format module that routes ``path`` (None: no route)."""
+    for api in _APIS:
+        if path in api.ROUTES or any(p.fullmatch(path) for p, _ in getattr(api, "PATTERNS", ())):
+            return api
+    return None
+
+
 def _error_reply(
     status: int, message: str, path: str, request_id: str, ids: Mapping[str, str]
 ) -> Reply:
     if _is_anthropic(path):
         payload = _anthropic_api.error_payload(status, message, request_id)
-    else:
-        payload = _openai_api.error_payload(status, message)
+    else:  # the error body of the API the path belongs to; OpenAI's by default
+        api = _api_of(path)
+        shape = getattr(api, "error_payload", None) if api is not None else None
+        payload = (shape or _openai_api.error_payload)(status, message)
     return Reply(status, {"content-type": "application/json", **ids}, body=dumps(payload))
 
 
