@@ -37,6 +37,12 @@ G10 for an adapter's call that raised:
   was never made): released;
 - every attempt answered by an HTTP error status: zero cost, the step counts;
 - otherwise the reservation, times the attempts lost unanswered.
+
+An endpoint billed in units no token price covers (images, video seconds,
+tuning jobs, cache storage, batch jobs whose input lives server-side) is read
+as a request with ``priced=False``: under a cost ceiling it is refused before
+anything is sent (a non-sticky ``cost`` denial naming the endpoint); without
+one it is counted like any call (a step, its input tokens).
 """
 
 from __future__ import annotations
@@ -49,10 +55,13 @@ from typing import Any, ClassVar, NamedTuple
 from opentelemetry import context as otel_context
 
 from veronica_otel._agents import current_agent
-from veronica_otel._errors import BudgetExceededError
+from veronica_otel._chain_span import remaining_attributes
+from veronica_otel._context import ExecutionContext
+from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._propagation import default_context
+from veronica_otel._trips import emit_trip
 
-from ._admit import CallSpec, aadmit, admit, input_bound
+from ._admit import CallSpec, _mark_denied, aadmit, admit, input_bound
 from ._breakers import never_connected
 from ._common import (
     AsyncContainedStream,
@@ -71,6 +80,7 @@ __all__ = [
     "admitted_call",
     "denial_in",
     "http_status",
+    "refuse_unpriced",
     "wrapper",
 ]
 
@@ -101,6 +111,8 @@ class Request(NamedTuple):
         extra_input_tokens: Input the byte walk cannot see, at its documented
             worst case (images, files, server-side context).
         attributes: More span attributes read from the request.
+        priced: False when the endpoint bills in units token prices do not
+            cover: refused under a cost ceiling (see the module docs).
     """
 
     operation: str
@@ -113,6 +125,7 @@ class Request(NamedTuple):
     stream: bool = False
     extra_input_tokens: int = 0
     attributes: dict[str, Any] | None = None
+    priced: bool = True
 
 
 class ProviderAdapter:
@@ -198,6 +211,37 @@ def denial_in(error: BaseException) -> BudgetExceededError | None:
         current = current.__cause__ or current.__context__
         seen += 1
     return None
+
+
+_UNPRICED_HINT = (
+    "cannot be priced before it is sent; it is refused under a cost ceiling "
+    "(run it in a chain without max_cost_usd to count it in steps)"
+)
+
+
+def refuse_unpriced(
+    ctx: ExecutionContext, what: str, span: Any = None, *, why: str = _UNPRICED_HINT
+) -> None:
+    """Raise the non-sticky ``cost`` denial of a call that cannot be priced before
+    it is sent (``what`` names it, ``why`` says so), and mark ``span`` (ours:
+    ended) with it."""
+    trip = TripEvent(
+        "cost",
+        float(ctx.config.max_cost_usd or 0.0),
+        float("inf"),
+        ctx.chain_id,
+        f"chain {ctx.chain_id}: {what} {why}",
+        sticky=False,
+    )
+    emit_trip(trip, remaining=remaining_attributes(ctx))
+    error = BudgetExceededError(trip)
+    if span is not None:
+        _mark_denied(span, True, ctx, error)
+    raise error
+
+
+def _refuse(adapter: ProviderAdapter, ctx: ExecutionContext, request: Request, span: Any) -> None:
+    refuse_unpriced(ctx, f"{adapter.provider} {request.operation} ({request.model})", span)
 
 
 def _spec(adapter: ProviderAdapter, request: Request, agent: str | None) -> CallSpec:
@@ -391,6 +435,8 @@ def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
         span_token = make_current(span, current)
         admitted = None
         try:
+            if not request.priced and ctx.has_cost_ceiling:
+                _refuse(adapter, ctx, request, span)
             admitted = await aadmit(ctx, span, True, spec)
             prepared = _prepared(adapter, instance, args, kwargs, request, admitted)
         except BaseException as exc:
@@ -438,6 +484,8 @@ def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
         span_token = make_current(span, current)
         admitted = None
         try:
+            if not request.priced and ctx.has_cost_ceiling:
+                _refuse(adapter, ctx, request, span)
             admitted = admit(ctx, span, True, spec)
             prepared = _prepared(adapter, instance, args, kwargs, request, admitted)
         except BaseException as exc:

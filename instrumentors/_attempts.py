@@ -16,9 +16,11 @@ call an adapter admitted runs (:data:`~._adapter.ADMITTED`, with
 
 Hooked, each when the application imports it (nothing is imported here):
 ``httpx2`` and ``httpx`` (``HTTPTransport.handle_request``,
-``AsyncHTTPTransport.handle_async_request``) and ``urllib3``
+``AsyncHTTPTransport.handle_async_request``), ``urllib3``
 (``HTTPConnectionPool.urlopen``: ``requests`` and ``botocore`` send through
-it). Calls no adapter admitted pass through after one context variable read.
+it) and ``aiohttp`` (``ClientSession._request``: one attempt, returning once
+the status line is in; ``google-genai``'s async client sends through it).
+Calls no adapter admitted pass through after one context variable read.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ _HOOKS = (
     ("httpx", "HTTPTransport", "handle_request", _attempt),
     ("httpx", "AsyncHTTPTransport", "handle_async_request", _aattempt),
     ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", _attempt),
+    ("aiohttp", "ClientSession", "_request", _aattempt),
 )
 _lock = threading.Lock()
 _registered = False
