@@ -35,7 +35,8 @@ G10 for an adapter's call that raised:
   its own error type (``raise ... from`` the SDK's error);
 - no attempt left (the HTTP layer saw none, or the error says the connection
   was never made): released;
-- every attempt answered by an HTTP error status: zero cost, the step counts;
+- every attempt answered by an HTTP error status (then raised, or followed
+  by a retry we refused before it was sent): zero cost, the step counts;
 - otherwise the reservation, times the attempts lost unanswered.
 
 An endpoint billed in units no token price covers (images, video seconds,
@@ -395,8 +396,14 @@ def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -
     lost = call.sends - call.replies
     if lost > 0:
         call.lost_attempts = lost
-    if call.replies and not lost and adapter.billed_nothing(error):
-        call.finish(error, billed=False)  # every attempt answered by an HTTP error
+    if (
+        call.replies
+        and not lost
+        and (adapter.billed_nothing(error) or denial_in(error) is not None)
+    ):
+        # Every attempt sent was answered by an HTTP error (the last one, or
+        # one before a retry we refused, unsent): the provider billed nothing.
+        call.finish(error, billed=False)
         return
     if not call.sends and adapter.billed_nothing(error):
         call.finish(error, billed=False)  # the HTTP layer unseen: the SDK's error says
