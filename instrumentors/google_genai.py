@@ -28,8 +28,10 @@ Where it hooks:
   free, or not priceable before it is sent (images, videos, batches,
   tuning, caches, file search indexing, grounding billed per request, any
   endpoint added later): refused under a cost ceiling, counted otherwise.
-- ``_gaos.basesdk.BaseSDK.do_request`` / ``AsyncBaseSDK.do_request_async``:
-  the Interactions API client (``client.interactions``, agents, triggers):
+- ``_gaos.basesdk.BaseSDK.do_request`` / ``AsyncBaseSDK.do_request_async``
+  (and, in 2.x releases, ``_interactions._base_client.SyncAPIClient.request``
+  / ``AsyncAPIClient.request``): the Interactions API client
+  (``client.interactions``, agents, triggers):
   a billed ``POST`` (an interaction, a trigger execution, a decision) is not
   priceable before it is sent (server-side history, agents): refused under a
   cost ceiling, counted otherwise; the rest passes.
@@ -83,7 +85,7 @@ from ._hooks import GuardedInstrumentor, Hook, InstrumentationError, SDKHooks
 __all__ = ["GoogleGenAIInstrumentor"]
 
 _logger = logging.getLogger(__name__)
-_instruments = ("google-genai >= 1.0, < 4",)
+_instruments = ("google-genai >= 1.40, < 4",)
 _UNLIMITED = ExecutionConfig()
 
 
@@ -186,6 +188,8 @@ def _read(call: ContainedCall, data: dict[str, Any], final: bool) -> None:
         usage = data.get("usageMetadata")
         if isinstance(usage, dict):
             _usage(call, usage, call.request.operation == "embeddings")
+        elif isinstance(predictions := data.get("predictions"), list):
+            _prediction_usage(call, predictions)
     attributes = call.pending_attributes
     if attributes is None:
         return
@@ -218,6 +222,20 @@ def _usage(call: ContainedCall, usage: dict[str, Any], embeddings: bool) -> None
         call.set_usage(prompt, 0)
         return
     call.set_usage(prompt + tools, text + thoughts, cached=cached, reasoning=thoughts)
+
+
+def _prediction_usage(call: ContainedCall, predictions: list[Any]) -> None:
+    """Vertex ``predict`` embeddings: each prediction's ``statistics.token_count``."""
+    total = 0
+    for prediction in predictions:
+        embeddings = prediction.get("embeddings") if isinstance(prediction, dict) else None
+        stats = embeddings.get("statistics") if isinstance(embeddings, dict) else None
+        count = token_count(stats.get("token_count")) if isinstance(stats, dict) else None
+        if count is None:
+            call.set_usage(None, None)  # one unreadable: settled at the reservation
+            return
+        total += count
+    call.set_usage(total, 0)
 
 
 class _Chunks:
@@ -274,14 +292,37 @@ class _NextGenAdapter(ProviderAdapter):
             body = json.loads(request.content or b"{}")
         except Exception:  # a streamed or unreadable body: still refused or counted
             body = {}
-        body = body if isinstance(body, dict) else {}
-        agent = body.get("agent")
-        model = str(body.get("model") or agent or "unknown").rpartition("/")[2]
-        operation = "invoke_agent" if agent else path.rpartition("/")[2]
-        return Request(operation, model, body, priced=False)
+        return _unpriced(path, body if isinstance(body, dict) else {})
 
 
-_GEMINI, _VERTEX, _NEXTGEN = _GeminiAdapter(), _VertexAdapter(), _NextGenAdapter()
+class _StainlessAdapter(ProviderAdapter):
+    """``SyncAPIClient.request`` of the 2.x Interactions client (``_interactions``):
+    as :class:`_NextGenAdapter`, read from the SDK's request options."""
+
+    provider = "gcp.gemini"
+
+    def read_request(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+    ) -> Request | None:
+        options = _arg(args, kwargs, 1, "options")
+        if str(getattr(options, "method", "")).lower() != "post":
+            return None
+        path = str(getattr(options, "url", "")).split("?", 1)[0]
+        if not _NEXTGEN_BILLED.search(path):
+            return None
+        body = getattr(options, "json_data", None)
+        return _unpriced(path, body if isinstance(body, dict) else {})
+
+
+def _unpriced(path: str, body: dict[str, Any]) -> Request:
+    agent = body.get("agent")
+    model = str(body.get("model") or agent or "unknown").rpartition("/")[2]
+    operation = "invoke_agent" if agent else path.rpartition("/")[2]
+    return Request(operation, model, body, priced=False)
+
+
+_GEMINI, _VERTEX = _GeminiAdapter(), _VertexAdapter()
+_NEXTGEN, _STAINLESS = _NextGenAdapter(), _StainlessAdapter()
 
 
 def _by_client(method: str, is_async: bool) -> Callable[..., Any]:
@@ -349,6 +390,7 @@ _CORE = SDKHooks(
     ),
 )
 _DO = ("hook_ctx", "request")
+_OPTS = ("cast_to", "options")
 # Modules only some releases have: hooked where present (absent, the endpoint is too).
 _OPTIONAL = (
     SDKHooks(
@@ -359,6 +401,17 @@ _OPTIONAL = (
             Hook("AsyncBaseSDK", "do_request_async", wrapper(_NEXTGEN, "do", True), _DO, (), True),
         ),
         (("BaseSDK", ("do_request",)), ("AsyncBaseSDK", ("do_request_async",))),
+    ),
+    SDKHooks(
+        _instruments[0],
+        "google.genai._interactions._base_client",
+        (
+            Hook("SyncAPIClient", "request", wrapper(_STAINLESS, "request"), _OPTS),
+            Hook(
+                "AsyncAPIClient", "request", wrapper(_STAINLESS, "request", True), _OPTS, (), True
+            ),
+        ),
+        (("SyncAPIClient", ("request",)), ("AsyncAPIClient", ("request",))),
     ),
     SDKHooks(
         _instruments[0],

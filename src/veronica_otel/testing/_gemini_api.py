@@ -7,8 +7,9 @@ Routes (``POST``; the model is part of the path, so they are ``PATTERNS``):
   and the express-mode form without ``projects/{p}/locations/{l}``;
 
 where ``method`` is ``generateContent``, ``streamGenerateContent`` (server-sent
-events with ``?alt=sse``), ``embedContent``, ``batchEmbedContents`` or
-``countTokens``. Bodies are the REST JSON shapes ``google-genai`` parses.
+events with ``?alt=sse``), ``embedContent``, ``batchEmbedContents``,
+``predict`` of embedding instances (Vertex, older SDKs) or ``countTokens``.
+Bodies are the REST JSON shapes ``google-genai`` parses.
 
 Usage follows the real ``usageMetadata``: ``promptTokenCount`` is the whole
 prompt, ``cachedContentTokenCount`` included; ``candidatesTokenCount`` is the
@@ -179,6 +180,31 @@ def _embed(call: ApiCall, model: str, batch: bool) -> JSONReply:
     return JSONReply({"embedding": vector, "usageMetadata": metadata})
 
 
+def _is_embedding(body: Mapping[str, Any]) -> bool:
+    instances = body.get("instances")
+    return isinstance(instances, list) and all(
+        isinstance(i, Mapping) and "content" in i for i in instances
+    )
+
+
+def _predict_embeddings(call: ApiCall, model: str) -> JSONReply:
+    """Vertex ``predict`` of embedding instances: usage per prediction (``statistics``)."""
+    predictions = []
+    total = 0
+    for instance in call.body["instances"]:
+        content = instance["content"]
+        size = len(content.encode("utf-8")) if isinstance(content, str) else _texts(content)
+        tokens = max(1, -(-size // 4))
+        total += tokens
+        vector = [round(0.1 * (i + 1), 3) for i in range(_EMBEDDING_DIMENSIONS)]
+        statistics = {"token_count": tokens, "truncated": False}
+        predictions.append({"embeddings": {"values": vector, "statistics": statistics}})
+    settings = dataclasses.replace(call.settings, input_tokens=total, output_tokens=0)
+    if call.bill is not None:
+        call.bill(model, plan_usage(settings, call.body_size, 0))
+    return JSONReply({"predictions": predictions, "metadata": {"billableCharacterCount": total}})
+
+
 def _count_tokens(call: ApiCall) -> JSONReply:
     _contents(call.body)
     usage = plan_usage(call.settings, call.body_size, None)  # counting is free: not billed
@@ -195,6 +221,8 @@ def _route(call: ApiCall) -> JSONReply | StreamReply:
         return _embed(call, model, method == "batchEmbedContents")
     if method == "countTokens":
         return _count_tokens(call)
+    if method == "predict" and _is_embedding(call.body):
+        return _predict_embeddings(call, model)
     raise ApiError(404, f"Method {method} is not found for model {model}")
 
 
