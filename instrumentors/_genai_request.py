@@ -71,16 +71,21 @@ def _split(path: str) -> tuple[str, str, str]:
     return (prefix + "/" if prefix else ""), name, verb
 
 
-def read(http_method: str, path: str, body: Any) -> Request | None:
-    """The request one ``BaseApiClient.request*`` call sends; None when it is free."""
+def read(
+    http_method: str, path: str, body: Any, server: dict[str, Any] | None = None
+) -> Request | None:
+    """The request one ``BaseApiClient.request*`` call sends; None when it is free.
+
+    ``server``: span attributes of the client's endpoint, for a priced call.
+    """
     method = http_method.lower()
     if method in ("get", "delete") or not isinstance(body, Mapping):
         return None
     _, name, verb = _split(path)
     if verb in _GENERATE:
-        return _generate(name, verb, body)
+        return _generate(name, verb, body, server)
     if verb in _EMBED or (verb == "predict" and _embedding_instances(body)):
-        return _embed(name, verb, body)
+        return _embed(name, verb, body, server)
     if verb in _FREE_VERBS or (not verb and method == "post" and name in _FREE_CREATES):
         return None
     if method == "patch":
@@ -88,7 +93,7 @@ def read(http_method: str, path: str, body: Any) -> Request | None:
             return None  # a model's or a store's metadata (a cache's TTL is billed storage)
         name = "cachedContents"
     model = name if verb else str(body.get("model") or body.get("baseModel") or "unknown")
-    return Request(verb or name, model.rpartition("/")[2], body, priced=False)
+    return Request(verb or name, model.rpartition("/")[2], body, attributes=server, priced=False)
 
 
 def _embedding_instances(body: Mapping[str, Any]) -> bool:
@@ -100,7 +105,9 @@ def _embedding_instances(body: Mapping[str, Any]) -> bool:
     )
 
 
-def _embed(model: str, verb: str, body: Mapping[str, Any]) -> Request:
+def _embed(
+    model: str, verb: str, body: Mapping[str, Any], server: dict[str, Any] | None
+) -> Request:
     if verb == "batchEmbedContents":
         parts: Any = body.get("requests") or []
     elif verb == "predict":
@@ -108,10 +115,12 @@ def _embed(model: str, verb: str, body: Mapping[str, Any]) -> Request:
     else:
         parts = [body.get("content")]
     n = len(parts) if isinstance(parts, list) else 1
-    return Request("embeddings", model, parts, n_messages=n)
+    return Request("embeddings", model, parts, n, None, False, 1, False, 0, server)
 
 
-def _generate(model: str, verb: str, body: Mapping[str, Any]) -> Request:
+def _generate(
+    model: str, verb: str, body: Mapping[str, Any], server: dict[str, Any] | None
+) -> Request:
     config = body.get("generationConfig")
     config = config if isinstance(config, Mapping) else {}
     cap = config.get("maxOutputTokens")
@@ -120,22 +129,25 @@ def _generate(model: str, verb: str, body: Mapping[str, Any]) -> Request:
     choices = choices if type(choices) is int and choices > 1 else 1
     contents = body.get("contents")
     parts = [body[key] for key in _INPUT_KEYS if body.get(key) is not None]
-    extra = _unseen_input(model, body)
-    attributes = _attributes(config) if config else None
+    attributes = server
+    if len(config) > (cap is not None):  # more than the cap: sampling parameters
+        found = _attributes(config)
+        if found:
+            attributes = found if server is None else {**server, **found}
     tools = body.get("tools")
-    priced = not (isinstance(tools, list) and any(_billed_tool(tool) for tool in tools))
+    priced = not (tools and isinstance(tools, list) and any(_billed_tool(t) for t in tools))
     return Request(
         "generate_content",
         model,
         parts,
-        n_messages=len(contents) if isinstance(contents, list) else 1,
-        cap=cap,
-        clampable=True,
-        choices=choices,
-        stream=verb == "streamGenerateContent",
-        extra_input_tokens=extra,
-        attributes=attributes,
-        priced=priced,
+        len(contents) if isinstance(contents, list) else 1,
+        cap,
+        True,
+        choices,
+        verb == "streamGenerateContent",
+        _unseen_input(model, body),
+        attributes,
+        priced,
     )
 
 
@@ -150,8 +162,8 @@ def _unseen_input(model: str, body: Mapping[str, Any]) -> int:
     for content in (body.get("systemInstruction"), *(body.get("contents") or ())):
         parts = content.get("parts") if isinstance(content, Mapping) else None
         for part in parts if isinstance(parts, list) else ():
-            if not isinstance(part, Mapping):
-                continue
+            if not isinstance(part, Mapping) or "text" in part:
+                continue  # a text part carries nothing else
             if "fileData" in part:
                 server_side = True
             inline = part.get("inlineData")

@@ -101,14 +101,8 @@ class _GeminiAdapter(ProviderAdapter):
             _arg(args, kwargs, 0, "http_method"),
             _arg(args, kwargs, 2, "request_dict"),
         )
-        request = _genai_request.read(str(http_method), _path(args, kwargs), body)
-        if request is None:
-            return None
         server = _server(getattr(instance, "_http_options", None))
-        if server:
-            merged = server if request.attributes is None else {**server, **request.attributes}
-            request = request._replace(attributes=merged)
-        return request
+        return _genai_request.read(str(http_method), _path(args, kwargs), body, server)
 
     def rewrite(
         self,
@@ -163,11 +157,12 @@ def _put(
 _SERVERS: dict[str, dict[str, Any]] = {}
 
 
-def _server(options: Any) -> dict[str, Any]:
-    """``server.address`` / ``server.port`` of a client's base URL (parsed once per URL)."""
+def _server(options: Any) -> dict[str, Any] | None:
+    """``server.address`` / ``server.port`` of a client's base URL (parsed once per
+    URL; shared: never mutated)."""
     base_url = getattr(options, "base_url", None)
     if type(base_url) is not str:
-        return {}
+        return None
     found = _SERVERS.get(base_url)
     if found is None:
         parts = urlsplit(base_url)
@@ -210,6 +205,16 @@ def _read(call: ContainedCall, data: dict[str, Any], final: bool) -> None:
 
 def _usage(call: ContainedCall, usage: dict[str, Any], embeddings: bool) -> None:
     """Hand ``usageMetadata`` to the call: thinking is output, tool-use prompts input."""
+    prompt, text = usage.get("promptTokenCount"), usage.get("candidatesTokenCount", 0)
+    if (
+        type(prompt) is int
+        and type(text) is int
+        and "thoughtsTokenCount" not in usage
+        and "cachedContentTokenCount" not in usage
+        and "toolUsePromptTokenCount" not in usage
+    ):  # the common reply: prompt and candidates only
+        call.set_usage(prompt, 0 if embeddings else text)
+        return
     prompt = token_count(usage.get("promptTokenCount"))
     tools = token_count(usage.get("toolUsePromptTokenCount") or 0)
     cached = token_count(usage.get("cachedContentTokenCount") or 0)
