@@ -35,9 +35,15 @@ G10 for an adapter's call that raised:
   its own error type (``raise ... from`` the SDK's error);
 - no attempt left (the HTTP layer saw none, or the error says the connection
   was never made): released;
-- every attempt answered by an HTTP error status (then, maybe, a retry
-  refused before it was sent): zero cost, the step counts;
+- every attempt answered by an HTTP error status (then raised, or followed
+  by a retry we refused before it was sent): zero cost, the step counts;
 - otherwise the reservation, times the attempts lost unanswered.
+
+An endpoint billed in units no token price covers (images, video seconds,
+tuning jobs, cache storage, batch jobs whose input lives server-side) is read
+as a request with ``priced=False``: under a cost ceiling it is refused before
+anything is sent (a non-sticky ``cost`` denial naming the endpoint); without
+one it is counted like any call (a step, its input tokens).
 """
 
 from __future__ import annotations
@@ -50,10 +56,13 @@ from typing import Any, ClassVar, NamedTuple
 from opentelemetry import context as otel_context
 
 from veronica_otel._agents import current_agent
-from veronica_otel._errors import BudgetExceededError
+from veronica_otel._chain_span import remaining_attributes
+from veronica_otel._context import ExecutionContext
+from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._propagation import default_context
+from veronica_otel._trips import emit_trip
 
-from ._admit import CallSpec, aadmit, admit, input_bound
+from ._admit import CallSpec, _mark_denied, aadmit, admit, input_bound
 from ._breakers import never_connected
 from ._common import (
     AsyncContainedStream,
@@ -73,6 +82,7 @@ __all__ = [
     "admitted_call",
     "denial_in",
     "http_status",
+    "refuse_unpriced",
     "wrapper",
 ]
 
@@ -108,6 +118,8 @@ class Request(NamedTuple):
             ``litellm``; one SDK reaching a local server and a hosted service
             billed differently); None: :attr:`ProviderAdapter.provider`. The
             call is priced, broken and named under it.
+        priced: False when the endpoint bills in units token prices do not
+            cover: refused under a cost ceiling (see the module docs).
     """
 
     operation: str
@@ -121,6 +133,7 @@ class Request(NamedTuple):
     extra_input_tokens: int = 0
     attributes: dict[str, Any] | None = None
     provider: str | None = None
+    priced: bool = True
 
 
 class ProviderAdapter:
@@ -230,6 +243,37 @@ def _denial(call: ContainedCall, error: BaseException) -> BudgetExceededError | 
     """Our denial behind ``error``: in its chain, or a retry the HTTP layer refused
     (some SDKs rebuild the error from its message, breaking the chain)."""
     return denial_in(error) or call.denial
+
+
+_UNPRICED_HINT = (
+    "cannot be priced before it is sent; it is refused under a cost ceiling "
+    "(run it in a chain without max_cost_usd to count it in steps)"
+)
+
+
+def refuse_unpriced(
+    ctx: ExecutionContext, what: str, span: Any = None, *, why: str = _UNPRICED_HINT
+) -> None:
+    """Raise the non-sticky ``cost`` denial of a call that cannot be priced before
+    it is sent (``what`` names it, ``why`` says so), and mark ``span`` (ours:
+    ended) with it."""
+    trip = TripEvent(
+        "cost",
+        float(ctx.config.max_cost_usd or 0.0),
+        float("inf"),
+        ctx.chain_id,
+        f"chain {ctx.chain_id}: {what} {why}",
+        sticky=False,
+    )
+    emit_trip(trip, remaining=remaining_attributes(ctx))
+    error = BudgetExceededError(trip)
+    if span is not None:
+        _mark_denied(span, True, ctx, error)
+    raise error
+
+
+def _refuse(adapter: ProviderAdapter, ctx: ExecutionContext, request: Request, span: Any) -> None:
+    refuse_unpriced(ctx, f"{adapter.provider} {request.operation} ({request.model})", span)
 
 
 def _spec(adapter: ProviderAdapter, request: Request, agent: str | None) -> CallSpec:
@@ -384,9 +428,13 @@ def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -
     lost = call.sends - call.replies
     if lost > 0:
         call.lost_attempts = lost
-    if call.replies and not lost and (adapter.billed_nothing(error) or denial_in(error)):
-        # Every attempt answered by an HTTP error (a retry refused by the HTTP
-        # layer follows only such answers when none was lost): billed nothing.
+    if (
+        call.replies
+        and not lost
+        and (adapter.billed_nothing(error) or denial_in(error) is not None)
+    ):
+        # Every attempt sent was answered by an HTTP error (the last one, or
+        # one before a retry we refused, unsent): the provider billed nothing.
         call.finish(error, billed=False)
         return
     if not call.sends and adapter.billed_nothing(error):
@@ -426,6 +474,8 @@ def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
         span_token = make_current(span, current)
         admitted = None
         try:
+            if not request.priced and ctx.has_cost_ceiling:
+                _refuse(adapter, ctx, request, span)
             admitted = await aadmit(ctx, span, True, spec)
             prepared = _prepared(adapter, instance, args, kwargs, request, admitted)
         except BaseException as exc:
@@ -473,6 +523,8 @@ def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
         span_token = make_current(span, current)
         admitted = None
         try:
+            if not request.priced and ctx.has_cost_ceiling:
+                _refuse(adapter, ctx, request, span)
             admitted = admit(ctx, span, True, spec)
             prepared = _prepared(adapter, instance, args, kwargs, request, admitted)
         except BaseException as exc:

@@ -18,10 +18,11 @@ Hooked, each when the application imports it (nothing is imported here):
 ``httpx2`` and ``httpx`` (``HTTPTransport.handle_request``,
 ``AsyncHTTPTransport.handle_async_request``), ``urllib3``
 (``HTTPConnectionPool.urlopen``: ``requests`` and ``botocore`` send through
-it) and ``aiohttp`` (``ClientSession._request``, once per request whoever
-sends it: ``session.request``/``get``/``post``, aiobotocore, and litellm's
-aiohttp transport under its ``httpx`` client). Calls no adapter admitted pass
-through after one context variable read.
+it) and ``aiohttp`` (``ClientSession._request``: one attempt, returning once
+the status line is in; whoever sends it: ``session.request``/``get``/``post``,
+aiobotocore, google-genai's async client, and litellm's aiohttp transport
+under its ``httpx`` client). Calls no adapter admitted pass through after one
+context variable read.
 """
 
 from __future__ import annotations

@@ -85,8 +85,8 @@ INPUT_TOKEN_BOUND = "utf8_bytes + 4 per message + 3 per request"
 """How :func:`estimate_input_tokens` bounds a prompt (see the module docstring)."""
 
 # The largest output (max_tokens / max_completion_tokens) each model accepts
-# per call, as OpenAI's (platform.openai.com/docs/models) and Anthropic's
-# (docs.anthropic.com/en/docs/about-claude/models) model pages state it. Kept
+# per call, as OpenAI's (platform.openai.com/docs/models), Anthropic's
+# (docs.anthropic.com/en/docs/about-claude/models) and Google's model pages state it. Kept
 # small: common chat models whose limit we could check. The longest matching
 # name wins; a dated snapshot (``-2024-08-06``, ``-20241022``) or ``-latest``
 # matches its base name.
@@ -122,6 +122,14 @@ MAX_OUTPUT_TOKENS: Mapping[str, int] = {
     "claude-sonnet-4-5": 64_000,
     "claude-haiku-4-5": 64_000,
     "claude-opus-4-5": 64_000,
+    # ai.google.dev/gemini-api/docs/models ("Output token limit"; thinking counts in it)
+    "gemini-1.5-flash": 8_192,
+    "gemini-1.5-pro": 8_192,
+    "gemini-2.0-flash": 8_192,
+    "gemini-2.0-flash-lite": 8_192,
+    "gemini-2.5-flash": 65_536,
+    "gemini-2.5-flash-lite": 65_536,
+    "gemini-2.5-pro": 65_536,
 }
 DEFAULT_MAX_OUTPUT_TOKENS = 32_768
 """Output limit of a model not in :data:`MAX_OUTPUT_TOKENS`: an uncapped call to

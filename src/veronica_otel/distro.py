@@ -88,6 +88,11 @@ _INSTRUMENTORS = (
     ("botocore.client", "veronica_otel.instrumentors.bedrock", "BedrockInstrumentor"),
     ("ollama._client", "veronica_otel.instrumentors.ollama", "OllamaInstrumentor"),
     ("litellm", "veronica_otel.instrumentors.litellm", "LiteLLMInstrumentor"),
+    (
+        "google.genai._api_client",
+        "veronica_otel.instrumentors.google_genai",
+        "GoogleGenAIInstrumentor",
+    ),
     # Chain propagation to your own services (VERONICA_PROPAGATE_HOSTS), and
     # the vendor rule: no baggage at all on requests to LLM vendors.
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
@@ -109,6 +114,7 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_bedrock",
         "veronica_ollama",
         "veronica_litellm",
+        "veronica_google_genai",
     }
 )
 _installed = False  # the enforcement hooks (tests set it to skip them)

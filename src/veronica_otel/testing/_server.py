@@ -1,7 +1,7 @@
 """The in-process fake LLM server: lifecycle, request log, failures and latency.
 
-:class:`FakeLLMServer` routes requests to the OpenAI and Anthropic builders
-(``_openai_api.py``, ``_anthropic_api.py``) and serves them through the
+:class:`FakeLLMServer` routes requests to the OpenAI, Anthropic and Gemini builders
+(``_openai_api.py``, ``_anthropic_api.py``, ``_gemini_api.py``) and serves them through the
 HTTP/1.1 plumbing in ``_http.py`` on a daemon thread.
 """
 
@@ -19,7 +19,15 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _anthropic_api, _bedrock_api, _cohere_api, _mistral_api, _ollama_api, _openai_api
+from . import (
+    _anthropic_api,
+    _bedrock_api,
+    _cohere_api,
+    _gemini_api,
+    _mistral_api,
+    _ollama_api,
+    _openai_api,
+)
 from ._common import (
     ApiCall,
     ApiError,
@@ -523,6 +531,7 @@ _APIS: tuple[Any, ...] = (
     _cohere_api,
     _bedrock_api,
     _ollama_api,
+    _gemini_api,
 )
 
 
