@@ -195,6 +195,7 @@ FLOOR: tuple[tuple[str, ...], ...] = (
     (
         f"{OURS}[openai,propagation]",
         *(f"{name}=={version}" for name, version in FLOOR_VERSIONS.items()),
+        "httpx",  # opentelemetry-instrumentation-httpx imports it
     ),
 )
 

@@ -107,6 +107,26 @@ def test_floor_contains_zero_code(floor: Path, llm: FakeLLMServer) -> None:
     assert oks(result) == 3, result.stdout
 
 
+def test_floor_without_httpx2_instrumentor_warns_and_goes_on(floor: Path) -> None:
+    # opentelemetry-instrumentation-httpx 0.62b0 has no HTTPX2ClientInstrumentor.
+    code = (
+        "import logging; logging.basicConfig()\n"
+        "from veronica_otel.instrumentors.httpx import HTTPXInstrumentor\n"
+        "HTTPXInstrumentor().instrument(enable_otel_http=True)\n"
+        "import httpx2\n"
+    )
+    result = subprocess.run(
+        [str(floor / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "has no HTTPX2ClientInstrumentor" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
 def test_adk_installs_beside_us_at_its_newest(adk: Path, llm: FakeLLMServer) -> None:
     found = versions(adk, "google-adk", "opentelemetry-api", "veronica-otel")
     adk_version = tuple(int(part) for part in found["google-adk"].split(".")[:3])
