@@ -241,8 +241,19 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _logger.exception("veronica-otel: could not instrument %s", module.__name__)
         if otel_httpx is None:
             return
+        name = _OTEL_INSTRUMENTORS[module.__name__]
+        found = getattr(otel_httpx, name, None)
+        if found is None:  # HTTPX2ClientInstrumentor: opentelemetry-instrumentation-httpx 0.65b0+
+            _logger.warning(
+                "veronica-otel: the installed opentelemetry-instrumentation-httpx has no %s "
+                "(0.65b0 and later have it): %s requests carry no trace headers; "
+                "the chain is still propagated and contained",
+                name,
+                module.__name__,
+            )
+            return
         try:
-            instrumentor = getattr(otel_httpx, _OTEL_INSTRUMENTORS[module.__name__])()
+            instrumentor = found()
             if not instrumentor.is_instrumented_by_opentelemetry:
                 instrumentor.instrument(skip_dep_check=True, **otel_kwargs)
                 self._otel = (*self._otel, instrumentor)

@@ -181,3 +181,24 @@ CONTRIB: tuple[tuple[str, ...], ...] = (
         "httpx",  # openai-v2 imports it (openai 3 itself uses httpx2)
     ),
 )
+
+# The oldest OpenTelemetry this checkout declares (pyproject's floors, pinned
+# exactly): opentelemetry-instrumentation 0.62b0 is the first to allow wrapt 2,
+# and its semantic conventions pin the API to 1.41.0, so the three move together.
+FLOOR_VERSIONS = {
+    "opentelemetry-api": "1.41.0",
+    "opentelemetry-sdk": "1.41.0",
+    "opentelemetry-instrumentation": "0.62b0",
+    "opentelemetry-instrumentation-httpx": "0.62b0",
+}
+FLOOR: tuple[tuple[str, ...], ...] = (
+    (
+        f"{OURS}[openai,propagation]",
+        *(f"{name}=={version}" for name, version in FLOOR_VERSIONS.items()),
+        "httpx",  # opentelemetry-instrumentation-httpx imports it
+    ),
+)
+
+# This checkout beside google-adk, which pins opentelemetry-api/sdk <= 1.44:
+# unpinned, so pip must find the newest google-adk that fits with us.
+ADK: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "google-adk"),)

@@ -78,6 +78,7 @@ class Admission(Settlement):
         retry: bool = False,
         signature: str | None = None,
         clamp: OutputClamp | None = None,
+        step: bool = True,
     ) -> CallHandle:
         """:meth:`begin_call` for instrumentors that already priced the call.
 
@@ -88,7 +89,9 @@ class Admission(Settlement):
         call to a function with keyword-only parameters; the wrap API calls
         this with positions). With ``clamp`` (an in-process ledger only, see
         :meth:`admit_call`) the ledger sizes the call under its lock instead,
-        and ``cost_nano`` and ``tokens`` are ignored.
+        and ``cost_nano`` and ``tokens`` are ignored. ``step=False``: the call
+        counts no step (it joined the wrapped call that holds one, see
+        :func:`~._call.joins_wrapped_call`); all else is reserved as usual.
         """
         if pending:
             drain()  # settle what garbage collection left, outside any lock
@@ -96,7 +99,7 @@ class Admission(Settlement):
             raise BudgetExceededError(self._trip)
         if self._checked or self._token.cancelled:
             policy_context, decision = self._admit_checks(
-                kind, operation_name, provider, model, cost_nano, signature
+                kind, operation_name, provider, model, cost_nano, signature, step
             )
         else:  # no deadline, handoffs or policies: nothing for _admit_checks to check
             policy_context, decision = None, ALLOW
@@ -106,11 +109,12 @@ class Admission(Settlement):
             if clamp is not None:
                 if self._agent_lookups or _agents._limited_in_code:
                     agents = self._agent_path()
-                reservation = self._reserve_clamped(clamp, agents, signature)
+                reservation = self._reserve_clamped(clamp, agents, signature, step)
             elif (
                 fast is not None
                 and signature is None
                 and not retry
+                and step
                 and not _agents._limited_in_code
             ):
                 # In process, a root with no policies (so no agent lookups) and
@@ -124,6 +128,7 @@ class Admission(Settlement):
                     self._path if agents is None else agents[0],
                     cost_nano,
                     tokens,
+                    step=step,
                     retry=retry,
                     signature=signature,
                     **self._pool_args(),
@@ -141,11 +146,14 @@ class Admission(Settlement):
         clamp: OutputClamp,
         agents: tuple[tuple[Level, ...], str] | None,
         signature: str | None,
+        step: bool,
     ) -> Reservation | TripEvent:
         """``begin_priced_call``'s reservation of a call the in-process ledger sizes."""
         ledger = cast(LocalLedger, self._ledger)
         path = self._path if agents is None else agents[0]
-        return ledger.reserve_clamped(path, clamp, signature=signature, **self._pool_args())
+        return ledger.reserve_clamped(
+            path, clamp, signature=signature, step=step, **self._pool_args()
+        )
 
     # Shared by begin_priced_call and abegin_priced_call.
 
@@ -157,6 +165,7 @@ class Admission(Settlement):
         model: str | None,
         cost_nano: int,
         signature: str | None,
+        step: bool = True,
     ) -> tuple[PolicyContext | None, PolicyDecision]:
         """Deadline, cancellation, handoffs and the pipeline, before the reservation."""
         if self._deadline is not None and _monotonic() >= self._deadline:
@@ -176,6 +185,7 @@ class Admission(Settlement):
                 model=model,
                 estimated_cost_usd=nano_to_usd(cost_nano),
                 signature=signature,
+                step=step,
             )
             try:
                 decision = self.pipeline.evaluate(policy_context)
@@ -246,6 +256,7 @@ class Admission(Settlement):
         *,
         retry: bool = False,
         signature: str | None = None,
+        step: bool = True,
     ) -> CallHandle:
         """:meth:`begin_priced_call` for async code (same checks, same denials)."""
         aledger = self._aledger
@@ -259,13 +270,14 @@ class Admission(Settlement):
                 tokens,
                 retry=retry,
                 signature=signature,
+                step=step,
             )
         if pending:
             drain()
         if self._trip is not None and not await self._atrip_lifted():
             raise BudgetExceededError(self._trip)
         policy_context, decision = self._admit_checks(
-            kind, operation_name, provider, model, cost_nano, signature
+            kind, operation_name, provider, model, cost_nano, signature, step
         )
         agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
         try:
@@ -273,6 +285,7 @@ class Admission(Settlement):
                 self._path if agents is None else agents[0],
                 cost_nano,
                 tokens,
+                step=step,
                 retry=retry,
                 signature=signature,
                 **self._pool_args(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import threading
 from typing import Protocol
 
 from ._ledger import Level, Reservation
@@ -15,6 +16,7 @@ __all__ = [
     "CallHandle",
     "close_awaitable",
     "is_coroutine_function",
+    "joins_wrapped_call",
     "settled_amounts",
 ]
 
@@ -37,12 +39,18 @@ class CallHandle:
     call :meth:`finish` exactly once (extra calls do nothing).
     """
 
+    # Set (True) only on a wrapped LLM call that an instrumented call joined
+    # (:func:`joins_wrapped_call`); never assigned in ``__init__``, so the
+    # wrap path pays nothing for it: read it with ``getattr(call, "joined", False)``.
+    joined: bool
+
     __slots__ = (
         "_done",
         "agents",
         "context",
         "cost_nano",
         "decision",
+        "joined",
         "kind",
         "metrics",
         "model",
@@ -65,7 +73,7 @@ class CallHandle:
         self.cost_nano = -1
         self.tokens = -1
         self._done = False
-        self.kind = "llm"
+        self.kind = "llm"  # a wrapped tool call says "tool" (joins_wrapped_call reads it)
         self.model: str | None = None
         # Per-call metrics only where telemetry is live (a recording chain span
         # or an instrumented client call): the bare wrap path stays lean.
@@ -148,6 +156,40 @@ def settled_amounts(call: CallHandle) -> tuple[int, int]:
 ACTIVE_CALL: contextvars.ContextVar[CallHandle | None] = contextvars.ContextVar(
     "veronica_otel_active_call", default=None
 )
+
+_join_lock = threading.Lock()
+
+
+def joins_wrapped_call(context: object) -> bool:
+    """Whether the LLM call being admitted now is the wrapped LLM call around it (DESIGN G13).
+
+    ``wrap_llm_call(fn)`` counts one step and, unless told otherwise, its
+    hint; an instrumented LLM call that ``fn`` makes in the same chain is the
+    call the wrap stands for. The first such call *joins* the wrap: it takes
+    no step of its own (the wrap holds it), still reserves its own worst case
+    before it is sent (G1) and commits its actual usage; the wrap then
+    commits no cost or tokens of its own (its hint is released when it
+    ends; usage reported with ``record_usage`` still counts) and no second
+    call metric. Every later instrumented call in the same wrap takes a step
+    of its own: a step is one request, so ``max_steps`` still bounds what is
+    sent however many requests ``fn`` makes. A wrapped tool call, another
+    chain's wrap, or a wrap that already ended (a task that outlived it)
+    is joined by nothing. Only the first call to ask gets True, across
+    threads and tasks.
+    """
+    call = ACTIVE_CALL.get()
+    if call is None or call.context is not context or call.kind != "llm":
+        return False
+    with _join_lock:  # one joiner, even from threads that inherited the wrap
+        if call._done or getattr(call, "joined", False):
+            return False
+        call.joined = True
+        # No usage of its own so far: the joined call commits the LLM call's.
+        call.cost_nano = max(call.cost_nano, 0)
+        call.tokens = max(call.tokens, 0)
+        call.metrics = False  # the joined call records the one call metric
+    return True
+
 
 _CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
 

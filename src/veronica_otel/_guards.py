@@ -128,6 +128,8 @@ class AgentStepGuard:
             return True
 
     def check(self, context: PolicyContext) -> PolicyDecision:
+        if not context.step:  # joined the wrapped call, whose step was counted
+            return _ALLOW_STEP
         with self._lock:
             if self._steps >= self.max_steps:
                 return PolicyDecision(

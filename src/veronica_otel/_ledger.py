@@ -321,9 +321,11 @@ class LocalLedger:
         clamp: OutputClamp,
         *,
         signature: str | None = None,
+        step: bool = True,
         pools: Sequence[PoolLevel] = (),
     ) -> Reservation | TripEvent:
-        """:meth:`reserve` (one step) of an uncapped call sized under the same lock.
+        """:meth:`reserve` (one step, none with ``step=False``) of an uncapped call
+        sized under the same lock.
 
         ``clamp`` is fed the unreserved room of every level of ``path`` with a
         cost or token ceiling, then of every pool, and sizes the call
@@ -365,7 +367,9 @@ class LocalLedger:
                     pool.name,
                 )
             cost_nano, tokens = clamp.size()
-            return self._reserve_locked(path, cost_nano, tokens, 1, False, signature, pools)
+            return self._reserve_locked(
+                path, cost_nano, tokens, 1 if step else 0, False, signature, pools
+            )
 
     def _reserve_locked(
         self,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ._admission import Admission
-from ._call import CallHandle
+from ._call import CallHandle, joins_wrapped_call
 from ._call_spec import Admitted, CallSpec, call_signature
 from ._clamp import OutputClamp
 from ._ledger import LedgerState, LocalLedger
@@ -48,6 +48,11 @@ class LLMAdmission(Admission):
         reservation is released). In process the room the clamp reads and the
         reservation are one step under the ledger's lock; on a shared store
         the room is read just before the reservation script runs.
+
+        Inside a ``wrap_llm_call`` of this chain, the first such call is the
+        wrapped call and counts no step of its own (the wrap holds it); its
+        worst case is reserved all the same (DESIGN G13,
+        :func:`~._call.joins_wrapped_call`).
         """
         prices = self._endpoint_prices(spec, breaker, probe)
         signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
@@ -76,6 +81,7 @@ class LLMAdmission(Admission):
             tokens,
             signature=signature,
             clamp=clamp,
+            step=not joins_wrapped_call(self),
         )
         # An instrumented call: telemetry is worth its cost here, once recorded.
         handle.metrics = metrics_live()
@@ -112,7 +118,14 @@ class LLMAdmission(Admission):
             cost_nano = 0 if prices is None else prices.max_cost_nano(spec.input_bound, output)
             tokens = spec.input_bound + output
         handle = await self.abegin_priced_call(
-            "llm", spec.operation, spec.provider, spec.model, cost_nano, tokens, signature=signature
+            "llm",
+            spec.operation,
+            spec.provider,
+            spec.model,
+            cost_nano,
+            tokens,
+            signature=signature,
+            step=not joins_wrapped_call(self),
         )
         handle.metrics = metrics_live()
         handle.model = spec.model

@@ -52,6 +52,10 @@ class PolicyContext:
         actual_cost_usd: Filled in after the call, before ``on_success``.
         timestamp: ``time.time()`` when the context was built.
         metadata: Free-form extra data.
+        step: Whether the call counts a step of its own: False for an
+            instrumented LLM call that joined the ``wrap_llm_call`` around it,
+            whose step the wrap already counted (a step policy lets it pass
+            uncounted).
     """
 
     chain_id: str = ""
@@ -66,6 +70,7 @@ class PolicyContext:
     actual_cost_usd: float = 0.0
     timestamp: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
+    step: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,8 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
     """``wrap_{kind}_call``: admit, run, settle (one body for both kinds; the kind
     is bound here rather than passed down, so a call runs one frame fewer)."""
 
+    tool = kind == "tool"  # its handle says so: no LLM call inside joins it
+
     def wrap(
         self: WrapCalls, fn: Callable[[], Any], options: WrapOptions | None = None
     ) -> Decision:
@@ -62,6 +64,8 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
         except BudgetExceededError:
             _check_sync(fn, kind)
             return _HALT
+        if tool:
+            call.kind = "tool"
         if call.decision.rate_limit_ms:
             _wait(call)
         active = _set_active(call)
@@ -109,6 +113,12 @@ class WrapCalls(LLMAdmission):
         inner call, since ``fn`` may have sent a request before the denial.
         Only a call that never started (denied, or interrupted during a
         rate-limit wait) is released.
+
+        An instrumented LLM call that ``fn`` makes in this chain is the call
+        the wrap stands for (DESIGN G13): the first one counts no step of its
+        own, reserves its own worst case before it is sent and commits its
+        actual usage, and the wrap then commits no cost of its own (its hint
+        is released). Each further one takes its own step.
         """,
     )
     wrap_tool_call = _sync_wrap(
@@ -136,6 +146,7 @@ class WrapCalls(LLMAdmission):
             call = await self.abegin_call(kind, options)
         except BudgetExceededError:
             return Decision.HALT
+        call.kind = kind
         if call.decision.rate_limit_ms:
             import asyncio  # only rate-limited async calls need it; it is slow to import
 

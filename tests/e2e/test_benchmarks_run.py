@@ -125,3 +125,12 @@ def test_bench_instructions_counts_each_variant_or_says_why_not() -> None:
     assert counts["bare"] > 1_000_000
     assert counts["bare"] < counts["observe"] and counts["bare"] < counts["enforce"]
     assert result["openai"]["ratios"]["enforce_added_over_bare"] > 0  # type: ignore[index]
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_bench_wrap_instructions_counts_both_projects() -> None:
+    result = run("bench_wrap_instructions.py", "--calls", "50")
+    results = result["results"]
+    assert isinstance(results, dict)
+    assert set(results) == {"ours_plain", "ours_hint", "core_plain", "core_hint"}
+    assert all(value is None or value > 0 for value in results.values())
