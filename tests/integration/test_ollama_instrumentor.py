@@ -565,11 +565,6 @@ def test_web_tools_are_contained_as_tool_calls(
     assert "execute_tool web_search" in names and "execute_tool web_fetch" in names
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="G13 gap in the shared machinery (openai's instrumentor counts 2 too): an outer "
-    "wrap_llm_call admits first and the adapter does not see it",
-)
 def test_an_outer_wrap_llm_call_does_not_count_it_again(
     server: FakeLLMServer, client: ollama.Client
 ) -> None:
