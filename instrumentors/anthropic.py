@@ -195,8 +195,24 @@ def _before_send(state: _CallState, retries_taken: object, drawn: bool = False) 
             call.ctx.consume_retry()
         if call.span.is_recording():
             call.span.set_attribute("veronica.retries", retries_taken)
-    call.check_alive()
+    try:
+        call.check_alive()
+    except BudgetExceededError as exc:
+        if _stops(state, exc):
+            raise
     state.attempts += 1
+
+
+def _stops(state: _CallState, denial: BudgetExceededError) -> bool:
+    """Whether ``denial`` stops the attempt about to be sent.
+
+    A retry is a new dispatch: any trip stops it. The first attempt was
+    checked at admission: since then only the deadline or a cancellation
+    stops it; a limit another call reached (that call's denial tripped the
+    chain) does not take back a call already admitted, whose step and
+    reservation were counted within the limit (as the openai hooks do).
+    """
+    return state.attempts > 0 or state.retries > 0 or denial.reason == "timeout"
 
 
 def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -227,7 +243,11 @@ async def _aattempt(
         retries_taken = kwargs.get("retries_taken", 0)
         if isinstance(retries_taken, int) and retries_taken > state.retries:
             await state.call.ctx.aconsume_retry()
-        await state.call.ctx.aensure_active()  # a store poll awaited; then the same checks
+        try:
+            await state.call.ctx.aensure_active()  # a store poll awaited; then the same checks
+        except BudgetExceededError as exc:
+            if _stops(state, exc) or (isinstance(retries_taken, int) and retries_taken > 0):
+                raise
         _before_send(state, retries_taken, drawn=True)
     stripped = strip_veronica_baggage()
     try:
