@@ -255,6 +255,7 @@ class SDKHooks:
         try:
             module = self.probe()
             self.lift()  # a refusal left by an earlier failure: the hooks fit now
+            self._unwrap(keep=self.hooks)  # another shape's, wrapped before the SDK changed
             wrapped: list[Hook] = []
             try:
                 for hook in self.hooks:
@@ -277,7 +278,7 @@ class SDKHooks:
         self._unwrap()
         self.lift()
 
-    def _unwrap(self) -> None:
+    def _unwrap(self, keep: tuple[Hook, ...] = ()) -> None:
         try:
             module = importlib.import_module(self.module)
         except Exception:
@@ -285,7 +286,7 @@ class SDKHooks:
         for hook_set in self.sets:  # every shape's: ours never stays anywhere
             for hook in hook_set.hooks:
                 owner = getattr(module, hook.owner, None)
-                if isinstance(owner, type):
+                if isinstance(owner, type) and hook not in keep:
                     unwrap_ours(owner, hook.method, hook.wrapper)
 
     def refuse(self, error: BaseException) -> None:
