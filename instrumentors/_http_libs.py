@@ -3,8 +3,8 @@
 ``openai`` 3.x and ``anthropic`` 1.x and later send through ``httpx2``;
 ``openai`` 2.x, ``anthropic`` below 1 and ``groq`` through ``httpx``; each
 accepts a client of the other library too (``http_client=``). So nothing here
-imports either at module import: the libraries are resolved on first use,
-among those installed, and their types are matched together.
+imports either: the types are read from the libraries already imported (a
+response of one that is not cannot exist), and their types are matched together.
 
 - :func:`is_response`: an HTTP response of either library.
 - :func:`http_errors`: the libraries' ``HTTPError`` bases (an error that ended
@@ -17,7 +17,6 @@ among those installed, and their types are matched together.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, NamedTuple
@@ -32,6 +31,7 @@ _LIBRARIES = ("httpx2", "httpx")
 
 
 class _Types(NamedTuple):
+    names: tuple[str, ...]  # the libraries these are from
     responses: tuple[type, ...]
     errors: tuple[type[BaseException], ...]
     sync_streams: tuple[type, ...]
@@ -90,18 +90,17 @@ class _ASettleOnClose:
 
 
 def _types() -> _Types:
-    """The installed libraries' types, resolved once (neither may be importable)."""
+    """The types of the libraries imported so far (a response of one that is not
+    imported cannot exist), resolved again when another one is imported."""
     global _TYPES
-    if _TYPES is None:
-        libraries = []
-        for name in _LIBRARIES:
-            try:
-                libraries.append(sys.modules.get(name) or importlib.import_module(name))
-            except ImportError:
-                continue
+    modules = sys.modules
+    names = tuple(name for name in _LIBRARIES if name in modules)
+    if _TYPES is None or _TYPES.names != names:
+        libraries = [modules[name] for name in names]
         sync_streams = tuple(lib.SyncByteStream for lib in libraries)
         async_streams = tuple(lib.AsyncByteStream for lib in libraries)
         _TYPES = _Types(
+            names,
             tuple(lib.Response for lib in libraries),
             tuple(lib.HTTPError for lib in libraries),
             sync_streams,
