@@ -45,6 +45,11 @@ and costs the reservation. An interrupt or cancellation is placed by its
 traceback: raised inside ``_send_request`` or ``_process_response`` means
 after the request may have left, anywhere else means before.
 
+Counted once (DESIGN G13): a call an adapter above already admitted (litellm
+over this SDK) passes through; while ours runs it is
+:data:`~._adapter.ADMITTED`, so the HTTP layer below does not admit it again
+(its retries are counted here, by the retry hook).
+
 Both majors share these hooks; 3.x sends through ``httpx2``, 2.x through
 ``httpx`` (either takes a client of the other): the HTTP library is resolved
 where a response is read (:mod:`._http_libs`), never imported here.
