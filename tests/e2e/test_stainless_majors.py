@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 
 from tests import _venvs
+from veronica_otel.testing import FakeLLMServer
 
 APP = Path(__file__).parent / "apps" / "stainless_checks.py"
+UNCHANGED = Path(__file__).parent / "apps" / "unchanged_agent.py"  # five openai calls
 TIMEOUT = 300
 N = 3  # the app's max_steps
 
@@ -64,6 +66,7 @@ def report(request: pytest.FixtureRequest) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr[-3000:]
     found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     found["venv"] = name
+    found["root"] = str(root)
     return found
 
 
@@ -151,3 +154,37 @@ def test_a_call_lost_after_sending_costs_its_reservation(
         assert result["reservation"] > 0
         assert result["cost"] == pytest.approx(result["reservation"], abs=1e-12)
         assert result["reserved"] == 0
+
+
+def test_zero_code_contains_an_unchanged_openai_2_app(report: dict[str, Any]) -> None:
+    if "openai" not in report:
+        pytest.skip("no openai in this venv")
+    root = Path(report["root"])
+    with FakeLLMServer() as server:
+        done = subprocess.run(
+            [
+                str(root / "bin" / "opentelemetry-instrument"),
+                str(root / "bin" / "python"),
+                UNCHANGED,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            cwd=root,
+            env={
+                "PATH": str(root / "bin"),
+                "HOME": str(Path.home()),
+                "OPENAI_BASE_URL": server.openai_base_url,
+                "OPENAI_API_KEY": "k",
+                "OTEL_TRACES_EXPORTER": "none",
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_LOGS_EXPORTER": "none",
+                "VERONICA_MAX_STEPS": "2",
+            },
+            check=False,
+        )
+        sent = server.count("/v1/chat/completions")
+    assert sent == 2, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["step 0 ok", "step 1 ok"]
+    assert done.returncode != 0 and "BudgetExceededError" in done.stderr
+    assert "steps limit reached" in done.stderr
