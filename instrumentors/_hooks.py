@@ -6,7 +6,10 @@ that no longer passes through a hook is not counted. So, all or nothing:
 
 1. the installed version is inside the range the instrumentor was tested with
    (its ``_instruments``), and every hook exists, is a function (async where
-   our wrapper awaits it) and has the parameters our wrapper reads;
+   our wrapper awaits it) and has the parameters our wrapper reads. An SDK
+   whose base client changed shape across releases declares a
+   :class:`HookSet` per shape, each with its own range: the first whose
+   range holds the installed version and whose hooks all fit is the one;
 2. only then is each hook wrapped, once (ours is found anywhere in the chain of
    wrappers, so instrumenting twice never wraps twice);
 3. otherwise nothing is wrapped, :class:`InstrumentationError` is raised and
