@@ -79,6 +79,7 @@ __all__ = [
     "HTTPErrorReply",
     "ProviderAdapter",
     "Request",
+    "admitted_above",
     "admitted_call",
     "denial_in",
     "http_status",
@@ -94,6 +95,19 @@ ADMITTED: contextvars.ContextVar[ContainedCall | None] = contextvars.ContextVar(
     "veronica_admitted_call", default=None
 )
 admitted_call = ADMITTED.get
+
+
+def admitted_above() -> bool:
+    """Whether a :class:`ProviderAdapter` above admitted the call being made.
+
+    For an SDK hooked once per API call (``openai``, ``anthropic``, ``groq``),
+    whose own calls are marked :data:`ADMITTED` too: under a wrapper library's
+    adapter (litellm over ``openai``) the SDK call *is* that call (G13: pass
+    it through); under one of the SDK's own calls, another SDK call (made from
+    a hook, an auth callback, middleware) is a call of its own and is admitted.
+    """
+    call = ADMITTED.get()
+    return call is not None and call.adapter is not None
 
 
 class Request(NamedTuple):

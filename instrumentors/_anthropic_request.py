@@ -17,6 +17,7 @@ from veronica_otel._agents import current_agent
 from veronica_otel._context import ExecutionContext
 from veronica_otel._propagation import default_context
 
+from ._adapter import admitted_above
 from ._admit import CallSpec, aadmit, admit, input_bound
 from ._anthropic_attributes import request_attributes
 from ._common import UNTRACED_SPAN, ContainedCall, start_span
@@ -100,6 +101,8 @@ def _describe(
     options: Any, sdk_call: Any
 ) -> tuple[ExecutionContext, CallSpec, Span, bool, Mapping[str, Any]] | None:
     """The call described once (for the kernel), its span; None when it is not ours."""
+    if admitted_above():
+        return None  # an adapter above (litellm) admitted this call: counted there (G13)
     try:
         body = options.json_data if _is_messages_call(options) else None
     except Exception:

@@ -70,8 +70,10 @@ def _settle(state: _CallState, result: Any, instance: Any) -> Any:
         call.finish(sent=False)
         return result
     if isinstance(result, Stream):
+        _tag_late(result.response, state)
         return ContainedStream(result, call, no_item)
     if isinstance(result, AsyncStream):
+        _tag_late(result.response, state)
         return AsyncContainedStream(result, call, no_item)
     if call.done or result is None or isinstance(result, BaseModel):
         if not call.done and getattr(result, "type", None) == "message":
@@ -83,6 +85,7 @@ def _settle(state: _CallState, result: Any, instance: Any) -> Any:
         return result
     # A raw response (with_raw_response / with_streaming_response): its body is
     # parsed later; the payload hook settles it then, or collection does.
+    _tag_late(getattr(result, "http_response", None), state)
     try:
         weakref.finalize(result, defer, call.finish)
     except TypeError:
@@ -96,6 +99,14 @@ def _tag(result: Any, state: _CallState) -> None:
         result[0].extensions[_CALL_KEY] = state
     except Exception:
         _logger.debug("could not tag an anthropic response", exc_info=True)
+
+
+def _tag_late(response: Any, state: _CallState) -> None:
+    """Mark a response read after ``request()`` returned (a stream, a raw
+    response), where no attempt hook tagged it (releases without one)."""
+    extensions = getattr(response, "extensions", None)
+    if isinstance(extensions, dict) and _CALL_KEY not in extensions:
+        extensions[_CALL_KEY] = state
 
 
 def _note_attempt(state: _CallState, error: BaseException) -> None:

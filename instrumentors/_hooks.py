@@ -6,7 +6,10 @@ that no longer passes through a hook is not counted. So, all or nothing:
 
 1. the installed version is inside the range the instrumentor was tested with
    (its ``_instruments``), and every hook exists, is a function (async where
-   our wrapper awaits it) and has the parameters our wrapper reads;
+   our wrapper awaits it) and has the parameters our wrapper reads. An SDK
+   whose base client changed shape across releases declares a
+   :class:`HookSet` per shape, each with its own range: the first whose
+   range holds the installed version and whose hooks all fit is the one;
 2. only then is each hook wrapped, once (ours is found anywhere in the chain of
    wrappers, so instrumenting twice never wraps twice);
 3. otherwise nothing is wrapped, :class:`InstrumentationError` is raised and
@@ -47,7 +50,14 @@ from veronica_otel._propagation import current_context, default_context
 from ._unwrap import is_ours, unwrap_ours
 from .threading import hold_threads, release_threads
 
-__all__ = ["GuardedInstrumentor", "Hook", "InstrumentationError", "SDKHooks", "function_problem"]
+__all__ = [
+    "GuardedInstrumentor",
+    "Hook",
+    "HookSet",
+    "InstrumentationError",
+    "SDKHooks",
+    "function_problem",
+]
 
 _logger = logging.getLogger(__name__)
 _UNLIMITED = ExecutionConfig()
@@ -104,6 +114,19 @@ def _owner(module: Any, path: str) -> Any:
     return owner if isinstance(owner, type) or inspect.ismodule(owner) else None
 
 
+@dataclass(frozen=True, slots=True)
+class HookSet:
+    """One shape of an SDK's base client: the releases it was tested with, its hooks.
+
+    An SDK whose base client changed shape across releases (``anthropic``: a
+    retry loop in ``request``, then a per-attempt ``_attempt_request``, then
+    its own spans around ``_request``) declares one set per shape.
+    """
+
+    requirement: str
+    hooks: tuple[Hook, ...]
+
+
 def _problem(owner: Any, hook: Hook) -> str | None:
     """What is wrong with ``hook`` on ``owner``, or None when our wrapper fits it."""
     try:
@@ -150,9 +173,11 @@ class SDKHooks:
     """The hooks of one SDK module, probed together and wrapped all or nothing.
 
     Args:
-        requirement: The tested range, as in ``_instruments`` (``"openai >= 3.0, < 4"``).
+        requirement: The tested range, as in ``_instruments`` (``"openai >= 2.30, < 4"``).
         module: The SDK module holding the hooked classes.
-        hooks: What to wrap.
+        hooks: What to wrap; or, for an SDK whose base client changed shape,
+            :class:`HookSet` s in order of preference: the first whose range
+            holds the installed version and whose hooks all fit is wrapped.
         guards: ``(class, (method, ...))`` in ``module`` where a refusal goes:
             the first of the methods that exists, any signature (public ones
             every API call passes through, e.g. ``request`` then ``post``);
@@ -163,12 +188,15 @@ class SDKHooks:
         self,
         requirement: str,
         module: str,
-        hooks: tuple[Hook, ...],
+        hooks: tuple[Hook, ...] | tuple[HookSet, ...],
         guards: tuple[tuple[str, tuple[str, ...]], ...],
     ) -> None:
         self.requirement = Requirement(requirement)
         self.module = module
-        self.hooks = hooks
+        sets = tuple(hook for hook in hooks if isinstance(hook, HookSet))
+        plain = tuple(hook for hook in hooks if isinstance(hook, Hook))
+        self.sets: tuple[HookSet, ...] = sets or (HookSet(requirement, plain),)
+        self._chosen: HookSet | None = None
         self.guards = guards
         self._refusals: list[tuple[Any, str, Any]] = []
         self._warned = False
@@ -182,6 +210,23 @@ class SDKHooks:
             return version(self.library)
         except PackageNotFoundError:
             return None
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        """The hooks wrapped (after :meth:`install`), else those of the installed version."""
+        if self._chosen is not None:
+            return self._chosen.hooks
+        return self._candidates(self.version())[0].hooks
+
+    def _candidates(self, installed: str | None) -> list[HookSet]:
+        """The sets whose range holds ``installed``, in order; the first set if none does."""
+        found = [
+            hook_set
+            for hook_set in self.sets
+            if installed is not None
+            and Requirement(hook_set.requirement).specifier.contains(installed, prereleases=True)
+        ]
+        return found or [self.sets[0]]
 
     def _label(self) -> str:
         return f"{self.library} {self.version() or '(version unknown)'}"
@@ -199,7 +244,19 @@ class SDKHooks:
             module = importlib.import_module(self.module)
         except Exception as exc:
             raise self._error(label, [f"{self.module} cannot be imported ({exc})"]) from exc
-        for hook in self.hooks:
+        first: list[str] | None = None
+        for hook_set in self._candidates(installed):
+            misfits = self._misfits(module, hook_set)
+            if not misfits and not problems:
+                self._chosen = hook_set
+                return module
+            first = misfits if first is None else first
+        # The problems of the shape this version should have (the first in range).
+        raise self._error(label, problems + (first or []))
+
+    def _misfits(self, module: Any, hook_set: HookSet) -> list[str]:
+        problems = []
+        for hook in hook_set.hooks:
             owner = _owner(module, hook.owner)
             if owner is None:
                 problems.append(f"{self.module}.{hook.owner} is missing")
@@ -207,9 +264,7 @@ class SDKHooks:
             problem = _problem(owner, hook)
             if problem is not None:
                 problems.append(f"{self.module}.{hook.name} {problem}")
-        if problems:
-            raise self._error(label, problems)
-        return module
+        return problems
 
     def _error(self, label: str, problems: list[str]) -> InstrumentationError:
         return InstrumentationError(
@@ -223,6 +278,7 @@ class SDKHooks:
         try:
             module = self.probe()
             self.lift()  # a refusal left by an earlier failure: the hooks fit now
+            self._unwrap(keep=self.hooks)  # another shape's, wrapped before the SDK changed
             wrapped: list[Hook] = []
             try:
                 for hook in self.hooks:
@@ -245,15 +301,16 @@ class SDKHooks:
         self._unwrap()
         self.lift()
 
-    def _unwrap(self) -> None:
+    def _unwrap(self, keep: tuple[Hook, ...] = ()) -> None:
         try:
             module = importlib.import_module(self.module)
         except Exception:
             return  # never imported, so never wrapped
-        for hook in self.hooks:
-            owner = _owner(module, hook.owner)
-            if owner is not None:
-                unwrap_ours(owner, hook.method, hook.wrapper)
+        for hook_set in self.sets:  # every shape's: ours never stays anywhere
+            for hook in hook_set.hooks:
+                owner = _owner(module, hook.owner)
+                if owner is not None and hook not in keep:
+                    unwrap_ours(owner, hook.method, hook.wrapper)
 
     def refuse(self, error: BaseException) -> None:
         """Make every call through the SDK in a chain raise ``error``'s message."""

@@ -1,5 +1,7 @@
-"""Reading and rewriting an ``openai`` request: its route, body, output cap and
-choices, the call described once for the kernel, and the span it goes on."""
+"""Reading and rewriting an ``openai`` request (or one of an SDK generated the
+same way and speaking its wire format, such as ``groq``): its route, body,
+output cap and choices, the call described once for the kernel, and the span
+it goes on."""
 
 from __future__ import annotations
 
@@ -14,11 +16,28 @@ from veronica_otel._agents import current_agent
 from veronica_otel._context import ExecutionContext
 from veronica_otel._propagation import default_context
 
+from ._adapter import admitted_above
 from ._admit import CallSpec, aadmit, admit, input_bound
 from ._common import ContainedCall, make_current, start_span
 from ._openai_attributes import request_attributes
 
 PROVIDER = "openai"
+
+
+class Stainless(NamedTuple):
+    """A Stainless-generated SDK speaking the OpenAI wire format.
+
+    Attributes:
+        package: Its import name (``"openai"``, ``"groq"``): where its
+            ``Stream``, ``AsyncStream`` and error classes are found.
+        provider: ``gen_ai.provider.name`` of its calls, the provider they are priced under.
+    """
+
+    package: str
+    provider: str
+
+
+OPENAI = Stainless("openai", PROVIDER)
 
 # path suffix -> (GenAI operation, input keys, output-cap keys, the first is the one we
 # set). Tool definitions are rendered into the prompt and billed as input tokens.
@@ -37,10 +56,13 @@ _ROUTES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 class _CallState:
     """One contained API call, as the per-attempt and per-payload hooks see it."""
 
-    __slots__ = ("baggage", "call", "replied", "retries", "span_token", "streamed")
+    __slots__ = ("baggage", "call", "replied", "retries", "sdk", "span_token", "streamed")
 
-    def __init__(self, call: ContainedCall, streamed: bool, span_token: object) -> None:
+    def __init__(
+        self, call: ContainedCall, streamed: bool, span_token: object, sdk: Stainless = OPENAI
+    ) -> None:
         self.call = call
+        self.sdk = sdk
         self.streamed = streamed
         self.retries = 0  # highest retries_taken already drawn from the chain
         self.span_token = span_token  # our span is current from admission to return
@@ -121,9 +143,11 @@ def _choices(body: Mapping[str, Any], operation: str) -> int:
     return most
 
 
-def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None:
+def _prepare(
+    options: Any, stream_kwarg: bool, client: Any, sdk: Stainless = OPENAI
+) -> _CallState | None:
     """Admit the call described by ``options``; None when it is not ours to contain."""
-    request = _describe(options, stream_kwarg)
+    request = _describe(options, stream_kwarg, sdk)
     if request is None:
         return None
     # Current from here until the request returns (one attach for both): a
@@ -138,9 +162,11 @@ def _prepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None
         raise
 
 
-async def _aprepare(options: Any, stream_kwarg: bool, client: Any) -> _CallState | None:
+async def _aprepare(
+    options: Any, stream_kwarg: bool, client: Any, sdk: Stainless = OPENAI
+) -> _CallState | None:
     """:func:`_prepare` for the async client: a shared store is awaited (``aadmit``)."""
-    request = _describe(options, stream_kwarg)
+    request = _describe(options, stream_kwarg, sdk)
     if request is None:
         return None
     span_token = make_current(request.span, request.current)
@@ -166,7 +192,7 @@ def _prepared(
     _rewrite(options, request.cap_keys, body, clamp, fallback)
     if call.pending_attributes is not None:  # our own span records
         request_attributes(call.pending_attributes, body, client)
-    state = _CallState(call, request.spec.stream, span_token)
+    state = _CallState(call, request.spec.stream, span_token, request.sdk)
     state.baggage = request.current
     return state
 
@@ -182,10 +208,13 @@ class _Request(NamedTuple):
     cap_keys: tuple[str, ...]
     body: dict[str, Any]
     current: otel_context.Context  # the OpenTelemetry context, read once
+    sdk: Stainless
 
 
-def _describe(options: Any, stream_kwarg: bool) -> _Request | None:
+def _describe(options: Any, stream_kwarg: bool, sdk: Stainless) -> _Request | None:
     """What admitting the call needs, and its span (not yet current); None: not ours."""
+    if admitted_above():
+        return None  # an adapter above (litellm) admitted this call: counted there (G13)
     route = _route(options)
     if route is None:
         return None
@@ -204,7 +233,7 @@ def _describe(options: Any, stream_kwarg: bool) -> _Request | None:
     messages = body.get("messages")
     agent = current_agent() if ctx.names_agents else None
     spec = CallSpec(
-        PROVIDER,
+        sdk.provider,
         operation,
         model,
         input_bound(parts, len(messages) if type(messages) is list else 1),
@@ -216,8 +245,8 @@ def _describe(options: Any, stream_kwarg: bool) -> _Request | None:
         parts,
     )
     peer = _peer_span(operation, agent, current)
-    span = peer if peer is not None else start_span(operation, PROVIDER, model, agent, current)
-    return _Request(ctx, spec, span, peer is None, cap_keys, body, current)
+    span = peer if peer is not None else start_span(operation, sdk.provider, model, agent, current)
+    return _Request(ctx, spec, span, peer is None, cap_keys, body, current, sdk)
 
 
 def _rewrite(

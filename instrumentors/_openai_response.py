@@ -1,21 +1,20 @@
-"""Reading how an ``openai`` call ended: its reply, its stream's events and
+"""Reading how an ``openai`` (or ``groq``) call ended: its reply, its stream's events and
 usage, or its error (what its attempts may have cost); settling it."""
 
 from __future__ import annotations
 
+import importlib
 import logging
-import sys
 import weakref
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-import httpx2
 
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 
 from ._breakers import never_connected, raised_within
 from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, no_item
+from ._http_libs import is_response, settle_on_close
 from ._openai_attributes import response_attributes, stream_attributes
 from ._openai_request import _CallState
 
@@ -35,90 +34,37 @@ _RESPONSES_DELTAS = frozenset(
 _FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "response.failed"))
 
 
-def _stream_error(exc: BaseException | None) -> BaseException | None:
-    """The error a response closed under, if it ended the call (not a user's own)."""
-    if isinstance(exc, (BudgetExceededError, httpx2.HTTPError)):
-        return exc
-    from openai import OpenAIError
-
-    return exc if isinstance(exc, OpenAIError) else None
+_RESULT_TYPES: dict[str, tuple[Any, Any, Any]] = {}  # per SDK package
+_ERROR_TYPES: dict[str, tuple[Any, Any]] = {}
 
 
-class _SettleOnClose(httpx2.SyncByteStream):
-    """A response body that settles its call when the response is closed."""
-
-    def __init__(self, inner: httpx2.SyncByteStream, call: ContainedCall) -> None:
-        self._inner = inner
-        self._call = call
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._inner)
-
-    def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            # Closed from a generator's ``finally`` or an ``except`` block: the
-            # exception in flight is why the stream ended.
-            self._call.finish(_stream_error(sys.exc_info()[1]))
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-
-class _ASettleOnClose(httpx2.AsyncByteStream):
-    """The async twin of :class:`_SettleOnClose`."""
-
-    def __init__(self, inner: httpx2.AsyncByteStream, call: ContainedCall) -> None:
-        self._inner = inner
-        self._call = call
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._inner.__aiter__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
-        finally:
-            await self._call.afinish(_stream_error(sys.exc_info()[1]))
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-
-def _settle_on_close(call: ContainedCall, response: Any) -> None:
-    if not isinstance(response, httpx2.Response) or response.is_closed:
-        return
-    body = response.stream
-    if isinstance(body, httpx2.SyncByteStream):
-        response.stream = _SettleOnClose(body, call)
-    elif isinstance(body, httpx2.AsyncByteStream):
-        response.stream = _ASettleOnClose(body, call)
-
-
-_RESULT_TYPES: tuple[Any, Any, Any] | None = None
-
-
-def _result_types() -> tuple[Any, Any, Any]:
+def _result_types(package: str) -> tuple[Any, Any, Any]:
     # Looked up on first use, not at import: the zero-code hook instruments
-    # while `openai` itself is still being imported (these are not bound yet).
-    global _RESULT_TYPES
-    if _RESULT_TYPES is None:
-        from openai import AsyncStream, Stream
+    # while the SDK itself is still being imported (these are not bound yet).
+    try:
+        return _RESULT_TYPES[package]
+    except KeyError:
         from pydantic import BaseModel
 
-        _RESULT_TYPES = (Stream, AsyncStream, BaseModel)
-    return _RESULT_TYPES
+        sdk = importlib.import_module(package)
+        found = _RESULT_TYPES[package] = (sdk.Stream, sdk.AsyncStream, BaseModel)
+        return found
+
+
+def _error_types(package: str) -> tuple[Any, Any]:
+    """The SDK's ``APIConnectionError`` and ``APIStatusError``."""
+    try:
+        return _ERROR_TYPES[package]
+    except KeyError:
+        sdk = importlib.import_module(package)
+        found = _ERROR_TYPES[package] = (sdk.APIConnectionError, sdk.APIStatusError)
+        return found
 
 
 _MODEL_TYPES: set[type] = set()  # response model classes seen (a few per process)
 
 
-def _bind(state: _CallState, response: httpx2.Response) -> None:
+def _bind(state: _CallState, response: Any) -> None:
     """Let the payload hook find ``state`` when ``response`` is read after ``request()``."""
     try:
         request = response.request
@@ -133,7 +79,7 @@ def _settle(state: _CallState, result: Any) -> Any:
     if type(result) in _MODEL_TYPES or result is None or call.usage_seen:
         call.finish()  # the common case: a parsed model, usage already read
         return result
-    Stream, AsyncStream, BaseModel = _result_types()
+    Stream, AsyncStream, BaseModel = _result_types(state.sdk.package)
     if isinstance(result, BaseModel):
         if len(_MODEL_TYPES) < 256:  # pydantic isinstance is a Python-level ABC check
             _MODEL_TYPES.add(type(result))
@@ -141,25 +87,26 @@ def _settle(state: _CallState, result: Any) -> Any:
         return result
     if isinstance(result, Stream):
         _bind(state, result.response)
-        _settle_on_close(call, result.response)
+        settle_on_close(call, result.response)
         return ContainedStream(result, call, no_item)
     if isinstance(result, AsyncStream):
         _bind(state, result.response)
-        _settle_on_close(call, result.response)
+        settle_on_close(call, result.response)
         return AsyncContainedStream(result, call, no_item)
     # A raw response (with_raw_response / with_streaming_response).
-    http_response = getattr(result, "http_response", None)
-    if isinstance(http_response, httpx2.Response):
+    http_response: Any = getattr(result, "http_response", None)
+    if is_response(http_response):
         _bind(state, http_response)
         if state.streamed:
-            _settle_on_close(call, http_response)
+            settle_on_close(call, http_response)
         elif http_response.is_closed:
             # The body is already read: account it now, whether or not the
             # caller ever parses it.
             try:
                 _account(state, http_response.json())
             except Exception:
-                _logger.debug("no usage in a raw openai response body", exc_info=True)
+                package = state.sdk.package
+                _logger.debug("no usage in a raw %s response body", package, exc_info=True)
             if call.usage_seen:
                 call.finish()
                 return result
@@ -180,8 +127,7 @@ _SENDING = frozenset(("_send_request", "_process_response"))
 
 def _note_attempt(state: _CallState, error: BaseException | None) -> None:
     """Record what one failed attempt says about the provider (from its error)."""
-    from openai import APIConnectionError, APIStatusError
-
+    APIConnectionError, APIStatusError = _error_types(state.sdk.package)
     if isinstance(error, APIStatusError):
         state.replied = True
     elif error is None:
@@ -206,7 +152,7 @@ def _fail(state: _CallState, error: BaseException) -> None:
     try:
         _note_attempt(state, error)
     except Exception:  # classification must never leave the call unsettled
-        _logger.exception("classifying an openai error failed")
+        _logger.exception("classifying an %s error failed", state.sdk.package)
         call.lost_attempts += 1
     lost = call.lost_attempts > 0
     call.finish(error, sent=lost or state.replied, billed=lost)

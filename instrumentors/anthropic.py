@@ -1,4 +1,4 @@
-"""Containment for the ``anthropic`` SDK (2.x).
+"""Containment for the ``anthropic`` SDK (0.70 and later: 0.x, 1.x, 2.x).
 
 Usage::
 
@@ -16,7 +16,16 @@ call; the ``veronica.*`` attributes go on that span. With its tracing off
 a GenAI ``chat {model}`` span is opened instead.
 
 Where it hooks (``create``, ``stream``, ``parse`` and their ``beta`` twins all
-pass through these):
+pass through these). The base client changed shape across releases; the
+first of these that the installed release fits is wrapped (probed first):
+
+- its own spans (1.x with ``_request``, 2.x): ``_request`` and ``_attempt_request``;
+- per-attempt middleware (late 0.x, early 1.x): ``request`` and ``_attempt_request``
+  (the SDK opens no span: ours is a GenAI ``chat {model}`` span);
+- the retry loop in ``request`` (0.70 to the middle of 0.x, the releases agent
+  frameworks pin): ``request`` and ``_sleep_for_retry``, as the ``openai`` SDK.
+
+In detail (``_request`` stands for ``request`` where there is none):
 
 - ``SyncAPIClient._request`` / ``AsyncAPIClient._request``: once per API call,
   inside the SDK's span (kwarg ``call``, None when its tracing is off), with
@@ -28,9 +37,17 @@ pass through these):
   once per HTTP send. Every SDK-internal retry draws on ``max_retries_total``;
   the deadline and sticky trips are re-checked; our ``veronica.*`` baggage is
   removed from the context the SDK injects into the request headers.
+- ``SyncAPIClient._sleep_for_retry`` / ``AsyncAPIClient._sleep_for_retry``
+  (releases without ``_attempt_request``): before every SDK-internal retry;
+  notes what the failed attempt said, draws the retry, re-checks the deadline
+  and sticky trips before and after the backoff.
 - ``BaseClient._process_response_data``: every parsed payload, stream events
   included. Records usage, keeps streamed text, and cuts a stream at the next
   event once the chain trips or its deadline passes.
+
+Counted once (DESIGN G13): a call an adapter above already admitted (litellm)
+passes through; while ours runs it is :data:`~._adapter.ADMITTED`, so the
+HTTP layer below does not admit it again (the SDK's retries are counted here).
 
 Denials are raised without a ``__cause__``: the SDK retries any error whose
 cause chain holds one of its connection or status errors.
@@ -56,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 import time
 from collections.abc import Collection
 from typing import Any
@@ -64,22 +82,24 @@ from opentelemetry import context as otel_context
 
 from veronica_otel._errors import BudgetExceededError
 
+from ._adapter import ADMITTED
 from ._anthropic_request import PROVIDER, _abegin, _begin, _CallState
 from ._anthropic_response import (
     _account,
     _fail,
     _note_attempt,
+    _note_failure,
     _settle,
     _state_of,
     _tag,
 )
 from ._common import make_current, settle_failed, strip_veronica_baggage
-from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._hooks import GuardedInstrumentor, Hook, HookSet, SDKHooks
 
 __all__ = ["AnthropicInstrumentor"]
 
 _logger = logging.getLogger(__name__)
-_instruments = ("anthropic >= 2.0, < 3",)
+_instruments = ("anthropic >= 0.70, < 3",)
 _MODULE = "anthropic._base_client"
 
 _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
@@ -101,6 +121,7 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             _ACTIVE.reset(active)
     call = state.call
     span_token = make_current(call.span, None) if call.owns_span else None
+    mark = ADMITTED.set(call)
     try:
         delay_ms = call.handle.decision.rate_limit_ms
         if delay_ms:
@@ -110,6 +131,7 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         _fail(state, exc)
         raise
     finally:
+        ADMITTED.reset(mark)
         if span_token is not None:
             otel_context.detach(span_token)
         _ACTIVE.reset(active)
@@ -132,6 +154,7 @@ async def _arequest(
             _ACTIVE.reset(active)
     call = state.call
     span_token = make_current(call.span, None) if call.owns_span else None
+    mark = ADMITTED.set(call)
     try:
         delay_ms = call.handle.decision.rate_limit_ms
         if delay_ms:
@@ -145,6 +168,7 @@ async def _arequest(
             await call.settle_deferred()
         raise
     finally:
+        ADMITTED.reset(mark)
         if span_token is not None:
             otel_context.detach(span_token)
         _ACTIVE.reset(active)
@@ -171,8 +195,24 @@ def _before_send(state: _CallState, retries_taken: object, drawn: bool = False) 
             call.ctx.consume_retry()
         if call.span.is_recording():
             call.span.set_attribute("veronica.retries", retries_taken)
-    call.check_alive()
+    try:
+        call.check_alive()
+    except BudgetExceededError as exc:
+        if _stops(state, exc):
+            raise
     state.attempts += 1
+
+
+def _stops(state: _CallState, denial: BudgetExceededError) -> bool:
+    """Whether ``denial`` stops the attempt about to be sent.
+
+    A retry is a new dispatch: any trip stops it. The first attempt was
+    checked at admission: since then only the deadline or a cancellation
+    stops it; a limit another call reached (that call's denial tripped the
+    chain) does not take back a call already admitted, whose step and
+    reservation were counted within the limit (as the openai hooks do).
+    """
+    return state.attempts > 0 or state.retries > 0 or denial.reason == "timeout"
 
 
 def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -203,7 +243,11 @@ async def _aattempt(
         retries_taken = kwargs.get("retries_taken", 0)
         if isinstance(retries_taken, int) and retries_taken > state.retries:
             await state.call.ctx.aconsume_retry()
-        await state.call.ctx.aensure_active()  # a store poll awaited; then the same checks
+        try:
+            await state.call.ctx.aensure_active()  # a store poll awaited; then the same checks
+        except BudgetExceededError as exc:
+            if _stops(state, exc) or (isinstance(retries_taken, int) and retries_taken > 0):
+                raise
         _before_send(state, retries_taken, drawn=True)
     stripped = strip_veronica_baggage()
     try:
@@ -221,13 +265,73 @@ async def _aattempt(
     return result
 
 
+# -- retries (releases whose retry loop has no per-attempt hook) ----------------
+
+
+def _note_retried(state: _CallState, kwargs: dict[str, Any]) -> None:
+    """Note the failed attempt the SDK is about to retry: an HTTP error reply
+    (``response=``), else the error being handled (None: assume it was lost)."""
+    if kwargs.get("response") is not None:
+        state.replied = True
+        return
+    error = sys.exc_info()[1]
+    if error is None:
+        state.call.lost_attempts += 1
+    else:
+        _note_failure(state, error)
+
+
+def _sleep_for_retry(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    state = _ACTIVE.get()
+    if state is not None:
+        _note_retried(state, kwargs)
+        _before_send(state, int(kwargs.get("retries_taken", 0)) + 1)
+    result = wrapped(*args, **kwargs)
+    if state is not None:
+        state.call.check_alive()  # the deadline may have passed while backing off
+    return result
+
+
+async def _asleep_for_retry(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    state = _ACTIVE.get()
+    if state is not None:
+        _note_retried(state, kwargs)
+        retries_taken = int(kwargs.get("retries_taken", 0)) + 1
+        if retries_taken > state.retries:
+            await state.call.ctx.aconsume_retry()
+        await state.call.ctx.aensure_active()
+        _before_send(state, retries_taken, drawn=True)
+    result = await wrapped(*args, **kwargs)
+    if state is not None:
+        await state.call.ctx.aensure_active()
+    return result
+
+
 # -- payloads (every parsed body and stream event) -------------------------------
 
 
 def _process_response_data(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
+    _read_payload(_state_of(kwargs.get("response")), kwargs)
+    return wrapped(*args, **kwargs)
+
+
+def _process_untagged_data(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """As :func:`_process_response_data` where no attempt hook tags the response:
+    a payload parsed inside ``request()`` is the call in flight's."""
     state = _state_of(kwargs.get("response"))
+    _read_payload(state if state is not None else _ACTIVE.get(), kwargs)
+    return wrapped(*args, **kwargs)
+
+
+def _read_payload(state: _CallState | None, kwargs: dict[str, Any]) -> None:
     if state is not None and not state.call.done:
         try:
             _account(state, kwargs.get("data"))
@@ -237,18 +341,59 @@ def _process_response_data(
             raise
         except Exception:
             _logger.exception("reading usage from an anthropic payload failed")
-    return wrapped(*args, **kwargs)
 
 
 # -- the instrumentor -------------------------------------------------------------
 
 # Each hook and the parameters our wrapper reads (checked before any is wrapped).
-_PATCHES = (
-    Hook("SyncAPIClient", "_request", _request, ("cast_to", "options"), ("call",)),
-    Hook("AsyncAPIClient", "_request", _arequest, ("cast_to", "options"), ("call",), True),
+_ATTEMPTS = (
     Hook("SyncAPIClient", "_attempt_request", _attempt, ("options",), ("retries_taken",)),
     Hook("AsyncAPIClient", "_attempt_request", _aattempt, ("options",), ("retries_taken",), True),
     Hook("BaseClient", "_process_response_data", _process_response_data, (), ("data", "response")),
+)
+_PATCHES = (
+    # Its own spans: once per API call inside the SDK's span (kwarg ``call``).
+    HookSet(
+        "anthropic >= 1.0, < 3",
+        (
+            Hook("SyncAPIClient", "_request", _request, ("cast_to", "options"), ("call",)),
+            Hook("AsyncAPIClient", "_request", _arequest, ("cast_to", "options"), ("call",), True),
+            *_ATTEMPTS,
+        ),
+    ),
+    # Per-attempt middleware, no spans of its own.
+    HookSet(
+        "anthropic >= 0.70, < 2",
+        (
+            Hook("SyncAPIClient", "request", _request, ("cast_to", "options")),
+            Hook("AsyncAPIClient", "request", _arequest, ("cast_to", "options"), (), True),
+            *_ATTEMPTS,
+        ),
+    ),
+    # The retry loop in request(), as the openai SDK's.
+    HookSet(
+        "anthropic >= 0.70, < 1",
+        (
+            Hook("SyncAPIClient", "request", _request, ("cast_to", "options")),
+            Hook("AsyncAPIClient", "request", _arequest, ("cast_to", "options"), (), True),
+            Hook("SyncAPIClient", "_sleep_for_retry", _sleep_for_retry, (), ("retries_taken",)),
+            Hook(
+                "AsyncAPIClient",
+                "_sleep_for_retry",
+                _asleep_for_retry,
+                (),
+                ("retries_taken",),
+                True,
+            ),
+            Hook(
+                "BaseClient",
+                "_process_response_data",
+                _process_untagged_data,
+                (),
+                ("data", "response"),
+            ),
+        ),
+    ),
 )
 # Where calls are refused when the hooks do not fit: public, every API call passes.
 _GUARDS = (("SyncAPIClient", ("request", "post")), ("AsyncAPIClient", ("request", "post")))

@@ -202,3 +202,18 @@ FLOOR: tuple[tuple[str, ...], ...] = (
 # This checkout beside google-adk, which pins opentelemetry-api/sdk <= 1.44:
 # unpinned, so pip must find the newest google-adk that fits with us.
 ADK: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "google-adk"),)
+
+# The Stainless SDKs at the majors agent frameworks pin (crewai, llama-index and
+# strands pin openai<3; anthropic below 2), one venv per shape of their base
+# client: openai 2.54 with anthropic 0.79 (retries through ``_sleep_for_retry``,
+# httpx); openai 2.30 (the lowest supported) with anthropic 0.125 (per-attempt
+# ``_attempt_request`` and middleware, httpx); anthropic 1.x (its own spans,
+# ``_request``, httpx2). The first step is what a user types:
+# ``pip install veronica-otel[openai] 'openai<3'``.
+OPENAI_2: tuple[tuple[str, ...], ...] = (
+    (f"{OURS}[openai,anthropic]", "openai==2.54.0", "anthropic==0.79.0"),
+)
+OPENAI_2_LOW: tuple[tuple[str, ...], ...] = (
+    (f"{OURS}[openai,anthropic]", "openai==2.30.0", "anthropic==0.125.0"),
+)
+ANTHROPIC_1: tuple[tuple[str, ...], ...] = ((f"{OURS}[anthropic]", "anthropic==1.17.0"),)

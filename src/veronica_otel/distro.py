@@ -80,6 +80,7 @@ _logger = logging.getLogger(__name__)
 _INSTRUMENTORS = (
     ("openai._base_client", "veronica_otel.instrumentors.openai", "OpenAIInstrumentor"),
     ("anthropic._base_client", "veronica_otel.instrumentors.anthropic", "AnthropicInstrumentor"),
+    ("groq._base_client", "veronica_otel.instrumentors.groq", "GroqInstrumentor"),
     ("mcp.client.session", "veronica_otel.instrumentors.mcp", "MCPInstrumentor"),
     ("langchain_core.tools.base", "veronica_otel.instrumentors.langchain", "LangChainInstrumentor"),
     ("ag2.agent", "veronica_otel.instrumentors.ag2", "AG2Instrumentor"),
@@ -115,6 +116,7 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_ollama",
         "veronica_litellm",
         "veronica_google_genai",
+        "veronica_groq",
     }
 )
 _installed = False  # the enforcement hooks (tests set it to skip them)

@@ -411,6 +411,38 @@ def test_trip_after_admission_stops_the_send_and_gives_the_step_back(
     assert server.count(PATH) == 0
 
 
+def test_an_admitted_call_is_sent_even_if_another_call_trips_the_chain(
+    server: FakeLLMServer, client: anthropic.Anthropic
+) -> None:
+    # Deterministic version of the race concurrent calls hit: this call is
+    # admitted (step 1 of 1); before its send, another call is denied (a
+    # sticky trip). Its step was counted within the limit: it is sent.
+    outcomes: list[str] = []
+
+    def another_call_first(request: Any, call_next: Any) -> Any:
+        try:
+            _create(client)
+        except BudgetExceededError as exc:
+            outcomes.append(exc.reason)
+        return call_next(request)
+
+    with (
+        anthropic.Anthropic(
+            base_url=server.anthropic_base_url,
+            api_key="test",
+            max_retries=0,
+            middleware=[another_call_first],
+        ) as racing,
+        ExecutionContext(ExecutionConfig(max_steps=1)) as ctx,
+    ):
+        _create(racing)
+        with pytest.raises(BudgetExceededError):
+            _create(racing)  # the trip is sticky for new calls
+    assert outcomes == ["steps"]
+    assert server.count(PATH) == 1
+    assert ctx.snapshot().steps == 1
+
+
 # -- streams cut mid-way ----------------------------------------------------------
 
 

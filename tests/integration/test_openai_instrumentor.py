@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import httpx2
 import openai
 import openai._base_client as base_client
@@ -817,6 +818,37 @@ async def test_async_stream_is_cut_by_cancel(
     assert stream.response.is_closed
     assert ctx.get_partial_result() == "tok0 tok1"
     assert ctx.snapshot().reserved_usd == 0
+
+
+def test_a_stream_over_an_httpx_client_settles_and_is_cut(
+    server: FakeLLMServer, instrumentor: OpenAIInstrumentor
+) -> None:
+    # openai 3.x still takes an httpx (not httpx2) client, and 2.x sends
+    # through httpx by default: the body we settle on is of that library.
+    with (
+        httpx.Client() as http,
+        openai.OpenAI(
+            base_url=server.openai_base_url, api_key="k", max_retries=0, http_client=http
+        ) as legacy,
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
+    ):
+        with chat(legacy, stream=True, stream_options={"include_usage": True}) as whole:
+            assert isinstance(whole.response, httpx.Response)
+            text = "".join(_content(chunk) for chunk in whole)
+        settled = ctx.snapshot()
+        raw = legacy.chat.completions.with_streaming_response.create(
+            model=CHAT_MODEL, messages=MESSAGES, stream=True
+        )
+        with raw as response:  # read raw, closed by the helper: settled on close
+            lines = list(response.iter_lines())
+        closed = ctx.snapshot()
+        with chat(legacy, stream=True) as cut, pytest.raises(BudgetExceededError):
+            for _ in cut:
+                ctx.cancel()
+    assert text and settled.cost_usd > 0 and settled.reserved_usd == 0
+    assert lines and closed.reserved_usd == 0 and closed.cost_usd > settled.cost_usd
+    assert cut.response.is_closed and ctx.snapshot().reserved_usd == 0
+    assert server.count(CHAT) == 3
 
 
 def test_stream_is_cut_by_a_trip_elsewhere_in_the_chain(

@@ -20,6 +20,8 @@ from typing import Any
 
 import anthropic
 import anthropic._base_client as anthropic_base
+import groq
+import groq._base_client as groq_base
 import openai
 import openai._base_client as openai_base
 import pytest
@@ -32,6 +34,7 @@ from veronica_otel.instrumentors import _hooks as hooks_module
 from veronica_otel.instrumentors._hooks import GuardedInstrumentor, SDKHooks
 from veronica_otel.instrumentors._unwrap import is_ours, unwrap_ours
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
+from veronica_otel.instrumentors.groq import GroqInstrumentor
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
@@ -56,11 +59,15 @@ class Sdk:
     def client(self, server: FakeLLMServer) -> Any:
         if self.name == "openai":
             return openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
+        if self.name == "groq":
+            return groq.Groq(base_url=server.base_url, api_key="t", max_retries=0)
         return anthropic.Anthropic(base_url=server.anthropic_base_url, api_key="t", max_retries=0)
 
     def aclient(self, server: FakeLLMServer) -> Any:
         if self.name == "openai":
             return openai.AsyncOpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
+        if self.name == "groq":
+            return groq.AsyncGroq(base_url=server.base_url, api_key="t", max_retries=0)
         return anthropic.AsyncAnthropic(
             base_url=server.anthropic_base_url, api_key="t", max_retries=0
         )
@@ -69,6 +76,8 @@ class Sdk:
         messages = [{"role": "user", "content": "hello"}]
         if self.name == "openai":
             return client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        if self.name == "groq":
+            return client.chat.completions.create(model="llama-3.1-8b-instant", messages=messages)
         return client.messages.create(
             model="claude-3-5-haiku-latest", max_tokens=50, messages=messages
         )
@@ -78,9 +87,10 @@ OPENAI = Sdk("openai", OpenAIInstrumentor, openai_base, "_sleep_for_retry", "/v1
 ANTHROPIC = Sdk(
     "anthropic", AnthropicInstrumentor, anthropic_base, "_attempt_request", "/v1/messages"
 )
+GROQ = Sdk("groq", GroqInstrumentor, groq_base, "_sleep_for_retry", "/openai/v1/chat/completions")
 
 
-@pytest.fixture(params=[OPENAI, ANTHROPIC], ids=lambda sdk: sdk.name)
+@pytest.fixture(params=[OPENAI, ANTHROPIC, GROQ], ids=lambda sdk: sdk.name)
 def sdk(request: pytest.FixtureRequest) -> Iterator[Sdk]:
     sdk: Sdk = request.param
     instrumentor = sdk.instrumentor()
@@ -331,7 +341,7 @@ def test_a_foreign_wrapper_over_ours_is_not_doubled_and_survives_uninstrument(
     calls: list[str] = []
     foreign = _foreign(calls)
     # Another GenAI instrumentor wrapping the per-call hook we wrap.
-    owner, method = sdk.base.SyncAPIClient, ("request" if sdk.name == "openai" else "_request")
+    owner, method = sdk.base.SyncAPIClient, ("_request" if sdk.name == "anthropic" else "request")
     wrapt.wrap_function_wrapper(owner, method, foreign)
     try:
         instrumentor._is_instrumented_by_opentelemetry = False
@@ -348,6 +358,76 @@ def test_a_foreign_wrapper_over_ours_is_not_doubled_and_survives_uninstrument(
     finally:
         unwrap_ours(owner, method, foreign)
     assert not isinstance(owner.__dict__[method], wrapt.FunctionWrapper)
+
+
+# -- a base client that changed shape: the release names the hooks it takes ------------------
+
+
+def _anthropic_release(monkeypatch: pytest.MonkeyPatch, release: str) -> None:
+    real_version = hooks_module.version
+    monkeypatch.setattr(
+        hooks_module, "version", lambda name: release if name == "anthropic" else real_version(name)
+    )
+
+
+@pytest.fixture
+def anthropic_hooks() -> Iterator[SDKHooks]:
+    hooks = AnthropicInstrumentor._hooks
+    yield hooks
+    AnthropicInstrumentor().uninstrument()  # whatever shape was wrapped: ours goes from all
+    hooks._chosen = None
+
+
+@pytest.mark.parametrize(
+    ("release", "taken"),
+    [
+        (None, ("_request", "_attempt_request")),  # its own spans (the installed 2.x)
+        ("0.125.0", ("request", "_attempt_request")),  # per-attempt, no spans
+        # The retry-loop shape (0.70 to mid 0.x) needs a real release of it: the
+        # 2.x client cannot run without _attempt_request (tests/e2e/test_stainless_majors).
+    ],
+)
+def test_each_anthropic_release_gets_the_hooks_of_its_shape_and_stays_contained(
+    anthropic_hooks: SDKHooks,
+    server: FakeLLMServer,
+    monkeypatch: pytest.MonkeyPatch,
+    release: str | None,
+    taken: tuple[str, ...],
+) -> None:
+    if release is not None:
+        _anthropic_release(monkeypatch, release)
+    AnthropicInstrumentor().instrument()
+    names = {hook.name for hook in anthropic_hooks.hooks}
+    assert {f"SyncAPIClient.{method}" for method in taken} <= names
+    assert all(
+        is_ours(anthropic_base.SyncAPIClient, m, _wrapper(anthropic_hooks, m)) for m in taken
+    )
+    with ANTHROPIC.client(server) as client, ExecutionContext(LIMITED) as ctx:
+        for _ in range(LIMITED.max_steps or 0):
+            ANTHROPIC.call(client)
+        with pytest.raises(BudgetExceededError):
+            ANTHROPIC.call(client)
+    assert server.count(ANTHROPIC.path) == LIMITED.max_steps == ctx.snapshot().steps
+
+
+def _wrapper(hooks: SDKHooks, method: str) -> Any:
+    return next(h.wrapper for h in hooks.hooks if h.name == f"SyncAPIClient.{method}")
+
+
+def test_an_anthropic_release_below_the_tested_range_is_refused(
+    anthropic_hooks: SDKHooks, server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _anthropic_release(monkeypatch, "0.69.0")
+    with pytest.raises(InstrumentationError, match=r"anthropic 0\.69\.0: the version is outside"):
+        AnthropicInstrumentor().instrument()
+    with (
+        ANTHROPIC.client(server) as client,
+        ExecutionContext(LIMITED),
+        pytest.raises(InstrumentationError),
+    ):
+        ANTHROPIC.call(client)
+    assert server.count(ANTHROPIC.path) == 0
+    AnthropicInstrumentor().uninstrument()
 
 
 # -- zero code: the unchanged app, a hook removed before instrumentation ------------------

@@ -338,10 +338,15 @@ def _responses(call: ApiCall) -> JSONReply | StreamReply:
     return StreamReply(sequence)
 
 
-ROUTES: Mapping[str, Callable[[ApiCall], JSONReply | StreamReply]] = {
+_OPENAI_ROUTES: dict[str, Callable[[ApiCall], JSONReply | StreamReply]] = {
     "/v1/chat/completions": _chat_completions,
     "/v1/responses": _responses,
     "/v1/embeddings": _embeddings,
     "/v1/completions": _legacy_completions,
 }
-"""POST routes of the OpenAI API, by path."""
+ROUTES: Mapping[str, Callable[[ApiCall], JSONReply | StreamReply]] = {
+    **_OPENAI_ROUTES,
+    # Groq speaks this wire format under /openai (``groq.Groq(base_url=server.base_url)``).
+    **{f"/openai{path}": builder for path, builder in _OPENAI_ROUTES.items()},
+}
+"""POST routes of the OpenAI API (and of the OpenAI-compatible APIs), by path."""
