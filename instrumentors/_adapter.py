@@ -101,6 +101,8 @@ class Request(NamedTuple):
         extra_input_tokens: Input the byte walk cannot see, at its documented
             worst case (images, files, server-side context).
         attributes: More span attributes read from the request.
+        provider: ``gen_ai.provider.name`` when the request names its own (an
+            adapter over many providers: the vendor guard); None: the adapter's.
     """
 
     operation: str
@@ -113,6 +115,7 @@ class Request(NamedTuple):
     stream: bool = False
     extra_input_tokens: int = 0
     attributes: dict[str, Any] | None = None
+    provider: str | None = None
 
 
 class ProviderAdapter:
@@ -203,7 +206,7 @@ def denial_in(error: BaseException) -> BudgetExceededError | None:
 def _spec(adapter: ProviderAdapter, request: Request, agent: str | None) -> CallSpec:
     bound = input_bound(request.input_parts, request.n_messages) + request.extra_input_tokens
     return CallSpec(
-        adapter.provider,
+        request.provider or adapter.provider,
         request.operation,
         request.model,
         bound,
@@ -312,7 +315,8 @@ def _describe(
         return None
     agent = current_agent() if ctx.names_agents else None
     spec = _spec(adapter, request, agent)
-    span = start_span(request.operation, adapter.provider, request.model, agent, current)
+    provider = request.provider or adapter.provider
+    span = start_span(request.operation, provider, request.model, agent, current)
     return ctx, request, spec, span, current
 
 

@@ -16,19 +16,28 @@ call an adapter admitted runs (:data:`~._adapter.ADMITTED`, with
 
 Hooked, each when the application imports it (nothing is imported here):
 ``httpx2`` and ``httpx`` (``HTTPTransport.handle_request``,
-``AsyncHTTPTransport.handle_async_request``) and ``urllib3``
+``AsyncHTTPTransport.handle_async_request``), ``urllib3``
 (``HTTPConnectionPool.urlopen``: ``requests`` and ``botocore`` send through
-it). Calls no adapter admitted pass through after one context variable read.
+it) and ``aiohttp`` (``ClientSession._request``).
+
+The same hook is the vendor guard's (:mod:`._vendor_guard`), one wrapper per
+transport: a request no adapter admitted passes through after one context
+variable read while the guard is off, and after one cheap test
+(:meth:`~._guard_transports.GuardTransport.screen`) when it is on and the
+request is not a vendor's; a vendor's is admitted by the guard, and its send
+comes back through the hook, marked, to be reported as an attempt.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import wrapt
 
 from ._adapter import ADMITTED
+from ._guard_transports import TRANSPORTS, GuardTransport
 from ._unwrap import is_ours
 
 __all__ = ["ensure_attempt_hooks", "never_sent"]
@@ -66,10 +75,7 @@ def never_sent(error: BaseException) -> bool:
     return False
 
 
-def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = ADMITTED.get()
-    if call is None or not call.http_attempts:
-        return wrapped(*args, **kwargs)
+def _report(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call.note_send()  # a retry over the chain's limits raises here, before the send
     try:
         response = wrapped(*args, **kwargs)
@@ -81,12 +87,7 @@ def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     return response
 
 
-async def _aattempt(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    call = ADMITTED.get()
-    if call is None or not call.http_attempts:
-        return await wrapped(*args, **kwargs)
+async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     await call.anote_send()
     try:
         response = await wrapped(*args, **kwargs)
@@ -98,13 +99,56 @@ async def _aattempt(
     return response
 
 
-# (module, class, method, wrapper)
+Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _sync_hook(transport: GuardTransport) -> Wrapper:
+    def attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = ADMITTED.get()
+        if call is None:
+            guard = transport.guard
+            if guard is None or not transport.screen(guard, instance, args, kwargs):
+                return wrapped(*args, **kwargs)
+            # A vendor request no adapter admitted: the guard admits it, and
+            # its send comes back here, marked, to be reported as an attempt.
+            return transport.send(
+                lambda *a, **k: attempt(wrapped, instance, a, k), instance, args, kwargs
+            )
+        if not call.http_attempts:
+            return wrapped(*args, **kwargs)
+        return _report(call, wrapped, args, kwargs)
+
+    return attempt
+
+
+def _async_hook(transport: GuardTransport) -> Wrapper:
+    async def aattempt(
+        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        call = ADMITTED.get()
+        if call is None:
+            guard = transport.guard
+            if guard is None or not transport.screen(guard, instance, args, kwargs):
+                return await wrapped(*args, **kwargs)
+            return await transport.asend(
+                lambda *a, **k: aattempt(wrapped, instance, a, k), instance, args, kwargs
+            )
+        if not call.http_attempts:
+            return await wrapped(*args, **kwargs)
+        return await _areport(call, wrapped, args, kwargs)
+
+    return aattempt
+
+
+_attempt, _aattempt = _sync_hook(TRANSPORTS["httpx"]), _async_hook(TRANSPORTS["httpx"])
+# (module, class, method, wrapper): one wrapper per transport, attempts and guard
 _HOOKS = (
     ("httpx2", "HTTPTransport", "handle_request", _attempt),
     ("httpx2", "AsyncHTTPTransport", "handle_async_request", _aattempt),
     ("httpx", "HTTPTransport", "handle_request", _attempt),
     ("httpx", "AsyncHTTPTransport", "handle_async_request", _aattempt),
-    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", _attempt),
+    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", _sync_hook(TRANSPORTS["urllib3"])),
+    ("aiohttp.client", "ClientSession", "_request", _async_hook(TRANSPORTS["aiohttp"])),
 )
 _lock = threading.Lock()
 _registered = False
