@@ -102,6 +102,28 @@ async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[
 Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
+def _reported(wrapped: Any) -> Callable[..., Any]:
+    """The send the guard runs: reported as an attempt of the call it admitted, if any."""
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        call = ADMITTED.get()
+        if call is None:  # the guard let it pass
+            return wrapped(*args, **kwargs)
+        return _report(call, wrapped, args, kwargs)
+
+    return send
+
+
+def _areported(wrapped: Any) -> Callable[..., Any]:
+    async def asend(*args: Any, **kwargs: Any) -> Any:
+        call = ADMITTED.get()
+        if call is None:
+            return await wrapped(*args, **kwargs)
+        return await _areport(call, wrapped, args, kwargs)
+
+    return asend
+
+
 def _sync_hook(transport: GuardTransport) -> Wrapper:
     def attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = ADMITTED.get()
@@ -109,11 +131,9 @@ def _sync_hook(transport: GuardTransport) -> Wrapper:
             guard = transport.guard
             if guard is None or not transport.screen(guard, instance, args, kwargs):
                 return wrapped(*args, **kwargs)
-            # A vendor request no adapter admitted: the guard admits it, and
-            # its send comes back here, marked, to be reported as an attempt.
-            return transport.send(
-                lambda *a, **k: attempt(wrapped, instance, a, k), instance, args, kwargs
-            )
+            # Maybe a vendor request no adapter admitted: the guard admits it
+            # (or lets it pass), and its send is reported as an attempt.
+            return transport.send(_reported(wrapped), instance, args, kwargs)
         if not call.http_attempts:
             return wrapped(*args, **kwargs)
         return _report(call, wrapped, args, kwargs)
@@ -130,9 +150,7 @@ def _async_hook(transport: GuardTransport) -> Wrapper:
             guard = transport.guard
             if guard is None or not transport.screen(guard, instance, args, kwargs):
                 return await wrapped(*args, **kwargs)
-            return await transport.asend(
-                lambda *a, **k: aattempt(wrapped, instance, a, k), instance, args, kwargs
-            )
+            return await transport.asend(_areported(wrapped), instance, args, kwargs)
         if not call.http_attempts:
             return await wrapped(*args, **kwargs)
         return await _areport(call, wrapped, args, kwargs)

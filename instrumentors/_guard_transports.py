@@ -165,8 +165,10 @@ class _HeldSync:
     def __iter__(self) -> Iterator[bytes]:
         call, reader = self._call, self._reader
         try:
+            streaming = reader.streaming
             for chunk in self._inner:
-                call.check_alive()  # a trip cuts the reply here
+                if streaming:
+                    call.check_alive()  # a trip cuts the stream here
                 reader.feed_raw(chunk)
                 yield chunk
         except BudgetExceededError as exc:
@@ -198,8 +200,10 @@ class _HeldAsync:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         call, reader = self._call, self._reader
         try:
+            streaming = reader.streaming
             async for chunk in self._inner:
-                await call.ctx.aensure_active()
+                if streaming:
+                    await call.ctx.aensure_active()
                 reader.feed_raw(chunk)
                 yield chunk
         except BudgetExceededError as exc:
@@ -307,9 +311,15 @@ class URLLib3Guard(GuardTransport):
 
 
 def _wrap_reads(reply: Any, call: ContainedCall, reader: ReplyReader) -> None:
-    """Read what is read from an urllib3 response (decoded or not, as asked)."""
+    """Read what is read from an urllib3 response (decoded or not, as asked).
+
+    urllib3 releases the connection from inside the read that reaches the end
+    (before that read returns its bytes): a release during a read settles
+    the call once the read's bytes are fed.
+    """
     read, read1, read_chunked = reply.read, reply.read1, reply.read_chunked
     release, close = reply.release_conn, reply.close
+    state = {"reading": 0, "ended": False}
 
     def feed(data: bytes, decode_content: bool | None) -> None:
         if decode_content is None:
@@ -319,54 +329,80 @@ def _wrap_reads(reply: Any, call: ContainedCall, reader: ReplyReader) -> None:
         else:
             reader.feed_raw(data)
 
-    def checked(error: BaseException) -> None:
+    def done() -> None:
+        if state["reading"]:
+            state["ended"] = True  # settled when the read in progress has fed its bytes
+        else:
+            _settle(call, reader)
+
+    def failed(error: BaseException) -> None:
+        state["reading"] = 0
         _settle(call, reader, error)
         if isinstance(error, BudgetExceededError):
             close()
 
+    def reading(fn: Any, *args: Any, **kw: Any) -> bytes:
+        if reader.streaming:
+            call.check_alive()  # a trip cuts the stream here
+        state["reading"] += 1
+        try:
+            data: bytes = fn(*args, **kw)
+        finally:
+            state["reading"] -= 1
+        return data
+
     def _read(amt: int | None = None, decode_content: bool | None = None, **kw: Any) -> bytes:
         try:
-            call.check_alive()
-            data: bytes = read(amt, decode_content, **kw)
+            data = reading(read, amt, decode_content, **kw)
         except BaseException as exc:
-            checked(exc)
+            failed(exc)
             raise
         feed(data, decode_content)
+        if state["ended"] and not state["reading"]:
+            _settle(call, reader)
         return data
 
     def _read1(amt: int | None = None, decode_content: bool | None = None) -> bytes:
         try:
-            call.check_alive()
-            data: bytes = read1(amt, decode_content)
+            data = reading(read1, amt, decode_content)
         except BaseException as exc:
-            checked(exc)
+            failed(exc)
             raise
         feed(data, decode_content)
+        if state["ended"] and not state["reading"]:
+            _settle(call, reader)
         return data
 
     def _read_chunked(amt: int | None = None, decode_content: bool | None = None) -> Any:
+        chunks = read_chunked(amt, decode_content)
         try:
-            for chunk in read_chunked(amt, decode_content):
-                call.check_alive()
+            while True:
+                try:
+                    chunk = reading(next, chunks)
+                except StopIteration:
+                    break
                 feed(chunk, decode_content)
                 yield chunk
         except GeneratorExit:
+            chunks.close()
             raise
         except BaseException as exc:
-            checked(exc)
+            failed(exc)
             raise
+        if state["ended"]:
+            _settle(call, reader)
 
     def _release() -> None:
         try:
             release()
         finally:
-            _settle(call, reader)
+            done()
 
     def _close() -> None:
         try:
             close()
         finally:
-            _settle(call, reader)
+            done()
 
     reply.read, reply.read1, reply.read_chunked = _read, _read1, _read_chunked
     reply.release_conn, reply.close = _release, _close
@@ -434,7 +470,8 @@ class _HeldContent(wrapt.ObjectProxy):  # type: ignore[misc]
     async def _self_take(self, pending: Any) -> Any:
         call, reader = self._self_call, self._self_reader
         try:
-            await call.ctx.aensure_active()
+            if reader.streaming:
+                await call.ctx.aensure_active()
             data = await pending
         except BaseException as exc:
             if hasattr(pending, "close"):

@@ -177,16 +177,13 @@ class VendorGuard:
         name = model if isinstance(model, str) and model else None
         if name is None and route is not None:
             name = route.model
+        what = name or f"POST {path}"
         if route is None:
-            return _unpriced(ctx, provider, name or f"POST {path}", "an endpoint we cannot read")
+            return _unpriced(ctx, provider, what, f"POST {path} is no API we can read")
         if not isinstance(body, dict):
-            return _unpriced(
-                ctx, provider, name or f"POST {path}", "its request body cannot be read"
-            )
+            return _unpriced(ctx, provider, what, f"the body of POST {path} cannot be read")
         if not route.priced:
-            return _unpriced(
-                ctx, provider, name or f"POST {path}", f"{path} is not billed by the token"
-            )
+            return _unpriced(ctx, provider, what, f"POST {path} is not billed by the token")
         request = read_body(route, body)
         prices = ctx.prices_for(provider, request.model)  # unknown under a ceiling: denied
         extra = 0

@@ -227,6 +227,9 @@ class ReplyReader:
             feed = self._whole
         self.feed = feed
         self._lines_at_end = stream and feed == self._whole
+        # A stream is cut at its next chunk when the chain trips; a whole
+        # reply, already generated and billed, is delivered.
+        self.streaming = stream or feed != self._whole
 
     def feed_raw(self, chunk: bytes) -> None:
         """Feed bytes as they came over the wire (still content-encoded)."""
