@@ -306,106 +306,109 @@ class URLLib3Guard(GuardTransport):
             reader.feed(body)
             _settle(call, reader)
             return
-        _wrap_reads(reply, call, reader)
+        _URLLib3Reads(reply, call, reader)
         weakref.finalize(reply, _collected, call, reader)
 
 
-def _wrap_reads(reply: Any, call: ContainedCall, reader: ReplyReader) -> None:
-    """Read what is read from an urllib3 response (decoded or not, as asked).
+class _URLLib3Reads:
+    """Reads what is read from an urllib3 response (decoded or not, as asked).
 
-    urllib3 releases the connection from inside the read that reaches the end
-    (before that read returns its bytes): a release during a read settles
-    the call once the read's bytes are fed.
+    Its ``read``, ``read1``, ``read_chunked``, ``release_conn`` and ``close``
+    are replaced on the response object. urllib3 releases the connection from
+    inside the read that reaches the end (before that read returns its
+    bytes): a release during a read settles the call once they are fed.
     """
-    read, read1, read_chunked = reply.read, reply.read1, reply.read_chunked
-    release, close = reply.release_conn, reply.close
-    state = {"reading": 0, "ended": False}
 
-    def feed(data: bytes, decode_content: bool | None) -> None:
+    def __init__(self, reply: Any, call: ContainedCall, reader: ReplyReader) -> None:
+        self.reply, self.call, self.reader = reply, call, reader
+        self._read, self._read1, self._chunked = reply.read, reply.read1, reply.read_chunked
+        self._release, self._close = reply.release_conn, reply.close
+        self.reading = 0
+        self.ended = False
+        reply.read, reply.read1, reply.read_chunked = self.read, self.read1, self.read_chunked
+        reply.release_conn, reply.close = self.release_conn, self.close
+
+    def _feed(self, data: bytes, decode_content: bool | None) -> None:
         if decode_content is None:
-            decode_content = reply.decode_content
+            decode_content = self.reply.decode_content
         if decode_content:
-            reader.feed(data)
+            self.reader.feed(data)
         else:
-            reader.feed_raw(data)
+            self.reader.feed_raw(data)
+        if self.ended and not self.reading:
+            _settle(self.call, self.reader)
 
-    def done() -> None:
-        if state["reading"]:
-            state["ended"] = True  # settled when the read in progress has fed its bytes
-        else:
-            _settle(call, reader)
-
-    def failed(error: BaseException) -> None:
-        state["reading"] = 0
-        _settle(call, reader, error)
+    def _failed(self, error: BaseException) -> None:
+        self.reading = 0
+        _settle(self.call, self.reader, error)
         if isinstance(error, BudgetExceededError):
-            close()
+            self._close()
 
-    def reading(fn: Any, *args: Any, **kw: Any) -> bytes:
-        if reader.streaming:
-            call.check_alive()  # a trip cuts the stream here
-        state["reading"] += 1
+    def _take(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.reader.streaming:
+            self.call.check_alive()  # a trip cuts the stream here
+        self.reading += 1
         try:
-            data: bytes = fn(*args, **kw)
+            return fn(*args, **kwargs)
         finally:
-            state["reading"] -= 1
-        return data
+            self.reading -= 1
 
-    def _read(amt: int | None = None, decode_content: bool | None = None, **kw: Any) -> bytes:
+    def read(self, amt: int | None = None, decode_content: bool | None = None, **kw: Any) -> bytes:
         try:
-            data = reading(read, amt, decode_content, **kw)
+            data: bytes = self._take(self._read, amt, decode_content, **kw)
         except BaseException as exc:
-            failed(exc)
+            self._failed(exc)
             raise
-        feed(data, decode_content)
-        if state["ended"] and not state["reading"]:
-            _settle(call, reader)
+        self._feed(data, decode_content)
         return data
 
-    def _read1(amt: int | None = None, decode_content: bool | None = None) -> bytes:
+    def read1(self, amt: int | None = None, decode_content: bool | None = None) -> bytes:
         try:
-            data = reading(read1, amt, decode_content)
+            data: bytes = self._take(self._read1, amt, decode_content)
         except BaseException as exc:
-            failed(exc)
+            self._failed(exc)
             raise
-        feed(data, decode_content)
-        if state["ended"] and not state["reading"]:
-            _settle(call, reader)
+        self._feed(data, decode_content)
         return data
 
-    def _read_chunked(amt: int | None = None, decode_content: bool | None = None) -> Any:
-        chunks = read_chunked(amt, decode_content)
+    def read_chunked(
+        self, amt: int | None = None, decode_content: bool | None = None
+    ) -> Iterator[bytes]:
+        chunks = self._chunked(amt, decode_content)
         try:
             while True:
                 try:
-                    chunk = reading(next, chunks)
+                    chunk: bytes = self._take(next, chunks)
                 except StopIteration:
                     break
-                feed(chunk, decode_content)
+                self._feed(chunk, decode_content)
                 yield chunk
         except GeneratorExit:
             chunks.close()
             raise
         except BaseException as exc:
-            failed(exc)
+            self._failed(exc)
             raise
-        if state["ended"]:
-            _settle(call, reader)
+        if self.ended:
+            _settle(self.call, self.reader)
 
-    def _release() -> None:
+    def _done(self) -> None:
+        if self.reading:
+            self.ended = True  # settled when the read in progress has fed its bytes
+        else:
+            _settle(self.call, self.reader)
+
+    def release_conn(self) -> None:
         try:
-            release()
+            self._release()
         finally:
-            done()
+            self._done()
 
-    def _close() -> None:
+    def close(self) -> None:
         try:
-            close()
+            self._close()
         finally:
-            done()
-
-    reply.read, reply.read1, reply.read_chunked = _read, _read1, _read_chunked
-    reply.release_conn, reply.close = _release, _close
+            self._done()
 
 
 # -- aiohttp ----------------------------------------------------------------------------
@@ -459,7 +462,7 @@ class AioHTTPGuard(GuardTransport):
         weakref.finalize(reply, _collected, call, reader)
 
 
-class _HeldContent(wrapt.ObjectProxy):  # type: ignore[misc]
+class _HeldContent(wrapt.ObjectProxy[Any]):
     """aiohttp's ``StreamReader``, read as it is read from; a trip cuts it."""
 
     def __init__(self, inner: Any, call: ContainedCall, reader: ReplyReader) -> None:

@@ -207,10 +207,10 @@ def route_of(path: str) -> Route | None:
         if match["verb"] in ("rawPredict", "streamRawPredict") and publisher != "anthropic":
             wire, priced = "openai", False  # another partner's own format: unread
         return Route(wire, operation, unquote(match["model"]), stream, priced)
-    match = _BEDROCK.fullmatch(path)
-    if match is not None:
-        verb = match["verb"]
-        return Route("bedrock", "chat", unquote(match["model"]), verb.endswith("stream"))
+    bedrock = _BEDROCK.fullmatch(path)
+    if bedrock is not None:
+        stream = bedrock["verb"].endswith("stream")
+        return Route("bedrock", "chat", unquote(bedrock["model"]), stream)
     azure = _AZURE.fullmatch(path)
     model = unquote(azure["model"]) if azure is not None else None
     for pattern, wire, operation, priced in _PATHS:
@@ -239,7 +239,7 @@ def provider_of(host: str, route: Route | None) -> str:
 
 def decode_body(raw: object) -> Any:
     """A request body as JSON: a dict, None (no body), or :data:`UNREADABLE`."""
-    if raw is None or raw == b"" or raw == "":
+    if raw is None or raw in (b"", ""):
         return None
     if isinstance(raw, Mapping):
         return raw
@@ -253,10 +253,12 @@ def decode_body(raw: object) -> Any:
 
 
 def _count(value: object) -> int | None:
-    if type(value) is int and value >= 0:
-        return value  # type: ignore[return-value]
-    if type(value) is float and value >= 0 and value == int(value):  # type: ignore[operator]
-        return int(value)  # type: ignore[call-overload]
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, float) and value >= 0 and value.is_integer():
+        return int(value)
     return None
 
 

@@ -221,7 +221,7 @@ class ReplyReader:
             feed = self._sse
         elif kind == "application/vnd.amazon.eventstream":
             feed = self._eventstream
-        elif kind.endswith("ndjson") or kind.endswith("jsonl") or kind.endswith("stream+json"):
+        elif kind.endswith(("ndjson", "jsonl", "stream+json")):
             feed = self._lines
         else:
             feed = self._whole

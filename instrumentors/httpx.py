@@ -194,7 +194,6 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         self._uninstrument()  # left by an instrument() that raised: never wrap twice
-        turn_on("httpx", ("httpx",), kwargs)  # the vendor guard, before anything is sent
         policy = Propagation(
             propagate_hosts=kwargs.get("propagate_hosts"),
             vendor_hosts=kwargs.get("vendor_hosts"),
@@ -204,6 +203,7 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             grant_max_steps=kwargs.get("grant_max_steps"),
             grant_max_tokens=kwargs.get("grant_max_tokens"),
         )
+        turn_on("httpx", ("httpx",), kwargs)  # the vendor guard (arguments checked above)
         self._policy = policy
         self._patched = ()
         self._otel = ()

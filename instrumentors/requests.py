@@ -117,7 +117,6 @@ class RequestsInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         self._uninstrument()  # left by an instrument() that raised: never wrap twice
-        turn_on("requests", ("urllib3",), kwargs)  # the vendor guard, on urllib3 below
         policy = Propagation(
             propagate_hosts=kwargs.get("propagate_hosts"),
             vendor_hosts=kwargs.get("vendor_hosts"),
@@ -127,6 +126,7 @@ class RequestsInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             grant_max_steps=kwargs.get("grant_max_steps"),
             grant_max_tokens=kwargs.get("grant_max_tokens"),
         )
+        turn_on("requests", ("urllib3",), kwargs)  # the vendor guard (arguments checked above)
         self._policy = policy
         self._otel = None
         otel_kwargs: dict[str, Any] = {

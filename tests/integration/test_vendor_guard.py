@@ -1,4 +1,4 @@
-"""The HTTP vendor guard: raw clients (httpx2, httpx, requests, urllib3, aiohttp) to the fake server.
+"""The HTTP vendor guard: raw HTTP clients (httpx2, httpx, requests, urllib3, aiohttp).
 
 Nothing here goes through an SDK adapter: the guard under them admits each
 vendor request, and what reached the provider is counted at the server.
@@ -154,14 +154,19 @@ def test_cost_is_committed_from_anthropic_usage(server: FakeLLMServer, client: s
 def test_an_uncapped_request_reserves_the_models_largest_output(server: FakeLLMServer) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     # gpt-4o-mini writes up to 16,384 tokens: 0.0098 USD; a ceiling below it denies.
-    with ExecutionContext(ExecutionConfig(max_cost_usd=0.005)):
-        with pytest.raises(BudgetExceededError) as denied:
-            httpx2.post(server.openai_base_url + "/chat/completions", json=body)
+    url = server.openai_base_url + "/chat/completions"
+    with (
+        ExecutionContext(ExecutionConfig(max_cost_usd=0.005)),
+        pytest.raises(BudgetExceededError) as denied,
+    ):
+        httpx2.post(url, json=body)
     assert denied.value.reason == "cost"
     assert server.request_count == 0
-    with ExecutionContext(ExecutionConfig(max_tokens=10_000)):
-        with pytest.raises(BudgetExceededError) as denied:
-            httpx2.post(server.openai_base_url + "/chat/completions", json=body)
+    with (
+        ExecutionContext(ExecutionConfig(max_tokens=10_000)),
+        pytest.raises(BudgetExceededError) as denied,
+    ):
+        httpx2.post(url, json=body)
     assert denied.value.reason == "tokens"
     assert server.request_count == 0
 
@@ -191,7 +196,12 @@ def test_a_stream_is_committed_from_its_final_usage(server: FakeLLMServer, clien
 
 @pytest.mark.usefixtures("guard")
 def test_an_anthropic_stream_is_committed_from_message_delta(server: FakeLLMServer) -> None:
-    body = {"model": CLAUDE, "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": CLAUDE,
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
         with httpx2.stream("POST", server.base_url + "/v1/messages", json=body) as response:
             events = [line for line in response.iter_lines() if line.startswith("event:")]
@@ -248,9 +258,12 @@ def test_an_unpriced_model_is_refused_under_a_cost_ceiling(
     server: FakeLLMServer, client: str
 ) -> None:
     body = {**BODY, "model": "my-own-finetune"}
-    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)):
-        with pytest.raises(BudgetExceededError) as denied:
-            SYNC_CLIENTS[client](server.openai_base_url + "/chat/completions", body)
+    url = server.openai_base_url + "/chat/completions"
+    with (
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0)),
+        pytest.raises(BudgetExceededError) as denied,
+    ):
+        SYNC_CLIENTS[client](url, body)
     assert denied.value.reason == "cost"
     assert "my-own-finetune" in str(denied.value)
     assert server.request_count == 0
@@ -355,7 +368,9 @@ def test_a_call_an_adapter_admitted_is_counted_once(server: FakeLLMServer, lib: 
     sdk = _TinySDK(server.openai_base_url + "/chat/completions", lib)
 
     def chat() -> Any:
-        return contained(sdk.chat, sdk, (), {"model": MODEL, "messages": BODY["messages"], "max_tokens": 10})
+        return contained(
+            sdk.chat, sdk, (), {"model": MODEL, "messages": BODY["messages"], "max_tokens": 10}
+        )
 
     with ExecutionContext(ExecutionConfig(max_steps=2, max_cost_usd=1.0)) as ctx:
         chat()
@@ -436,9 +451,9 @@ async def test_asyncio_clients_share_the_chain_limit(server: FakeLLMServer) -> N
 async def test_an_aiohttp_stream_is_committed_from_its_usage(server: FakeLLMServer) -> None:
     body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
     async with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(server.openai_base_url + "/chat/completions", json=body) as r:
-                lines = [line async for line in r.content]
+        url = server.openai_base_url + "/chat/completions"
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as r:
+            lines = [line async for line in r.content]
         snap = ctx.snapshot()
     assert b"data: [DONE]" in [line.strip() for line in lines]
     billed = server.billed[-1]
