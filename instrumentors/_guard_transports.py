@@ -88,10 +88,10 @@ class GuardTransport(ProviderAdapter):
     ) -> bool:
         """The cheap test: could this request be a vendor's API call?"""
         try:
-            method, _, host, port, path = self.target(instance, args, kwargs)
+            method, scheme, host, port, path = self.target(instance, args, kwargs)
         except Exception:
             return False  # not a request we can read: the transport will say why
-        return guard.screen(method, host, port, path)
+        return guard.screen(method, scheme, host, port, path)
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -257,6 +257,20 @@ class HTTPXGuard(GuardTransport):
             return request.content  # RequestNotRead for a streaming body: never consumed
         except Exception:
             return UNREADABLE
+
+    def screen(
+        self, guard: VendorGuard, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bool:
+        # Every request comes here: the method first, then the URL's parsed
+        # parts as stored (its public properties normalise, at ~1 us each).
+        request: Any = args[0] if args else kwargs.get("request")
+        try:
+            if request.method != "POST":
+                return False
+            ref = request.url._uri_reference
+            return guard.screen("POST", ref.scheme, ref.host, ref.port, ref.path)
+        except Exception:
+            return super().screen(guard, instance, args, kwargs)
 
     def status(self, reply: Any) -> int:
         return int(reply.status_code)

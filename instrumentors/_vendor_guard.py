@@ -113,7 +113,8 @@ class VendorGuard:
             raise ValueError(f"vendor_guard must be 'contain' or 'refuse' here, got {mode!r}")
         self.mode = mode
         self.vendors: tuple[HostPattern, ...] = vendor_patterns(vendor_hosts, environ)
-        self._hosts: dict[tuple[str, int | None], bool] = {}
+        self._hosts: dict[tuple[str, int | None, str], bool] = {}
+        self._verdicts: dict[tuple[str, int | None], bool] = {}
 
     def __repr__(self) -> str:
         return f"VendorGuard(mode={self.mode!r}, {VENDOR_HOSTS_ENV}: {len(self.vendors)} patterns)"
@@ -121,25 +122,27 @@ class VendorGuard:
     def vendor_host(self, host: str, port: int | None) -> bool:
         """Whether ``host[:port]`` is an LLM vendor's (cached per host and port)."""
         key = (host, port)
-        hit = self._hosts.get(key)
+        hit = self._verdicts.get(key)
         if hit is None:
             name = host.lower().rstrip(".")
             hit = any(pattern.matches(name, port) for pattern in self.vendors)
-            if len(self._hosts) < _MAX_HOSTS:
-                self._hosts[key] = hit
+            if len(self._verdicts) < _MAX_HOSTS:
+                self._verdicts[key] = hit
         return hit
 
-    def screen(self, method: str, host: str, port: int | None, path: str) -> bool:
+    def screen(self, method: str, scheme: str, host: str, port: int | None, path: str) -> bool:
         """The cheap test every request passes: could it be a vendor's API call?
 
-        ``port`` is the URL's (None: the scheme's default, already applied by
-        the caller when it has one). Only a ``POST`` can be.
+        Only a ``POST`` can be; then a cached verdict on the host, else the
+        path's last segment. ``port`` as the URL has it (None: the scheme's).
         """
         if method != "POST":
             return False
-        hit = self._hosts.get((host, port))
+        hit = self._hosts.get((host, port, scheme))
         if hit is None:
-            hit = self.vendor_host(host, port)
+            hit = self.vendor_host(host, _DEFAULT_PORTS.get(scheme) if port is None else port)
+            if len(self._hosts) < _MAX_HOSTS:
+                self._hosts[(host, port, scheme)] = hit
         return hit or maybe_api_path(path)
 
     def describe(
