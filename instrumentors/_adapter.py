@@ -129,9 +129,10 @@ class Request(NamedTuple):
         attributes: More span attributes read from the request.
         provider: ``gen_ai.provider.name`` of this call when it is not the
             adapter's own (a library that routes to many providers, such as
-            ``litellm``; one SDK reaching a local server and a hosted service
-            billed differently); None: :attr:`ProviderAdapter.provider`. The
-            call is priced, broken and named under it.
+            ``litellm`` or the vendor guard; one SDK reaching a local server
+            and a hosted service billed differently); None:
+            :attr:`ProviderAdapter.provider`. The call is priced, broken and
+            named under it.
         priced: False when the endpoint bills in units token prices do not
             cover: refused under a cost ceiling (see the module docs).
     """

@@ -21,18 +21,26 @@ Hooked, each when the application imports it (nothing is imported here):
 it) and ``aiohttp`` (``ClientSession._request``: one attempt, returning once
 the status line is in; whoever sends it: ``session.request``/``get``/``post``,
 aiobotocore, google-genai's async client, and litellm's aiohttp transport
-under its ``httpx`` client). Calls no adapter admitted pass through after one
-context variable read.
+under its ``httpx`` client).
+
+The same hook is the vendor guard's (:mod:`._vendor_guard`), one wrapper per
+transport: a request no adapter admitted passes through after one context
+variable read while the guard is off, and after one cheap test
+(:meth:`~._guard_transports.GuardTransport.screen`) when it is on and the
+request is not a vendor's; a vendor's is admitted by the guard, and its send
+comes back through the hook, marked, to be reported as an attempt.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import wrapt
 
 from ._adapter import ADMITTED
+from ._guard_transports import TRANSPORTS, GuardTransport
 from ._unwrap import is_ours
 
 __all__ = ["ensure_attempt_hooks", "never_sent"]
@@ -70,10 +78,7 @@ def never_sent(error: BaseException) -> bool:
     return False
 
 
-def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = ADMITTED.get()
-    if call is None or not call.http_attempts:
-        return wrapped(*args, **kwargs)
+def _report(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call.note_send()  # a retry over the chain's limits raises here, before the send
     try:
         response = wrapped(*args, **kwargs)
@@ -85,12 +90,7 @@ def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     return response
 
 
-async def _aattempt(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    call = ADMITTED.get()
-    if call is None or not call.http_attempts:
-        return await wrapped(*args, **kwargs)
+async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     await call.anote_send()
     try:
         response = await wrapped(*args, **kwargs)
@@ -102,14 +102,74 @@ async def _aattempt(
     return response
 
 
-# (module, class, method, wrapper)
+Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _reported(wrapped: Any) -> Callable[..., Any]:
+    """The send the guard runs: reported as an attempt of the call it admitted, if any."""
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        call = ADMITTED.get()
+        if call is None:  # the guard let it pass
+            return wrapped(*args, **kwargs)
+        return _report(call, wrapped, args, kwargs)
+
+    return send
+
+
+def _areported(wrapped: Any) -> Callable[..., Any]:
+    async def asend(*args: Any, **kwargs: Any) -> Any:
+        call = ADMITTED.get()
+        if call is None:
+            return await wrapped(*args, **kwargs)
+        return await _areport(call, wrapped, args, kwargs)
+
+    return asend
+
+
+def _sync_hook(transport: GuardTransport) -> Wrapper:
+    def attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = ADMITTED.get()
+        if call is None:
+            guard = transport.guard
+            if guard is None or not transport.screen(guard, instance, args, kwargs):
+                return wrapped(*args, **kwargs)
+            # Maybe a vendor request no adapter admitted: the guard admits it
+            # (or lets it pass), and its send is reported as an attempt.
+            return transport.send(_reported(wrapped), instance, args, kwargs)
+        if not call.http_attempts:
+            return wrapped(*args, **kwargs)
+        return _report(call, wrapped, args, kwargs)
+
+    return attempt
+
+
+def _async_hook(transport: GuardTransport) -> Wrapper:
+    async def aattempt(
+        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        call = ADMITTED.get()
+        if call is None:
+            guard = transport.guard
+            if guard is None or not transport.screen(guard, instance, args, kwargs):
+                return await wrapped(*args, **kwargs)
+            return await transport.asend(_areported(wrapped), instance, args, kwargs)
+        if not call.http_attempts:
+            return await wrapped(*args, **kwargs)
+        return await _areport(call, wrapped, args, kwargs)
+
+    return aattempt
+
+
+_attempt, _aattempt = _sync_hook(TRANSPORTS["httpx"]), _async_hook(TRANSPORTS["httpx"])
+# (module, class, method, wrapper): one wrapper per transport, attempts and guard
 _HOOKS = (
     ("httpx2", "HTTPTransport", "handle_request", _attempt),
     ("httpx2", "AsyncHTTPTransport", "handle_async_request", _aattempt),
     ("httpx", "HTTPTransport", "handle_request", _attempt),
     ("httpx", "AsyncHTTPTransport", "handle_async_request", _aattempt),
-    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", _attempt),
-    ("aiohttp.client", "ClientSession", "_request", _aattempt),
+    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", _sync_hook(TRANSPORTS["urllib3"])),
+    ("aiohttp.client", "ClientSession", "_request", _async_hook(TRANSPORTS["aiohttp"])),
 )
 _lock = threading.Lock()
 _registered = False

@@ -77,6 +77,7 @@ __all__ = [
     "Plan",
     "Propagation",
     "rewrite_baggage",
+    "vendor_patterns",
 ]
 
 _logger = logging.getLogger("veronica_otel.instrumentors")
@@ -175,6 +176,19 @@ def parse_hosts(value: str | Sequence[str], name: str) -> tuple[HostPattern, ...
     return tuple(HostPattern.parse(item, name) for item in items if item.strip())
 
 
+def vendor_patterns(
+    vendor_hosts: str | Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[HostPattern, ...]:
+    """The LLM vendors' hosts: the built-in list plus ``vendor_hosts``, else
+    ``VERONICA_VENDOR_HOSTS`` (the baggage rule and the vendor guard share it)."""
+    if vendor_hosts is not None:
+        extra = parse_hosts(vendor_hosts, "vendor_hosts")
+    else:
+        env = os.environ if environ is None else environ
+        extra = parse_hosts(env.get(VENDOR_HOSTS_ENV, ""), VENDOR_HOSTS_ENV)
+    return parse_hosts(DEFAULT_VENDOR_HOSTS, "DEFAULT_VENDOR_HOSTS") + extra
+
+
 @dataclass(slots=True)
 class Plan:
     """What one outgoing request carries, and how to settle its answer."""
@@ -229,12 +243,7 @@ class Propagation:
             self.allow = parse_hosts(propagate_hosts, "propagate_hosts")
         else:
             self.allow = parse_hosts(env.get(PROPAGATE_HOSTS_ENV, ""), PROPAGATE_HOSTS_ENV)
-        extra = (
-            parse_hosts(vendor_hosts, "vendor_hosts")
-            if vendor_hosts is not None
-            else parse_hosts(env.get(VENDOR_HOSTS_ENV, ""), VENDOR_HOSTS_ENV)
-        )
-        self.vendors = parse_hosts(DEFAULT_VENDOR_HOSTS, "DEFAULT_VENDOR_HOSTS") + extra
+        self.vendors = vendor_patterns(vendor_hosts, env)
         self.key = (
             coerce_keys(grant_key, "grant_key")
             if grant_key is not None

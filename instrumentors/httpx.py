@@ -1,4 +1,4 @@
-"""Chain propagation for ``httpx2`` and ``httpx`` clients.
+"""Chain propagation and the vendor guard for ``httpx2`` and ``httpx`` clients.
 
 Usage::
 
@@ -30,6 +30,17 @@ Configuration (argument, else environment, else default):
   one request's grant carves out of the chain (else ``VERONICA_GRANT_MAX_*``,
   else all that is left: other requests are then denied until it settles;
   set them to fan out).
+
+It also turns on the HTTP vendor guard for both libraries
+(:mod:`veronica_otel.instrumentors._vendor_guard`): a request to an LLM vendor
+sent inside a chain by a client no SDK adapter contains (a raw
+``httpx2.post`` to ``/v1/chat/completions``, an SDK we have no adapter for) is
+admitted, reserved from its body and committed from its reply's usage.
+
+- ``vendor_guard`` / ``VERONICA_VENDOR_GUARD``: ``contain`` (default),
+  ``refuse`` (such requests raise in a chain that limits anything) or ``off``.
+- ``propagate_threads`` / ``VERONICA_THREADS``: carry the chain into threads
+  while the guard is on (default true).
 
 Where it hooks: ``HTTPTransport.handle_request``,
 ``AsyncHTTPTransport.handle_async_request`` and the in-process
@@ -65,6 +76,7 @@ from ._outbound import (
     rewrite_baggage,
 )
 from ._unwrap import unwrap_ours
+from ._vendor_guard import turn_off, turn_on
 
 __all__ = ["HTTPXInstrumentor"]
 
@@ -191,6 +203,7 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             grant_max_steps=kwargs.get("grant_max_steps"),
             grant_max_tokens=kwargs.get("grant_max_tokens"),
         )
+        turn_on("httpx", ("httpx",), kwargs)  # the vendor guard (arguments checked above)
         self._policy = policy
         self._patched = ()
         self._otel = ()
@@ -264,6 +277,7 @@ class HTTPXInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             )
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        turn_off("httpx", ("httpx",))
         if self._policy is not None:
             self._policy.active = False  # a wrapper we cannot remove passes through
         self._policy = None

@@ -1,4 +1,4 @@
-"""Chain propagation for ``requests``.
+"""Chain propagation and the vendor guard for ``requests``.
 
 Usage::
 
@@ -16,6 +16,10 @@ here only when asked (``enable_otel_http=True``). It hooks
 OpenTelemetry's wrapper: that one replaces ``Session.send`` with a plain
 function, and wrapping it from outside would make its uninstrument remove
 ours too. ``requests`` is patched when the application imports it.
+
+It also turns on the HTTP vendor guard on ``urllib3``, which ``requests``
+sends through (:mod:`veronica_otel.instrumentors._vendor_guard`;
+``vendor_guard`` / ``VERONICA_VENDOR_GUARD``: ``contain``, ``refuse``, ``off``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from ._outbound import (
     rewrite_baggage,
 )
 from ._unwrap import unwrap_ours
+from ._vendor_guard import turn_off, turn_on
 
 __all__ = ["RequestsInstrumentor"]
 
@@ -121,6 +126,7 @@ class RequestsInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             grant_max_steps=kwargs.get("grant_max_steps"),
             grant_max_tokens=kwargs.get("grant_max_tokens"),
         )
+        turn_on("requests", ("urllib3",), kwargs)  # the vendor guard (arguments checked above)
         self._policy = policy
         self._otel = None
         otel_kwargs: dict[str, Any] = {
@@ -158,6 +164,7 @@ class RequestsInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._otel = instrumentor
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        turn_off("requests", ("urllib3",))
         if self._policy is not None:
             self._policy.active = False
         self._policy = None

@@ -99,6 +99,8 @@ _INSTRUMENTORS = (
     ("httpx2", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
     ("httpx", "veronica_otel.instrumentors.httpx", "HTTPXInstrumentor"),
     ("requests", "veronica_otel.instrumentors.requests", "RequestsInstrumentor"),
+    ("urllib3", "veronica_otel.instrumentors.urllib3", "URLLib3Instrumentor"),
+    ("aiohttp", "veronica_otel.instrumentors.aiohttp", "AioHTTPInstrumentor"),
 )
 _OUR_ENTRY_POINTS = frozenset(
     {
@@ -117,6 +119,8 @@ _OUR_ENTRY_POINTS = frozenset(
         "veronica_litellm",
         "veronica_google_genai",
         "veronica_groq",
+        "veronica_urllib3",
+        "veronica_aiohttp",
     }
 )
 _installed = False  # the enforcement hooks (tests set it to skip them)
