@@ -16,6 +16,7 @@ the AG2 tests share. The SDKs are imported when a fixture runs, not here.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -146,3 +147,35 @@ async def ag2_http() -> AsyncIterator[httpx2.AsyncClient]:
 
     async with httpx2.AsyncClient() as http:
         yield http
+
+
+@pytest.fixture(scope="module")
+def litellm_leaks_collected() -> Iterator[None]:
+    """Close what litellm leaves open at the end of a module that uses it: the
+    SDK clients it caches (their sockets) and the event loops it makes for its
+    logging worker and never closes. Left alone, garbage collection finds them
+    at a random point of a later test (or at exit), where ``filterwarnings =
+    error`` fails whatever is running then."""
+    yield
+    import asyncio
+    import gc
+    import inspect
+    import sys
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        litellm = sys.modules.get("litellm")
+        if litellm is not None:
+            cache = litellm.in_memory_llm_clients_cache
+            for client in list(getattr(cache, "cache_dict", {}).values()):
+                close = getattr(client, "close", None)
+                if callable(close) and not inspect.iscoroutinefunction(close):
+                    with contextlib.suppress(Exception):
+                        close()
+            cache.flush_cache()
+        for obj in gc.get_objects():
+            loop = obj if isinstance(obj, asyncio.BaseEventLoop) else None
+            if loop is not None and not loop.is_running() and not loop.is_closed():
+                loop.close()
+        gc.collect()

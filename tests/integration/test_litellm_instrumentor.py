@@ -41,6 +41,7 @@ pytestmark = [
     # that it never closes; collected at random points of later tests.
     pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning"),
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("litellm_leaks_collected"),
 ]
 
 INPUT, OUTPUT = 10, 5
