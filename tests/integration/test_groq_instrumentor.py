@@ -327,3 +327,4 @@ class _OuterCall:
 
     adapter = object()
     provider = "litellm"
+    http_attempts = False  # the SDK's own retry hooks count its attempts

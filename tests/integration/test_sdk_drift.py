@@ -449,6 +449,25 @@ def test_zero_code_refuses_the_apps_calls_naming_the_hook(server: FakeLLMServer)
 
 
 def test_zero_code_fail_open_runs_the_app_uncontained(server: FakeLLMServer) -> None:
+    # VERONICA_FAIL_OPEN lets the SDK's calls through its refused adapter; with
+    # the vendor guard off nothing else contains them.
+    result = run_instrumented(
+        DRIFT_SHIM,
+        server,
+        DRIFT_REMOVE="openai._base_client:SyncAPIClient._sleep_for_retry",
+        DRIFT_APP=str(UNCHANGED_AGENT),
+        VERONICA_MAX_STEPS="3",
+        VERONICA_FAIL_OPEN="true",
+        VERONICA_VENDOR_GUARD="off",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "SyncAPIClient._sleep_for_retry is missing" in result.stderr
+    assert server.count("/v1/chat/completions") == 5
+
+
+def test_zero_code_fail_open_still_meets_the_vendor_guard(server: FakeLLMServer) -> None:
+    # The adapter cannot be installed and VERONICA_FAIL_OPEN lets its calls
+    # pass it, but the HTTP vendor guard under it still contains them.
     result = run_instrumented(
         DRIFT_SHIM,
         server,
@@ -457,9 +476,9 @@ def test_zero_code_fail_open_runs_the_app_uncontained(server: FakeLLMServer) -> 
         VERONICA_MAX_STEPS="3",
         VERONICA_FAIL_OPEN="true",
     )
-    assert result.returncode == 0, result.stderr
-    assert "SyncAPIClient._sleep_for_retry is missing" in result.stderr
-    assert server.count("/v1/chat/completions") == 5
+    assert result.returncode != 0
+    assert "steps limit reached (limit 3" in result.stderr
+    assert server.count("/v1/chat/completions") == 3
 
 
 # -- tool instrumentors: the same probe, the same refusal ---------------------------------
