@@ -156,13 +156,25 @@ def litellm_leaks_collected() -> Iterator[None]:
     logging worker and never closes. Left alone, garbage collection finds them
     at a random point of a later test (or at exit), where ``filterwarnings =
     error`` fails whatever is running then."""
-    yield
     import asyncio
     import gc
     import inspect
     import sys
     import warnings
+    import weakref
 
+    made: list[weakref.ref[asyncio.BaseEventLoop]] = []
+    init = asyncio.BaseEventLoop.__init__
+
+    def recorded(loop: asyncio.BaseEventLoop) -> None:
+        init(loop)
+        made.append(weakref.ref(loop))
+
+    asyncio.BaseEventLoop.__init__ = recorded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        asyncio.BaseEventLoop.__init__ = init  # type: ignore[method-assign]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         litellm = sys.modules.get("litellm")
@@ -174,8 +186,8 @@ def litellm_leaks_collected() -> Iterator[None]:
                     with contextlib.suppress(Exception):
                         close()
             cache.flush_cache()
-        for obj in gc.get_objects():
-            loop = obj if isinstance(obj, asyncio.BaseEventLoop) else None
+        for ref in made:
+            loop = ref()
             if loop is not None and not loop.is_running() and not loop.is_closed():
                 loop.close()
         gc.collect()
