@@ -45,10 +45,14 @@ is accounted and a trip cuts the stream at the next event.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import sys
 import weakref
 from collections.abc import Callable, Collection
 from typing import Any
+
+import wrapt
 
 from ._adapter import ProviderAdapter, Request, denial_in, http_status, wrapper
 from ._attempts import ensure_attempt_hooks
@@ -71,7 +75,7 @@ from ._bedrock_response import (
     status_of,
 )
 from ._common import ContainedCall
-from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._hooks import GuardedInstrumentor, Hook, InstrumentationError, SDKHooks
 
 __all__ = ["BedrockInstrumentor"]
 
@@ -324,6 +328,31 @@ def _aiobotocore_installed() -> bool:
     return importlib.util.find_spec("aiobotocore") is not None
 
 
+# Whether aiobotocore's hooks are wanted (instrumented): its module may be
+# imported later than botocore's, or botocore may still be importing when we
+# are instrumented (zero code's import hook), and aiobotocore imports botocore.
+_aio_wanted = False
+_aio_hook_registered = False
+
+
+def _install_aiobotocore(_module: object = None) -> None:
+    if not _aio_wanted:
+        return
+    # A failure is logged and refused by install(): its Bedrock calls fail closed.
+    with contextlib.suppress(InstrumentationError):
+        _AIOBOTOCORE.install()
+
+
+def _when_aiobotocore_imported() -> None:
+    """Install aiobotocore's hooks now if it is imported, else when it is."""
+    global _aio_hook_registered
+    if "aiobotocore.client" in sys.modules:
+        _AIOBOTOCORE.install()
+    elif not _aio_hook_registered:
+        _aio_hook_registered = True
+        wrapt.register_post_import_hook(_install_aiobotocore, "aiobotocore.client")
+
+
 class BedrockInstrumentor(GuardedInstrumentor):
     """Contains every Amazon Bedrock call of ``botocore`` and ``aiobotocore`` clients.
 
@@ -340,16 +369,22 @@ class BedrockInstrumentor(GuardedInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
+        global _aio_wanted
         ensure_attempt_hooks()
         super()._instrument(**kwargs)
         if _aiobotocore_installed():
-            _AIOBOTOCORE.install()
+            _aio_wanted = True
+            _when_aiobotocore_imported()
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        global _aio_wanted
+        _aio_wanted = False
         _AIOBOTOCORE.remove()
         super()._uninstrument(**kwargs)
 
     def uninstrument(self, **kwargs: Any) -> Any:
+        global _aio_wanted
+        _aio_wanted = False
         _AIOBOTOCORE.remove()  # hooks or a refusal a failed instrument() left
         if not self.is_instrumented_by_opentelemetry:
             self._hooks.remove()

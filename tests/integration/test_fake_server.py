@@ -786,3 +786,18 @@ def test_bad_script_arguments_are_rejected(server: FakeLLMServer) -> None:
         server.script(42)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         server.set_responder("not callable")  # type: ignore[arg-type]
+
+
+def test_stats_counts_requests_per_route_and_not_itself() -> None:
+    import httpx2
+
+    with FakeLLMServer() as fake:
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(2):
+            httpx2.post(fake.openai_base_url + "/chat/completions", json=body)
+        httpx2.post(fake.base_url + "/api/chat", json={"model": "llama3.2", "messages": []})
+        first = httpx2.get(fake.base_url + "/stats").json()
+        second = httpx2.get(fake.base_url + "/stats").json()
+    assert first == {"total": 3, "routes": {"/api/chat": 1, "/v1/chat/completions": 2}}
+    assert second == first  # asking is not a request to the API
+    assert fake.request_count == 3
