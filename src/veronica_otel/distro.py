@@ -285,6 +285,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
         VENDOR_HOSTS_ENV,
         parse_hosts,
     )
+    from veronica_otel.instrumentors._vendor_guard import guard_mode
     from veronica_otel.policy_file import _env_unknown_price
 
     parse_env_bool("VERONICA_FAIL_OPEN", environ)
@@ -292,6 +293,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     grant_key_from_env(environ)
     for var in (PROPAGATE_HOSTS_ENV, VENDOR_HOSTS_ENV):
         parse_hosts(environ.get(var, ""), var)
+    guard_mode(None, environ)
     _env_unknown_price(environ)
     parse_model_aliases(environ.get(MODEL_ALIASES_ENV, ""))
 

@@ -60,3 +60,15 @@ def test_a_bad_propagation_variable_is_named_and_calls_are_refused(server: FakeL
     failures = [line for line in result.stderr.splitlines() if "could not install" in line]
     assert failures
     assert all("VERONICA_PROPAGATE_HOSTS" in line for line in failures)
+
+
+def test_a_bad_vendor_guard_mode_is_named_and_calls_are_refused(server: FakeLLMServer) -> None:
+    result = run_instrumented(
+        UNCHANGED_AGENT, server, VERONICA_MAX_STEPS="3", VERONICA_VENDOR_GUARD="contian"
+    )
+    assert result.returncode != 0
+    assert result.stdout == ""  # not one step ran uncontained
+    assert server.count(CHAT) == 0
+    assert "VERONICA_VENDOR_GUARD must be one of contain, refuse, off, got 'contian'" in (
+        result.stderr
+    )
