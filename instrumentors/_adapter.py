@@ -98,6 +98,10 @@ ADMITTED: contextvars.ContextVar[ContainedCall | None] = contextvars.ContextVar(
 admitted_call = ADMITTED.get
 
 
+# A CallSpec from its fields without NamedTuple's Python-level __new__ (once per call).
+_spec_of = tuple.__new__
+
+
 class Request(NamedTuple):
     """One SDK call's request, as its adapter reads it.
 
@@ -384,17 +388,20 @@ def _describe(
     agent = current_agent() if ctx.names_agents else None
     provider = request.provider or adapter.provider
     parts = request.input_parts
-    spec = CallSpec(
-        provider,
-        request.operation,
-        request.model,
-        input_bound(parts, request.n_messages) + request.extra_input_tokens,
-        request.cap,
-        request.clampable,
-        request.choices,
-        request.stream,
-        agent,
-        parts,
+    spec = _spec_of(
+        CallSpec,
+        (
+            provider,
+            request.operation,
+            request.model,
+            input_bound(parts, request.n_messages) + request.extra_input_tokens,
+            request.cap,
+            request.clampable,
+            request.choices,
+            request.stream,
+            agent,
+            parts,
+        ),
     )
     span = start_span(request.operation, provider, request.model, agent, current)
     return ctx, request, spec, span, current
