@@ -577,6 +577,24 @@ def _measure(
     return report
 
 
+def _dry_run(libraries: tuple[str, ...]) -> dict[str, str]:
+    """Each variant with one timed call, no valgrind, no SDK: "ok", or why it failed."""
+    variants = [
+        v for lib in libraries for v in VARIANTS[lib] if not v.endswith(("_floor", "_span"))
+    ]
+
+    def run(variant: str) -> str:
+        try:
+            _count(variant, 1, False, server, valgrind=False)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            return str(exc)[-500:]
+        return "ok"
+
+    workers = max(1, os.cpu_count() or 1)
+    with FakeLLMServer(output_tokens=OUTPUT_TOKENS) as server, ThreadPoolExecutor(workers) as pool:
+        return dict(zip(variants, pool.map(run, variants), strict=True))
+
+
 def _ratios(per_call: dict[str, float], sdk: bool) -> dict[str, Any]:
     bare = per_call["bare"]
     added = {k: v - bare for k, v in per_call.items() if k != "bare"}
@@ -650,6 +668,11 @@ def main() -> int:
         help=f"only these adapters, no SDK (default: all of {','.join(ADAPTERS)}); "
         "with --libraries, those too",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run each variant once, without valgrind (that it runs and counts right)",
+    )
     parser.add_argument("--low", type=int, help=f"timed calls in the short run ({DEFAULT_LOW})")
     parser.add_argument("--high", type=int, help=f"timed calls in the long run ({DEFAULT_HIGH})")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -687,6 +710,9 @@ def main() -> int:
         "adapters": list(adapters),
         "per_call": "(instructions at high - instructions at low) / (high - low)",
     }
+    if args.dry_run:
+        report["dry_run"] = _dry_run((*libraries, *adapters))
+        return emit(report)
     if shutil.which("valgrind") is None:
         report["skipped"] = "valgrind is not installed (Debian: apt-get install valgrind)"
         return emit(report)
