@@ -46,6 +46,17 @@ over the difference of the call counts, which cancels start-up and
 interpreter exit. Hash randomisation is fixed (``PYTHONHASHSEED=0``) and
 garbage collection is frozen and disabled for the calls.
 
+Every other adapter (``instrumentors/_adapter.py``) has a ``<name>_bare`` and
+a ``<name>_enforce`` variant, one row of :data:`ADAPTERS` each: the SDK's
+plain chat call to the fake server, without and with its instrumentor
+(``genai``: ``models.generate_content``; ``bedrock``: boto3
+``bedrock-runtime`` ``converse``; ``mistralai``: ``chat.complete``;
+``cohere``: ``ClientV2.chat``; ``ollama``: ``Client.chat``; ``litellm``:
+``completion("openai/gpt-4o-mini", api_base=...)``), each asking for 5
+output tokens. They run with no ``TracerProvider`` only (their target is a
+share of the bare call), under ``no_sdk``; ``--adapters`` runs them alone
+(all, or a comma-separated subset).
+
 Unless ``--quick``, every variant but ``floor`` runs again with no
 ``TracerProvider`` at all (every span a no-op, as in a process with no
 OpenTelemetry SDK configured), reported under ``no_sdk``: there ``observe``
@@ -65,6 +76,8 @@ installed. Usage::
 
     .venv/bin/python benchmarks/bench_instructions.py            # ~8 min here
     .venv/bin/python benchmarks/bench_instructions.py --quick    # openai only, few calls
+    .venv/bin/python benchmarks/bench_instructions.py --adapters # the other adapters, no SDK
+    .venv/bin/python benchmarks/bench_instructions.py --adapters bedrock,ollama --quick
 """
 
 from __future__ import annotations
@@ -77,10 +90,11 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from _report import emit, environment
 from wrapt import wrap_function_wrapper
@@ -99,7 +113,9 @@ VARIANTS = {
     "openai": ("openai_bare", "openai_observe", "openai_floor", "openai_span", "openai_enforce"),
     "anthropic": ("anthropic_bare", "anthropic_observe", "anthropic_enforce"),
 }
+SDK_LIBRARIES = ("openai", "anthropic")
 PEERS = ("openai_contrib", "openai_openllmetry", "openai_openlit", "openai_litellm")
+PROMPT = "Say hello in five words."
 _I_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -173,8 +189,10 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: b
             )
         )
         trace.set_tracer_provider(provider)
-    server = SimpleNamespace(openai_base_url=openai_url, anthropic_base_url=anthropic_url)
     library, kind = variant.split("_", 1)
+    if library in ADAPTERS:
+        return _adapter_child(library, kind, calls, anthropic_url)  # the server's root
+    server = SimpleNamespace(openai_base_url=openai_url, anthropic_base_url=anthropic_url)
     if variant in PEERS:
         return _peer_child(bench, kind, calls, server)
     # The floors wrap a bare client themselves.
@@ -277,6 +295,161 @@ def _peer_call(bench: Any, kind: str, server: Any) -> Any:
         )
     (chosen,) = bench._openai_variants(server, ("bare",))
     return chosen.call
+
+
+# -- the other adapters: one row each -----------------------------------------------
+
+
+def _genai(base_url: str) -> tuple[Any, Any]:
+    from google import genai
+    from google.genai import types
+
+    client = genai.Client(api_key="test", http_options=types.HttpOptions(base_url=base_url))
+    config = types.GenerateContentConfig(max_output_tokens=OUTPUT_TOKENS)
+
+    def call() -> Any:
+        return client.models.generate_content(
+            model="gemini-2.5-flash", contents=PROMPT, config=config
+        )
+
+    return call, client.close
+
+
+def _bedrock(base_url: str) -> tuple[Any, Any]:
+    import boto3
+
+    client = boto3.client(
+        "bedrock-runtime",
+        endpoint_url=base_url,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+    messages = [{"role": "user", "content": [{"text": PROMPT}]}]
+
+    def call() -> Any:
+        return client.converse(
+            modelId="anthropic.claude-3-haiku-20240307-v1:0",
+            messages=messages,
+            inferenceConfig={"maxTokens": OUTPUT_TOKENS},
+        )
+
+    return call, client.close
+
+
+def _mistralai(base_url: str) -> tuple[Any, Any]:
+    from mistralai.client import Mistral
+
+    client = Mistral(api_key="test", server_url=base_url)
+    messages = [{"role": "user", "content": PROMPT}]
+
+    def call() -> Any:
+        return client.chat.complete(
+            model="mistral-small-latest", messages=messages, max_tokens=OUTPUT_TOKENS
+        )
+
+    return call, lambda: client.__exit__(None, None, None)
+
+
+def _cohere(base_url: str) -> tuple[Any, Any]:
+    import cohere
+
+    client = cohere.ClientV2(api_key="test", base_url=base_url)
+    messages = [{"role": "user", "content": PROMPT}]
+
+    def call() -> Any:
+        return client.chat(model="command-a-03-2025", messages=messages, max_tokens=OUTPUT_TOKENS)
+
+    return call, client._client_wrapper.httpx_client.httpx_client.close
+
+
+def _ollama(base_url: str) -> tuple[Any, Any]:
+    import ollama
+
+    client = ollama.Client(host=base_url)
+    messages = [{"role": "user", "content": PROMPT}]
+    options = {"num_predict": OUTPUT_TOKENS}
+
+    def call() -> Any:
+        return client.chat(model="llama3.2", messages=messages, options=options)
+
+    return call, client._client.close
+
+
+def _litellm(base_url: str) -> tuple[Any, Any]:
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # no fetch of its price map
+    import litellm
+
+    messages = [{"role": "user", "content": PROMPT}]
+
+    def call() -> Any:
+        return litellm.completion(
+            model="openai/gpt-4o-mini",
+            messages=messages,
+            max_tokens=OUTPUT_TOKENS,
+            api_base=f"{base_url}/v1",
+            api_key="test",
+            max_retries=0,
+        )
+
+    return call, lambda: None
+
+
+class Adapter(NamedTuple):
+    """One adapter's benchmark: its instrumentor and a maker of its SDK call."""
+
+    instrumentor: str  # module:class under veronica_otel.instrumentors
+    client: Callable[[str], tuple[Callable[[], Any], Callable[[], Any]]]  # the call, a close
+    free: str | None = None  # a price-table pattern priced at zero (local models)
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "genai": Adapter("google_genai:GoogleGenAIInstrumentor", _genai),
+    "bedrock": Adapter("bedrock:BedrockInstrumentor", _bedrock),
+    "mistralai": Adapter("mistralai:MistralAIInstrumentor", _mistralai),
+    "cohere": Adapter("cohere:CohereInstrumentor", _cohere),
+    # A local model costs nothing, but a ceiling denies what has no price: say so.
+    "ollama": Adapter("ollama:OllamaInstrumentor", _ollama, "ollama:*"),
+    "litellm": Adapter("litellm:LiteLLMInstrumentor", _litellm),
+}
+for _name in ADAPTERS:
+    VARIANTS[_name] = (f"{_name}_bare", f"{_name}_enforce")
+
+
+def _adapter_child(library: str, kind: str, calls: int, base_url: str) -> int:
+    """One adapter's SDK call, bare or under its instrumentor, in a chain either way."""
+    import importlib
+
+    from veronica_otel import ExecutionConfig, ExecutionContext
+    from veronica_otel._pricing import PriceTable, UnitPrices
+
+    adapter = ADAPTERS[library]
+    call, close = adapter.client(base_url)
+    instrumentor = None
+    if kind == "enforce":
+        module, name = adapter.instrumentor.split(":")
+        found = importlib.import_module(f"veronica_otel.instrumentors.{module}")
+        instrumentor = getattr(found, name)()
+        instrumentor.instrument()
+    prices = None if adapter.free is None else PriceTable({adapter.free: UnitPrices(0, 0, 0, 0)})
+    config = ExecutionConfig(max_cost_usd=1e9, max_steps=10**9)
+    with ExecutionContext(config, price_table=prices) as ctx:
+        for _ in range(WARMUP_CALLS):
+            call()
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        for _ in range(calls):
+            call()
+        gc.enable()
+        steps = ctx.snapshot().steps
+    expected = WARMUP_CALLS + calls if kind == "enforce" else 0
+    if steps != expected:
+        raise SystemExit(f"{library}_{kind}: the chain counted {steps} steps, expected {expected}")
+    if instrumentor is not None:
+        instrumentor.uninstrument()
+    close()
+    return 0
 
 
 # -- the parent ----------------------------------------------------------------------
@@ -404,17 +577,37 @@ def _measure(
     return report
 
 
+def _dry_run(libraries: tuple[str, ...]) -> dict[str, str]:
+    """Each variant with one timed call, no valgrind, no SDK: "ok", or why it failed."""
+    variants = [
+        v for lib in libraries for v in VARIANTS[lib] if not v.endswith(("_floor", "_span"))
+    ]
+
+    def run(variant: str) -> str:
+        try:
+            _count(variant, 1, False, server, valgrind=False)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            return str(exc)[-500:]
+        return "ok"
+
+    workers = max(1, os.cpu_count() or 1)
+    with FakeLLMServer(output_tokens=OUTPUT_TOKENS) as server, ThreadPoolExecutor(workers) as pool:
+        return dict(zip(variants, pool.map(run, variants), strict=True))
+
+
 def _ratios(per_call: dict[str, float], sdk: bool) -> dict[str, Any]:
     bare = per_call["bare"]
     added = {k: v - bare for k, v in per_call.items() if k != "bare"}
-    observe_added, enforce_added = added["observe"], added["enforce"]
-    over_observe = enforce_added / observe_added if observe_added > 0 else None
+    enforce_added = added["enforce"]
     ratios: dict[str, Any] = {
-        "enforce_added_over_observe_added": _round(over_observe),
         "enforce_added_over_bare": _round(enforce_added / bare),
-        "enforce_minus_observe": round(enforce_added - observe_added),
         "over_bare": {k: _round(v / bare) for k, v in per_call.items() if k != "bare"},
     }
+    observe_added = added.get("observe", 0.0)  # the adapters have no observe variant
+    if "observe" in added:
+        over_observe = enforce_added / observe_added if observe_added > 0 else None
+        ratios["enforce_added_over_observe_added"] = _round(over_observe)
+        ratios["enforce_minus_observe"] = round(enforce_added - observe_added)
     if "floor" in added and observe_added > 0:
         # The required telemetry alone, and what the check itself adds beyond it.
         ratios["floor_added_over_observe_added"] = _round(added["floor"] / observe_added)
@@ -449,7 +642,8 @@ def _round(value: float | None) -> float | None:
 
 def _versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
-    for name in ("veronica-otel", "openai", "anthropic", "opentelemetry-sdk", "wrapt"):
+    names = ("veronica-otel", "openai", "anthropic", "opentelemetry-sdk", "wrapt", "httpx")
+    for name in (*names, "google-genai", "boto3", "mistralai", "cohere", "ollama", "litellm"):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -467,6 +661,18 @@ def main() -> int:
     parser.add_argument(
         "--libraries", help="comma-separated subset of openai,anthropic (default: both)"
     )
+    parser.add_argument(
+        "--adapters",
+        nargs="?",
+        const=",".join(ADAPTERS),
+        help=f"only these adapters, no SDK (default: all of {','.join(ADAPTERS)}); "
+        "with --libraries, those too",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run each variant once, without valgrind (that it runs and counts right)",
+    )
     parser.add_argument("--low", type=int, help=f"timed calls in the short run ({DEFAULT_LOW})")
     parser.add_argument("--high", type=int, help=f"timed calls in the long run ({DEFAULT_HIGH})")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -482,11 +688,18 @@ def main() -> int:
     high = args.high or (QUICK_HIGH if args.quick else DEFAULT_HIGH)
     if not 0 <= low < high:
         parser.error(f"need 0 <= --low < --high, got {low} and {high}")
-    libraries: tuple[str, ...] = ("openai",) if args.quick else ("openai", "anthropic")
+    libraries: tuple[str, ...] = ("openai",) if args.quick else SDK_LIBRARIES
+    adapters: tuple[str, ...] = () if args.quick else tuple(ADAPTERS)
+    if args.adapters is not None:
+        adapters, libraries = tuple(args.adapters.split(",")), ()
+        if not set(adapters) <= set(ADAPTERS):
+            parser.error(f"--adapters: choose from {', '.join(ADAPTERS)}, got {args.adapters}")
     if args.libraries:
         libraries = tuple(args.libraries.split(","))
-        if not set(libraries) <= set(VARIANTS):
-            parser.error(f"--libraries: choose from {', '.join(VARIANTS)}, got {args.libraries}")
+        if not set(libraries) <= set(SDK_LIBRARIES):
+            parser.error(
+                f"--libraries: choose from {', '.join(SDK_LIBRARIES)}, got {args.libraries}"
+            )
     report["packages"] = _versions()
     report["parameters"] = {
         "tool": "valgrind --tool=cachegrind --cache-sim=no (instructions executed)",
@@ -494,19 +707,26 @@ def main() -> int:
         "high_calls": high,
         "warmup_calls": WARMUP_CALLS,
         "libraries": list(libraries),
+        "adapters": list(adapters),
         "per_call": "(instructions at high - instructions at low) / (high - low)",
     }
+    if args.dry_run:
+        report["dry_run"] = _dry_run((*libraries, *adapters))
+        return emit(report)
     if shutil.which("valgrind") is None:
         report["skipped"] = "valgrind is not installed (Debian: apt-get install valgrind)"
         return emit(report)
     python, peers = sys.executable, ()
-    if not args.no_peers and (args.peers or not args.quick):
+    if "openai" in libraries and not args.no_peers and (args.peers or not args.quick):
         python, peers, missing = _peers(python)
         report["peers"] = {"python": python, "measured": list(peers), "missing": missing}
-    report.update(_measure(libraries, low, high, sdk=True, peers=peers, python=python))
-    if not args.quick:
-        # No SDK: the peers observe nothing; enforce over bare is what containment costs.
-        report["no_sdk"] = _measure(libraries, low, high, sdk=False, python=python)
+    if libraries:
+        report.update(_measure(libraries, low, high, sdk=True, peers=peers, python=python))
+    # No SDK: the peers observe nothing; enforce over bare is what containment costs.
+    # The other adapters run only here: their target is a share of the bare call.
+    no_sdk = (*(() if args.quick else libraries), *adapters)
+    if no_sdk:
+        report["no_sdk"] = _measure(no_sdk, low, high, sdk=False, python=python)
     return emit(report)
 
 

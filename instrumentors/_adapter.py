@@ -54,10 +54,12 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.baggage import _BAGGAGE_KEY
 
 from veronica_otel._agents import current_agent
 from veronica_otel._chain_span import remaining_attributes
-from veronica_otel._context import ExecutionContext
+from veronica_otel._context import CONTEXT_KEY, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._propagation import default_context
 from veronica_otel._trips import emit_trip
@@ -65,11 +67,11 @@ from veronica_otel._trips import emit_trip
 from ._admit import CallSpec, _mark_denied, aadmit, admit, input_bound
 from ._breakers import never_connected
 from ._common import (
+    UNTRACED_SPAN,
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
     _aclose,
-    make_current,
     start_span,
     strip_veronica_baggage,
 )
@@ -108,6 +110,10 @@ def admitted_above() -> bool:
     """
     call = ADMITTED.get()
     return call is not None and call.adapter is not None
+
+
+# A CallSpec from its fields without NamedTuple's Python-level __new__ (once per call).
+_spec_of = tuple.__new__
 
 
 class Request(NamedTuple):
@@ -164,12 +170,25 @@ class ProviderAdapter:
     provider: ClassVar[str] = ""
     #: Where the SDK's HTTP requests go (for ``server.address``); None: unknown.
     server: ClassVar[str | None] = None
+    # Whether is_stream is the default (the request says): read without a call.
+    _plain_streams: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_streams = cls.is_stream is ProviderAdapter.is_stream
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
         """The call's request; None when it is not a billable call (passed through)."""
         raise NotImplementedError
+
+    def request_attributes(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
+    ) -> dict[str, Any] | None:
+        """Span attributes read from the request, asked only when our span records
+        (default: ``request.attributes``): work no call pays without a TracerProvider."""
+        return request.attributes
 
     def rewrite(
         self,
@@ -291,28 +310,6 @@ def _refuse(adapter: ProviderAdapter, ctx: ExecutionContext, request: Request, s
     refuse_unpriced(ctx, f"{adapter.provider} {request.operation} ({request.model})", span)
 
 
-def _spec(adapter: ProviderAdapter, request: Request, agent: str | None) -> CallSpec:
-    bound = input_bound(request.input_parts, request.n_messages) + request.extra_input_tokens
-    return CallSpec(
-        request.provider or adapter.provider,
-        request.operation,
-        request.model,
-        bound,
-        request.cap,
-        request.clampable,
-        request.choices,
-        request.stream,
-        agent,
-        request.input_parts,
-    )
-
-
-class _Prepared(NamedTuple):
-    call: ContainedCall
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-
 class AdapterStream(ContainedStream):
     """:class:`~._common.ContainedStream` for an adapter's call.
 
@@ -395,17 +392,39 @@ def _describe(
     if ADMITTED.get() is not None:
         return None  # a layer above admitted this call: counted there (G13)
     current = otel_context.get_current()
-    ctx = default_context(current)
-    if ctx is None:
-        return None
+    ctx: ExecutionContext | None = current.get(CONTEXT_KEY)  # type: ignore[assignment]
+    if ctx is None:  # no active chain (one dict read)
+        ctx = default_context(current)  # the process default, or none
+        if ctx is None:
+            return None
     request = adapter.read_request(instance, args, kwargs, method)
     if request is None:
         return None
     agent = current_agent() if ctx.names_agents else None
-    spec = _spec(adapter, request, agent)
     provider = request.provider or adapter.provider
+    parts = request.input_parts
+    spec = _spec_of(
+        CallSpec,
+        (
+            provider,
+            request.operation,
+            request.model,
+            input_bound(parts, request.n_messages) + request.extra_input_tokens,
+            request.cap,
+            request.clampable,
+            request.choices,
+            request.stream,
+            agent,
+            parts,
+        ),
+    )
     span = start_span(request.operation, provider, request.model, agent, current)
     return ctx, request, spec, span, current
+
+
+def _attach(span: Any, current: otel_context.Context) -> contextvars.Token[otel_context.Context]:
+    """Make our span current (a span of ours: not :data:`~._common.UNTRACED_SPAN`)."""
+    return otel_context.attach(trace.set_span_in_context(span, current))
 
 
 def _prepared(
@@ -415,21 +434,22 @@ def _prepared(
     kwargs: dict[str, Any],
     request: Request,
     admitted: tuple[ContainedCall, int | None, str | None],
-) -> _Prepared:
+) -> tuple[ContainedCall, tuple[Any, ...], dict[str, Any]]:
     """Put the clamp and fallback into the arguments, the request on the span."""
     call, clamp, fallback = admitted
     call.request, call.adapter, call.http_attempts = request, adapter, True
-    if clamp is not None or fallback is not None:
-        args, kwargs = adapter.rewrite(instance, args, kwargs, clamp, fallback)
     attributes = call.pending_attributes
     if attributes is not None:
         if request.cap is not None and "gen_ai.request.max_tokens" not in attributes:
             attributes["gen_ai.request.max_tokens"] = request.cap
-        if request.attributes:
-            attributes.update(request.attributes)
+        read = adapter.request_attributes(instance, args, kwargs, request)
+        if read:
+            attributes.update(read)
         if adapter.server is not None:
             attributes.setdefault("server.address", adapter.server)
-    return _Prepared(call, args, kwargs)
+    if clamp is not None or fallback is not None:
+        args, kwargs = adapter.rewrite(instance, args, kwargs, clamp, fallback)
+    return call, args, kwargs
 
 
 def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -> None:
@@ -460,7 +480,8 @@ def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -
 
 def _settle(adapter: ProviderAdapter, call: ContainedCall, reply: Any, is_async: bool) -> Any:
     try:
-        if adapter.is_stream(reply, call.request):
+        request = call.request
+        if request.stream if adapter._plain_streams else adapter.is_stream(reply, request):
             return adapter.wrap_stream(call, reply, is_async)
         adapter.read_reply(call, reply)
     except Exception:
@@ -486,24 +507,24 @@ def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
         if described is None:
             return await wrapped(*args, **kwargs)
         ctx, request, spec, span, current = described
-        span_token = make_current(span, current)
+        span_token = None if span is UNTRACED_SPAN else _attach(span, current)
         admitted = None
         try:
             if not request.priced and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
             admitted = await aadmit(ctx, span, True, spec)
-            prepared = _prepared(adapter, instance, args, kwargs, request, admitted)
+            call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
         except BaseException as exc:
             if admitted is not None:  # admitted, then rewriting failed: nothing sent
                 await admitted[0].afinish(exc, sent=False)
             if span_token is not None:
                 otel_context.detach(span_token)
             raise
-        call = prepared.call
         mark = ADMITTED.set(call)
-        stripped = strip_veronica_baggage(current)
+        # Baggage leaves with the request: ours must not (none at all: one read).
+        stripped = strip_veronica_baggage(current) if current.get(_BAGGAGE_KEY) else None
         try:
-            reply = await wrapped(*prepared.args, **prepared.kwargs)
+            reply = await wrapped(*args, **kwargs)
         except BaseException as exc:
             call.defer_settlement()
             try:
@@ -535,24 +556,24 @@ def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
         ctx, request, spec, span, current = described
         # Current from admission until the SDK returns: a denial's trip event
         # lands on this span, and HTTP spans nest under it.
-        span_token = make_current(span, current)
+        span_token = None if span is UNTRACED_SPAN else _attach(span, current)
         admitted = None
         try:
             if not request.priced and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
             admitted = admit(ctx, span, True, spec)
-            prepared = _prepared(adapter, instance, args, kwargs, request, admitted)
+            call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
         except BaseException as exc:
             if admitted is not None:  # admitted, then rewriting failed: nothing sent
                 admitted[0].finish(exc, sent=False)
             if span_token is not None:
                 otel_context.detach(span_token)
             raise
-        call = prepared.call
         mark = ADMITTED.set(call)
-        stripped = strip_veronica_baggage(current)
+        # Baggage leaves with the request: ours must not (none at all: one read).
+        stripped = strip_veronica_baggage(current) if current.get(_BAGGAGE_KEY) else None
         try:
-            reply = wrapped(*prepared.args, **prepared.kwargs)
+            reply = wrapped(*args, **kwargs)
         except BaseException as exc:
             _fail(adapter, call, exc)
             denial = _denial(call, exc)
@@ -560,7 +581,11 @@ def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
                 raise
             raise denial from exc  # the SDK wrapped our denial in its own error
         finally:
-            _detach(stripped, mark, span_token)
+            if stripped is not None:
+                otel_context.detach(stripped)  # type: ignore[arg-type]
+            ADMITTED.reset(mark)
+            if span_token is not None:
+                otel_context.detach(span_token)
         return _settle(adapter, call, reply, False)
 
     return contained

@@ -47,39 +47,72 @@ def input_bound(parts: object, n_messages: int) -> int:
 
 
 def _utf8_bytes(value: object) -> int:
-    # Exact-type fast paths for what JSON request bodies are made of. A dict
-    # of strings (a chat message) is measured by two C-level joins, with no
-    # Python step per string (UTF-8 lengths add up over a concatenation);
-    # everything else takes the general walk.
+    # Exact-type paths for what JSON request bodies are made of (str, dict,
+    # list, None), with no exception and no ABC check on the way: a list or a
+    # dict handles its str, None, list and dict items inline, so a message
+    # with a content-block list (Gemini ``contents[].parts[]``, Converse
+    # ``content`` blocks) costs one frame per container. The count is the
+    # general walk's, exactly; everything else takes it.
     kind = type(value)
     if kind is str:
         text: str = value  # type: ignore[assignment]
         return len(text) if text.isascii() else len(text.encode("utf-8"))
-    if kind is dict:
-        mapping: dict[object, object] = value  # type: ignore[assignment]
-        try:
-            keys = "".join(mapping)  # type: ignore[arg-type]
-            items = "".join(mapping.values())  # type: ignore[arg-type]
-        except TypeError:  # a key or value that is not a str
-            total = 2 * len(mapping)
-            for key, item in mapping.items():
-                total += _utf8_bytes(key) + _utf8_bytes(item)
-            return total
-        return (
-            2 * len(mapping)
-            + (len(keys) if keys.isascii() else len(keys.encode("utf-8")))
-            + (len(items) if items.isascii() else len(items.encode("utf-8")))
-        )
     if kind is list:
-        sequence: list[object] = value  # type: ignore[assignment]
-        total = len(sequence)
-        for item in sequence:
-            total += _utf8_bytes(item)
-        return total
+        return _list_bytes(value)  # type: ignore[arg-type]
+    if kind is dict:
+        return _dict_bytes(value)  # type: ignore[arg-type]
+    if value is None:
+        return 4  # len(str(None))
     return _utf8_bytes_any(value)
 
 
+def _list_bytes(sequence: list[object]) -> int:
+    total = len(sequence)  # 1 per item
+    for item in sequence:
+        kind = type(item)
+        if kind is dict:
+            total += _dict_bytes(item)  # type: ignore[arg-type]
+        elif kind is str:
+            text: str = item  # type: ignore[assignment]
+            total += len(text) if text.isascii() else len(text.encode("utf-8"))
+        elif kind is list:
+            total += _list_bytes(item)  # type: ignore[arg-type]
+        elif item is None:
+            total += 4
+        else:
+            total += _utf8_bytes_any(item)
+    return total
+
+
+def _dict_bytes(mapping: dict[object, object]) -> int:
+    # The keys are strings in every request body: one C-level join measures them.
+    try:
+        keys = "".join(mapping)  # type: ignore[arg-type]
+    except TypeError:  # a key that is not a str
+        return sum(_utf8_bytes(k) + _utf8_bytes(v) + 2 for k, v in mapping.items())
+    total = 2 * len(mapping) + (len(keys) if keys.isascii() else len(keys.encode("utf-8")))
+    for item in mapping.values():
+        kind = type(item)
+        if kind is str:
+            text: str = item  # type: ignore[assignment]
+            total += len(text) if text.isascii() else len(text.encode("utf-8"))
+        elif kind is list:
+            total += _list_bytes(item)  # type: ignore[arg-type]
+        elif kind is dict:
+            total += _dict_bytes(item)  # type: ignore[arg-type]
+        elif item is None:
+            total += 4
+        else:
+            total += _utf8_bytes_any(item)
+    return total
+
+
+_SCALARS = frozenset((int, float, bool))
+
+
 def _utf8_bytes_any(value: object) -> int:
+    if type(value) in _SCALARS:  # exact: no ABC check for a number in a body
+        return len(str(value))
     if isinstance(value, str):
         return len(value) if value.isascii() else len(value.encode("utf-8"))
     if isinstance(value, Mapping):

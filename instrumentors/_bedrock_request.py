@@ -200,7 +200,7 @@ def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
     ]
     n_messages = (len(messages) if isinstance(messages, list) else 1) + (1 if system else 0)
     config = params.get("inferenceConfig")
-    cap = config.get("maxTokens") if isinstance(config, Mapping) else None
+    cap = config.get("maxTokens") if (type(config) is dict or isinstance(config, Mapping)) else None
     cap = cap if type(cap) is int and cap >= 0 else None
     return Request(
         operation="chat",
@@ -219,13 +219,21 @@ def _s3_content(messages: object, model: str) -> int:
     if not isinstance(messages, list):
         return 0
     for message in messages:
-        content = message.get("content") if isinstance(message, Mapping) else None
+        content = (
+            message.get("content")
+            if (type(message) is dict or isinstance(message, Mapping))
+            else None
+        )
         for block in content if isinstance(content, list) else ():
-            if not isinstance(block, Mapping) or "text" in block:
+            if (type(block) is not dict and not isinstance(block, Mapping)) or "text" in block:
                 continue
             for media in block.values():
-                source = media.get("source") if isinstance(media, Mapping) else None
-                if isinstance(source, Mapping) and "s3Location" in source:
+                source = (
+                    media.get("source")
+                    if (type(media) is dict or isinstance(media, Mapping))
+                    else None
+                )
+                if (type(source) is dict or isinstance(source, Mapping)) and "s3Location" in source:
                     return _context_window(model)
     return 0
 

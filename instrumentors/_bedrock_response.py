@@ -80,7 +80,7 @@ def _request_id(call: ContainedCall, reply: Mapping[str, Any]) -> None:
 
 
 def _converse_usage(call: ContainedCall, usage: object) -> None:
-    if isinstance(usage, Mapping):
+    if type(usage) is dict or isinstance(usage, Mapping):
         _set(
             call,
             usage.get("inputTokens"),
@@ -91,7 +91,7 @@ def _converse_usage(call: ContainedCall, usage: object) -> None:
 
 
 def converse_reply(call: ContainedCall, reply: Any) -> None:
-    if not isinstance(reply, Mapping):
+    if type(reply) is not dict and not isinstance(reply, Mapping):
         return
     _converse_usage(call, reply.get("usage"))
     if call.pending_attributes is not None:

@@ -79,7 +79,7 @@ def read(
     ``server``: span attributes of the client's endpoint, for a priced call.
     """
     method = http_method.lower()
-    if method in ("get", "delete") or not isinstance(body, Mapping):
+    if method in ("get", "delete") or (type(body) is not dict and not isinstance(body, Mapping)):
         return None
     _, name, verb = _split(path)
     if verb in _GENERATE:
@@ -122,7 +122,7 @@ def _generate(
     model: str, verb: str, body: Mapping[str, Any], server: dict[str, Any] | None
 ) -> Request:
     config = body.get("generationConfig")
-    config = config if isinstance(config, Mapping) else {}
+    config = config if (type(config) is dict or isinstance(config, Mapping)) else {}
     cap = config.get("maxOutputTokens")
     cap = cap if type(cap) is int and cap >= 0 else None
     choices = config.get("candidateCount")
@@ -160,14 +160,20 @@ def _unseen_input(model: str, body: Mapping[str, Any]) -> int:
     images = 0
     server_side = body.get("cachedContent") is not None
     for content in (body.get("systemInstruction"), *(body.get("contents") or ())):
-        parts = content.get("parts") if isinstance(content, Mapping) else None
+        parts = (
+            content.get("parts")
+            if (type(content) is dict or isinstance(content, Mapping))
+            else None
+        )
         for part in parts if isinstance(parts, list) else ():
-            if not isinstance(part, Mapping) or "text" in part:
+            if (type(part) is not dict and not isinstance(part, Mapping)) or "text" in part:
                 continue  # a text part carries nothing else
             if "fileData" in part:
                 server_side = True
             inline = part.get("inlineData")
-            if isinstance(inline, Mapping) and str(inline.get("mimeType", "")).startswith("image/"):
+            if (type(inline) is dict or isinstance(inline, Mapping)) and str(
+                inline.get("mimeType", "")
+            ).startswith("image/"):
                 images += 1
     extra = images * IMAGE_TOKENS
     if server_side:

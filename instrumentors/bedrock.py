@@ -236,8 +236,15 @@ def _no_retry_of_denials(caught_exception: BaseException | None = None, **_: Any
             raise denial
 
 
+# The emitter registered last: a process's client asks again every call, and a
+# weak reference's call is cheaper than the WeakSet's membership test.
+_LAST: list[Callable[[], Any]] = [lambda: None]
+
+
 def _stop_retrying_denials(client: Any) -> None:
     events = client.meta.events
+    if _LAST[0]() is events:
+        return
     if events not in _REGISTERED:
         # Under the service's own node, first: botocore calls the most specific
         # handlers first, and its retry handler (legacy mode) re-raises errors.
@@ -246,6 +253,7 @@ def _stop_retrying_denials(client: Any) -> None:
             f"needs-retry.{service}", _no_retry_of_denials, unique_id=f"veronica-denials-{service}"
         )
         _REGISTERED.add(events)
+    _LAST[0] = weakref.ref(events)
 
 
 # -- the hooks ------------------------------------------------------------------------

@@ -113,6 +113,20 @@ def _route(path: object) -> _Route | None:
     return _Route(path.split("/", 2)[-1] if "/" in path else path, (), unpriced=True)
 
 
+# Per route, every body key read_request and _images read.
+_KEYS: dict[_Route, tuple[str, ...]] = {}
+_decode = json.JSONDecoder().decode
+
+
+def _keys(route: _Route) -> tuple[str, ...]:
+    named = (route.cap, route.choices)
+    keys = ("model", "messages", "chat_history", "images", "inputs", *route.inputs)
+    found = tuple(dict.fromkeys((*keys, *route.server_side, *(k for k in named if k))))
+    if len(_KEYS) < 64:  # the known routes and a few the SDK may add
+        _KEYS[route] = found
+    return found
+
+
 def _images(body: dict[str, Any]) -> int:
     """Images sent: ``image_url`` parts of v2 messages, embed images and inputs."""
     count = 0
@@ -141,7 +155,11 @@ class _CohereAdapter(ProviderAdapter):
         raw = kwargs.get("json")
         body: dict[str, Any] = {}
         if type(raw) is dict:  # OMIT (``...``) and None: parameters the caller left out
-            body = {k: v for k, v in raw.items() if v is not None and v is not ...}
+            # Only the keys read below: the SDK's body names every parameter.
+            for key in _KEYS.get(route) or _keys(route):
+                value = raw.get(key)
+                if value is not None and value is not ...:
+                    body[key] = value
         named = body.get("model")
         model = named if type(named) is str and named else "unknown"
         if route.unpriced:
@@ -199,7 +217,10 @@ class _CohereAdapter(ProviderAdapter):
         if status >= 400:  # the SDK raises its error once we return it
             call.finish(HTTPErrorReply(status), billed=False)
             return
-        data = reply.json()
+        try:  # the body as the API sends it (UTF-8 JSON), without httpx's frames
+            data = _decode(reply.content.decode("utf-8"))
+        except UnicodeDecodeError:
+            data = reply.json()
         if type(data) is not dict:
             return
         _read_usage(call, data)

@@ -221,14 +221,6 @@ class OllamaAdapter(ProviderAdapter):
             cap, clampable = None, False  # no output tokens
         else:
             cap, clampable = _cap(body.get("options"))
-        attributes: dict[str, Any] = {}
-        server_attributes(attributes, getattr(getattr(instance, "_client", None), "base_url", None))
-        options = body.get("options")
-        if type(options) is dict:  # the SDK dumps Options to a dict
-            for key in _OPTIONS.keys() & options.keys():
-                value = attribute_value(options[key])
-                if value is not None:
-                    attributes[_OPTIONS[key]] = value
         return Request(
             operation,
             model,
@@ -239,9 +231,23 @@ class OllamaAdapter(ProviderAdapter):
             1,
             bool(kwargs.get("stream")),
             extra + images * IMAGE_TOKENS,
-            attributes,
+            None,
             CLOUD_PROVIDER if _is_cloud(instance, model) else None,
         )
+
+    def request_attributes(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
+    ) -> dict[str, Any]:
+        attributes: dict[str, Any] = {}
+        server_attributes(attributes, getattr(getattr(instance, "_client", None), "base_url", None))
+        body = kwargs.get("json")
+        options = body.get("options") if type(body) is dict else None
+        if type(options) is dict:  # the SDK dumps Options to a dict
+            for key in _OPTIONS.keys() & options.keys():
+                value = attribute_value(options[key])
+                if value is not None:
+                    attributes[_OPTIONS[key]] = value
+        return attributes
 
     def rewrite(
         self,
@@ -278,14 +284,18 @@ class OllamaAdapter(ProviderAdapter):
 
 def _read_usage(call: ContainedCall, reply: Any) -> None:
     """Usage and response attributes of a reply or a stream's last chunk."""
-    usage = getattr(reply, "usage", None)  # /v1/systemone: input_tokens, output_tokens
-    if usage is not None:
-        call.set_usage(getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None))
+    # The counts first: a model reply has them as fields, while asking it for
+    # ``usage`` (only /v1/systemone's reply has one) raises inside pydantic.
+    inp = getattr(reply, "prompt_eval_count", None)
+    out = getattr(reply, "eval_count", None)
+    if inp is not None or out is not None:  # Ollama omits a count that is 0
+        call.set_usage(inp or 0, out or 0)
     else:
-        inp = getattr(reply, "prompt_eval_count", None)
-        out = getattr(reply, "eval_count", None)
-        if inp is not None or out is not None:  # Ollama omits a count that is 0
-            call.set_usage(inp or 0, out or 0)
+        usage = getattr(reply, "usage", None)  # /v1/systemone: input_tokens, output_tokens
+        if usage is not None:
+            call.set_usage(
+                getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
+            )
     attributes = call.pending_attributes
     if attributes is not None:
         model = getattr(reply, "model", None)
@@ -302,9 +312,10 @@ _acontained = wrapper(_ADAPTER, "_request", is_async=True)
 
 
 def _tool(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolCall | None:
-    """A ``web_search`` / ``web_fetch`` call as a contained tool call (None: not one)."""
-    if len(args) < 3 or type(args[2]) is not str or "://" not in args[2]:
-        return None  # the tools name ollama.com in full; model calls a path
+    """A ``web_search`` / ``web_fetch`` call as a contained tool call (None: not one).
+
+    Asked only for a full URL: the tools name ollama.com in full, model calls
+    a path (checked inline by the hooks, without a frame)."""
     name = _TOOLS.get(_path(args, kwargs))
     if name is None or ADMITTED.get() is not None:
         return None
@@ -317,7 +328,8 @@ def _tool(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolC
 
 
 def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    tool = _tool(instance, args, kwargs)
+    url = args[2] if len(args) > 2 else None
+    tool = _tool(instance, args, kwargs) if type(url) is str and "://" in url else None
     if tool is None:
         return _contained(wrapped, instance, args, kwargs)
     with tool:
@@ -327,7 +339,8 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
 async def _arequest(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    tool = _tool(instance, args, kwargs)
+    url = args[2] if len(args) > 2 else None
+    tool = _tool(instance, args, kwargs) if type(url) is str and "://" in url else None
     if tool is None:
         return await _acontained(wrapped, instance, args, kwargs)
     async with tool:

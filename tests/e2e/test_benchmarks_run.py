@@ -127,6 +127,28 @@ def test_bench_instructions_counts_each_variant_or_says_why_not() -> None:
     assert result["openai"]["ratios"]["enforce_added_over_bare"] > 0  # type: ignore[index]
 
 
+def test_bench_instructions_runs_every_adapter_variant_once() -> None:
+    # Without valgrind: each adapter's bare and enforce call runs, its chain
+    # counting exactly the calls its instrumentor contained.
+    result = run("bench_instructions.py", "--adapters", "--dry-run")
+    dry_run = result["dry_run"]
+    assert isinstance(dry_run, dict)
+    adapters = ("genai", "bedrock", "mistralai", "cohere", "ollama", "litellm")
+    assert set(dry_run) == {f"{a}_{kind}" for a in adapters for kind in ("bare", "enforce")}
+    assert all(outcome == "ok" for outcome in dry_run.values()), dry_run
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_bench_instructions_counts_an_adapter_over_its_bare_call() -> None:
+    result = run("bench_instructions.py", "--adapters", "ollama")
+    ollama = result["no_sdk"]["ollama"]  # type: ignore[index]
+    counts = ollama["instructions_per_call"]
+    assert counts["bare"] > 1_000_000
+    assert abs(ollama["added_over_bare"]["enforce"] - (counts["enforce"] - counts["bare"])) <= 1
+    assert ollama["ratios"]["over_bare"]["enforce"] > 1
+    assert "met_over_bare" in ollama["targets"]
+
+
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_bench_wrap_instructions_counts_both_projects() -> None:
     result = run("bench_wrap_instructions.py", "--calls", "50")

@@ -55,6 +55,55 @@ def test_fast_paths_count_exactly_what_the_plain_walk_counts(value: object) -> N
     assert _utf8_bytes(value) == text_bytes(value)
 
 
+# Request bodies as SDKs build them: content-block lists inside messages
+# (Gemini ``contents[].parts[]``, Converse ``content``), None for what is
+# unset, numbers, tuples, and now and then a key that is not a str.
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+keys = st.text(max_size=8) | st.integers(-5, 5)
+bodies = st.recursive(
+    scalars,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(keys, children, max_size=4)
+    ),
+    max_leaves=30,
+)
+blocks = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": roles,
+            "content": st.lists(
+                st.fixed_dictionaries({"text": st.text(max_size=40)}) | st.text(max_size=10),
+                max_size=3,
+            ),
+        }
+    ),
+    max_size=4,
+)
+
+
+@given(bodies)
+def test_the_exact_type_paths_count_what_the_plain_walk_counts(value: object) -> None:
+    from veronica_otel.instrumentors._admit import _utf8_bytes
+
+    assert _utf8_bytes(value) == text_bytes(value)
+
+
+@given(st.lists(blocks | st.none(), max_size=5))
+def test_content_block_lists_are_bounded_by_every_byte_of_their_text(parts: list[object]) -> None:
+    from veronica_otel.instrumentors._admit import _utf8_bytes
+
+    text = 0
+    for messages in parts:
+        for message in messages or ():
+            text += len(message["role"])
+            for block in message["content"]:
+                value = block if isinstance(block, str) else block["text"]
+                text += len(value.encode("utf-8"))
+    assert _utf8_bytes(parts) == text_bytes(parts) >= text
+
+
 @given(st.integers(min_value=-(10**20), max_value=10**20))
 def test_usage_counts_from_a_payload_are_capped_and_negatives_unreadable(value: int) -> None:
     from veronica_otel._units import MAX_COUNT
