@@ -310,6 +310,8 @@ def test_one_ctrl_c_is_enough_for_an_agent_that_stops_on_it(tmp_path: Path) -> N
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
+        if supervisor.stderr is not None:
+            supervisor.stderr.close()  # else a timeout leaks the pipe into a later test
     # Python ends an uncaught KeyboardInterrupt by dying of SIGINT: passed on as 128 + 2.
     assert supervisor.returncode == 128 + signal.SIGINT
     assert not alive(int(pid_file.read_text()))
