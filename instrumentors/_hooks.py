@@ -394,6 +394,9 @@ class GuardedInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """
 
     _hooks: SDKHooks
+    #: The adapter's calls have their HTTP attempts reported at the transport
+    #: (``_attempts.ensure_attempt_hooks``): the SDK's own retries are drawn there.
+    reports_attempts: bool = False
 
     def _check_dependency_conflicts(self) -> Any:
         conflict = super()._check_dependency_conflicts()
@@ -413,6 +416,10 @@ class GuardedInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             raise error from exc
         if threads:  # before the hooks: a refusal must see the chain in threads too
             hold_threads(type(self).__name__)
+        if self.reports_attempts:
+            from ._attempts import ensure_attempt_hooks  # imports the adapter machinery
+
+            ensure_attempt_hooks()
         self._hooks.install()
 
     def _uninstrument(self, **kwargs: Any) -> None:

@@ -55,7 +55,6 @@ from typing import Any
 import wrapt
 
 from ._adapter import ProviderAdapter, Request, denial_in, http_status, wrapper
-from ._attempts import ensure_attempt_hooks
 from ._bedrock_request import (
     FREE,
     REFUSED,
@@ -372,13 +371,13 @@ class BedrockInstrumentor(GuardedInstrumentor):
     """
 
     _hooks = _BOTOCORE
+    reports_attempts = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
         global _aio_wanted
-        ensure_attempt_hooks()
         super()._instrument(**kwargs)
         if _aiobotocore_installed():
             _aio_wanted = True

@@ -53,7 +53,6 @@ from collections.abc import Collection
 from typing import Any, NamedTuple
 
 from ._adapter import HTTPErrorReply, ProviderAdapter, Request, wrapper
-from ._attempts import ensure_attempt_hooks
 from ._common import ContainedCall
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 from ._streamed_response import StreamContext
@@ -316,10 +315,7 @@ class CohereInstrumentor(GuardedInstrumentor):
     """
 
     _hooks = _HOOKS
+    reports_attempts = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        super()._instrument(**kwargs)
-        ensure_attempt_hooks()

@@ -78,7 +78,6 @@ from ._adapter import (
     refuse_unpriced,
     wrapper,
 )
-from ._attempts import ensure_attempt_hooks
 from ._common import ContainedCall, token_count
 from ._hooks import GuardedInstrumentor, Hook, InstrumentationError, SDKHooks
 
@@ -471,12 +470,12 @@ class GoogleGenAIInstrumentor(GuardedInstrumentor):
     """
 
     _hooks = _CORE
+    reports_attempts = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        ensure_attempt_hooks()
         super()._instrument(**kwargs)
         present = [hooks for hooks in _OPTIONAL if _present(hooks)]
         try:

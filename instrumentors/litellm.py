@@ -78,7 +78,6 @@ from typing import Any
 from veronica_otel._propagation import default_context
 
 from ._adapter import ADMITTED, denial_in, wrapper
-from ._attempts import ensure_attempt_hooks
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 from ._litellm_adapter import OPERATIONS, LiteLLMAdapter
 
@@ -261,10 +260,7 @@ class LiteLLMInstrumentor(GuardedInstrumentor):
     """
 
     _hooks = _HOOKS
+    reports_attempts = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        ensure_attempt_hooks()
-        super()._instrument(**kwargs)

@@ -45,7 +45,6 @@ from collections.abc import Collection
 from typing import Any
 
 from ._adapter import HTTPErrorReply, ProviderAdapter, Request, wrapper
-from ._attempts import ensure_attempt_hooks
 from ._common import ContainedCall
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 from ._mistralai_request import body_of, extra_input, route_of, unpriced_model
@@ -209,10 +208,7 @@ class MistralAIInstrumentor(GuardedInstrumentor):
     """
 
     _hooks = _HOOKS
+    reports_attempts = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        super()._instrument(**kwargs)
-        ensure_attempt_hooks()

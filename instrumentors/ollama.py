@@ -80,7 +80,6 @@ from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
 from ._adapter import ADMITTED, ProviderAdapter, Request, wrapper
-from ._attempts import ensure_attempt_hooks
 from ._common import ContainedCall, attribute_value, server_attributes
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
@@ -364,10 +363,7 @@ class OllamaInstrumentor(GuardedInstrumentor):
     """
 
     _hooks = _HOOKS
+    reports_attempts = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        super()._instrument(**kwargs)
-        ensure_attempt_hooks()
