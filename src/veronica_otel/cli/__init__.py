@@ -159,6 +159,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def _store_flag(command: argparse.ArgumentParser) -> None:
+    """The shared ledger's URL: one flag name everywhere (``--redis-url`` kept as an alias)."""
+    command.add_argument(
+        "--redis",
+        "--redis-url",
+        dest="redis",
+        metavar="URL",
+        default=None,
+        help="Redis/Valkey ledger URL (default VERONICA_REDIS_URL)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     from veronica_otel._version import __version__
 
@@ -200,19 +212,18 @@ def _parser() -> argparse.ArgumentParser:
         help="lift a chain's sticky trip for a while (logged, time-boxed)",
         description="The only way past a sticky trip: needs a reason and a duration, is "
         "logged and visible in traces, and expires by itself. Works on chains in the "
-        "shared Redis/Valkey ledger (VERONICA_REDIS_URL or --redis-url).",
+        "shared Redis/Valkey ledger (VERONICA_REDIS_URL or --redis).",
     )
     override.add_argument("--chain", required=True, help="chain id")
     override.add_argument("--reason", required=True, help="why (kept in the log and the trace)")
     override.add_argument(
         "--duration", type=_positive_seconds, required=True, help="how long (e.g. 15m)"
     )
-    extra = override.add_mutually_exclusive_group()
-    extra.add_argument("--add-usd", type=float, default=0.0, help="raise the cost ceiling by X USD")
-    extra.add_argument("--add-steps", type=int, default=0, help="raise the step ceiling by N")
     override.add_argument(
-        "--redis-url", default=None, help="ledger URL (default VERONICA_REDIS_URL)"
+        "--add-usd", type=float, default=0.0, help="raise the cost ceiling by X USD"
     )
+    override.add_argument("--add-steps", type=int, default=0, help="raise the step ceiling by N")
+    _store_flag(override)
     override.set_defaults(handler=_override_command)
 
     pools = sub.add_parser(
@@ -221,7 +232,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Lists the budget pools found in the shared Redis/Valkey ledger "
         "(VERONICA_REDIS_URL or --redis; key prefix VERONICA_REDIS_PREFIX).",
     )
-    pools.add_argument("--redis", default=None, help="ledger URL (default VERONICA_REDIS_URL)")
+    _store_flag(pools)
     pools.set_defaults(handler=_pools_command)
 
     graph = sub.add_parser(
