@@ -40,7 +40,7 @@ def alive(pid: int) -> bool:
 
 def test_help_for_each_command() -> None:
     assert cli("--help").returncode == 0
-    for command in ("demo", "run", "override", "graph"):
+    for command in ("demo", "run", "override", "status", "pools", "graph"):
         result = cli(command, "--help")
         assert result.returncode == 0, result.stderr
         assert command in result.stdout

@@ -120,6 +120,7 @@ def test_cli_with_the_store_down_names_the_store_and_changes_nothing() -> None:
     for command in (
         ("override", "--chain", "c1", "--reason", "x", "--duration", "5m"),
         ("pools",),
+        ("status", "--chain", "c1"),
     ):
         result = _cli(*command, "--redis-url", "redis://127.0.0.1:1/0")  # the old name works
         assert result.returncode == 1
@@ -127,3 +128,21 @@ def test_cli_with_the_store_down_names_the_store_and_changes_nothing() -> None:
         assert len(lines) == 1, result.stderr
         assert "the ledger store redis://127.0.0.1:1/0 cannot be reached" in lines[0]
         assert "the call was not sent" not in lines[0]  # words for LLM calls, not a store
+
+
+def test_cli_status_shows_the_spend_and_the_trip_before_an_override(
+    redis_url: str, redis_prefix: str
+) -> None:
+    ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)
+    ctx = ExecutionContext(ExecutionConfig(max_steps=2), chain_id="st-1", ledger=ledger)
+    assert [ctx.wrap_llm_call(lambda: None) for _ in range(3)][-1] is Decision.HALT
+    result = _cli("status", "--chain", "st-1", "--redis", redis_url, prefix=redis_prefix)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("chain st-1 in redis://")
+    assert "  steps     2" in lines
+    assert any(line.startswith("  trip      steps (limit 2, observed 3)") for line in lines)
+    assert any("veronica-otel override --chain st-1" in line for line in lines)
+    unknown = _cli("status", "--chain", "nope", "--redis", redis_url, prefix=redis_prefix)
+    assert unknown.returncode == 1
+    assert "chain 'nope' is not in the ledger store" in unknown.stderr

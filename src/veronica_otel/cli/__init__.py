@@ -131,6 +131,12 @@ def _override_command(args: argparse.Namespace) -> int:
     return apply_override(args)
 
 
+def _status_command(args: argparse.Namespace) -> int:
+    from ._status import show_status
+
+    return show_status(args)
+
+
 def _pools_command(args: argparse.Namespace) -> int:
     from ._pools import show_pools
 
@@ -225,6 +231,16 @@ def _parser() -> argparse.ArgumentParser:
     override.add_argument("--add-steps", type=int, default=0, help="raise the step ceiling by N")
     _store_flag(override)
     override.set_defaults(handler=_override_command)
+
+    status = sub.add_parser(
+        "status",
+        help="show a chain in the shared ledger: spent, steps, tokens, and its trip",
+        description="What a chain in the shared Redis/Valkey ledger has spent and whether "
+        "(and why) it is stopped: look before you override.",
+    )
+    status.add_argument("--chain", required=True, help="chain id")
+    _store_flag(status)
+    status.set_defaults(handler=_status_command)
 
     pools = sub.add_parser(
         "pools",
