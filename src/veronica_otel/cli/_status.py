@@ -36,8 +36,9 @@ def show_status(args: argparse.Namespace) -> int:
     try:
         ledger = RedisLedger.from_url(url, key_prefix=prefix, fail_open=False)
         try:
-            known = bool(ledger.client.exists(ledger.key(args.chain)))
-            state = ledger.snapshot(args.chain) if known else None
+            state: LedgerState | None = ledger.snapshot(args.chain)  # the store answers
+            if not ledger.client.exists(ledger.key(args.chain)):
+                state = None  # zeros for a chain it never held
         finally:
             ledger.client.close()
     except ValueError as exc:
