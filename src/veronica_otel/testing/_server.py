@@ -449,7 +449,9 @@ class FakeLLMServer:
     def _handle(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
         parts = urlsplit(target)
         path = parts.path
-        if method == "GET" and path == "/stats":  # not a request to the API: not counted
+        if path == "/stats" and method in ("GET", "DELETE"):  # not API requests: not counted
+            if method == "DELETE":
+                self.reset()  # counts back to zero between runs of a stand-alone server
             return Reply(200, {"content-type": "application/json"}, body=dumps(self.stats()))
         body: Any = None
         if raw:
