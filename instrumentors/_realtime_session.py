@@ -1,0 +1,260 @@
+"""One ``openai`` WebSocket session as the chain sees it: what generates, what it costs.
+
+The protocol half of :mod:`._realtime` (which hooks the SDK): it reads the
+client events sent and the server events received, and says which send is
+a call to admit, how its worst case is bounded, and which server event
+settles which call. No I/O and no admission here.
+
+Sessions by path (``_prepare_url`` of the SDK's connection manager):
+
+- ``/realtime`` (``realtime.connect``, ``beta.realtime.connect``): a
+  ``response.create`` makes the model generate over the whole conversation
+  so far. Its input bound is every byte the client sent on the session plus
+  every output token the session produced (both join the conversation), at
+  most the model's context window; its output cap the response's
+  ``max_output_tokens`` (beta: ``max_response_output_tokens``), else the
+  session's, else the clamp (written into the event), at most
+  :data:`REALTIME_MAX_OUTPUT` (the API's limit). ``response.done`` carries
+  the usage. A response the server starts on its own (voice activity
+  detection) is admitted when its ``response.created`` arrives.
+- ``/responses`` (``responses.connect``, ``beta.responses.connect``): a
+  ``response.create`` is a Responses request; its input bound is its own
+  bytes, plus the model's context window when it continues server-side
+  context (``previous_response_id``, ``conversation``). ``response.completed``
+  / ``incomplete`` / ``failed`` carry the usage.
+- any other path (``realtime.translations``, ``live``): not priced; the
+  session is one call, refused under a cost ceiling, a step otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from veronica_otel._call_spec import CallSpec
+from veronica_otel._pricing import UnitPrices
+
+from ._admit import input_bound
+from ._common import ContainedCall, get_field
+
+__all__ = ["REALTIME_MAX_OUTPUT", "Session", "session_kind"]
+
+PROVIDER = "openai"
+#: The most output tokens one realtime response may produce (``max_output_tokens``: 1-4096).
+REALTIME_MAX_OUTPUT = 4096
+_REALTIME, _RESPONSES = "realtime", "responses"
+_SESSION_EVENTS = frozenset(("session.created", "session.updated"))
+_SETTLING = {
+    _REALTIME: frozenset(("response.done",)),
+    _RESPONSES: frozenset(("response.completed", "response.incomplete", "response.failed")),
+}
+
+
+def session_kind(path: str) -> str | None:
+    """The protocol of a session at ``path``; None: one we cannot price."""
+    path = path.rstrip("/")
+    if path.endswith("/realtime"):
+        return _REALTIME
+    if path.endswith("/responses"):
+        return _RESPONSES
+    return None
+
+
+def _loads(message: object) -> dict[str, Any] | None:
+    try:
+        event = json.loads(message)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _cap(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+class Session:
+    """The chain's view of one session (kept across the SDK's reconnects).
+
+    Attributes:
+        kind: ``"realtime"``, ``"responses"``, or None (unpriced: one call).
+        pending: Calls admitted and not settled, oldest first, each with the
+            response id the server gave it (None until ``response.created``).
+    """
+
+    def __init__(self, kind: str | None, model: str, beta: bool) -> None:
+        self.kind = kind
+        self.model = model or "unknown"
+        self._cap_key = "max_response_output_tokens" if beta else "max_output_tokens"
+        self._session_cap: int | None = None
+        self._sent = 0  # bytes the client sent on the session
+        self._produced = 0  # output tokens of settled responses (they join the conversation)
+        self.pending: list[list[Any]] = []  # [call, response id]
+        self.lock = threading.Lock()  # a reader thread and senders share the pending list
+
+    # -- what the client sends --------------------------------------------------
+
+    def outgoing(self, message: object) -> tuple[CallSpec | None, dict[str, Any] | None]:
+        """Note a client message; the call it makes (and its event), if it generates."""
+        size = len(message) if isinstance(message, str | bytes) else 0
+        self._sent += size
+        if self.kind is None or not isinstance(message, str | bytes):
+            return None, None
+        text = message if isinstance(message, str) else message.decode("utf-8", "replace")
+        if "session.update" in text and self.kind == _REALTIME:
+            event = _loads(text)
+            if event is not None and event.get("type") == "session.update":
+                self._note_session(event.get("session"))
+            return None, None
+        if "response.create" not in text:  # audio and items: no generation, no parse
+            return None, None
+        event = _loads(text)
+        if event is None or event.get("type") != "response.create":
+            return None, None
+        return self._spec(event), event
+
+    def _spec(self, event: dict[str, Any]) -> CallSpec:
+        if self.kind == _REALTIME:
+            options = event.get("response")
+            options = options if isinstance(options, Mapping) else {}
+            cap = _cap(options.get(self._cap_key))
+            if cap is None:
+                cap = self._session_cap
+            # Signed with the conversation's size: the same event on a grown
+            # conversation is not a repeat.
+            parts = [event, self._sent, self._produced]
+            return CallSpec(PROVIDER, "realtime", self.model, 0, cap, True, input_parts=parts)
+        model = event.get("model")
+        model = model if isinstance(model, str) and model else self.model
+        cap = _cap(event.get("max_output_tokens"))
+        return CallSpec(PROVIDER, "chat", model, 0, cap, True, input_parts=event)
+
+    def bound(self, spec: CallSpec, prices: UnitPrices | None) -> CallSpec:
+        """``spec`` with its input bound (the model's context window caps it)."""
+        window = prices.context_window if prices is not None else None
+        if self.kind == _REALTIME:
+            bound = input_bound(None, 1) + self._sent + self._produced
+        else:
+            event = spec.input_parts
+            bound = input_bound(event, 1)
+            if isinstance(event, Mapping) and (
+                event.get("previous_response_id") or event.get("conversation")
+            ):
+                bound += window if window is not None else self._sent + self._produced
+        if window is not None and self.kind == _REALTIME:
+            bound = min(bound, window)
+        cap = spec.requested_cap
+        if self.kind == _REALTIME and cap is not None:
+            cap = min(cap, REALTIME_MAX_OUTPUT)
+        return spec._replace(input_bound=bound, requested_cap=cap)
+
+    def rewrite(self, event: dict[str, Any], clamp: int | None, fallback: str | None) -> str:
+        """The event to send with the kernel's output cap (and fallback model) in it."""
+        event = dict(event)
+        if self.kind == _REALTIME:
+            options = dict(event.get("response") or {})
+            if clamp is not None:
+                options[self._cap_key] = min(clamp, REALTIME_MAX_OUTPUT)
+            event["response"] = options
+        else:
+            if clamp is not None:
+                event["max_output_tokens"] = clamp
+            if fallback is not None:
+                event["model"] = fallback
+        return json.dumps(event)
+
+    def _note_session(self, session: object) -> None:
+        if isinstance(session, Mapping):
+            if self._cap_key in session:
+                self._session_cap = _cap(session.get(self._cap_key))
+            model = session.get("model")
+            if isinstance(model, str) and model:
+                self.model = model
+
+    def server_spec(self) -> CallSpec:
+        """A response the server started on its own: the session's cap, else the API's."""
+        cap = REALTIME_MAX_OUTPUT if self._session_cap is None else self._session_cap
+        return CallSpec(PROVIDER, "realtime", self.model, 0, cap, False)
+
+    # -- the calls in flight ----------------------------------------------------
+
+    def add(self, call: ContainedCall) -> list[Any]:
+        entry = [call, None]
+        with self.lock:
+            self.pending.append(entry)
+        return entry
+
+    def drop(self, entry: list[Any]) -> None:
+        with self.lock:
+            if entry in self.pending:
+                self.pending.remove(entry)
+
+    def lost(self) -> list[ContainedCall]:
+        """Every call in flight, taken: the connection is gone, their outcome unknown."""
+        with self.lock:
+            calls = [entry[0] for entry in self.pending]
+            self.pending.clear()
+        return calls
+
+    # -- what the server sends --------------------------------------------------
+
+    def incoming(self, message: object) -> tuple[bool, object, list[ContainedCall]]:
+        """Read a server message: whether it starts a response no call of ours
+        asked for (and that response's id), and the calls it settles (usage set)."""
+        if self.kind is None or not isinstance(message, str | bytes):
+            return False, None, []
+        text = message if isinstance(message, str) else message.decode("utf-8", "replace")
+        if "response." not in text:  # one scan; only these events are parsed
+            if self.kind == _REALTIME and "session." in text:
+                event = _loads(text)
+                if event is not None and event.get("type") in _SESSION_EVENTS:
+                    self._note_session(event.get("session"))
+            return False, None, []
+        event = _loads(text)
+        if event is None:
+            return False, None, []
+        kind = event.get("type")
+        response = event.get("response")
+        response_id = get_field(response, "id")
+        if kind == "response.created":
+            return self._created(response_id), response_id, []
+        if kind in _SETTLING[self.kind]:
+            return False, None, self._settled(response_id, response)
+        return False, None, []
+
+    def _created(self, response_id: object) -> bool:
+        with self.lock:
+            for entry in self.pending:
+                if entry[1] is None:
+                    entry[1] = response_id
+                    return False
+        return self.kind == _REALTIME  # the server started it: admit it now
+
+    def _settled(self, response_id: object, response: object) -> list[ContainedCall]:
+        with self.lock:
+            found = next((e for e in self.pending if e[1] == response_id), None)
+            if found is None and self.pending:
+                found = self.pending[0]  # its response.created never came
+            if found is None:
+                return []
+            self.pending.remove(found)
+        call: ContainedCall = found[0]
+        usage = get_field(response, "usage")
+        if usage is not None:
+            _read_usage(call, usage)
+            if call.usage_seen:
+                self._produced += call.output_tokens
+        return [call]
+
+
+def _read_usage(call: ContainedCall, usage: Any) -> None:
+    """Realtime (``input_token_details``) or Responses (``input_tokens_details``) usage."""
+    details = get_field(usage, "input_token_details") or get_field(usage, "input_tokens_details")
+    output_details = get_field(usage, "output_tokens_details")
+    call.set_usage(
+        get_field(usage, "input_tokens"),
+        get_field(usage, "output_tokens"),
+        get_field(details, "cached_tokens") or 0,
+        get_field(output_details, "reasoning_tokens") or 0,
+    )
