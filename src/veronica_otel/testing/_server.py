@@ -304,8 +304,8 @@ class FakeLLMServer:
 
     def stats(self) -> dict[str, Any]:
         """Requests received so far (``GET /stats``): ``{"total": n, "routes":
-        {path: n}, "events": {path: {type: n}}}``; ``events`` counts the messages
-        received on WebSocket sessions (a session's opening is a ``GET`` route).
+        {path: n}}``, and once a WebSocket session received any message, ``"events":
+        {path: {type: n}}`` (a session's opening is a ``GET`` route).
 
         ``/stats`` itself is not counted, so a client can ask what was sent
         before and after without changing the answer.
@@ -314,15 +314,18 @@ class FakeLLMServer:
             events: dict[str, dict[str, int]] = {}
             for (path, kind), n in sorted(self._events.items()):
                 events.setdefault(path, {})[kind] = n
-            return {
+            stats: dict[str, Any] = {
                 "total": self._total,
                 "routes": dict(sorted(self._counts.items())),
-                "events": events,
             }
+            if events:
+                stats["events"] = events
+            return stats
 
     def event_count(self, path: str, kind: str) -> int:
         """Messages of type ``kind`` received on WebSocket sessions at ``path``
-        (e.g. ``("/v1/realtime", "response.create")``)."""
+        (e.g. ``("/v1/realtime", "response.create")``). Each is in :attr:`requests`
+        too, with method ``"WS"`` and the event as its body."""
         with self._lock:
             return self._events[(path, kind)]
 
@@ -561,8 +564,10 @@ class FakeLLMServer:
                     event = None
                 event = event if isinstance(event, dict) else {}
                 kind = str(event.get("type", ""))
+                record = RecordedRequest("WS", path, query, headers, event, time.monotonic())
                 with self._lock:
                     self._events[(path, kind)] += 1
+                    self._recorded.append(record)
                     drop = kind == "response.create" and self._drops > 0
                     self._drops -= drop
                 if drop:  # unanswered: the connection lost mid-response
