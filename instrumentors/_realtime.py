@@ -151,7 +151,7 @@ def _fixed(call: ContainedCall, spec: CallSpec, fallback: str | None, bound: _Bo
         call.model, call.prices = spec.model, bound.ctx.prices_for(PROVIDER, spec.model)
 
 
-class _SyncSocket(wrapt.ObjectProxy):  # type: ignore[misc]
+class _SyncSocket(wrapt.BaseObjectProxy[Any]):
     """A ``websockets.sync`` connection of a session: each message seen."""
 
     def __init__(self, socket: Any, bound: _Bound) -> None:
@@ -226,7 +226,7 @@ class _SyncSocket(wrapt.ObjectProxy):  # type: ignore[misc]
                 call.finish()  # closed before its response was done: the reservation
 
 
-class _AsyncSocket(wrapt.ObjectProxy):  # type: ignore[misc]
+class _AsyncSocket(wrapt.BaseObjectProxy[Any]):
     """A ``websockets.asyncio`` connection of a session: :class:`_SyncSocket`, awaited."""
 
     def __init__(self, socket: Any, bound: _Bound) -> None:

@@ -17,7 +17,7 @@ import openai
 import pytest
 import websockets
 
-from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
+from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, UnitPrices
 from veronica_otel._pricing import default_price_table
 from veronica_otel._units import usd_to_nano
 from veronica_otel.instrumentors import _realtime
@@ -171,9 +171,9 @@ def test_a_trip_elsewhere_cuts_an_open_session_at_its_next_event(
 def test_a_cost_ceiling_holds_from_the_usage_events(
     server: FakeLLMServer, client: openai.OpenAI
 ) -> None:
-    prices = default_price_table().lookup("openai", MODEL)
-    assert prices is not None
-    per_response = prices.cost_nano(40, OUTPUT_TOKENS)
+    # Reserved at the audio rates ($32 / $64 per M), settled at what the usage
+    # says it was: text ($4 / $16 per M, OpenAI's gpt-realtime prices).
+    per_response = UnitPrices.from_usd_per_mtok(4, 16).cost_nano(40, OUTPUT_TOKENS)
     ceiling_nano = usd_to_nano(0.01)
     sent = 0
     with ExecutionContext(ExecutionConfig(max_cost_usd=ceiling_nano / 1e9)) as ctx:

@@ -555,14 +555,14 @@ class FakeLLMServer:
         session = kind(query, self._settings, serial, self._bill)
 
         def run(rfile: Any, wfile: Any, sock: socket.socket) -> None:
-            for event in session.opened():
-                write_text(wfile, json.dumps(event))
+            for opening in session.opened():
+                write_text(wfile, json.dumps(opening))
             while (message := read_message(rfile, wfile)) is not None:
                 try:
-                    event = json.loads(message)
+                    parsed = json.loads(message)
                 except ValueError:
-                    event = None
-                event = event if isinstance(event, dict) else {}
+                    parsed = None
+                event: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
                 kind = str(event.get("type", ""))
                 record = RecordedRequest("WS", path, query, headers, event, time.monotonic())
                 with self._lock:
