@@ -161,7 +161,7 @@ class _SyncSocket(wrapt.BaseObjectProxy[Any]):
     def _self_cut(self, error: BaseException) -> None:
         with contextlib.suppress(Exception):
             self.__wrapped__.close()
-        for call in self._self_bound.session.lost():
+        for call, _ in self._self_bound.session.lost():
             call.finish(error)
 
     def _self_alive(self) -> None:
@@ -191,7 +191,7 @@ class _SyncSocket(wrapt.BaseObjectProxy[Any]):
             call, clamp, fallback = self._self_admit(spec)
             if event is not None and (clamp is not None or fallback is not None):
                 message = session.rewrite(event, clamp, fallback)
-            entry = session.add(call)
+            entry = session.add(call, armed=event is None)
         try:
             return self.__wrapped__.send(message, *args, **kwargs)
         except BaseException as exc:
@@ -207,7 +207,7 @@ class _SyncSocket(wrapt.BaseObjectProxy[Any]):
             message = self.__wrapped__.recv(*args, **kwargs)
         except BaseException as exc:
             if _closed(exc):
-                for call in session.lost():
+                for call, _ in session.lost():
                     call.finish(exc)
             raise
         started, response_id, settled = session.incoming(message)
@@ -221,9 +221,9 @@ class _SyncSocket(wrapt.BaseObjectProxy[Any]):
     def close(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.__wrapped__.close(*args, **kwargs)
-        finally:
-            for call in self._self_bound.session.lost():
-                call.finish()  # closed before its response was done: the reservation
+        finally:  # closed before its response was done: the reservation
+            for call, unstarted in self._self_bound.session.lost():
+                call.finish(sent=not unstarted)
 
 
 class _AsyncSocket(wrapt.BaseObjectProxy[Any]):
@@ -236,7 +236,7 @@ class _AsyncSocket(wrapt.BaseObjectProxy[Any]):
     async def _self_cut(self, error: BaseException) -> None:
         with contextlib.suppress(Exception):
             await self.__wrapped__.close()
-        for call in self._self_bound.session.lost():
+        for call, _ in self._self_bound.session.lost():
             await call.afinish(error)
 
     async def _self_alive(self) -> None:
@@ -266,7 +266,7 @@ class _AsyncSocket(wrapt.BaseObjectProxy[Any]):
             call, clamp, fallback = await self._self_admit(spec)
             if event is not None and (clamp is not None or fallback is not None):
                 message = session.rewrite(event, clamp, fallback)
-            entry = session.add(call)
+            entry = session.add(call, armed=event is None)
         try:
             return await self.__wrapped__.send(message, *args, **kwargs)
         except BaseException as exc:
@@ -282,7 +282,7 @@ class _AsyncSocket(wrapt.BaseObjectProxy[Any]):
             message = await self.__wrapped__.recv(*args, **kwargs)
         except BaseException as exc:
             if _closed(exc):
-                for call in session.lost():
+                for call, _ in session.lost():
                     await call.afinish(exc)
             raise
         started, response_id, settled = session.incoming(message)
@@ -297,8 +297,8 @@ class _AsyncSocket(wrapt.BaseObjectProxy[Any]):
         try:
             return await self.__wrapped__.close(*args, **kwargs)
         finally:
-            for call in self._self_bound.session.lost():
-                await call.afinish()
+            for call, unstarted in self._self_bound.session.lost():
+                await call.afinish(sent=not unstarted)
 
 
 # -- the hooks -----------------------------------------------------------------

@@ -15,8 +15,12 @@ Sessions by path (``_prepare_url`` of the SDK's connection manager):
   ``max_output_tokens`` (beta: ``max_response_output_tokens``), else the
   session's, else the clamp (written into the event), at most
   :data:`REALTIME_MAX_OUTPUT` (the API's limit). ``response.done`` carries
-  the usage. A response the server starts on its own (voice activity
-  detection) is admitted when its ``response.created`` arrives.
+  the usage. With turn detection on, the server starts responses on its
+  own from the audio: while one may start, a call is kept admitted (armed
+  before the audio that may end the turn is sent) for the next
+  ``response.created``; one armed and never started is released at a clean
+  close. A response no call of ours was waiting for is admitted when its
+  ``response.created`` arrives.
 - ``/responses`` (``responses.connect``, ``beta.responses.connect``): a
   ``response.create`` is a Responses request; its input bound is its own
   bytes, plus the model's context window when it continues server-side
@@ -93,7 +97,8 @@ class Session:
         self._session_cap: int | None = None
         self._sent = 0  # bytes the client sent on the session
         self._produced = 0  # output tokens of settled responses (they join the conversation)
-        self.pending: list[list[Any]] = []  # [call, response id]
+        self.pending: list[list[Any]] = []  # [call, response id, armed]
+        self._turns = False  # turn detection: the server may start a response from audio
         self.lock = threading.Lock()  # a reader thread and senders share the pending list
 
     # -- what the client sends --------------------------------------------------
@@ -110,7 +115,11 @@ class Session:
             if event is not None and event.get("type") == "session.update":
                 self._note_session(event.get("session"))
             return None, None
-        if "response.create" not in text:  # audio and items: no generation, no parse
+        if "response.create" not in text:  # audio and items: no parse
+            if self._turns and "input_audio_buffer." in text and not self._armed():
+                # Audio may end a turn, and the server then starts a response on
+                # its own: one is admitted before the audio leaves (armed).
+                return self.server_spec(), None
             return None, None
         event = _loads(text)
         if event is None or event.get("type") != "response.create":
@@ -171,6 +180,14 @@ class Session:
         if isinstance(session, Mapping):
             if self._cap_key in session:
                 self._session_cap = _cap(session.get(self._cap_key))
+            audio = session.get("audio")
+            audio_input = audio.get("input") if isinstance(audio, Mapping) else None
+            for holder in (session, audio_input):  # beta: session; GA: session.audio.input
+                if isinstance(holder, Mapping) and "turn_detection" in holder:
+                    detection = holder.get("turn_detection")
+                    self._turns = isinstance(detection, Mapping) and (
+                        detection.get("create_response") is not False
+                    )
             model = session.get("model")
             if isinstance(model, str) and model:
                 self.model = model
@@ -182,8 +199,12 @@ class Session:
 
     # -- the calls in flight ----------------------------------------------------
 
-    def add(self, call: ContainedCall) -> list[Any]:
-        entry = [call, None]
+    def _armed(self) -> bool:
+        with self.lock:
+            return any(entry[2] and entry[1] is None for entry in self.pending)
+
+    def add(self, call: ContainedCall, armed: bool = False) -> list[Any]:
+        entry = [call, None, armed]
         with self.lock:
             self.pending.append(entry)
         return entry
@@ -193,10 +214,11 @@ class Session:
             if entry in self.pending:
                 self.pending.remove(entry)
 
-    def lost(self) -> list[ContainedCall]:
-        """Every call in flight, taken: the connection is gone, their outcome unknown."""
+    def lost(self) -> list[tuple[ContainedCall, bool]]:
+        """Every call in flight, taken (the connection is gone, their outcome
+        unknown), each with whether it was armed and no response started."""
         with self.lock:
-            calls = [entry[0] for entry in self.pending]
+            calls = [(entry[0], entry[2] and entry[1] is None) for entry in self.pending]
             self.pending.clear()
         return calls
 

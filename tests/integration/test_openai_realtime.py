@@ -280,3 +280,55 @@ def test_every_websocket_manager_of_the_sdk_is_hooked() -> None:
     for manager in found:
         for method, wrapper in _realtime._hooks(manager):
             assert not is_ours(manager, method, wrapper)
+
+
+def _speak(connection: Any) -> Any:
+    """One spoken turn: audio, committed; the server answers on its own."""
+    connection.input_audio_buffer.append(audio="AAAA" * 64)
+    connection.input_audio_buffer.commit()
+    return _until_done(connection)
+
+
+def _turn_detection(connection: Any) -> None:
+    connection.session.update(
+        session={"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+    )
+
+
+def test_responses_the_server_starts_from_audio_are_steps(
+    server: FakeLLMServer, client: openai.OpenAI
+) -> None:
+    turns = 0
+    with ExecutionContext(ExecutionConfig(max_steps=2)) as ctx:
+        with (
+            pytest.raises(BudgetExceededError),
+            client.realtime.connect(model=MODEL) as connection,
+        ):
+            _turn_detection(connection)
+            _until_done(connection, "session.updated")
+            for _ in range(4):
+                _speak(connection)
+                turns += 1
+        snapshot = ctx.snapshot()
+    assert turns == 2
+    # The third turn's audio was refused before it left: the server started no response.
+    assert server.event_count(REALTIME, "input_audio_buffer.append") == 2
+    assert server.event_count(REALTIME, "response.create") == 0
+    assert snapshot.steps == 2
+    assert snapshot.tokens == 2 * (40 + OUTPUT_TOKENS)
+
+
+def test_a_response_armed_for_audio_and_never_started_is_released_at_close(
+    server: FakeLLMServer, client: openai.OpenAI
+) -> None:
+    with ExecutionContext(ExecutionConfig(max_steps=5, max_cost_usd=5.0)) as ctx:
+        with client.realtime.connect(model=MODEL) as connection:
+            _turn_detection(connection)
+            _until_done(connection, "session.updated")
+            _speak(connection)
+            connection.input_audio_buffer.append(audio="AAAA")  # no turn end yet
+            assert ctx.snapshot().steps == 2  # armed: admitted before the audio left
+        snapshot = ctx.snapshot()
+    assert snapshot.steps == 1
+    assert snapshot.tokens == 40 + OUTPUT_TOKENS
+    assert snapshot.reserved_usd == 0

@@ -10,7 +10,8 @@ SDK's ``realtime.connect()`` and ``responses.connect()`` read:
   are the settings' ``input_tokens``, else a quarter of the bytes the client
   sent so far (the conversation the model reads); output tokens the
   settings', capped by the response's (else the session's)
-  ``max_output_tokens``.
+  ``max_output_tokens``. With turn detection on in the session, an
+  ``input_audio_buffer.commit`` starts a response too (as server VAD does).
 - ``/v1/responses``: each ``response.create`` is answered as a streamed
   ``POST /v1/responses`` with that body (``_openai_api``), event by event.
 
@@ -78,10 +79,22 @@ class RealtimeSession(Session):
         if kind == "session.update" and isinstance(event.get("session"), Mapping):
             self.session.update(event["session"])
             return [{"type": "session.updated", "session": self.session}]
+        if kind == "input_audio_buffer.commit" and self._detects_turns():
+            return [{"type": "input_audio_buffer.committed"}, *self._respond({})]
         if kind != "response.create":
             return []
         options = event.get("response")
-        options = options if isinstance(options, Mapping) else {}
+        return self._respond(options if isinstance(options, Mapping) else {})
+
+    def _detects_turns(self) -> bool:
+        """Turn detection on (``session.audio.input.turn_detection``, beta
+        ``session.turn_detection``): a committed turn starts a response."""
+        audio = self.session.get("audio")
+        nested = audio.get("input") if isinstance(audio, Mapping) else None
+        detection = nested.get("turn_detection") if isinstance(nested, Mapping) else None
+        return bool(detection or self.session.get("turn_detection"))
+
+    def _respond(self, options: Mapping[str, Any]) -> list[dict[str, Any]]:
         cap = _cap(options) if "max_output_tokens" in options else _cap(self.session)
         call = self._call({"model": self.model}, self.received_bytes)
         usage = call.plan_usage(cap)
