@@ -8,6 +8,7 @@ clamp written into the event, and the settlement of audio usage at its rate.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from veronica_otel import ExecutionConfig, ExecutionContext
 from veronica_otel._pricing import default_price_table
@@ -75,15 +76,22 @@ def test_responses_continuing_server_side_context_reserve_the_window() -> None:
     assert json.loads(session.rewrite(event, 64, "gpt-4o"))["model"] == "gpt-4o"
 
 
-def test_audio_settles_at_the_audio_rate_and_text_at_the_text_rate() -> None:
+def _settled(usage: dict[str, Any]) -> float:
+    """What one realtime response reporting ``usage`` commits (USD)."""
     with ExecutionContext(ExecutionConfig(max_cost_usd=10.0)) as ctx:
         session = Session("realtime", MODEL, beta=False)
         spec, _ = session.outgoing('{"type": "response.create"}')
         assert spec is not None
-        call, _, _ = admit(
-            ctx, UNTRACED_SPAN, False, session.bound(spec, ctx.prices_for("openai", MODEL))
-        )
-        usage = {
+        bounded = session.bound(spec, ctx.prices_for("openai", MODEL))
+        call, _, _ = admit(ctx, UNTRACED_SPAN, False, bounded)
+        _read_usage(call, usage)
+        call.finish()
+        return ctx.snapshot().cost_usd
+
+
+def test_audio_settles_at_the_audio_rate_and_text_at_the_text_rate() -> None:
+    spent = _settled(
+        {
             "input_tokens": 1_000,
             "output_tokens": 300,
             "input_token_details": {
@@ -95,29 +103,19 @@ def test_audio_settles_at_the_audio_rate_and_text_at_the_text_rate() -> None:
             },
             "output_token_details": {"text_tokens": 100, "audio_tokens": 200},
         }
-        _read_usage(call, usage)
-        call.finish()
-        spent = ctx.snapshot().cost_usd
+    )
     # gpt-realtime, USD per million: text in 4, cached 0.4, audio in 32, text out 16, audio out 64
     expected = (500 * 4 + 100 * 0.4 + 400 * 32 + 100 * 16 + 200 * 64) / 1e6
     assert abs(spent - expected) < 1e-6
 
 
 def test_usage_whose_split_does_not_add_up_settles_at_the_dearest_rate() -> None:
-    with ExecutionContext(ExecutionConfig(max_cost_usd=10.0)) as ctx:
-        session = Session("realtime", MODEL, beta=False)
-        spec, _ = session.outgoing('{"type": "response.create"}')
-        assert spec is not None
-        call, _, _ = admit(
-            ctx, UNTRACED_SPAN, False, session.bound(spec, ctx.prices_for("openai", MODEL))
-        )
-        usage = {
+    spent = _settled(
+        {
             "input_tokens": 1_000,
             "output_tokens": 100,
             "input_token_details": {"text_tokens": 10, "audio_tokens": 0},
             "output_token_details": {"text_tokens": 100, "audio_tokens": 0},
         }
-        _read_usage(call, usage)
-        call.finish()
-        spent = ctx.snapshot().cost_usd
+    )
     assert abs(spent - (1_000 * 32 + 100 * 64) / 1e6) < 1e-6
