@@ -332,3 +332,17 @@ def test_a_response_armed_for_audio_and_never_started_is_released_at_close(
     assert snapshot.steps == 1
     assert snapshot.tokens == 40 + OUTPUT_TOKENS
     assert snapshot.reserved_usd == 0
+
+
+def test_sessions_we_cannot_price_are_refused_under_a_cost_ceiling(
+    server: FakeLLMServer, client: openai.OpenAI
+) -> None:
+    with ExecutionContext(ExecutionConfig(max_cost_usd=5.0)) as ctx:
+        with pytest.raises(BudgetExceededError) as denied:
+            client.realtime.translations.connect(model="gpt-realtime-translate").enter()
+        assert denied.value.reason == "cost"
+        assert "/realtime/translations" in str(denied.value)
+        with pytest.raises(BudgetExceededError):
+            client.live.connect().enter()
+        assert not ctx.snapshot().aborted  # not sticky: a priced call may still run
+    assert server.request_count == 0
