@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -67,6 +68,23 @@ def session_kind(path: str) -> str | None:
     if path.endswith("/responses"):
         return _RESPONSES
     return None
+
+
+_TYPE = re.compile(
+    r'^\{\s*(?:"event_id"\s*:\s*"[^"\\{]{0,64}"\s*,\s*)?"type"\s*:\s*"([a-z_.]{1,64})"'
+)
+_TYPE_BYTES = re.compile(_TYPE.pattern.encode())
+
+
+def _fast_type(message: str | bytes) -> str | None:
+    """The event's type when its opening says it (``{"type": ...`` or
+    ``{"event_id": ..., "type": ...``: top level, nothing nested before it);
+    None otherwise (then the message is scanned, and parsed if it may matter)."""
+    if isinstance(message, str):
+        found = _TYPE.match(message, 0, 160)
+        return found.group(1) if found else None
+    found_bytes = _TYPE_BYTES.match(message, 0, 160)
+    return found_bytes.group(1).decode() if found_bytes else None
 
 
 def _loads(message: object) -> dict[str, Any] | None:
@@ -109,22 +127,30 @@ class Session:
         self._sent += size
         if self.kind is None or not isinstance(message, str | bytes):
             return None, None
+        if _fast_type(message) == "input_audio_buffer.append":  # the bulk: no scan, no parse
+            return self._arm()
         text = message if isinstance(message, str) else message.decode("utf-8", "replace")
-        if "session.update" in text and self.kind == _REALTIME:
-            event = _loads(text)
-            if event is not None and event.get("type") == "session.update":
-                self._note_session(event.get("session"))
-            return None, None
-        if "response.create" not in text:  # audio and items: no parse
-            if self._turns and "input_audio_buffer." in text and not self._armed():
-                # Audio may end a turn, and the server then starts a response on
-                # its own: one is admitted before the audio leaves (armed).
-                return self.server_spec(), None
-            return None, None
+        # Only these are parsed; an escaped name (\u002e) is parsed too.
+        if "response.create" not in text and "session.update" not in text and "\\u" not in text:
+            return self._arm() if "input_audio_buffer." in text else (None, None)
         event = _loads(text)
-        if event is None or event.get("type") != "response.create":
+        kind = event.get("type") if event is not None else None
+        if event is None or not isinstance(kind, str):
             return None, None
-        return self._spec(event), event
+        if kind == "response.create":
+            return self._spec(event), event
+        if kind == "session.update" and self.kind == _REALTIME:
+            self._note_session(event.get("session"))
+        elif kind.startswith("input_audio_buffer."):
+            return self._arm()
+        return None, None
+
+    def _arm(self) -> tuple[CallSpec | None, None]:
+        """Audio may end a turn, and with turn detection on the server then starts
+        a response on its own: one is admitted before the audio leaves (armed)."""
+        if self._turns and self.kind == _REALTIME and not self._armed():
+            return self.server_spec(), None
+        return None, None
 
     def _spec(self, event: dict[str, Any]) -> CallSpec:
         if self.kind == _REALTIME:
@@ -228,6 +254,9 @@ class Session:
         """Read a server message: whether it starts a response no call of ours
         asked for (and that response's id), and the calls it settles (usage set)."""
         if self.kind is None or not isinstance(message, str | bytes):
+            return False, None, []
+        kind = _fast_type(message)
+        if kind is not None and kind.endswith(".delta"):  # the bulk: no decode, no parse
             return False, None, []
         text = message if isinstance(message, str) else message.decode("utf-8", "replace")
         if "response." not in text:  # one scan; only these events are parsed

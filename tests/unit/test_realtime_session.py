@@ -119,3 +119,17 @@ def test_usage_whose_split_does_not_add_up_settles_at_the_dearest_rate() -> None
         }
     )
     assert abs(spent - (1_000 * 32 + 100 * 64) / 1e6) < 1e-6
+
+
+def test_a_response_create_hidden_from_the_fast_path_is_still_a_call() -> None:
+    session = Session("realtime", MODEL, beta=False)
+    hostile = (
+        '{"response": {"type": "input_audio_buffer.append"}, "type": "response.create"}',
+        '{"type": "response\\u002ecreate"}',
+        '{"type": "response.create", "response": {"instructions": "session.update"}}',
+    )
+    for message in hostile:
+        spec, event = session.outgoing(message)
+        assert spec is not None and event is not None, message
+    spec, _ = session.outgoing('{"type": "input_audio_buffer.append", "audio": "AAAA"}')
+    assert spec is None  # turn detection off: audio alone makes no response
