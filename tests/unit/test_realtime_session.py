@@ -133,3 +133,14 @@ def test_a_response_create_hidden_from_the_fast_path_is_still_a_call() -> None:
         assert spec is not None and event is not None, message
     spec, _ = session.outgoing('{"type": "input_audio_buffer.append", "audio": "AAAA"}')
     assert spec is None  # turn detection off: audio alone makes no response
+
+
+def test_models_that_speak_are_reserved_at_their_audio_rates() -> None:
+    table = default_price_table()
+    realtime = table.lookup("openai", "gpt-realtime-2025-08-28")
+    assert realtime is not None
+    # OpenAI's gpt-realtime: text $4 / $16, audio $32 / $64 per million tokens.
+    assert (realtime.input, realtime.output) == (32_000_000_000, 64_000_000_000)
+    assert realtime.max_output == REALTIME_MAX_OUTPUT
+    text_only = table.lookup("openai", "gpt-4o")
+    assert text_only is not None and text_only.input == 2_500_000_000  # untouched
