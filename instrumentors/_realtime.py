@@ -12,16 +12,20 @@ sees every message sent and received, whichever path of the SDK sends it
 - Opening: a session belongs to the chain active when it opens. A tripped
   chain (or a passed deadline) raises BudgetExceededError before the socket
   is opened; a session we cannot price is refused under a cost ceiling.
-- Each event that makes the model generate (``response.create``; a response
-  the server starts on its own) is admitted as a call before it is sent:
-  a step, its worst case reserved (:mod:`._realtime_session`); the kernel's
-  output cap is written into the event. It is settled from the usage the
-  server reports when the response is done.
+- Each event that makes the model generate (``response.create``; with turn
+  detection on, the audio that may end a turn) is admitted as a call before
+  it is sent: a step, its worst case reserved (:mod:`._realtime_session`);
+  the kernel's output cap is written into the event. It is settled from the
+  usage the server reports when the response is done, each modality at its
+  own rate.
 - A trip cuts an open session at its next event: the send or receive raises
   BudgetExceededError and the connection is closed.
 - A response not done when the connection closes or drops (G10: its outcome
   is unknown) costs its reservation; one whose send failed before the frame
   left is released.
+- A session opened outside any chain is not contained (it belongs to none).
+  Gemini Live (``google-genai``) is not contained this way: its adapter
+  refuses it in a chain that limits anything.
 
 Installed by :class:`~veronica_otel.instrumentors.openai.OpenAIInstrumentor`
 (:func:`install` / :func:`remove`).
