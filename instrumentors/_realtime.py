@@ -52,12 +52,13 @@ from veronica_otel._propagation import default_context
 
 from ._adapter import refuse_unpriced
 from ._admit import aadmit, admit
-from ._common import ContainedCall, start_span
+from ._common import ContainedCall, get_field, start_span
 from ._hooks import InstrumentationError
+from ._live_session import LiveSession
 from ._realtime_session import PROVIDER, Session, session_kind
 from ._unwrap import is_ours, unwrap_ours
 
-__all__ = ["install", "remove"]
+__all__ = ["install", "live_connect", "remove"]
 
 _logger = logging.getLogger(__name__.rpartition(".")[0] + ".openai")
 
@@ -95,17 +96,21 @@ class _Bound:
 _BOUND: weakref.WeakKeyDictionary[Any, _Bound] = weakref.WeakKeyDictionary()
 
 
+def _chain() -> tuple[Any, ExecutionContext | None]:
+    """The current OpenTelemetry context and the chain active in it (None: none)."""
+    current = otel_context.get_current()
+    ctx: ExecutionContext | None = current.get(CONTEXT_KEY)  # type: ignore[assignment]
+    return current, ctx if ctx is not None else default_context(current)
+
+
 def _bind(manager: Any) -> _Bound | None:
     """The session ``manager`` opens, bound to the active chain; None: no chain."""
     bound = _BOUND.get(manager)
     if bound is not None:
         return bound  # a reconnection: the session and its chain carry on
-    current = otel_context.get_current()
-    ctx: ExecutionContext | None = current.get(CONTEXT_KEY)  # type: ignore[assignment]
+    current, ctx = _chain()
     if ctx is None:
-        ctx = default_context(current)
-        if ctx is None:
-            return None
+        return None
     try:
         path = str(manager._prepare_url().path)
     except Exception as exc:  # the SDK changed: we cannot tell what the session bills
@@ -125,9 +130,10 @@ def _bind(manager: Any) -> _Bound | None:
 
 def _spec(bound: _Bound, spec: CallSpec) -> tuple[CallSpec, Any]:
     """``spec`` bounded, and its span (the model's prices may deny it first)."""
-    prices = bound.ctx.prices_for(PROVIDER, spec.model)
+    provider = bound.session.provider
+    prices = bound.ctx.prices_for(provider, spec.model)
     spec = bound.session.bound(spec, prices)
-    span = start_span(spec.operation, PROVIDER, spec.model, bound.agent, bound.parent)
+    span = start_span(spec.operation, provider, spec.model, bound.agent, bound.parent)
     return spec, span
 
 
@@ -150,9 +156,9 @@ def _closed(error: BaseException) -> bool:
 
 
 def _fixed(call: ContainedCall, spec: CallSpec, fallback: str | None, bound: _Bound) -> None:
-    """A realtime session keeps its model: a fallback is priced as what is sent."""
-    if fallback is not None and bound.session.kind == "realtime":
-        call.model, call.prices = spec.model, bound.ctx.prices_for(PROVIDER, spec.model)
+    """A session keeps its model (not a Responses one): a fallback is priced as what is sent."""
+    if fallback is not None and bound.session.kind != "responses":
+        call.model, call.prices = spec.model, bound.ctx.prices_for(spec.provider, spec.model)
 
 
 class _SyncSocket(wrapt.BaseObjectProxy[Any]):
@@ -376,6 +382,49 @@ async def _aenter(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     connection = await _open_async(bound, lambda: wrapped(*args, **kwargs))
     connection._connection = _AsyncSocket(connection._connection, bound)
     return connection
+
+
+class _LiveConnect:
+    """``client.aio.live.connect(...)`` of ``google-genai``: its context manager,
+    the chain checked before the socket opens and the socket held once open."""
+
+    def __init__(self, inner: Any, bound: _Bound) -> None:
+        self._inner = inner
+        self._bound = bound
+
+    async def __aenter__(self) -> Any:
+        session = await _open_async(self._bound, self._inner.__aenter__)
+        session._ws = _AsyncSocket(session._ws, self._bound)
+        return session
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+
+def live_connect(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """The wrapper of ``google.genai.live.AsyncLive.connect`` (``model=``, ``config=``)."""
+    current, ctx = _chain()
+    if ctx is None:
+        return wrapped(*args, **kwargs)
+    config = kwargs.get("config")
+    generation = get_field(config, "generation_config") or config
+    cap = get_field(generation, "max_output_tokens")
+    model = str(kwargs.get("model") or "")
+    vertex = bool(getattr(getattr(instance, "_api_client", None), "vertexai", False))
+    session = LiveSession(
+        model,
+        "gcp.vertex_ai" if vertex else "gcp.gemini",
+        _setup_parts(config),
+        cap if type(cap) is int and cap > 0 else None,
+    )
+    bound = _Bound(ctx, session, current, "live")
+    return _LiveConnect(wrapped(*args, **kwargs), bound)
+
+
+def _setup_parts(config: object) -> object:
+    """What the setup message sends (instructions, tools): input of every turn."""
+    dump = getattr(config, "model_dump", None)
+    return dump(exclude_none=True, mode="json") if callable(dump) else config
 
 
 def managers() -> list[type]:

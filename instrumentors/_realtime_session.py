@@ -108,6 +108,8 @@ class Session:
             response id the server gave it (None until ``response.created``).
     """
 
+    provider = PROVIDER
+
     def __init__(self, kind: str | None, model: str, beta: bool) -> None:
         self.kind = kind
         self.model = model or "unknown"

@@ -41,7 +41,8 @@ from ._common import (
     dumps,
 )
 from ._http import HTTPServer, Reply
-from ._realtime_api import SESSIONS
+from ._live_api import SESSIONS as _LIVE_SESSIONS
+from ._realtime_api import SESSIONS as _OPENAI_SESSIONS
 from ._websocket import accept_key, read_message, write_text
 
 __all__ = ["BilledUsage", "FakeLLMServer", "RecordedRequest"]
@@ -49,6 +50,8 @@ __all__ = ["BilledUsage", "FakeLLMServer", "RecordedRequest"]
 _logger = logging.getLogger("veronica_otel.testing")
 
 _JOIN_TIMEOUT_S = 5.0
+# WebSocket messages that make the model generate (what drop_next_responses drops).
+_GENERATING = frozenset(("response.create", "client_content", "clientContent"))
 _SCRIPTED_PATH = "/v1/chat/completions"
 
 Responder = Callable[["RecordedRequest"], "ScriptedReply | str | None"]
@@ -330,8 +333,9 @@ class FakeLLMServer:
             return self._events[(path, kind)]
 
     def drop_next_responses(self, n: int = 1) -> None:
-        """Make the next ``n`` ``response.create`` received on a WebSocket session
-        go unanswered: the connection is cut without a close frame."""
+        """Make the next ``n`` ``response.create`` (Live: ``client_content``)
+        received on a WebSocket session go unanswered: the connection is cut
+        without a close frame."""
         with self._lock:
             self._drops += _check_count("n", n)
 
@@ -548,7 +552,7 @@ class FakeLLMServer:
         return builder(call)
 
     def _upgrade(self, path: str, query: str, headers: Mapping[str, str], serial: int) -> Reply:
-        kind = SESSIONS.get(path)
+        kind = _OPENAI_SESSIONS.get(path) or _LIVE_SESSIONS.get(path)
         key = headers.get("sec-websocket-key")
         if kind is None or not key:
             return Reply(404, {"content-type": "application/json"}, body=b"{}")
@@ -563,12 +567,13 @@ class FakeLLMServer:
                 except ValueError:
                     parsed = None
                 event: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
-                kind = str(event.get("type", ""))
+                # OpenAI events name their type; Live messages are keyed by it.
+                kind = str(event.get("type") or next(iter(event), ""))
                 record = RecordedRequest("WS", path, query, headers, event, time.monotonic())
                 with self._lock:
                     self._events[(path, kind)] += 1
                     self._recorded.append(record)
-                    drop = kind == "response.create" and self._drops > 0
+                    drop = kind in _GENERATING and self._drops > 0
                     self._drops -= drop
                 if drop:  # unanswered: the connection lost mid-response
                     with contextlib.suppress(OSError):
