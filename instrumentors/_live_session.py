@@ -16,7 +16,8 @@ The protocol of :class:`~._realtime_session.Session` for the Live API
   (``turnComplete``, or a ``toolCall`` the client must answer), read as the
   turn's usage (``promptTokenCount`` plus ``toolUsePromptTokenCount`` in,
   ``responseTokenCount``, Vertex AI's ``candidatesTokenCount``, plus
-  ``thoughtsTokenCount`` out); none seen: the reservation.
+  ``thoughtsTokenCount`` out), each modality at its own rate when the usage
+  splits it (``promptTokensDetails``, ...); none seen: the reservation.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from veronica_otel._pricing import DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices
 
 from ._admit import input_bound
 from ._common import ContainedCall, token_count
+from ._modality_prices import modality_prices
 from ._realtime_session import Session, _loads
 
 __all__ = ["LiveSession"]
@@ -152,5 +154,36 @@ def _read_live_usage(call: ContainedCall, usage: Mapping[str, Any]) -> None:
     if any(count is None for count in counts) or "promptTokenCount" not in usage:
         call.set_usage(None, None)  # unreadable: settled at the reservation
         return
-    prompt, tools, response, thoughts, cached = (count or 0 for count in counts)
-    call.set_usage(prompt + tools, response + thoughts, cached=cached, reasoning=thoughts)
+    prompt, tools, output, thoughts, cached = (count or 0 for count in counts)
+    split = modality_prices(
+        call,
+        call.provider,
+        (_by_modality(usage, "promptTokensDetails", "toolUsePromptTokensDetails"), prompt + tools),
+        (_by_modality(usage, "cacheTokensDetails"), cached),
+        (
+            _by_modality(usage, "responseTokensDetails", "candidatesTokensDetails", thoughts),
+            output + thoughts,
+        ),
+    )
+    if split is not None:
+        call.prices = split  # each modality at its own rate (the reservation: the dearest)
+    call.set_usage(prompt + tools, output + thoughts, cached=cached, reasoning=thoughts)
+
+
+def _by_modality(usage: Mapping[str, Any], *keys: str | int) -> dict[str, int]:
+    """Token counts by modality from ``[{"modality": "AUDIO", "tokenCount": n}]``
+    details (summed over ``keys``; an int among them is thinking: text)."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        if isinstance(key, int):
+            counts["text"] = counts.get("text", 0) + key
+            continue
+        for detail in usage.get(key) or ():
+            if not isinstance(detail, Mapping):
+                return {"unreadable": -1}
+            modality = str(detail.get("modality", "")).lower()
+            count = detail.get("tokenCount", 0)
+            if type(count) is not int or count < 0:
+                return {"unreadable": -1}
+            counts[modality] = counts.get(modality, 0) + count
+    return counts

@@ -32,20 +32,18 @@ Sessions by path (``_prepare_url`` of the SDK's connection manager):
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 from veronica_otel._call_spec import CallSpec
-from veronica_otel._pricing import UnitPrices, _bundled_snapshot, _nano, default_price_table
+from veronica_otel._pricing import UnitPrices
 
 from ._admit import input_bound
 from ._common import ContainedCall, get_field
+from ._modality_prices import modality_prices
 
 __all__ = ["REALTIME_MAX_OUTPUT", "Session", "session_kind"]
 
@@ -308,7 +306,15 @@ def _read_usage(call: ContainedCall, usage: Any) -> None:
     """Realtime (``input_token_details``) or Responses (``input_tokens_details``) usage."""
     details = get_field(usage, "input_token_details")
     if details is not None:  # realtime: split by modality, each at its own rate
-        split = _modality_prices(call, usage, details)
+        cached = get_field(details, "cached_tokens_details")
+        output = get_field(usage, "output_token_details")
+        split = modality_prices(
+            call,
+            PROVIDER,
+            (_counts(details), get_field(usage, "input_tokens")),
+            (_counts(cached), get_field(details, "cached_tokens")),
+            (_counts(output), get_field(usage, "output_tokens")),
+        )
         if split is not None:
             call.prices = split
     else:
@@ -322,80 +328,6 @@ def _read_usage(call: ContainedCall, usage: Any) -> None:
     )
 
 
-_RATES = ("text", "audio", "image")
-
-
-@functools.lru_cache(maxsize=64)
-def _rates(model: str) -> dict[str, int] | None:
-    """Nano-USD per million tokens of each modality ``genai-prices`` lists for ``model``."""
-    try:
-        _, info = _bundled_snapshot().find_provider_model(model, None, PROVIDER, None)
-        price = info.get_prices(datetime.now(tz=UTC), None)
-    except Exception:  # unknown, or a price we cannot read: settled at the dearest rate
-        return None
-    rates = {}
-    for name in ("input", "cache_read", "output"):
-        for modality in _RATES:
-            key = f"{name}_mtok" if modality == "text" else f"{name}_{modality}_mtok"
-            if name == "cache_read" and modality != "text":
-                key = f"cache_{modality}_read_mtok"
-            value = getattr(price, key, None)
-            if isinstance(value, Decimal):
-                rates[f"{name}.{modality}"] = _nano(value)
-    return rates
-
-
-def _modality_prices(call: ContainedCall, usage: Any, details: Any) -> UnitPrices | None:
-    """The call's prices for the usage reported, each modality at its own rate.
-
-    Realtime models are reserved at their dearest rate (the worst case);
-    their usage says how many tokens were text, audio or image. The result
-    is one price per side (the average of its tokens' rates, rounded up), so
-    the usage commits what the provider bills. None (keep the dearest rate)
-    for prices the user set, or a split that does not add up.
-    """
-    prices = call.prices
-    rates = _rates(call.model)
-    if prices is None or not rates or prices != default_price_table().lookup(PROVIDER, call.model):
-        return None
-    cached_details = get_field(details, "cached_tokens_details")
-    sides = (
-        ("input", details, get_field(usage, "input_tokens")),
-        ("cache_read", cached_details, get_field(details, "cached_tokens")),
-        ("output", get_field(usage, "output_token_details"), get_field(usage, "output_tokens")),
-    )
-    averages: list[int | None] = []
-    for name, split, total in sides:
-        counts = [get_field(split, f"{m}_tokens") or 0 for m in _RATES]
-        if not all(type(n) is int and n >= 0 for n in counts):
-            return None
-        if sum(counts) != (total or 0):
-            return None  # a split that does not add up: the dearest rate
-        if name == "input":  # uncached input: the whole less the cached part
-            reads = [get_field(cached_details, f"{m}_tokens") or 0 for m in _RATES]
-            if not all(type(n) is int and 0 <= n <= c for n, c in zip(reads, counts, strict=True)):
-                return None
-            counts = [c - n for c, n in zip(counts, reads, strict=True)]
-        n = sum(counts)
-        if n == 0:
-            averages.append(None)
-            continue
-        cost = 0
-        for modality, count in zip(_RATES, counts, strict=True):
-            rate = rates.get(f"{name}.{modality}")
-            if rate is None:
-                if count:
-                    return None  # a modality genai-prices does not price
-                continue
-            cost += count * rate
-        averages.append(-(-cost // n))
-    inp, cached, out = averages
-    return UnitPrices(
-        prices.input if inp is None else inp,
-        prices.output if out is None else out,
-        prices.cached_input if cached is None else cached,
-        prices.output if out is None else out,
-        prices.input if inp is None else inp,
-        max_output=prices.max_output,
-        context_window=prices.context_window,
-    )
+def _counts(split: object) -> dict[str, object]:
+    """``{"text": n, "audio": n, "image": n}`` from realtime ``*_tokens`` details."""
+    return {m: get_field(split, f"{m}_tokens") or 0 for m in ("text", "audio", "image")}
