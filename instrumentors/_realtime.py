@@ -24,8 +24,11 @@ sees every message sent and received, whichever path of the SDK sends it
   is unknown) costs its reservation; one whose send failed before the frame
   left is released.
 - A session opened outside any chain is not contained (it belongs to none).
-  Gemini Live (``google-genai``) is not contained this way: its adapter
-  refuses it in a chain that limits anything.
+
+Gemini Live (``google-genai`` ``client.aio.live.connect``) is contained the
+same way (:func:`live_connect`, registered by the ``google-genai`` adapter;
+its protocol in :mod:`._live_session`): the chain is checked before the
+socket opens, the socket the session holds is proxied once open.
 
 Installed by :class:`~veronica_otel.instrumentors.openai.OpenAIInstrumentor`
 (:func:`install` / :func:`remove`).
@@ -307,8 +310,12 @@ class _AsyncSocket(wrapt.BaseObjectProxy[Any]):
         try:
             return await self.__wrapped__.close(*args, **kwargs)
         finally:
-            for call, unstarted in self._self_bound.session.lost():
-                await call.afinish(sent=not unstarted)
+            await self._self_closed()
+
+    async def _self_closed(self) -> None:
+        """Settle what was in flight when the connection closed (not through us)."""
+        for call, unstarted in self._self_bound.session.lost():
+            await call.afinish(sent=not unstarted)
 
 
 # -- the hooks -----------------------------------------------------------------
@@ -391,14 +398,19 @@ class _LiveConnect:
     def __init__(self, inner: Any, bound: _Bound) -> None:
         self._inner = inner
         self._bound = bound
+        self._socket: _AsyncSocket | None = None
 
     async def __aenter__(self) -> Any:
         session = await _open_async(self._bound, self._inner.__aenter__)
-        session._ws = _AsyncSocket(session._ws, self._bound)
+        self._socket = session._ws = _AsyncSocket(session._ws, self._bound)
         return session
 
     async def __aexit__(self, *exc_info: Any) -> Any:
-        return await self._inner.__aexit__(*exc_info)
+        try:  # the SDK closes its socket itself, not through ours
+            return await self._inner.__aexit__(*exc_info)
+        finally:
+            if self._socket is not None:
+                await self._socket._self_closed()
 
 
 def live_connect(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

@@ -156,3 +156,21 @@ async def test_live_music_stays_refused_in_a_chain_with_limits(
     ):
         async with live.live.music.connect(model="lyria-realtime-exp"):
             pass
+
+
+@pytest.mark.asyncio
+async def test_leaving_the_session_before_the_turn_completes_costs_the_reservation(
+    server: FakeLLMServer, live: genai.client.AsyncClient
+) -> None:
+    prices = default_price_table().lookup("gcp.vertex_ai", MODEL)
+    assert prices is not None
+    config = _config(server, max_output_tokens=100)
+    with ExecutionContext(ExecutionConfig(max_cost_usd=5.0)) as ctx:
+        async with live.live.connect(model=MODEL, config=config) as session:
+            await session.send_client_content(
+                turns=types.Content(role="user", parts=[types.Part(text="hi")])
+            )
+        snapshot = ctx.snapshot()
+    assert snapshot.steps == 1
+    assert usd_to_nano(snapshot.cost_usd) >= prices.cost_nano(0, 100)
+    assert snapshot.reserved_usd == 0
