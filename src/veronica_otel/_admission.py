@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -10,6 +11,7 @@ from ._call import (
     CallHandle,
 )
 from ._clamp import OutputClamp
+from ._config import DEFAULT_RESERVATION_WAIT_S
 from ._errors import BudgetExceededError, TripEvent
 from ._gc_safe import drain, pending
 from ._ledger import (
@@ -26,10 +28,26 @@ from ._units import nano_to_usd
 if TYPE_CHECKING:
     pass
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "RoomBusy"]
 
 _DEFAULT_OPTIONS = WrapOptions()
 _monotonic = time.monotonic
+_running_loop = asyncio._get_running_loop
+
+#: How often a call waiting for room reserves again: first, and at most.
+ROOM_POLL_FIRST_S = 0.001
+ROOM_POLL_MAX_S = 0.02
+
+
+class RoomBusy(BudgetExceededError):
+    """A call refused only by other calls' in-flight reservations, raised
+    (instead of waiting) to an async caller that awaits the room itself and
+    then admits the call again, until ``until`` (``time.monotonic``). Its
+    policies were given back and nothing is held; no trip was announced."""
+
+    def __init__(self, trip: TripEvent, until: float) -> None:
+        super().__init__(trip)
+        self.until = until
 
 
 class Admission(Settlement):
@@ -79,6 +97,7 @@ class Admission(Settlement):
         signature: str | None = None,
         clamp: OutputClamp | None = None,
         step: bool = True,
+        defer: bool = False,
     ) -> CallHandle:
         """:meth:`begin_call` for instrumentors that already priced the call.
 
@@ -92,6 +111,11 @@ class Admission(Settlement):
         and ``cost_nano`` and ``tokens`` are ignored. ``step=False``: the call
         counts no step (it joined the wrapped call that holds one, see
         :func:`~._call.joins_wrapped_call`); all else is reserved as usual.
+
+        A call refused only by other calls' in-flight reservations waits for
+        room (:meth:`_wait_for_room`); with ``defer`` (an async caller on an
+        event loop) it raises :class:`RoomBusy` instead, for the caller to
+        await the room and admit the call again.
         """
         if pending:
             drain()  # settle what garbage collection left, outside any lock
@@ -139,7 +163,108 @@ class Admission(Settlement):
             raise
         if type(reservation) is Reservation and agents is None and not self._metrics:
             return CallHandle(self, reservation, policy_context, decision)  # the common case
+        if type(reservation) is TripEvent and not reservation.sticky:
+            until = self._room_wait_until(reservation)
+            if until is not None:
+                if defer:
+                    if policy_context is not None:
+                        self.pipeline.abandon(policy_context)
+                    raise RoomBusy(reservation, until)
+                path = self._path if agents is None else agents[0]
+                reservation = self._wait_for_room(
+                    reservation, until, path, cost_nano, tokens, retry, signature, clamp, step
+                )
         return self._admitted(reservation, policy_context, decision, kind, model, agents)
+
+    # The refusal path: a call refused only by in-flight reservations.
+
+    def _room_wait_until(self, denial: TripEvent) -> float | None:
+        """When a call ``denial`` refused (not sticky) stops waiting for room;
+        None: it does not wait (waiting off, a windowed pool's denial, the
+        chain cancelled)."""
+        if denial.retry_after_s is not None or self._token.cancelled:
+            return None  # a pool's window frees it, not a settlement: retry_after_s says when
+        wait = self.config.reservation_wait_s
+        wait = DEFAULT_RESERVATION_WAIT_S if wait is None else wait
+        if wait <= 0:
+            return None
+        until = _monotonic() + wait
+        return until if self._deadline is None else min(until, self._deadline)
+
+    def _wait_for_room(
+        self,
+        denial: TripEvent,
+        until: float,
+        path: tuple[Level, ...],
+        cost_nano: int,
+        tokens: int,
+        retry: bool,
+        signature: str | None,
+        clamp: OutputClamp | None,
+        step: bool,
+    ) -> Reservation | TripEvent:
+        """Reserve again as calls in flight settle, until it fits, it is refused
+        on committed spend (a sticky trip), or ``until``. Not on an event
+        loop's thread: sleeping there would stop the very calls it waits for
+        (async callers await the room instead, see :class:`RoomBusy`)."""
+        if _running_loop() is not None:
+            return denial
+        delay = ROOM_POLL_FIRST_S
+        result: Reservation | TripEvent = denial
+        while type(result) is TripEvent and not result.sticky:
+            left = until - _monotonic()
+            if left <= 0 or self._token.cancelled:
+                break
+            time.sleep(min(delay, left))
+            delay = min(2 * delay, ROOM_POLL_MAX_S)
+            if clamp is not None:
+                clamp.reset()
+                result = cast(LocalLedger, self._ledger).reserve_clamped(
+                    path, clamp, signature=signature, step=step, **self._pool_args()
+                )
+            else:
+                result = self._ledger.reserve(
+                    path,
+                    cost_nano,
+                    tokens,
+                    step=step,
+                    retry=retry,
+                    signature=signature,
+                    **self._pool_args(),
+                )
+        return result
+
+    async def _await_room(
+        self,
+        denial: TripEvent,
+        until: float,
+        path: tuple[Level, ...],
+        cost_nano: int,
+        tokens: int,
+        retry: bool,
+        signature: str | None,
+        step: bool,
+    ) -> Reservation | TripEvent:
+        """:meth:`_wait_for_room` on a shared store, awaited."""
+        aledger = self._aledger
+        delay = ROOM_POLL_FIRST_S
+        result: Reservation | TripEvent = denial
+        while type(result) is TripEvent and not result.sticky:
+            left = until - _monotonic()
+            if left <= 0 or self._token.cancelled:
+                break
+            await asyncio.sleep(min(delay, left))
+            delay = min(2 * delay, ROOM_POLL_MAX_S)
+            result = await aledger.areserve(
+                path,
+                cost_nano,
+                tokens,
+                step=step,
+                retry=retry,
+                signature=signature,
+                **self._pool_args(),
+            )
+        return result
 
     def _reserve_clamped(
         self,
@@ -294,6 +419,13 @@ class Admission(Settlement):
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
             raise
+        if type(reservation) is TripEvent and not reservation.sticky:
+            until = self._room_wait_until(reservation)
+            if until is not None:
+                path = self._path if agents is None else agents[0]
+                reservation = await self._await_room(
+                    reservation, until, path, cost_nano, tokens, retry, signature, step
+                )
         stored = type(reservation) is TripEvent and self._pool_trip(reservation)
         if stored:  # the chain's trip, stored without blocking (the first trip wins)
             reservation = await aledger.atrip(self.chain_id, reservation)

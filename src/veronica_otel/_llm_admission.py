@@ -35,7 +35,11 @@ class LLMAdmission(Admission):
     """:meth:`admit_call` / :meth:`aadmit_call`, on top of the shared admission."""
 
     def admit_call(
-        self, spec: CallSpec, breaker: CircuitBreaker | None = None, probe: object = None
+        self,
+        spec: CallSpec,
+        breaker: CircuitBreaker | None = None,
+        probe: object = None,
+        defer: bool = False,
     ) -> Admitted:
         """Admit one described LLM call, or raise :class:`BudgetExceededError`.
 
@@ -53,6 +57,11 @@ class LLMAdmission(Admission):
         wrapped call and counts no step of its own (the wrap holds it); its
         worst case is reserved all the same (DESIGN G13,
         :func:`~._call.joins_wrapped_call`).
+
+        A call refused only by other calls' in-flight reservations waits for
+        them to settle; with ``defer`` it raises
+        :class:`~._admission.RoomBusy` instead (an async caller awaits the
+        room, then asks again).
         """
         prices = self._endpoint_prices(spec, breaker, probe)
         signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
@@ -82,6 +91,7 @@ class LLMAdmission(Admission):
             signature=signature,
             clamp=clamp,
             step=not joins_wrapped_call(self),
+            defer=defer,
         )
         # An instrumented call: telemetry is worth its cost here, once recorded.
         handle.metrics = metrics_live()
