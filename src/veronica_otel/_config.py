@@ -107,7 +107,9 @@ class ExecutionConfig:
                 continue
             try:
                 values[name] = (
-                    _parse_usd(raw) if name == "max_cost_usd" or name in _SECONDS else _parse_int(raw)
+                    _parse_usd(raw)
+                    if name == "max_cost_usd" or name in _SECONDS
+                    else _parse_int(raw)
                 )
                 # Constructing a one-field config validates range and sign.
                 ExecutionConfig(**{name: values[name]})  # type: ignore[arg-type]

@@ -79,7 +79,11 @@ class LLMAdmission(Admission):
                 cap, pool, clamp = clamp.cap, clamp.pool, None
         else:
             output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
-            cost_nano = 0 if prices is None else prices.max_cost_nano(spec.input_bound, output)
+            cost_nano = (
+                0
+                if prices is None
+                else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
+            )
             tokens = spec.input_bound + output
         handle = self.begin_priced_call(
             "llm",
@@ -125,7 +129,11 @@ class LLMAdmission(Admission):
             cap, pool, clamped = clamp.cap, clamp.pool, True
         else:
             output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
-            cost_nano = 0 if prices is None else prices.max_cost_nano(spec.input_bound, output)
+            cost_nano = (
+                0
+                if prices is None
+                else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
+            )
             tokens = spec.input_bound + output
         handle = await self.abegin_priced_call(
             "llm",
@@ -170,7 +178,7 @@ class LLMAdmission(Admission):
         bound = spec.input_bound
         if prices is None:  # no cost ceiling and no price: only tokens bound it
             return OutputClamp(bound, 0, 0, False, spec.choices, DEFAULT_MAX_OUTPUT_TOKENS)
-        input_price, output_price = prices._worst_prices(bound)
+        input_price, output_price = prices._worst_prices(bound, spec.cache_writes)
         return OutputClamp(
             bound, input_price, output_price, True, spec.choices, prices.output_limit(bound)
         )
