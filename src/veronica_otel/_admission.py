@@ -353,12 +353,12 @@ class Admission(Settlement):
     ) -> CallHandle:
         """:meth:`begin_call` for async code: the reservation never blocks the
         event loop. Settle the handle with ``await handle.afinish(...)``."""
-        if self._aledger is None:  # in process: nothing to await
-            return self.begin_call(kind, options, cost_nano=cost_nano)
         if options is None:
             options = _DEFAULT_OPTIONS
         if cost_nano is None:
             cost_nano = self._cost_of(options)
+        if self._aledger is None:  # in process: nothing to await but room, if it must wait
+            return await self._abegin_local(kind, options, cost_nano)
         return await self.abegin_priced_call(
             kind,
             options.operation_name,
@@ -369,6 +369,34 @@ class Admission(Settlement):
             retry=options.retry,
             signature=options.signature,
         )
+
+    async def _abegin_local(self, kind: str, options: WrapOptions, cost_nano: int) -> CallHandle:
+        """:meth:`abegin_call` in process: a call refused only by in-flight
+        reservations awaits their settlement (:class:`RoomBusy`), then asks again."""
+        delay = ROOM_POLL_FIRST_S
+        defer = True
+        until: float | None = None  # the first refusal's: each ask would start its own
+        while True:
+            try:
+                return self.begin_priced_call(
+                    kind,
+                    options.operation_name,
+                    options.provider,
+                    options.model,
+                    cost_nano,
+                    options.reserved_tokens,
+                    options.retry,
+                    options.signature,
+                    defer=defer,
+                )
+            except RoomBusy as busy:
+                until = busy.until if until is None else until
+                left = until - _monotonic()
+                if left <= 0:
+                    defer = False  # the last ask: refused (and announced) as any call
+                    continue
+                await asyncio.sleep(min(delay, left))
+                delay = min(2 * delay, ROOM_POLL_MAX_S)
 
     async def abegin_priced_call(
         self,

@@ -8,6 +8,7 @@ never waits. Threads on the in-process ledger and on a real Valkey.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -16,7 +17,13 @@ from typing import Any
 
 import pytest
 
-from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
+from veronica_otel import (
+    BudgetExceededError,
+    Decision,
+    ExecutionConfig,
+    ExecutionContext,
+    WrapOptions,
+)
 from veronica_otel._config import DEFAULT_RESERVATION_WAIT_S
 from veronica_otel._ledger import LocalLedger
 from veronica_otel._policy_schema import PolicyFileError, parse_policy
@@ -124,3 +131,25 @@ def test_a_call_refused_on_committed_spend_does_not_wait(ledger: Any) -> None:
         with pytest.raises(BudgetExceededError) as denied:
             ctx.begin_call(cost_nano=CALL)
         assert time.monotonic() - started < 5 and denied.value.trip.sticky
+
+
+@pytest.mark.asyncio
+async def test_an_async_wrapped_call_awaits_the_room_in_process() -> None:
+    # awrap_llm_call on the in-process ledger: the wait is awaited, so the call
+    # holding the budget (on the same event loop) can settle meanwhile.
+    config = ExecutionConfig(max_cost_usd=1.0, reservation_wait_s=30)
+    with ExecutionContext(config) as ctx:
+        held = ctx.begin_call(cost_nano=HOLD)
+
+        async def settle() -> None:
+            await asyncio.sleep(0.1)
+            held.commit(10**8, 0)
+
+        async def call() -> str:
+            return "sent"
+
+        options = WrapOptions(operation_name="x", cost_estimate_hint=0.5)
+        settling = asyncio.create_task(settle())
+        assert await ctx.awrap_llm_call(call, options) is Decision.ALLOW
+        await settling
+        assert ctx.trip is None
