@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.trace import Span
 
-from veronica_otel._admission import ROOM_POLL_FIRST_S, ROOM_POLL_MAX_S, RoomBusy
+from veronica_otel._admission import RoomBusy
 from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._call import CallHandle
 from veronica_otel._call_spec import Admitted, CallSpec
@@ -194,18 +193,15 @@ async def _room_freed(
     once they settle: asked again as the event loop runs them, until it fits,
     is refused on committed spend, or ``until``; then asked one last time,
     refused (and announced) as any call."""
-    delay = ROOM_POLL_FIRST_S
-    while True:
+    for pause in ctx._room_polls(until):
         breaker.release_probe(probe)  # the next ask may take it again
-        left = until - time.monotonic()
-        if left <= 0:
-            return ctx.admit_call(spec, breaker, probe)  # on a loop: refused, not waiting
-        await asyncio.sleep(min(delay, left))
-        delay = min(2 * delay, ROOM_POLL_MAX_S)
+        await asyncio.sleep(pause)
         try:
             return ctx.admit_call(spec, breaker, probe, True)
         except RoomBusy:
             continue
+    breaker.release_probe(probe)
+    return ctx.admit_call(spec, breaker, probe)  # on a loop: refused, not waiting
 
 
 def _contained(

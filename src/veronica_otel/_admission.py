@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 from . import _agents
@@ -191,6 +192,18 @@ class Admission(Settlement):
         until = _monotonic() + wait
         return until if self._deadline is None else min(until, self._deadline)
 
+    def _room_polls(self, until: float) -> Iterator[float]:
+        """The pauses before each new ask for room: doubling from
+        :data:`ROOM_POLL_FIRST_S` to :data:`ROOM_POLL_MAX_S`, until ``until``
+        or the chain is cancelled."""
+        delay = ROOM_POLL_FIRST_S
+        while True:
+            left = until - _monotonic()
+            if left <= 0 or self._token.cancelled:
+                return
+            yield min(delay, left)
+            delay = min(2 * delay, ROOM_POLL_MAX_S)
+
     def _wait_for_room(
         self,
         denial: TripEvent,
@@ -209,14 +222,9 @@ class Admission(Settlement):
         (async callers await the room instead, see :class:`RoomBusy`)."""
         if _running_loop() is not None:
             return denial
-        delay = ROOM_POLL_FIRST_S
         result: Reservation | TripEvent = denial
-        while type(result) is TripEvent and not result.sticky:
-            left = until - _monotonic()
-            if left <= 0 or self._token.cancelled:
-                break
-            time.sleep(min(delay, left))
-            delay = min(2 * delay, ROOM_POLL_MAX_S)
+        for pause in self._room_polls(until):
+            time.sleep(pause)
             if clamp is not None:
                 clamp.reset()
                 result = cast(LocalLedger, self._ledger).reserve_clamped(
@@ -232,6 +240,8 @@ class Admission(Settlement):
                     signature=signature,
                     **self._pool_args(),
                 )
+            if type(result) is not TripEvent or result.sticky:
+                break
         return result
 
     async def _await_room(
@@ -247,14 +257,9 @@ class Admission(Settlement):
     ) -> Reservation | TripEvent:
         """:meth:`_wait_for_room` on a shared store, awaited."""
         aledger = self._aledger
-        delay = ROOM_POLL_FIRST_S
         result: Reservation | TripEvent = denial
-        while type(result) is TripEvent and not result.sticky:
-            left = until - _monotonic()
-            if left <= 0 or self._token.cancelled:
-                break
-            await asyncio.sleep(min(delay, left))
-            delay = min(2 * delay, ROOM_POLL_MAX_S)
+        for pause in self._room_polls(until):
+            await asyncio.sleep(pause)
             result = await aledger.areserve(
                 path,
                 cost_nano,
@@ -264,6 +269,8 @@ class Admission(Settlement):
                 signature=signature,
                 **self._pool_args(),
             )
+            if type(result) is not TripEvent or result.sticky:
+                break
         return result
 
     def _reserve_clamped(
@@ -373,30 +380,31 @@ class Admission(Settlement):
     async def _abegin_local(self, kind: str, options: WrapOptions, cost_nano: int) -> CallHandle:
         """:meth:`abegin_call` in process: a call refused only by in-flight
         reservations awaits their settlement (:class:`RoomBusy`), then asks again."""
-        delay = ROOM_POLL_FIRST_S
-        defer = True
-        until: float | None = None  # the first refusal's: each ask would start its own
-        while True:
+
+        def ask(defer: bool) -> CallHandle:
+            return self.begin_priced_call(
+                kind,
+                options.operation_name,
+                options.provider,
+                options.model,
+                cost_nano,
+                options.reserved_tokens,
+                options.retry,
+                options.signature,
+                defer=defer,
+            )
+
+        try:
+            return ask(True)
+        except RoomBusy as busy:
+            until = busy.until  # the first refusal's: each ask would start its own
+        for pause in self._room_polls(until):
+            await asyncio.sleep(pause)
             try:
-                return self.begin_priced_call(
-                    kind,
-                    options.operation_name,
-                    options.provider,
-                    options.model,
-                    cost_nano,
-                    options.reserved_tokens,
-                    options.retry,
-                    options.signature,
-                    defer=defer,
-                )
-            except RoomBusy as busy:
-                until = busy.until if until is None else until
-                left = until - _monotonic()
-                if left <= 0:
-                    defer = False  # the last ask: refused (and announced) as any call
-                    continue
-                await asyncio.sleep(min(delay, left))
-                delay = min(2 * delay, ROOM_POLL_MAX_S)
+                return ask(True)
+            except RoomBusy:
+                continue
+        return ask(False)  # the last ask: refused (and announced) as any call
 
     async def abegin_priced_call(
         self,
