@@ -76,16 +76,15 @@ OPENAI_IMAGE_TOKENS_UNKNOWN = 2_833 + 5_667 * _MAX_TILES
 # Content part / input item types whose tokens the provider alone knows.
 _OPENAI_SERVER_PARTS = frozenset(("file", "input_file", "input_audio", "audio"))
 _OPENAI_IMAGE_PARTS = frozenset(("image_url", "input_image"))
-# Request keys that bring in input held server-side (Responses API; its
-# ``prompt``, a stored template, is a mapping: a completion's is its text).
-_OPENAI_SERVER_KEYS = ("previous_response_id", "conversation")
+# Server-side input of the Responses API: ``previous_response_id``,
+# ``conversation``, and ``prompt`` when it is a mapping (a stored template;
+# a legacy completion's ``prompt`` is its text).
 # Tools OpenAI runs itself, feeding their results back as input (function and
 # custom tools are run by the caller: their results come in a later request).
 _OPENAI_CLIENT_TOOLS = frozenset(
     ("function", "custom", "local_shell", "apply_patch", "computer_use_preview")
 )
 
-_ANTHROPIC_SERVER_KEYS = ("container", "mcp_servers")
 # Tools Anthropic runs itself (their type is versioned: web_search_20250305, ...).
 _ANTHROPIC_SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "tool_search")
 
@@ -125,26 +124,32 @@ def openai_image_tokens(model: str, detail: object) -> int:
 
 def openai_hidden(body: Mapping[str, Any], model: str) -> tuple[int, bool]:
     """Images and server-side input of a chat, Responses or completions body."""
-    server_side = any(body.get(key) is not None for key in _OPENAI_SERVER_KEYS) or _is_mapping(
-        body.get("prompt")
+    get = body.get
+    server_side = (
+        get("previous_response_id") is not None
+        or get("conversation") is not None
+        or _is_mapping(get("prompt"))
     )
-    tools = body.get("tools")
-    if type(tools) is list and not server_side:
-        server_side = any(
-            _is_mapping(tool) and tool.get("type", "function") not in _OPENAI_CLIENT_TOOLS
-            for tool in tools
-        )
+    tools = get("tools")
+    if tools and type(tools) is list and not server_side:
+        for tool in tools:
+            if _is_mapping(tool) and tool.get("type", "function") not in _OPENAI_CLIENT_TOOLS:
+                server_side = True
+                break
     extra = 0
-    for key in ("messages", "input"):
-        items = body.get(key)
+    for items in (get("messages"), get("input")):
         if type(items) is not list:
-            continue  # a string: text only
+            continue  # absent, or a string: text only
         for item in items:
-            if not _is_mapping(item):
+            if type(item) is dict:
+                content = item.get("content")
+                if type(content) is str:
+                    continue  # the common message: text only, nothing to look for
+            elif not _is_mapping(item):
                 continue
-            content = item.get("content")
-            parts = content if type(content) is list else (item,)  # Responses: bare items
-            for part in parts:
+            else:
+                content = item.get("content")
+            for part in content if type(content) is list else (item,):  # Responses: bare items
                 kind = part.get("type") if _is_mapping(part) else None
                 if kind in _OPENAI_IMAGE_PARTS:
                     image = part.get("image_url")
@@ -160,11 +165,11 @@ def openai_hidden(body: Mapping[str, Any], model: str) -> tuple[int, bool]:
 def anthropic_hidden(body: Mapping[str, Any]) -> tuple[int, bool, bool]:
     """Images, server-side input and cache marks of a Messages body:
     ``(extra_tokens, server_side, cache_writes)``."""
-    server_side = any(body.get(key) is not None for key in _ANTHROPIC_SERVER_KEYS)
+    server_side = body.get("container") is not None or body.get("mcp_servers") is not None
     found = _Found()
     found.cache = "cache_control" in body  # automatic caching of the whole prompt
     tools = body.get("tools")
-    if type(tools) is list:
+    if tools and type(tools) is list:
         for tool in tools:
             if not _is_mapping(tool):
                 continue
@@ -173,12 +178,16 @@ def anthropic_hidden(body: Mapping[str, Any]) -> tuple[int, bool, bool]:
                 server_side = True
             if "cache_control" in tool:
                 found.cache = True
-    _anthropic_blocks(body.get("system"), found)
+    system = body.get("system")
+    if type(system) is list:
+        _anthropic_blocks(system, found)
     messages = body.get("messages")
     if type(messages) is list:
         for message in messages:
-            if _is_mapping(message):
-                _anthropic_blocks(message.get("content"), found)
+            if type(message) is dict or _is_mapping(message):
+                content = message.get("content")
+                if type(content) is list:  # else a string: text only
+                    _anthropic_blocks(content, found)
     return found.images * ANTHROPIC_IMAGE_TOKENS, server_side or found.server, found.cache
 
 
