@@ -12,7 +12,6 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,7 +24,6 @@ from veronica_otel import (
     WrapOptions,
 )
 from veronica_otel._config import DEFAULT_RESERVATION_WAIT_S
-from veronica_otel._ledger import LocalLedger
 from veronica_otel._policy_schema import PolicyFileError, parse_policy
 
 
@@ -57,22 +55,6 @@ def test_the_wait_reads_from_the_environment_and_the_policy_file() -> None:
     assert spec.limits.reservation_wait_s == 0.5
     with pytest.raises(PolicyFileError, match="reservation_wait_s"):
         parse_policy({"limits": {"reservation_wait_s": -1}}, "p.toml")
-
-
-@pytest.fixture(params=["local", "valkey"])
-def ledger(request: pytest.FixtureRequest) -> Iterator[Any]:
-    if request.param == "local":
-        yield LocalLedger()
-        return
-    from veronica_otel.distributed import RedisLedger
-
-    url: str = request.getfixturevalue("redis_url")
-    prefix: str = request.getfixturevalue("redis_prefix")
-    shared = RedisLedger.from_url(url, key_prefix=prefix)
-    try:
-        yield shared
-    finally:
-        shared.client.close()
 
 
 HOLD = 6 * 10**8  # 0.6 USD held by another thread's call in flight

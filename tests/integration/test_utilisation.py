@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -23,7 +23,6 @@ from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel._ledger import LocalLedger
 from veronica_otel._pricing import UnitPrices, default_price_table
 from veronica_otel._units import nano_to_usd, usd_to_nano
-from veronica_otel.distributed import RedisLedger
 from veronica_otel.instrumentors._admit import input_bound
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
@@ -57,18 +56,17 @@ def _assert_utilised(sent: int, ceiling_nano: int, actual_nano: int, ctx: Execut
     assert usd_to_nano(ctx.snapshot().cost_usd) == sent * actual_nano <= ceiling_nano
 
 
-@pytest.fixture(params=["local", "valkey"])
-def ledger(request: pytest.FixtureRequest) -> Iterator[Any]:
-    if request.param == "local":
-        yield LocalLedger()
-        return
-    url: str = request.getfixturevalue("redis_url")
-    prefix: str = request.getfixturevalue("redis_prefix")
-    shared = RedisLedger.from_url(url, key_prefix=prefix)
-    try:
-        yield shared
-    finally:
-        shared.client.close()
+async def _fifty_until_refused(call: Callable[[], Awaitable[object]]) -> list[BudgetExceededError]:
+    """Fifty tasks call until each is refused; their refusals."""
+
+    async def worker() -> BudgetExceededError:
+        while True:
+            try:
+                await call()
+            except BudgetExceededError as exc:
+                return exc
+
+    return await asyncio.gather(*(worker() for _ in range(TASKS)))
 
 
 @pytest.fixture
@@ -122,17 +120,11 @@ async def test_openai_fifty_tasks_at_once(
         base_url=openai_server.openai_base_url, api_key="t", max_retries=0
     ) as oai:
         with ExecutionContext(config, ledger=ledger) as ctx:
-
-            async def worker() -> BudgetExceededError:
-                while True:
-                    try:
-                        await oai.chat.completions.create(
-                            model=OPENAI_MODEL, messages=PROMPT, max_completion_tokens=OUTPUT
-                        )
-                    except BudgetExceededError as exc:
-                        return exc
-
-            denials = await asyncio.gather(*(worker() for _ in range(TASKS)))
+            denials = await _fifty_until_refused(
+                lambda: oai.chat.completions.create(
+                    model=OPENAI_MODEL, messages=PROMPT, max_completion_tokens=OUTPUT
+                )
+            )
             assert all(exc.reason == "cost" for exc in denials)
             _assert_utilised(openai_server.count(CHAT), ceiling, _openai_actual(), ctx)
 
@@ -197,19 +189,13 @@ async def test_anthropic_fifty_tasks_at_once(
         base_url=claude_server.anthropic_base_url, api_key="t", max_retries=0
     ) as cl:
         with ExecutionContext(config, ledger=ledger) as ctx:
-
-            async def worker() -> BudgetExceededError:
-                while True:
-                    try:
-                        await cl.messages.create(
-                            model=CLAUDE_MODEL,
-                            messages=PROMPT,  # type: ignore[arg-type]
-                            max_tokens=OUTPUT,
-                        )
-                    except BudgetExceededError as exc:
-                        return exc
-
-            await asyncio.gather(*(worker() for _ in range(TASKS)))
+            await _fifty_until_refused(
+                lambda: cl.messages.create(
+                    model=CLAUDE_MODEL,
+                    messages=PROMPT,  # type: ignore[arg-type]
+                    max_tokens=OUTPUT,
+                )
+            )
             _assert_utilised(claude_server.count(MESSAGES), ceiling, _claude_actual(), ctx)
 
 
