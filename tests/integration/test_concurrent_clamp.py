@@ -143,20 +143,6 @@ async def test_the_clamp_leaves_room_for_the_prompt_in_the_context_window(
 # -- a denial caused only by in-flight reservations is not a trip ------------------------
 
 
-@pytest.fixture(params=["local", "redis"])
-def ledger(request: pytest.FixtureRequest) -> Iterator[LocalLedger | RedisLedger]:
-    if request.param == "local":
-        yield LocalLedger()
-        return
-    redis_url: str = request.getfixturevalue("redis_url")
-    prefix: str = request.getfixturevalue("redis_prefix")
-    shared = RedisLedger.from_url(redis_url, key_prefix=prefix)
-    try:
-        yield shared
-    finally:
-        shared.client.close()
-
-
 @pytest.mark.asyncio
 async def test_denied_by_reservations_alone_does_not_trip_the_chain(
     aclient: openai.AsyncOpenAI, server: FakeLLMServer, ledger: LocalLedger | RedisLedger
