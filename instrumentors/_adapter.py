@@ -141,6 +141,9 @@ class Request(NamedTuple):
             named under it.
         priced: False when the endpoint bills in units token prices do not
             cover: refused under a cost ceiling (see the module docs).
+        cache_writes: Whether input may be billed at the cache-write price
+            (the request marks blocks to cache); False: reserved at the
+            uncached or cache-read price.
     """
 
     operation: str
@@ -155,6 +158,7 @@ class Request(NamedTuple):
     attributes: dict[str, Any] | None = None
     provider: str | None = None
     priced: bool = True
+    cache_writes: bool = True
 
 
 class ProviderAdapter:
@@ -416,6 +420,7 @@ def _describe(
             request.stream,
             agent,
             parts,
+            request.cache_writes,
         ),
     )
     span = start_span(request.operation, provider, request.model, agent, current)

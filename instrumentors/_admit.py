@@ -11,12 +11,14 @@ endpoint's half-open probe and holds nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.trace import Span
 
+from veronica_otel._admission import RoomBusy
 from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._call import CallHandle
 from veronica_otel._call_spec import Admitted, CallSpec
@@ -158,22 +160,48 @@ async def aadmit(
 ) -> tuple[ContainedCall, int | None, str | None]:
     """:func:`admit` for async calls: the store reads and the reservation are
     awaited (a shared store never blocks the event loop). Settle with ``afinish``."""
-    if not ctx.awaits_store:
-        return admit(ctx, span, owns_span, spec)
     breaker = _BREAKERS.get((spec.provider, spec.model)) or endpoint_breaker(
         spec.provider, spec.model
     )
     probe = object()
+    local = not ctx.awaits_store
     try:
-        answer = await ctx.aadmit_call(spec, breaker, probe)
+        if local:  # in process: nothing to await, unless the call must wait for room
+            try:
+                answer = ctx.admit_call(spec, breaker, probe, True)
+            except RoomBusy as busy:
+                answer = await _room_freed(ctx, spec, breaker, probe, busy.until)
+        else:
+            answer = await ctx.aadmit_call(spec, breaker, probe)
     except BaseException as exc:  # denied, failed or cancelled: nothing is held
         _abandon(breaker, probe, None, span, owns_span, ctx, exc)
         raise
     try:
         return _contained(ctx, span, owns_span, spec, answer, breaker, probe)
     except BaseException as exc:
-        await _aabandon(breaker, probe, answer.handle, span, owns_span, ctx, exc)
+        if local:
+            _abandon(breaker, probe, answer.handle, span, owns_span, ctx, exc)
+        else:
+            await _aabandon(breaker, probe, answer.handle, span, owns_span, ctx, exc)
         raise
+
+
+async def _room_freed(
+    ctx: ExecutionContext, spec: CallSpec, breaker: CircuitBreaker, probe: object, until: float
+) -> Admitted:
+    """Admit an async call refused only by in-flight reservations (in process)
+    once they settle: asked again as the event loop runs them, until it fits,
+    is refused on committed spend, or ``until``; then asked one last time,
+    refused (and announced) as any call."""
+    for pause in ctx._room_polls(until):
+        breaker.release_probe(probe)  # the next ask may take it again
+        await asyncio.sleep(pause)
+        try:
+            return ctx.admit_call(spec, breaker, probe, True)
+        except RoomBusy:
+            continue
+    breaker.release_probe(probe)
+    return ctx.admit_call(spec, breaker, probe)  # on a loop: refused, not waiting
 
 
 def _contained(

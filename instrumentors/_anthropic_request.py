@@ -21,6 +21,7 @@ from ._adapter import admitted_above
 from ._admit import CallSpec, aadmit, admit, input_bound
 from ._anthropic_attributes import request_attributes
 from ._common import UNTRACED_SPAN, ContainedCall, start_span
+from ._hidden_input import anthropic_hidden, widened
 
 # The logger users filter on, as before this module was split out of anthropic.py.
 _logger = logging.getLogger(__name__.rpartition(".")[0] + ".anthropic")
@@ -120,17 +121,24 @@ def _describe(
     cap = body.get("max_tokens")
     requested = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
     agent = current_agent() if ctx.names_agents else None
+    # What the bytes do not show (images, server-side input); cache-write prices
+    # only where the request marks blocks to cache.
+    extra, server_side, cache_writes = anthropic_hidden(body)
+    bound = input_bound(parts, n_messages)
+    if extra or server_side:
+        bound = widened(ctx, PROVIDER, model, bound, extra, server_side)
     spec = CallSpec(
         PROVIDER,
         "chat",
         model,
-        input_bound(parts, n_messages),
+        bound,
         requested,
         True,
         1,
         body.get("stream") is True,
         agent,
         parts,
+        cache_writes,
     )
     span: Span | None = getattr(sdk_call, "span", None) if sdk_call is not None else None
     owns = span is None

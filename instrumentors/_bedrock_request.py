@@ -31,6 +31,7 @@ from veronica_otel._pricing import (
 )
 
 from ._adapter import Request
+from ._hidden_input import ANTHROPIC_IMAGE_TOKENS, anthropic_hidden
 
 __all__ = [
     "CAP_FIELDS",
@@ -128,6 +129,11 @@ _REGIONS = frozenset(("us", "us-gov", "eu", "apac", "global", "jp", "au", "ca", 
 # S3-held content (images, documents, video) the request does not carry: its
 # tokens are bounded by the model's context window; this when that is unknown.
 _S3_INPUT_BOUND = 1_000_000
+# Converse document formats that are plain text: their bytes bound their tokens.
+_TEXT_DOCUMENTS = frozenset(("txt", "md", "csv", "html"))
+# An image for a family other than Anthropic's (whose most is ANTHROPIC_IMAGE_TOKENS):
+# Llama 3.2 Vision's four 560 px tiles of 1,601 tokens, the most we know of on Bedrock.
+_IMAGE_TOKENS = 4 * 1_601
 
 
 def family(model: str) -> str:
@@ -202,6 +208,11 @@ def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
     config = params.get("inferenceConfig")
     cap = config.get("maxTokens") if (type(config) is dict or isinstance(config, Mapping)) else None
     cap = cap if type(cap) is int and cap >= 0 else None
+    extra, cache_writes = _unseen(messages, model)
+    if not cache_writes:  # a cache point in the system prompt or the tools
+        cache_writes = _cache_point(system) or _cache_point(
+            tools.get("tools") if isinstance(tools := params.get("toolConfig"), Mapping) else None
+        )
     return Request(
         operation="chat",
         model=model,
@@ -210,14 +221,23 @@ def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
         cap=cap,
         clampable=cap is None,
         stream=stream,
-        extra_input_tokens=_s3_content(messages, model),
+        extra_input_tokens=extra,
+        cache_writes=cache_writes,
     )
 
 
-def _s3_content(messages: object, model: str) -> int:
-    """Input held in S3 (not in the request): the model's context window, at most."""
+def _unseen(messages: object, model: str) -> tuple[int, bool]:
+    """Input the byte walk cannot see, and whether a block is marked to cache.
+
+    An image adds its family's most tokens (its bytes may be fewer: a PNG of
+    one colour is small at any size). Input held in S3, a document that is
+    not plain text (a PDF's compressed text outgrows its bytes) or a video:
+    the model's context window, at most.
+    """
     if not isinstance(messages, list):
-        return 0
+        return 0, False
+    images = 0
+    cache = False
     for message in messages:
         content = (
             message.get("content")
@@ -227,6 +247,15 @@ def _s3_content(messages: object, model: str) -> int:
         for block in content if isinstance(content, list) else ():
             if (type(block) is not dict and not isinstance(block, Mapping)) or "text" in block:
                 continue
+            if "cachePoint" in block:
+                cache = True
+            if "image" in block:
+                images += 1
+            if "video" in block:
+                return _context_window(model), cache or _cache_point(messages)
+            document = block.get("document")
+            if isinstance(document, Mapping) and document.get("format") not in _TEXT_DOCUMENTS:
+                return _context_window(model), cache or _cache_point(messages)
             for media in block.values():
                 source = (
                     media.get("source")
@@ -234,8 +263,20 @@ def _s3_content(messages: object, model: str) -> int:
                     else None
                 )
                 if (type(source) is dict or isinstance(source, Mapping)) and "s3Location" in source:
-                    return _context_window(model)
-    return 0
+                    return _context_window(model), cache or _cache_point(messages)
+    per_image = ANTHROPIC_IMAGE_TOKENS if family(model) == "anthropic" else _IMAGE_TOKENS
+    return images * per_image, cache
+
+
+def _cache_point(blocks: object) -> bool:
+    """Whether a Converse block list (or a message list) holds a ``cachePoint``."""
+    for block in blocks if isinstance(blocks, list) else ():
+        if isinstance(block, Mapping):
+            if "cachePoint" in block:
+                return True
+            if _cache_point(block.get("content")):
+                return True
+    return False
 
 
 def _context_window(model: str) -> int:
@@ -314,9 +355,26 @@ def invoke_request(params: Mapping[str, Any], stream: bool) -> Request:
     cap = found if type(found) is int and found >= 0 else None
     messages = body.get("messages")
     n_messages = len(messages) if isinstance(messages, list) else 1
+    extra, cache_writes = 0, True
+    if kind == "anthropic":  # the Messages API body: images, documents, cache marks
+        extra, server_side, cache_writes = anthropic_hidden(body)
+        if server_side:
+            extra += _context_window(model)
     if cap is None and fields is None:
-        return Request(operation, model, body, n_messages, output_limit(model), False, 1, stream)
-    return Request(operation, model, body, n_messages, cap, cap is None, 1, stream)
+        cap = output_limit(model)
+        return Request(operation, model, body, n_messages, cap, False, 1, stream, extra)
+    return Request(
+        operation,
+        model,
+        body,
+        n_messages,
+        cap,
+        cap is None,
+        1,
+        stream,
+        extra,
+        cache_writes=cache_writes,
+    )
 
 
 def rewrite_invoke(params: Mapping[str, Any], cap: int | None, model: str | None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from veronica_otel._propagation import default_context
 from ._adapter import admitted_above
 from ._admit import CallSpec, aadmit, admit, input_bound
 from ._common import ContainedCall, make_current, start_span
+from ._hidden_input import openai_hidden, widened
 from ._openai_attributes import request_attributes
 
 PROVIDER = "openai"
@@ -143,6 +144,15 @@ def _choices(body: Mapping[str, Any], operation: str) -> int:
     return most
 
 
+def _prompts(prompt: object) -> int:
+    """Completions a legacy ``prompt`` asks for: one per string or token list of a list."""
+    if type(prompt) is not list or not prompt:
+        return 1
+    if all(type(item) is int for item in prompt):
+        return 1  # one prompt, as tokens
+    return len(prompt)
+
+
 def _prepare(
     options: Any, stream_kwarg: bool, client: Any, sdk: Stainless = OPENAI
 ) -> _CallState | None:
@@ -232,14 +242,22 @@ def _describe(options: Any, stream_kwarg: bool, sdk: Stainless) -> _Request | No
     parts = [part for part in map(body.get, input_keys) if part is not None]
     messages = body.get("messages")
     agent = current_agent() if ctx.names_agents else None
+    bound = input_bound(parts, len(messages) if type(messages) is list else 1)
+    choices = _choices(body, operation)
+    if operation != "embeddings":  # what the bytes do not show: images, server-side input
+        extra, server_side = openai_hidden(body, model)
+        if extra or server_side:
+            bound = widened(ctx, sdk.provider, model, bound, extra, server_side)
+        if operation == "text_completion":  # each prompt of a list is a completion of its own
+            choices *= _prompts(body.get("prompt"))
     spec = CallSpec(
         sdk.provider,
         operation,
         model,
-        input_bound(parts, len(messages) if type(messages) is list else 1),
+        bound,
         _requested_cap(body, cap_keys)[0],
         bool(cap_keys),
-        _choices(body, operation),
+        choices,
         stream_kwarg or body.get("stream") is True,
         agent,
         parts,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 from . import _agents
@@ -10,6 +12,7 @@ from ._call import (
     CallHandle,
 )
 from ._clamp import OutputClamp
+from ._config import DEFAULT_RESERVATION_WAIT_S
 from ._errors import BudgetExceededError, TripEvent
 from ._gc_safe import drain, pending
 from ._ledger import (
@@ -26,10 +29,26 @@ from ._units import nano_to_usd
 if TYPE_CHECKING:
     pass
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "RoomBusy"]
 
 _DEFAULT_OPTIONS = WrapOptions()
 _monotonic = time.monotonic
+_running_loop = asyncio._get_running_loop
+
+#: How often a call waiting for room reserves again: first, and at most.
+ROOM_POLL_FIRST_S = 0.001
+ROOM_POLL_MAX_S = 0.02
+
+
+class RoomBusy(BudgetExceededError):
+    """A call refused only by other calls' in-flight reservations, raised
+    (instead of waiting) to an async caller that awaits the room itself and
+    then admits the call again, until ``until`` (``time.monotonic``). Its
+    policies were given back and nothing is held; no trip was announced."""
+
+    def __init__(self, trip: TripEvent, until: float) -> None:
+        super().__init__(trip)
+        self.until = until
 
 
 class Admission(Settlement):
@@ -79,6 +98,7 @@ class Admission(Settlement):
         signature: str | None = None,
         clamp: OutputClamp | None = None,
         step: bool = True,
+        defer: bool = False,
     ) -> CallHandle:
         """:meth:`begin_call` for instrumentors that already priced the call.
 
@@ -92,6 +112,11 @@ class Admission(Settlement):
         and ``cost_nano`` and ``tokens`` are ignored. ``step=False``: the call
         counts no step (it joined the wrapped call that holds one, see
         :func:`~._call.joins_wrapped_call`); all else is reserved as usual.
+
+        A call refused only by other calls' in-flight reservations waits for
+        room (:meth:`_wait_for_room`); with ``defer`` (an async caller on an
+        event loop) it raises :class:`RoomBusy` instead, for the caller to
+        await the room and admit the call again.
         """
         if pending:
             drain()  # settle what garbage collection left, outside any lock
@@ -139,7 +164,114 @@ class Admission(Settlement):
             raise
         if type(reservation) is Reservation and agents is None and not self._metrics:
             return CallHandle(self, reservation, policy_context, decision)  # the common case
+        if type(reservation) is TripEvent and not reservation.sticky:
+            until = self._room_wait_until(reservation)
+            if until is not None:
+                if defer:
+                    if policy_context is not None:
+                        self.pipeline.abandon(policy_context)
+                    raise RoomBusy(reservation, until)
+                path = self._path if agents is None else agents[0]
+                reservation = self._wait_for_room(
+                    reservation, until, path, cost_nano, tokens, retry, signature, clamp, step
+                )
         return self._admitted(reservation, policy_context, decision, kind, model, agents)
+
+    # The refusal path: a call refused only by in-flight reservations.
+
+    def _room_wait_until(self, denial: TripEvent) -> float | None:
+        """When a call ``denial`` refused (not sticky) stops waiting for room;
+        None: it does not wait (waiting off, a windowed pool's denial, the
+        chain cancelled)."""
+        if denial.retry_after_s is not None or self._token.cancelled:
+            return None  # a pool's window frees it, not a settlement: retry_after_s says when
+        wait = self.config.reservation_wait_s
+        wait = DEFAULT_RESERVATION_WAIT_S if wait is None else wait
+        if wait <= 0:
+            return None
+        until = _monotonic() + wait
+        return until if self._deadline is None else min(until, self._deadline)
+
+    def _room_polls(self, until: float) -> Iterator[float]:
+        """The pauses before each new ask for room: doubling from
+        :data:`ROOM_POLL_FIRST_S` to :data:`ROOM_POLL_MAX_S`, until ``until``
+        or the chain is cancelled."""
+        delay = ROOM_POLL_FIRST_S
+        while True:
+            left = until - _monotonic()
+            if left <= 0 or self._token.cancelled:
+                return
+            yield min(delay, left)
+            delay = min(2 * delay, ROOM_POLL_MAX_S)
+
+    def _wait_for_room(
+        self,
+        denial: TripEvent,
+        until: float,
+        path: tuple[Level, ...],
+        cost_nano: int,
+        tokens: int,
+        retry: bool,
+        signature: str | None,
+        clamp: OutputClamp | None,
+        step: bool,
+    ) -> Reservation | TripEvent:
+        """Reserve again as calls in flight settle, until it fits, it is refused
+        on committed spend (a sticky trip), or ``until``. Not on an event
+        loop's thread: sleeping there would stop the very calls it waits for
+        (async callers await the room instead, see :class:`RoomBusy`)."""
+        if _running_loop() is not None:
+            return denial
+        result: Reservation | TripEvent = denial
+        for pause in self._room_polls(until):
+            time.sleep(pause)
+            if clamp is not None:
+                clamp.reset()
+                result = cast(LocalLedger, self._ledger).reserve_clamped(
+                    path, clamp, signature=signature, step=step, **self._pool_args()
+                )
+            else:
+                result = self._ledger.reserve(
+                    path,
+                    cost_nano,
+                    tokens,
+                    step=step,
+                    retry=retry,
+                    signature=signature,
+                    **self._pool_args(),
+                )
+            if type(result) is not TripEvent or result.sticky:
+                break
+        return result
+
+    async def _await_room(
+        self,
+        denial: TripEvent,
+        until: float,
+        path: tuple[Level, ...],
+        cost_nano: int,
+        tokens: int,
+        retry: bool,
+        signature: str | None,
+        step: bool,
+    ) -> Reservation | TripEvent:
+        """:meth:`_wait_for_room` on a shared store, awaited."""
+        aledger = self._aledger
+        result: Reservation | TripEvent = denial
+        for pause in self._room_polls(until):
+            await asyncio.sleep(pause)
+            result = await aledger.areserve(
+                path,
+                cost_nano,
+                tokens,
+                step=step,
+                retry=retry,
+                signature=signature,
+                **self._pool_args(),
+            )
+            if type(result) is not TripEvent or result.sticky:
+                break
+        return result
 
     def _reserve_clamped(
         self,
@@ -228,12 +360,12 @@ class Admission(Settlement):
     ) -> CallHandle:
         """:meth:`begin_call` for async code: the reservation never blocks the
         event loop. Settle the handle with ``await handle.afinish(...)``."""
-        if self._aledger is None:  # in process: nothing to await
-            return self.begin_call(kind, options, cost_nano=cost_nano)
         if options is None:
             options = _DEFAULT_OPTIONS
         if cost_nano is None:
             cost_nano = self._cost_of(options)
+        if self._aledger is None:  # in process: nothing to await but room, if it must wait
+            return await self._abegin_local(kind, options, cost_nano)
         return await self.abegin_priced_call(
             kind,
             options.operation_name,
@@ -244,6 +376,35 @@ class Admission(Settlement):
             retry=options.retry,
             signature=options.signature,
         )
+
+    async def _abegin_local(self, kind: str, options: WrapOptions, cost_nano: int) -> CallHandle:
+        """:meth:`abegin_call` in process: a call refused only by in-flight
+        reservations awaits their settlement (:class:`RoomBusy`), then asks again."""
+
+        def ask(defer: bool) -> CallHandle:
+            return self.begin_priced_call(
+                kind,
+                options.operation_name,
+                options.provider,
+                options.model,
+                cost_nano,
+                options.reserved_tokens,
+                options.retry,
+                options.signature,
+                defer=defer,
+            )
+
+        try:
+            return ask(True)
+        except RoomBusy as busy:
+            until = busy.until  # the first refusal's: each ask would start its own
+        for pause in self._room_polls(until):
+            await asyncio.sleep(pause)
+            try:
+                return ask(True)
+            except RoomBusy:
+                continue
+        return ask(False)  # the last ask: refused (and announced) as any call
 
     async def abegin_priced_call(
         self,
@@ -294,6 +455,13 @@ class Admission(Settlement):
             if policy_context is not None:
                 self.pipeline.abandon(policy_context)
             raise
+        if type(reservation) is TripEvent and not reservation.sticky:
+            until = self._room_wait_until(reservation)
+            if until is not None:
+                path = self._path if agents is None else agents[0]
+                reservation = await self._await_room(
+                    reservation, until, path, cost_nano, tokens, retry, signature, step
+                )
         stored = type(reservation) is TripEvent and self._pool_trip(reservation)
         if stored:  # the chain's trip, stored without blocking (the first trip wins)
             reservation = await aledger.atrip(self.chain_id, reservation)

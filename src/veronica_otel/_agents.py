@@ -69,7 +69,7 @@ def agent_limits(config: ExecutionConfig, argument: str = "config") -> Limits:
     """``config`` as an agent's ledger limits; ValueError for a field agents cannot use."""
     if not isinstance(config, ExecutionConfig):
         raise TypeError(f"{argument} must be an ExecutionConfig, got {config!r}")
-    for name in ("timeout_ms", "max_depth", "max_handoffs"):
+    for name in ("timeout_ms", "max_depth", "max_handoffs", "reservation_wait_s"):
         if getattr(config, name) is not None:
             raise ValueError(
                 f"{argument}.{name} does not apply to an agent (an agent's limits add up "

@@ -33,6 +33,10 @@ class CallSpec(NamedTuple):
         agent: The agent making the call (``gen_ai.agent.name``), if named.
         input_parts: The input as sent: signed (model and input) only when
             the chain limits repeated calls.
+        cache_writes: Whether the provider may bill input at its cache-write
+            price (the request marks blocks to cache, Anthropic's
+            ``cache_control``); False: input is reserved at the dearest of the
+            uncached and cache-read prices.
     """
 
     provider: str
@@ -45,6 +49,7 @@ class CallSpec(NamedTuple):
     stream: bool = False
     agent: str | None = None
     input_parts: object = None
+    cache_writes: bool = True
 
 
 class Admitted(NamedTuple):

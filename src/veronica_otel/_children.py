@@ -48,6 +48,7 @@ def carve(child: ExecutionConfig, parent: ExecutionConfig, state: LedgerState) -
         ),
         max_repeats=min_limit(child.max_repeats, parent.max_repeats),
         max_handoffs=min_limit(child.max_handoffs, parent.max_handoffs),
+        reservation_wait_s=child.reservation_wait_s,
     )
 
 

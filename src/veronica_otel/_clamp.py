@@ -90,6 +90,12 @@ class OutputClamp:
             self.affordable = buys
             self.pool = pool
 
+    def reset(self) -> None:
+        """Forget the room seen: the call is sized afresh (it waited for room)."""
+        self.affordable = None
+        self.pool = None
+        self.cap = None
+
     def size(self) -> tuple[int, int]:
         """The reservation (cost_nano, tokens) for the room seen; sets ``cap``."""
         affordable = self.affordable

@@ -9,7 +9,14 @@ from dataclasses import dataclass, fields
 
 from ._units import MAX_COUNT, check_count, check_usd
 
-__all__ = ["ENV_LIMITS", "ExecutionConfig", "parse_env_bool"]
+__all__ = [
+    "DEFAULT_RESERVATION_WAIT_S",
+    "ENV_LIMITS",
+    "MAX_RESERVATION_WAIT_S",
+    "ExecutionConfig",
+    "check_wait_s",
+    "parse_env_bool",
+]
 
 # field name -> environment variable
 ENV_LIMITS: Mapping[str, str] = {
@@ -21,7 +28,15 @@ ENV_LIMITS: Mapping[str, str] = {
     "max_repeats": "VERONICA_MAX_REPEATS",
     "max_depth": "VERONICA_MAX_DEPTH",
     "max_handoffs": "VERONICA_MAX_HANDOFFS",
+    "reservation_wait_s": "VERONICA_RESERVATION_WAIT_S",
 }
+
+DEFAULT_RESERVATION_WAIT_S = 10.0
+"""How long a call refused only by other calls' in-flight reservations waits
+for them to settle when ``reservation_wait_s`` is unset."""
+MAX_RESERVATION_WAIT_S = 3600.0
+"""The longest wait accepted: more is a unit mistake (milliseconds for seconds)."""
+_SECONDS = ("reservation_wait_s",)  # fields in seconds, not counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +58,12 @@ class ExecutionConfig:
         max_handoffs: How many times control may pass between the same two
             agents (see :func:`veronica_otel.agent`); the next handoff trips
             with reason ``loop``.
+        reservation_wait_s: How long a call refused only because other
+            calls' in-flight reservations hold the budget (its own worst
+            case fits beside the committed spend) waits for them to settle
+            before it is refused, never past the chain's deadline. ``None``:
+            :data:`DEFAULT_RESERVATION_WAIT_S`; ``0``: refuse at once. Not a
+            limit: a call refused on committed spend never waits.
     """
 
     max_cost_usd: float | None = None
@@ -53,12 +74,16 @@ class ExecutionConfig:
     max_repeats: int | None = None
     max_depth: int | None = None
     max_handoffs: int | None = None
+    reservation_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_cost_usd is not None:
             object.__setattr__(self, "max_cost_usd", check_usd("max_cost_usd", self.max_cost_usd))
+        if self.reservation_wait_s is not None:
+            wait = check_wait_s("reservation_wait_s", self.reservation_wait_s)
+            object.__setattr__(self, "reservation_wait_s", wait)
         for f in fields(self):
-            if f.name == "max_cost_usd":
+            if f.name == "max_cost_usd" or f.name in _SECONDS:
                 continue
             value = getattr(self, f.name)
             if value is not None:
@@ -81,12 +106,38 @@ class ExecutionConfig:
             if not raw:
                 continue
             try:
-                values[name] = _parse_usd(raw) if name == "max_cost_usd" else _parse_int(raw)
+                values[name] = (
+                    _parse_usd(raw)
+                    if name == "max_cost_usd" or name in _SECONDS
+                    else _parse_int(raw)
+                )
                 # Constructing a one-field config validates range and sign.
                 ExecutionConfig(**{name: values[name]})  # type: ignore[arg-type]
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{var}={_shown(raw)} is not a valid {name}: {exc}") from None
         return cls(**values)  # type: ignore[arg-type]
+
+
+def check_wait_s(name: str, value: object) -> float:
+    """``value`` as a wait in seconds: a finite number in ``[0, MAX_RESERVATION_WAIT_S]``.
+
+    Raises:
+        TypeError: Not a number (a bool or a string is not one).
+        ValueError: NaN, infinite, negative or absurd; ``name`` and the value are named.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0:
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    if seconds > MAX_RESERVATION_WAIT_S:
+        raise ValueError(
+            f"{name} must be <= {MAX_RESERVATION_WAIT_S:g} seconds, got {value!r} "
+            "(a wait is in seconds, not milliseconds)"
+        )
+    return seconds
 
 
 def _shown(raw: str) -> str:

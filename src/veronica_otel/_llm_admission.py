@@ -35,7 +35,11 @@ class LLMAdmission(Admission):
     """:meth:`admit_call` / :meth:`aadmit_call`, on top of the shared admission."""
 
     def admit_call(
-        self, spec: CallSpec, breaker: CircuitBreaker | None = None, probe: object = None
+        self,
+        spec: CallSpec,
+        breaker: CircuitBreaker | None = None,
+        probe: object = None,
+        defer: bool = False,
     ) -> Admitted:
         """Admit one described LLM call, or raise :class:`BudgetExceededError`.
 
@@ -53,6 +57,11 @@ class LLMAdmission(Admission):
         wrapped call and counts no step of its own (the wrap holds it); its
         worst case is reserved all the same (DESIGN G13,
         :func:`~._call.joins_wrapped_call`).
+
+        A call refused only by other calls' in-flight reservations waits for
+        them to settle; with ``defer`` it raises
+        :class:`~._admission.RoomBusy` instead (an async caller awaits the
+        room, then asks again).
         """
         prices = self._endpoint_prices(spec, breaker, probe)
         signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
@@ -70,7 +79,11 @@ class LLMAdmission(Admission):
                 cap, pool, clamp = clamp.cap, clamp.pool, None
         else:
             output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
-            cost_nano = 0 if prices is None else prices.max_cost_nano(spec.input_bound, output)
+            cost_nano = (
+                0
+                if prices is None
+                else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
+            )
             tokens = spec.input_bound + output
         handle = self.begin_priced_call(
             "llm",
@@ -82,6 +95,7 @@ class LLMAdmission(Admission):
             signature=signature,
             clamp=clamp,
             step=not joins_wrapped_call(self),
+            defer=defer,
         )
         # An instrumented call: telemetry is worth its cost here, once recorded.
         handle.metrics = metrics_live()
@@ -115,7 +129,11 @@ class LLMAdmission(Admission):
             cap, pool, clamped = clamp.cap, clamp.pool, True
         else:
             output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
-            cost_nano = 0 if prices is None else prices.max_cost_nano(spec.input_bound, output)
+            cost_nano = (
+                0
+                if prices is None
+                else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
+            )
             tokens = spec.input_bound + output
         handle = await self.abegin_priced_call(
             "llm",
@@ -160,7 +178,7 @@ class LLMAdmission(Admission):
         bound = spec.input_bound
         if prices is None:  # no cost ceiling and no price: only tokens bound it
             return OutputClamp(bound, 0, 0, False, spec.choices, DEFAULT_MAX_OUTPUT_TOKENS)
-        input_price, output_price = prices._worst_prices(bound)
+        input_price, output_price = prices._worst_prices(bound, spec.cache_writes)
         return OutputClamp(
             bound, input_price, output_price, True, spec.choices, prices.output_limit(bound)
         )

@@ -322,12 +322,15 @@ def _limits(source: str, data: object) -> ExecutionConfig:
     values: dict[str, Any] = {}
     for name, value in table.items():
         path = f"limits.{name}"
-        number = (
-            _usd(source, path, value) if name == "max_cost_usd" else _count(source, path, value)
-        )
+        if name == "reservation_wait_s":  # seconds: its own checks name it
+            number: Any = value
+        else:
+            number = (
+                _usd(source, path, value) if name == "max_cost_usd" else _count(source, path, value)
+            )
         try:
-            ExecutionConfig(**{name: number})  # type: ignore[arg-type]  # its own range rules
-        except ValueError as exc:
+            ExecutionConfig(**{name: number})  # its own range rules
+        except (TypeError, ValueError) as exc:
             raise PolicyFileError(source, _problem(exc, name), path, value) from None
         values[name] = number
     return ExecutionConfig(**values)
@@ -590,7 +593,7 @@ def _price(source: str, path: str, value: object) -> float:
     return usd
 
 
-def _problem(exc: ValueError, path: str) -> str:
+def _problem(exc: Exception, path: str) -> str:
     return str(exc).removeprefix(path).strip()
 
 

@@ -188,8 +188,9 @@ class UnitPrices:
     _segments: tuple[tuple[int, int, int, int, int, int], ...] = field(
         init=False, repr=False, compare=False
     )
-    # (threshold, worst input price, worst output price) over tiers reachable so far
-    _worst: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
+    # (threshold, worst input price, worst output price, worst input price with
+    # no cache write) over tiers reachable so far
+    _worst: tuple[tuple[int, int, int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.cache_write is None:  # normalised, so equal prices compare equal
@@ -203,10 +204,10 @@ class UnitPrices:
             if tier[1].tiers or threshold <= segments[-1][0]:
                 raise ValueError(f"{name} must have no tiers and an ascending threshold")
             segments.append((threshold, *tier[1]._flat(name)))
-        worst, wi, wo = [], 0, 0
+        worst, wi, wo, wr = [], 0, 0, 0
         for threshold, pi, po, pc, pr, pw in segments:
-            wi, wo = max(wi, pi, pc, pw), max(wo, po, pr)
-            worst.append((threshold, wi, wo))
+            wi, wo, wr = max(wi, pi, pc, pw), max(wo, po, pr), max(wr, pi, pc)
+            worst.append((threshold, wi, wo, wr))
         object.__setattr__(self, "_segments", tuple(segments))
         object.__setattr__(self, "_worst", tuple(worst))
 
@@ -305,24 +306,27 @@ class UnitPrices:
         total = (i - c - w) * pi + c * pc + w * pw + (o - r) * po + r * pr
         return -(-total // _PER_MTOK)
 
-    def _worst_prices(self, input_tokens: int) -> tuple[int, int]:
+    def _worst_prices(self, input_tokens: int, cache_writes: bool = True) -> tuple[int, int]:
         worst = self._worst
-        _, wi, wo = worst[-1]
+        _, wi, wo, wr = worst[-1]
         if len(worst) > 1 and input_tokens <= worst[-1][0]:
-            for threshold, ti, to in worst:
+            for threshold, ti, to, tr in worst:
                 if input_tokens <= threshold:
                     break
-                wi, wo = ti, to
-        return wi, wo
+                wi, wo, wr = ti, to, tr
+        return (wi if cache_writes else wr), wo
 
-    def max_cost_nano(self, input_tokens: int, output_tokens: int) -> int:
+    def max_cost_nano(
+        self, input_tokens: int, output_tokens: int, cache_writes: bool = True
+    ) -> int:
         """Return the worst-case cost of a call, for a reservation.
 
         Every input token is priced at the dearest input-side price (uncached,
-        cache read or cache write) and every output token at the dearest of
-        output and reasoning, in the most expensive tier ``input_tokens`` can
-        reach. Tiers depend on input tokens only, so when ``input_tokens`` is an
-        upper bound no cheaper prompt can land in a dearer tier.
+        cache read, or cache write unless ``cache_writes`` is False: the
+        request marks nothing to cache) and every output token at the dearest
+        of output and reasoning, in the most expensive tier ``input_tokens``
+        can reach. Tiers depend on input tokens only, so when ``input_tokens``
+        is an upper bound no cheaper prompt can land in a dearer tier.
         """
         i, o = input_tokens, output_tokens
         if not (type(i) is int and type(o) is int and 0 <= i <= MAX_COUNT and 0 <= o <= MAX_COUNT):
@@ -330,9 +334,10 @@ class UnitPrices:
             o = check_count("output_tokens", o)
         worst = self._worst
         if len(worst) == 1:  # no tiers (most models): one price pair, no walk
-            wi, wo = worst[0][1], worst[0][2]
+            top = worst[0]
+            wi, wo = (top[1] if cache_writes else top[3]), top[2]
         else:
-            wi, wo = self._worst_prices(i)
+            wi, wo = self._worst_prices(i, cache_writes)
         return -(-(i * wi + o * wo) // _PER_MTOK)
 
     def max_output_tokens_for(self, budget_nano: int, input_tokens: int) -> int:

@@ -29,7 +29,9 @@ ENVIRONMENT: tuple[tuple[tuple[str, ...], str], ...] = (
         tuple(ENV_LIMITS.values()),
         "the zero-code default chain's limits (`ExecutionConfig.from_env()`): USD, steps, "
         "retries across all layers, wall-clock milliseconds, tokens, repeats of one call, "
-        "sub-agent depth, handoffs between two agents",
+        "sub-agent depth, handoffs between two agents; and the seconds a call refused only "
+        "by other calls' in-flight reservations waits for them to settle (default 10, never "
+        "past the deadline; 0: refuse at once)",
     ),
     (("VERONICA_UNKNOWN_MODEL_PRICE",), "USD per 1M tokens for models with no known price"),
     (("VERONICA_POLICY_FILE",), "a declarative policy file (TOML or YAML), reloaded on change"),
@@ -111,7 +113,16 @@ POLICY_KEYS: tuple[tuple[str, str], ...] = (
         "unknown_model_price_usd_per_mtok",
         "USD per 1M tokens for models with no known price",
     ),
-    *((f"limits.{key}", f"the chain's ceiling on {_LIMIT_MEANINGS[key]}") for key in _LIMIT_KEYS),
+    *(
+        (f"limits.{key}", f"the chain's ceiling on {_LIMIT_MEANINGS[key]}")
+        for key in _LIMIT_KEYS
+        if key in _LIMIT_MEANINGS
+    ),
+    (
+        "limits.reservation_wait_s",
+        "seconds a call refused only by other calls' in-flight reservations waits for them "
+        "to settle (default 10, never past the deadline; 0: refuse at once)",
+    ),
     *(
         (f'prices."model".{key}', f"USD per 1M {key.replace('_', ' ')} tokens")
         for key in _PRICE_KEYS

@@ -277,6 +277,7 @@ def effective_config(local: ExecutionConfig, grant: Grant, now: float) -> Execut
         max_repeats=local.max_repeats,
         max_handoffs=local.max_handoffs,
         max_depth=min_limit(local.max_depth, grant.max_depth),
+        reservation_wait_s=local.reservation_wait_s,
     )
 
 

@@ -20,7 +20,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
@@ -73,6 +73,26 @@ def redis_url(redis_server: RedisServerProcess) -> str:
 def redis_prefix() -> str:
     """A key prefix of this test's own on the shared server."""
     return f"t{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture(params=["local", "valkey"])
+def ledger(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The in-process ledger, then a shared one on the session's Valkey (a module
+    may define a ``ledger`` of its own)."""
+    from veronica_otel._ledger import LocalLedger
+
+    if request.param == "local":
+        yield LocalLedger()
+        return
+    from veronica_otel.distributed import RedisLedger
+
+    url: str = request.getfixturevalue("redis_url")
+    prefix: str = request.getfixturevalue("redis_prefix")
+    shared = RedisLedger.from_url(url, key_prefix=prefix)
+    try:
+        yield shared
+    finally:
+        shared.client.close()
 
 
 @pytest.fixture

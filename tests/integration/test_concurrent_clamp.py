@@ -143,20 +143,6 @@ async def test_the_clamp_leaves_room_for_the_prompt_in_the_context_window(
 # -- a denial caused only by in-flight reservations is not a trip ------------------------
 
 
-@pytest.fixture(params=["local", "redis"])
-def ledger(request: pytest.FixtureRequest) -> Iterator[LocalLedger | RedisLedger]:
-    if request.param == "local":
-        yield LocalLedger()
-        return
-    redis_url: str = request.getfixturevalue("redis_url")
-    prefix: str = request.getfixturevalue("redis_prefix")
-    shared = RedisLedger.from_url(redis_url, key_prefix=prefix)
-    try:
-        yield shared
-    finally:
-        shared.client.close()
-
-
 @pytest.mark.asyncio
 async def test_denied_by_reservations_alone_does_not_trip_the_chain(
     aclient: openai.AsyncOpenAI, server: FakeLLMServer, ledger: LocalLedger | RedisLedger
@@ -165,7 +151,8 @@ async def test_denied_by_reservations_alone_does_not_trip_the_chain(
     assert prices is not None
     call = prices.max_cost_nano(input_bound([MESSAGES], 1), 1_000)  # a call capped at 1000
     ceiling = 2 * call
-    config = ExecutionConfig(max_cost_usd=nano_to_usd(ceiling))
+    # No waiting for room: this test holds the other reservation itself.
+    config = ExecutionConfig(max_cost_usd=nano_to_usd(ceiling), reservation_wait_s=0)
     with ExecutionContext(config, chain_id="soft", ledger=ledger) as ctx:
         # Another call in flight holds 1.5 calls' worth: this one fits the
         # committed spend (0) but not beside that reservation.
@@ -202,7 +189,8 @@ def test_a_call_that_cannot_fit_committed_spend_still_trips(
 
 def test_wrapped_calls_are_denied_without_tripping(ledger: LocalLedger | RedisLedger) -> None:
     """wrap_llm_call too (in process, its fast path: reserve_one)."""
-    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0), chain_id="fast", ledger=ledger) as ctx:
+    config = ExecutionConfig(max_cost_usd=1.0, reservation_wait_s=0)  # the hold is ours
+    with ExecutionContext(config, chain_id="fast", ledger=ledger) as ctx:
         held = ctx.begin_call(cost_nano=6 * 10**8)
         options = WrapOptions(operation_name="x", cost_estimate_hint=0.5)
         assert ctx.wrap_llm_call(lambda: "sent", options) is Decision.HALT

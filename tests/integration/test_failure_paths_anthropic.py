@@ -48,7 +48,8 @@ CAP = 100
 def reservation_usd(cap: int = CAP) -> float:
     prices = default_price_table().lookup("anthropic", MODEL)
     assert prices is not None
-    return nano_to_usd(prices.max_cost_nano(input_bound([MESSAGES], 1), cap))
+    # Nothing is marked to cache: input is reserved at the plain input price.
+    return nano_to_usd(prices.max_cost_nano(input_bound([MESSAGES], 1), cap, cache_writes=False))
 
 
 def usage_usd(inp: int, out: int) -> float:

@@ -249,7 +249,9 @@ def test_uncapped_calls_side_by_side_fill_the_room_exactly(switch_often: None) -
     # tripping the chain.
     ceiling = 2 * cost_of(LIMIT) + cost_of(LIMIT // 2)
     for _ in range(5):
-        with ExecutionContext(ExecutionConfig(max_cost_usd=nano_to_usd(ceiling))) as ctx:
+        # No waiting for room: the answers hold theirs until every thread is done.
+        config = ExecutionConfig(max_cost_usd=nano_to_usd(ceiling), reservation_wait_s=0)
+        with ExecutionContext(config) as ctx:
             answers, denied = _side_by_side(ctx, 8)
             clamps = sorted(a.clamped or 0 for a in answers)
             assert clamps[1:] == [LIMIT, LIMIT]

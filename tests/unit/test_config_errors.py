@@ -47,6 +47,10 @@ BAD_VALUES = [
     ("VERONICA_MAX_STEPS", "1.5"),
     ("VERONICA_TIMEOUT_MS", "soon"),
     ("VERONICA_MAX_REPEATS", "0"),
+    ("VERONICA_RESERVATION_WAIT_S", "nan"),
+    ("VERONICA_RESERVATION_WAIT_S", "-1"),
+    ("VERONICA_RESERVATION_WAIT_S", "1e9"),
+    ("VERONICA_RESERVATION_WAIT_S", "soon"),
     ("VERONICA_FAIL_OPEN", "maybe"),
     ("VERONICA_GRANT_KEY", "short"),
     ("VERONICA_GRANT_KEY", "\udcff" * 20),  # bytes that were not UTF-8

@@ -102,8 +102,9 @@ test_g1_asyncio_tasks_dispatch_exactly_33 = pytest.mark.asyncio(
 
 
 def test_g1_reservation_blocks_while_in_flight() -> None:
-    """The worst case is held before dispatch: a concurrent call cannot use it."""
-    ctx = ExecutionContext(ExecutionConfig(max_cost_usd=1.0))
+    """The worst case is held before dispatch: a concurrent call cannot use it
+    (and, with no wait for room, is refused at once: the hold is its caller's)."""
+    ctx = ExecutionContext(ExecutionConfig(max_cost_usd=1.0, reservation_wait_s=0))
     inner: list[Decision] = []
 
     def outer() -> None:

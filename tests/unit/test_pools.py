@@ -57,9 +57,9 @@ def spend(ctx: ExecutionContext, options: WrapOptions = CENT) -> Decision:
 
 
 def chain(ledger: LocalLedger, *pools: BudgetPool, max_cost_usd: float = 10.0) -> ExecutionContext:
-    return ExecutionContext(
-        ExecutionConfig(max_cost_usd=max_cost_usd), ledger=ledger, pools=list(pools)
-    )
+    # No waiting for room: a hold these tests make is settled by the same thread.
+    config = ExecutionConfig(max_cost_usd=max_cost_usd, reservation_wait_s=0)
+    return ExecutionContext(config, ledger=ledger, pools=list(pools))
 
 
 # -- arguments ------------------------------------------------------------------------------
