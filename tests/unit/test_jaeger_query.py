@@ -38,9 +38,11 @@ def finished_spans() -> list[ReadableSpan]:
             "veronica.decision": "ALLOW",
             "veronica.tags": ("a", "b"),
         }
-        with tracer.start_as_current_span("chat gpt-4o-mini", attributes=call):
-            with tracer.start_as_current_span("POST"):
-                pass
+        with (
+            tracer.start_as_current_span("chat gpt-4o-mini", attributes=call),
+            tracer.start_as_current_span("POST"),
+        ):
+            pass
         sub = {"veronica.chain.id": "c1.1", "gen_ai.operation.name": "invoke_agent"}
         with tracer.start_as_current_span("invoke_agent critic", attributes=sub):
             denied = {**call, "veronica.chain.id": "c1.1", "veronica.decision": "HALT"}

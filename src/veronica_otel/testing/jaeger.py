@@ -49,11 +49,12 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
-
-from veronica_otel.exporters.jaeger_query import JaegerQuery
+from typing import IO, TYPE_CHECKING
 
 from ._redis import _free_port
+
+if TYPE_CHECKING:
+    from veronica_otel.exporters.jaeger_query import JaegerQuery
 
 __all__ = [
     "JAEGER_MODULE",
@@ -301,7 +302,9 @@ class JaegerProcess:
 
     @property
     def query(self) -> JaegerQuery:
-        """A client of this Jaeger's query API."""
+        """A client of this Jaeger's query API (needs the OpenTelemetry SDK)."""
+        from veronica_otel.exporters.jaeger_query import JaegerQuery
+
         return JaegerQuery(self.query_url)
 
     def log(self) -> str:
@@ -338,6 +341,10 @@ class JaegerProcess:
                 self.stop()
                 raise RuntimeError(f"Jaeger was not healthy within {_START_TIMEOUT_S:g}s")
             time.sleep(0.05)
+
+    def poll(self) -> int | None:
+        """The exit status once the process ended, else None (also before start)."""
+        return None if self._process is None else self._process.poll()
 
     def stop(self) -> None:
         """Stop the process (its in-memory traces go with it)."""
@@ -406,11 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, _stop)
         try:
-            while not stop and jaeger._process is not None and jaeger._process.poll() is None:
+            while not stop and jaeger.poll() is None:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             pass
-        if not stop and jaeger._process is not None and jaeger._process.poll() is not None:
+        if not stop and jaeger.poll() is not None:
             print(f"Jaeger exited:\n{jaeger.log()}", file=sys.stderr)
             return 1
     return 0
