@@ -149,7 +149,7 @@ def _build(go: str, version: str, target: Path, progress: IO[str] | None) -> Non
             [go, "get", "-tool", f"{package}@{version}"],
             [go, "build", "-trimpath", f"-ldflags={ldflags}", "-o", str(partial), package],
         )
-        env = {**os.environ, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+        env = {**os.environ, "GOFLAGS": "-mod=mod"}
         for step in steps:
             try:
                 subprocess.run(
