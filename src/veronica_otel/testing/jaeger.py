@@ -76,6 +76,7 @@ ENV_BINARY = "VERONICA_JAEGER_BINARY"
 _BUILD_TIMEOUT_S = 3600.0
 _START_TIMEOUT_S = 60.0
 _LOG_TAIL = 40
+_STOP_WAIT_S = 2.0
 
 
 class JaegerUnavailable(RuntimeError):
@@ -353,7 +354,9 @@ class JaegerProcess:
             return
         process.terminate()
         try:
-            process.wait(timeout=10)
+            # Its graceful stop can wait ~10 s on a gRPC peer that came and went;
+            # the traces are in memory, so there is nothing to save by waiting.
+            process.wait(timeout=_STOP_WAIT_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
