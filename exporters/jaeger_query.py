@@ -31,7 +31,7 @@ import math
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -291,12 +291,3 @@ def graphs_from_spans(spans: Iterable[ReadableSpan]) -> list[GraphDict]:
         complete = any(n["chain_id"] == key and n["kind"] == "agent" for n in nodes)
         graphs.append(build_graph(min(chain_ids, key=len, default=key), nodes, complete=complete))
     return sorted(graphs, key=lambda g: (g["start"], g["chain_id"]))
-
-
-def trace_ids(spans: Sequence[ReadableSpan]) -> list[str]:
-    """The distinct trace ids in ``spans`` (hex), in order of first appearance."""
-    seen: dict[str, None] = {}
-    for span in spans:
-        if span.context is not None:
-            seen.setdefault(f"{span.context.trace_id:032x}", None)
-    return list(seen)

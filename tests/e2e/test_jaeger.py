@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from tests import _venvs
 from tests.e2e.test_cli import cli
+from tests.e2e.test_real_installs import _venv
 from tests.e2e.test_two_services import run_client_a, start_service_b, stop
 from veronica_otel.exporters.graph import load_graph
 from veronica_otel.exporters.jaeger_query import JaegerQuery, graphs_from_spans
@@ -45,13 +45,6 @@ EXAMPLE = ROOT / "examples" / "jaeger" / "agent.py"
 PROTOCOLS = ("http/protobuf", "grpc")
 SETTLE_S = 30.0
 TIMEOUT = 120
-
-
-def _venv(name: str) -> Path:
-    try:
-        return _venvs.venv(name.lower(), getattr(_venvs, name))
-    except subprocess.CalledProcessError as exc:
-        pytest.fail(f"building the {name} venv: {_venvs.build_error(exc)}")
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +79,12 @@ def recipe() -> Path:
 @pytest.fixture(scope="module")
 def example_venv() -> Path:
     return _venv("JAEGER_EXAMPLE")
+
+
+@pytest.fixture(scope="module")
+def demo_runs(recipe: Path, jaeger: JaegerProcess) -> dict[str, dict[str, Any]]:
+    """The demo chain sent straight to Jaeger once per protocol (its report)."""
+    return {protocol: run_planner_critic(recipe, jaeger, protocol) for protocol in PROTOCOLS}
 
 
 @pytest.fixture
@@ -282,9 +281,9 @@ def one_trace(query: JaegerQuery, service: str) -> list[ReadableSpan]:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_the_demo_chain_is_one_trace_in_jaeger(
-    recipe: Path, jaeger: JaegerProcess, protocol: str
+    demo_runs: dict[str, dict[str, Any]], jaeger: JaegerProcess, protocol: str
 ) -> None:
-    report = run_planner_critic(recipe, jaeger, protocol)
+    report = demo_runs[protocol]
     assert (report["trip"], report["sent"]) == ("loop", 9)
     spans = settled(lambda: jaeger.query.trace(report["trace_id"]))
     counted = check_chain(spans, agents={"planner", "critic"})
@@ -380,9 +379,13 @@ def test_two_services_are_one_trace_in_jaeger(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_through_a_collector_nothing_is_lost(
-    recipe: Path, jaeger: JaegerProcess, collector: JaegerProcess, protocol: str
+    recipe: Path,
+    demo_runs: dict[str, dict[str, Any]],
+    jaeger: JaegerProcess,
+    collector: JaegerProcess,
+    protocol: str,
 ) -> None:
-    direct = run_planner_critic(recipe, jaeger, protocol)
+    direct = demo_runs[protocol]
     forwarded = run_planner_critic(recipe, collector, protocol)
     assert direct["sent"] == forwarded["sent"]
     expected = settled(lambda: jaeger.query.trace(direct["trace_id"]))
@@ -392,9 +395,9 @@ def test_through_a_collector_nothing_is_lost(
 
 
 def test_graph_reads_chains_from_jaeger(
-    recipe: Path, jaeger: JaegerProcess, tmp_path: Path
+    recipe: Path, demo_runs: dict[str, dict[str, Any]], jaeger: JaegerProcess, tmp_path: Path
 ) -> None:
-    report = run_planner_critic(recipe, jaeger, "http/protobuf")
+    report = demo_runs["http/protobuf"]
     spans = settled(lambda: jaeger.query.trace(report["trace_id"]))
     result = cli("graph", "--jaeger", jaeger.query_url, "--trace", report["trace_id"])
     assert result.returncode == 0, result.stderr
@@ -410,8 +413,9 @@ def test_graph_reads_chains_from_jaeger(
     (graph,) = graphs_from_spans(spans)
     assert graph["totals"]["llm_sent"] == 9
 
-    # The service's latest traces: this one and the one before it.
-    run_planner_critic(recipe, jaeger, "http/protobuf")
+    # The service's latest traces: a new one and the one before it.
+    latest = run_planner_critic(recipe, jaeger, "http/protobuf")
+    settled(lambda: jaeger.query.trace(latest["trace_id"]))
     result = cli(
         "graph",
         "--jaeger",
@@ -426,7 +430,7 @@ def test_graph_reads_chains_from_jaeger(
     assert result.returncode == 0, result.stderr
     pages = sorted((tmp_path / "pages").glob("*.html"))
     assert len(pages) == 2 and result.stdout.count("wrote ") == 2
-    assert any(report["chain_id"] in p.name for p in pages)
+    assert any(latest["chain_id"] in p.name for p in pages)
     assert "TRIP" in pages[0].read_text() or "trip" in pages[0].read_text()
 
 
