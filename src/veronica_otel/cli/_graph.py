@@ -60,7 +60,7 @@ def _source_problem(args: argparse.Namespace) -> str | None:
         if args.trace is not None or args.service is not None:
             return "--trace and --service read from Jaeger: give --jaeger URL too"
         if args.file is None:
-            return "give a graph FILE, or --jaeger URL with --trace ID or --service NAME"
+            return "give a graph file, or --jaeger URL with --trace ID or --service NAME"
         return None
     if args.file is not None:
         return "give a graph FILE or --jaeger URL, not both"
