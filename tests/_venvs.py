@@ -224,3 +224,7 @@ OPENAI_2_LOW: tuple[tuple[str, ...], ...] = (
     (f"{OURS}[openai,anthropic]", "openai==2.30.0", "anthropic==0.125.0"),
 )
 ANTHROPIC_1: tuple[tuple[str, ...], ...] = ((f"{OURS}[anthropic]", "anthropic==1.17.0"),)
+
+# examples/jaeger's install line, exactly as its README gives it: the OTLP/HTTP
+# exporter and OpenTelemetry's httpx instrumentation (the POST under each call).
+JAEGER_EXAMPLE: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai,otlp,propagation]",),)

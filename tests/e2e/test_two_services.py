@@ -145,10 +145,10 @@ def service_b(llm: FakeLLMServer, tmp_path_factory: pytest.TempPathFactory) -> I
     stop(service)
 
 
-def run_client_a(llm: FakeLLMServer, service: ServiceB, calls: int) -> dict[str, Any]:
+def run_client_a(llm: FakeLLMServer, service: ServiceB, calls: int, **env: str) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, str(APPS / "client_a.py"), str(calls)],
-        env=environment(llm, SERVICE_B_URL=service.url),
+        env=environment(llm, SERVICE_B_URL=service.url, **env),
         capture_output=True,
         text=True,
         timeout=60,

@@ -253,12 +253,37 @@ def _parser() -> argparse.ArgumentParser:
 
     graph = sub.add_parser(
         "graph",
-        help="show an execution graph file as a tree, or write it as HTML",
-        description="Read a chain graph JSON file written by the veronica_graph exporter.",
+        help="show an execution graph as a tree, or write it as HTML (from a file or Jaeger)",
+        description="Read a chain graph JSON file written by the veronica_graph exporter, "
+        "or read traces from Jaeger's query API (--jaeger) and show each chain in them.",
     )
-    graph.add_argument("file", help="graph JSON file")
+    graph.add_argument("file", nargs="?", default=None, help="graph JSON file")
     graph.add_argument(
-        "--html", metavar="OUT", default=None, help="write a self-contained HTML view"
+        "--html",
+        metavar="OUT",
+        default=None,
+        help="write a self-contained HTML view (with --jaeger: a folder, one page per chain)",
+    )
+    graph.add_argument(
+        "--jaeger",
+        metavar="URL",
+        default=None,
+        help="Jaeger's query service, e.g. http://localhost:16686",
+    )
+    chosen = graph.add_mutually_exclusive_group()
+    chosen.add_argument("--trace", metavar="ID", default=None, help="one trace (32 hex digits)")
+    chosen.add_argument(
+        "--service", metavar="NAME", default=None, help="the latest traces of a service"
+    )
+    graph.add_argument(
+        "--last", metavar="N", type=int, default=1, help="with --service: how many traces (1)"
+    )
+    graph.add_argument(
+        "--lookback",
+        metavar="DUR",
+        type=_positive_seconds,
+        default=7 * 86400.0,
+        help="with --service: how far back to look (7d)",
     )
     graph.set_defaults(handler=_graph)
     return parser

@@ -13,10 +13,10 @@ import os
 import sys
 from typing import Any
 
+from _export import tracer_provider  # spans to OTLP when asked
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
 
-trace.set_tracer_provider(TracerProvider())  # spans are recorded, so traceparent is sent
+trace.set_tracer_provider(tracer_provider())  # recorded, so traceparent is sent
 
 import httpx2  # noqa: E402
 import openai  # noqa: E402

@@ -15,14 +15,14 @@ import logging
 import os
 from typing import Any
 
+from _export import tracer_provider  # spans to OTLP when asked
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
 
 READER = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
-trace.set_tracer_provider(TracerProvider())  # spans are recorded, so traceparent is sent
+trace.set_tracer_provider(tracer_provider())  # recorded, so traceparent is sent
 logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
 
 import openai  # noqa: E402
