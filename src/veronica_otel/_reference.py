@@ -91,6 +91,11 @@ ENVIRONMENT: tuple[tuple[tuple[str, ...], str], ...] = (
         "is contained at the HTTP layer; `refuse`: refused in a limited chain; `off`",
     ),
     (
+        ("VERONICA_JAEGER_CACHE", "VERONICA_JAEGER_BINARY"),
+        "testing: where `veronica_otel.testing.jaeger` caches the Jaeger it builds "
+        "(default `~/.cache/veronica-otel-jaeger`), or a Jaeger binary to use instead",
+    ),
+    (
         ("VERONICA_GRAPH_DIR", "VERONICA_OTLP_JSON_PATH"),
         "where the `veronica_graph` and `veronica_otlp_json` trace exporters write",
     ),
