@@ -21,8 +21,8 @@ _REPO = "https://github.com/veronica-otel/veronica-otel/blob/main/"
 def _readme() -> str:
     text = (_ROOT / "README.md").read_text(encoding="utf-8")
     text = text.replace("](docs/", "](")
-    for name in ("CHANGELOG.md", "LICENSE"):
-        text = text.replace(f"]({name})", f"]({_REPO}{name})")
+    for name in ("CHANGELOG.md", "LICENSE", "examples/"):
+        text = text.replace(f"]({name}", f"]({_REPO}{name}")
     return text
 
 
