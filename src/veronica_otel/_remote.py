@@ -327,6 +327,7 @@ def join_chain(
                 chain_id=level.chain_id,
                 ledger=ledger,
                 name="remote",
+                detached=True,
                 _parent=parent,
                 _depth=grant.depth,
             )
@@ -338,6 +339,7 @@ def join_chain(
         chain_id=child_chain_id(grant),
         ledger=ledger,
         name="request",
+        detached=True,
         _parent=parent,
         _depth=grant.depth + 1,
         pools=pools,

@@ -263,7 +263,12 @@ class Gate:
             # carved for it, so running it on local limits could overspend.
             record_rejection("ledger_mismatch", grant.chain_id)
             ctx = ExecutionContext(
-                self.config, self.pipeline, ledger=self.ledger, name="request", pools=pools
+                self.config,
+                self.pipeline,
+                ledger=self.ledger,
+                name="request",
+                pools=pools,
+                detached=True,
             )
             denial = _deny(
                 ctx, "cost", 0, 0, f"grant of chain {grant.chain_id} is for another ledger"
@@ -281,7 +286,12 @@ class Gate:
             )
         else:
             ctx = ExecutionContext(
-                self.config, self.pipeline, ledger=self.ledger, name="request", pools=pools
+                self.config,
+                self.pipeline,
+                ledger=self.ledger,
+                name="request",
+                pools=pools,
+                detached=True,
             )
         return Admission(ctx, grant, None, shared, carrier_context)
 
