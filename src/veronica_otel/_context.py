@@ -346,7 +346,8 @@ def _check_arguments(config: object, pipeline: object, chain_id: object, detache
         raise TypeError(f"pipeline must be a PolicyPipeline, got {pipeline!r}")
     if chain_id is not None and (not isinstance(chain_id, str) or not _valid_id(chain_id)):
         raise ValueError(
-            f"chain_id must be 1-128 characters of letters, digits and -_.:, got {chain_id!r}"
+            "chain_id must be 1-128 ASCII letters, digits and -_.: not starting with . or :, "
+            f"got {chain_id!r}"
         )
     if not isinstance(detached, bool):
         raise TypeError(f"detached must be a bool, got {detached!r}")
@@ -398,8 +399,12 @@ def _joined(
 
 
 def _valid_id(chain_id: str) -> bool:
+    """ASCII letters, digits and ``-_.:`` (no ``/``: agents' ids hold it), not
+    starting with ``.`` or ``:`` (the store refuses those, and the pools' tag
+    is ``:pools``): see ``distributed/_keys.py``."""
     return (
         0 < len(chain_id) <= 128
-        and all(c.isalnum() or c in "-_.:" for c in chain_id)
         and chain_id.isascii()
+        and chain_id[0] not in ".:"
+        and all(c.isalnum() or c in "-_.:" for c in chain_id)
     )

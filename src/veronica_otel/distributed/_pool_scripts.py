@@ -1,13 +1,14 @@
 """Lua of budget pools in the shared ledger (see ``_pools.py`` for the protocol).
 
-Keys (every pool key carries the one hash tag ``{pools}``, so all pools are
-in one Redis Cluster slot and one script reserves in all of a call's pools)::
+Keys (every pool key carries the one hash tag ``{:pools}``, which no chain
+tree's tag can be, so all pools are in one Redis Cluster slot and one script
+reserves in all of a call's pools)::
 
-    {prefix}{pools}:p:{name}   hash    one pool (fields below)
-    {prefix}{pools}:rh         hash    reservation id -> "cost tokens steps name...",
+    {prefix}{:pools}:p:{name}  hash    one pool (fields below)
+    {prefix}{:pools}:rh        hash    reservation id -> "cost tokens steps name...",
                                        or a reaped one's marker "C cost tokens steps at name..."
-    {prefix}{pools}:rz         zset    reservation id -> expiry (server time, us)
-    {prefix}{pools}:ad         zset    settled reservation id -> expiry (replay memory)
+    {prefix}{:pools}:rz        zset    reservation id -> expiry (server time, us)
+    {prefix}{:pools}:ad        zset    settled reservation id -> expiry (replay memory)
 
 Pool hash fields: ``e`` epoch; ``c`` / ``s`` / ``t`` cost (nano-USD), steps
 and tokens spent within the window (all time for a lifetime pool); ``rc`` /
