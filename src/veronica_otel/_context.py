@@ -38,6 +38,7 @@ from ._ledger import (
     Limits,
     LocalLedger,
 )
+from ._limits import GRANT_MARK
 from ._policy import PolicyPipeline
 from ._pools import BudgetPool, check_pools
 from ._pricing import PriceTable
@@ -105,8 +106,9 @@ class ExecutionContext(WrapCalls):
         detached: bool = False,
         _parent: ExecutionContext | None = None,
         _depth: int = 0,
+        _grant_chain: bool = False,
     ) -> None:
-        _check_arguments(config, pipeline, chain_id, detached)
+        _check_arguments(config, pipeline, chain_id, detached, _grant_chain)
         if detached:  # else the class default (a plain chain keeps its attributes inline)
             self._detached = True
         if _parent is None and not detached:  # made inside a chain: its child
@@ -339,12 +341,16 @@ _Nested = tuple[
 ]
 
 
-def _check_arguments(config: object, pipeline: object, chain_id: object, detached: object) -> None:
+def _check_arguments(
+    config: object, pipeline: object, chain_id: object, detached: object, grant: bool = False
+) -> None:
     if config is not None and not isinstance(config, ExecutionConfig):
         raise TypeError(f"config must be an ExecutionConfig, got {config!r}")
     if pipeline is not None and not isinstance(pipeline, PolicyPipeline):
         raise TypeError(f"pipeline must be a PolicyPipeline, got {pipeline!r}")
-    if chain_id is not None and (not isinstance(chain_id, str) or not _valid_id(chain_id)):
+    if chain_id is not None and (
+        not isinstance(chain_id, str) or not _valid_id(chain_id, grant=grant)
+    ):
         raise ValueError(
             "chain_id must be 1-128 ASCII letters, digits and -_.: not starting with . or :, "
             f"got {chain_id!r}"
@@ -398,10 +404,15 @@ def _joined(
     return (*inherited, *(pool for pool in own or () if pool.name not in names))
 
 
-def _valid_id(chain_id: str) -> bool:
-    """ASCII letters, digits and ``-_.:`` (no ``/``: agents' ids hold it), not
-    starting with ``.`` or ``:`` (the store refuses those, and the pools' tag
-    is ``:pools``): see ``distributed/_keys.py``."""
+def _valid_id(chain_id: str, *, grant: bool = False) -> bool:
+    """ASCII letters, digits and ``-_.:`` (no ``/``: agents' and grants' ids
+    hold it), not starting with ``.`` or ``:`` (the store refuses those, and
+    the pools' tag is ``:pools``): see ``distributed/_keys.py``. With
+    ``grant``, also a request chain joined under a grant (``<id>:grant/<nonce>``,
+    made by ``_remote.child_chain_id``, never by a user)."""
+    if grant and GRANT_MARK in chain_id:
+        caller, _, nonce = chain_id.rpartition(GRANT_MARK)
+        return _valid_id(caller, grant=True) and nonce.isalnum() and nonce.isascii()
     return (
         0 < len(chain_id) <= 128
         and chain_id.isascii()

@@ -100,8 +100,22 @@ def test_key_kinds_are_disjoint_for_any_names(
     for i, one in enumerate(groups):
         for other in groups[i + 1 :]:
             assert not one & other, one & other
-    # In process: a chain's counters and an agent's are kept by id, pools apart.
-    assert not set(chains) & {agent_level_id(c, n) for c in chains for n in agents}
+    # In process: chains, agents and request chains joined under a grant are
+    # kept by id (pools apart); no user-given chain id can be either of the others.
+    agent_ids = {agent_level_id(c, n) for c in chains for n in agents}
+    grant_ids = {_joined_id(c, n) for c in chains for n in ("a1B2c3D4e5F6", "pools")}
+    for made in (*agent_ids, *grant_ids):
+        with pytest.raises(ValueError, match="chain_id"):
+            ExecutionContext(chain_id=made, detached=True)
+    assert not (set(chains) & agent_ids or set(chains) & grant_ids or agent_ids & grant_ids)
+
+
+def _joined_id(caller: str, nonce: str) -> str:
+    from types import SimpleNamespace
+
+    from veronica_otel._remote import child_chain_id
+
+    return child_chain_id(SimpleNamespace(chain_id=caller, nonce=nonce))  # type: ignore[arg-type]
 
 
 def test_a_chain_named_pools_cannot_touch_the_pool_records_in_process() -> None:
