@@ -412,7 +412,11 @@ def _valid_id(chain_id: str, *, grant: bool = False) -> bool:
     made by ``_remote.child_chain_id``, never by a user)."""
     if grant and GRANT_MARK in chain_id:
         caller, _, nonce = chain_id.rpartition(GRANT_MARK)
-        return _valid_id(caller, grant=True) and nonce.isalnum() and nonce.isascii()
+        return (
+            _valid_id(caller, grant=True)
+            and nonce.isascii()
+            and all(c.isalnum() or c in "-_" for c in nonce)
+        )
     return (
         0 < len(chain_id) <= 128
         and chain_id.isascii()
