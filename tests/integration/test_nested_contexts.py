@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx2
 import openai
 import pytest
 
+from tests.integration._outcomes import chat, sent
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, current_context
 from veronica_otel.distributed import RedisLedger
 from veronica_otel.testing import FakeLLMServer
@@ -21,47 +21,33 @@ from veronica_otel.testing import FakeLLMServer
 pytestmark = pytest.mark.fake_llm(output_tokens=5)
 
 
-def _sent(server: FakeLLMServer) -> int:
-    return int(httpx2.get(server.base_url + "/stats").json()["total"])
-
-
-def _call(client: openai.OpenAI) -> str:
-    try:
-        client.chat.completions.create(
-            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=8
-        )
-    except BudgetExceededError as exc:
-        return exc.reason
-    return "sent"
-
-
 def test_a_nested_context_inside_a_tripped_chain_sends_nothing(
     server: FakeLLMServer, client: openai.OpenAI
 ) -> None:
     with ExecutionContext(ExecutionConfig(max_steps=2)) as outer:
-        assert [_call(client) for _ in range(3)] == ["sent", "sent", "steps"]
+        assert [chat(client) for _ in range(3)] == ["sent", "sent", "steps"]
         with pytest.raises(BudgetExceededError) as refused:
             ExecutionContext(ExecutionConfig(max_steps=10))
         assert refused.value.reason == "steps"
         assert refused.value.chain_id == outer.chain_id
-    assert _sent(server) == 2
+    assert sent(server) == 2
 
 
 def test_a_nested_context_is_carved_from_what_the_chain_has_left(
     server: FakeLLMServer, client: openai.OpenAI
 ) -> None:
     with ExecutionContext(ExecutionConfig(max_steps=5)) as outer:
-        assert _call(client) == "sent"
+        assert chat(client) == "sent"
         with ExecutionContext(ExecutionConfig(max_steps=10)) as inner:
             assert inner.parent is outer and current_context() is inner
             assert inner.config.max_steps == 4  # what the outer chain had left
             assert inner.chain_id == f"{outer.chain_id}.1"
             assert inner.depth == outer.depth + 1
-            outcomes = [_call(client) for _ in range(7)]
+            outcomes = [chat(client) for _ in range(7)]
         assert outcomes == ["sent"] * 4 + ["steps"] * 3
         assert outer.snapshot().steps == 5  # every child call charged to the chain
-        assert _call(client) == "steps"  # the child spent what the chain had left
-    assert _sent(server) == 5
+        assert chat(client) == "steps"  # the child spent what the chain had left
+    assert sent(server) == 5
 
 
 def test_the_enclosing_chain_trip_stops_an_open_nested_context(
@@ -69,13 +55,13 @@ def test_the_enclosing_chain_trip_stops_an_open_nested_context(
 ) -> None:
     with ExecutionContext(ExecutionConfig(max_steps=3)) as outer:
         with ExecutionContext(ExecutionConfig(max_steps=10)) as inner:
-            assert _call(client) == "sent"
+            assert chat(client) == "sent"
             with ExecutionContext(detached=True):  # an independent chain, asked for
-                assert [_call(client) for _ in range(4)] == ["sent"] * 4
+                assert [chat(client) for _ in range(4)] == ["sent"] * 4
             outer.cancel()
-            assert [_call(client) for _ in range(3)] == ["timeout"] * 3
+            assert [chat(client) for _ in range(3)] == ["timeout"] * 3
         assert inner.aborted
-    assert _sent(server) == 5
+    assert sent(server) == 5
     assert outer.snapshot().steps == 1
 
 
@@ -84,9 +70,9 @@ def test_a_nested_context_with_its_own_limits_bounds_only_itself(
 ) -> None:
     with ExecutionContext(ExecutionConfig(max_steps=6)) as outer:
         with ExecutionContext(ExecutionConfig(max_steps=2)):
-            assert [_call(client) for _ in range(3)] == ["sent", "sent", "steps"]
-        assert [_call(client) for _ in range(5)] == ["sent"] * 4 + ["steps"]
-    assert _sent(server) == 6
+            assert [chat(client) for _ in range(3)] == ["sent", "sent", "steps"]
+        assert [chat(client) for _ in range(5)] == ["sent"] * 4 + ["steps"]
+    assert sent(server) == 6
     assert outer.snapshot().steps == 6
 
 
@@ -119,7 +105,7 @@ async def test_async_nested_contexts_are_children_too(server: FakeLLMServer) -> 
         OpenAIInstrumentor().uninstrument()
     assert sorted(r for rs in results for r in rs).count("sent") == 4
     assert outer.snapshot().steps == 4
-    assert _sent(server) == 4
+    assert sent(server) == 4
 
 
 def test_entering_a_context_made_outside_every_chain_inside_one_is_refused(
@@ -127,12 +113,12 @@ def test_entering_a_context_made_outside_every_chain_inside_one_is_refused(
 ) -> None:
     made_before = ExecutionContext(ExecutionConfig(max_steps=10))
     with ExecutionContext(ExecutionConfig(max_steps=1)):
-        assert _call(client) == "sent"
+        assert chat(client) == "sent"
         with pytest.raises(RuntimeError, match="detached=True"), made_before:
-            _call(client)
+            chat(client)
     with made_before, made_before:  # outside every chain: a root; itself inside itself
-        assert _call(client) == "sent"
-    assert _sent(server) == 2
+        assert chat(client) == "sent"
+    assert sent(server) == 2
 
 
 def test_spawn_child_is_unchanged(server: FakeLLMServer, client: openai.OpenAI) -> None:
@@ -140,8 +126,8 @@ def test_spawn_child_is_unchanged(server: FakeLLMServer, client: openai.OpenAI) 
         child = outer.spawn_child(ExecutionConfig(max_steps=10))
         assert child.config.max_steps == 3 and child.parent is outer
         with child:
-            assert [_call(client) for _ in range(4)] == ["sent"] * 3 + ["steps"]
-    assert _sent(server) == 3
+            assert [chat(client) for _ in range(4)] == ["sent"] * 3 + ["steps"]
+    assert sent(server) == 3
 
 
 def test_a_nested_context_on_another_ledger_must_say_detached(

@@ -13,29 +13,19 @@ from multiprocessing import dummy
 from multiprocessing.pool import ThreadPool
 from typing import Any
 
-import httpx2
 import openai
 import pytest
 
-from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, current_context
+from tests.integration._outcomes import chat, sent
+from veronica_otel import ExecutionConfig, ExecutionContext, current_context
 from veronica_otel.testing import FakeLLMServer
 
 CALLS = 4
 
 
-def _sent(server: FakeLLMServer) -> int:
-    return int(httpx2.get(server.base_url + "/stats").json()["total"])
-
-
 def _caller(client: openai.OpenAI) -> Callable[..., str]:
     def call(*_: object) -> str:
-        try:
-            client.chat.completions.create(
-                model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=8
-            )
-        except BudgetExceededError as exc:
-            return exc.reason
-        return "sent"
+        return chat(client)
 
     return call
 
@@ -100,7 +90,7 @@ def test_a_pool_made_before_the_chain_runs_its_work_in_the_chain(
     with ExecutionContext(ExecutionConfig(max_steps=1)) as ctx:
         outcomes = run(pool_before_chain, _caller(client))
     assert sorted(outcomes) == ["sent"] + ["steps"] * (CALLS - 1)
-    assert _sent(server) == 1
+    assert sent(server) == 1
     assert ctx.snapshot().steps == 1
 
 
@@ -123,7 +113,7 @@ def test_a_pool_made_in_chain_a_charges_chain_b_calls_to_b(
     assert seen is b
     assert sorted(outcomes) == ["sent"] * 2 + ["steps"] * (2 * CALLS - 2)
     assert (a.snapshot().steps, b.snapshot().steps) == (1, 2)
-    assert _sent(server) == 3
+    assert sent(server) == 3
 
 
 def test_callbacks_run_in_the_submitting_chain(client: openai.OpenAI) -> None:

@@ -60,6 +60,13 @@ limits_strategy = st.builds(
     repeats=st.one_of(st.none(), st.integers(1, 3)),
 )
 
+pool_limits_strategy = st.builds(
+    Limits,
+    cost_nano=st.one_of(st.none(), st.integers(0, 30_000)),
+    steps=st.one_of(st.none(), st.integers(0, 10)),
+    tokens=st.one_of(st.none(), st.integers(0, 4_000)),
+)
+
 STATE_FIELDS = ("cost_nano", "reserved_nano", "steps", "retries", "tokens", "reserved_tokens")
 
 
@@ -297,12 +304,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @initialize(
         limits=st.lists(limits_strategy, min_size=len(CHAINS), max_size=len(CHAINS)),
-        pool_limits=st.builds(
-            Limits,
-            cost_nano=st.one_of(st.none(), st.integers(0, 30_000)),
-            steps=st.one_of(st.none(), st.integers(0, 10)),
-            tokens=st.one_of(st.none(), st.integers(0, 4_000)),
-        ),
+        pool_limits=pool_limits_strategy,
     )
     def set_limits(self, limits: list[Limits], pool_limits: Limits) -> None:
         self.limits = dict(zip(self.ids.values(), limits, strict=True))
@@ -615,12 +617,7 @@ class HostileNamesLedgerMachine(LedgerMachineWithPool):
 
     @initialize(
         limits=st.lists(limits_strategy, min_size=len(CHAINS), max_size=len(CHAINS)),
-        pool_limits=st.builds(
-            Limits,
-            cost_nano=st.one_of(st.none(), st.integers(0, 30_000)),
-            steps=st.one_of(st.none(), st.integers(0, 10)),
-            tokens=st.one_of(st.none(), st.integers(0, 4_000)),
-        ),
+        pool_limits=pool_limits_strategy,
         root=hostile_ids,
         solo=hostile_ids,
         agent_name=hostile_agents,
