@@ -27,7 +27,7 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
 
 from ._breakers import _breakers as _BREAKERS  # read-only here: a dict hit, no call
-from ._breakers import endpoint_breaker
+from ._breakers import endpoint_breaker, forget_unused
 from ._common import ContainedCall, _note_trip
 
 __all__ = ["CallSpec", "aadmit", "admit", "input_bound"]
@@ -147,6 +147,7 @@ def admit(
         # Denied, or our own failure (a store down, an interrupt): nothing is
         # held, and the half-open probe must not stay taken.
         _abandon(breaker, probe, None, span, owns_span, ctx, exc)
+        forget_unused(spec.provider, spec.model, breaker)  # a denial fills no table
         raise
     try:
         return _contained(ctx, span, owns_span, spec, answer, breaker, probe)
@@ -175,6 +176,7 @@ async def aadmit(
             answer = await ctx.aadmit_call(spec, breaker, probe)
     except BaseException as exc:  # denied, failed or cancelled: nothing is held
         _abandon(breaker, probe, None, span, owns_span, ctx, exc)
+        forget_unused(spec.provider, spec.model, breaker)  # a denial fills no table
         raise
     try:
         return _contained(ctx, span, owns_span, spec, answer, breaker, probe)

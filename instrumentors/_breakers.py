@@ -9,15 +9,26 @@ connection errors. A caller's own mistakes (4xx) and our denials do not.
 Defaults: 5 consecutive failures open a breaker for 60 s. Change them (or
 use Redis-backed breakers shared across processes) with
 :func:`configure_endpoint_breakers`.
+
+The table is bounded (model names are whatever the caller writes) without
+ever forgetting a failing endpoint: a call denied at admission (an unknown
+model under a cost ceiling, a spent budget) leaves no breaker behind that
+still has nothing to remember, and when the table is full, breakers that
+remember nothing (closed, no failures; or kept in a shared store) go first,
+then closed ones counting failures, oldest first, then half-open ones with
+no probe out. An OPEN breaker stays until its recovery window has passed;
+if nothing else can go, the new endpoint gets a breaker of its own that is
+not kept (a warning says so).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
 
-from veronica_otel._breaker import CircuitBreaker
+from veronica_otel._breaker import CircuitBreaker, CircuitState
 from veronica_otel._errors import BudgetExceededError
 
 __all__ = [
@@ -25,6 +36,7 @@ __all__ = [
     "classify_outcome",
     "configure_endpoint_breakers",
     "endpoint_breaker",
+    "forget_unused",
     "never_connected",
     "raised_within",
     "reset_endpoint_breakers",
@@ -34,9 +46,12 @@ __all__ = [
 EndpointBreaker = CircuitBreaker
 BreakerFactory = Callable[[str, str], CircuitBreaker]
 
+_logger = logging.getLogger("veronica_otel")
 _lock = threading.Lock()
 _breakers: dict[tuple[str, str], CircuitBreaker] = {}
 _MAX_ENDPOINTS = 4096
+# A full table is swept down to this, so sweeps are rare (amortised O(1) per new endpoint).
+_SWEEP_TO = _MAX_ENDPOINTS * 3 // 4
 
 
 def _default_factory(provider: str, model: str) -> CircuitBreaker:
@@ -68,10 +83,56 @@ def endpoint_breaker(provider: str, model: str) -> CircuitBreaker:
         with _lock:
             breaker = _breakers.get(key)
             if breaker is None:
-                if len(_breakers) >= _MAX_ENDPOINTS:
-                    _breakers.clear()  # bounded: model names can be arbitrary strings
-                breaker = _breakers[key] = _factory(provider, model)
+                breaker = _factory(provider, model)
+                if len(_breakers) < _MAX_ENDPOINTS or _sweep():
+                    _breakers[key] = breaker
+                else:
+                    _logger.warning(
+                        "veronica-otel: %d endpoint breakers are open; the breaker of %s/%s "
+                        "is not kept",
+                        len(_breakers),
+                        provider,
+                        model,
+                    )
     return breaker
+
+
+def forget_unused(provider: str, model: str, breaker: CircuitBreaker) -> None:
+    """A call to ``(provider, model)`` was denied before it was sent: drop its
+    breaker if it has nothing to remember (so denials of made-up models fill
+    nothing)."""
+    key = (provider, model)
+    if _breakers.get(key) is breaker and _rank(breaker) == 0:
+        with _lock:
+            if _breakers.get(key) is breaker and _rank(breaker) == 0:
+                del _breakers[key]
+
+
+def _rank(breaker: CircuitBreaker) -> int | None:
+    """Which breakers go first from a full table: 0 remembers nothing, 1 counts
+    failures, 2 is half-open with no probe out; None (OPEN in its recovery
+    window, or a probe out) is kept."""
+    if not isinstance(breaker, CircuitBreaker):
+        return 0  # store-backed: its state lives in the store
+    if breaker._state is CircuitState.CLOSED:
+        return 1 if breaker._failures else 0
+    state = breaker.state  # OPEN reads HALF_OPEN once its recovery window has passed
+    if state is CircuitState.HALF_OPEN and breaker._probe_owner is None:
+        return 2
+    return None
+
+
+def _sweep() -> bool:
+    """Make room in the full table (under ``_lock``); False when all are kept."""
+    ranked = [(rank, key) for key, b in _breakers.items() if (rank := _rank(b)) is not None]
+    ranked.sort(key=lambda item: item[0])  # stable: oldest first within a rank
+    excess = len(_breakers) - _SWEEP_TO
+    for rank, key in ranked:
+        if rank and excess <= 0:
+            break  # those that remember nothing always go; the rest only as needed
+        del _breakers[key]
+        excess -= 1
+    return len(_breakers) < _MAX_ENDPOINTS
 
 
 def _after_fork_in_child() -> None:

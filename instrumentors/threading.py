@@ -24,9 +24,15 @@ Where it hooks:
   (``threading.Timer`` too).
 - ``concurrent.futures.ThreadPoolExecutor.submit``: each task runs in the
   context of the code that submitted it (``map`` goes through ``submit``).
+- ``multiprocessing.pool.ThreadPool`` (``multiprocessing.dummy.Pool``):
+  ``apply_async``, ``_map_async`` (behind ``apply``, ``map``, ``map_async``,
+  ``starmap``, ``starmap_async``), ``imap`` and ``imap_unordered`` run each
+  task, and its callbacks, in the context of the code that submitted it.
+  Process pools are left alone (their tasks are pickled to other processes).
 
-A pool's worker threads, and veronica-otel's own timer thread, keep no
-context of their own: they outlive the chain that happened to start them.
+A pool's worker and handler threads, and veronica-otel's own timer thread,
+keep no context of their own: they outlive the chain that happened to start
+them (a ``ThreadPool`` made inside chain A serves chain B's tasks in B).
 
 On by default: instrumenting any of our LLM or tool instrumentors (openai,
 anthropic, mcp, langchain, ag2) also turns this on, so an app that fans out
@@ -57,6 +63,7 @@ import threading
 from collections.abc import Callable, Collection
 from concurrent import futures
 from concurrent.futures import thread as _pool_thread  # a submodule: not loaded by the package
+from multiprocessing import pool as _mp_pool
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -84,11 +91,14 @@ def _in_context(ctx: otel_context.Context, fn: Callable[..., Any]) -> Callable[.
 
 
 def _skip(thread: Any) -> bool:
-    # Pool workers outlive any one task (each task brings its own context),
-    # and our own timer thread serves every chain: neither keeps a context.
-    return getattr(thread, "_target", None) is _POOL_WORKER or str(
-        getattr(thread, "name", "")
-    ).startswith("veronica-otel-")
+    # Pool workers and handlers outlive any one task (each task brings its own
+    # context), and our own timer thread serves every chain: none keeps a context.
+    target = getattr(thread, "_target", None)
+    return (
+        target is _POOL_WORKER
+        or getattr(target, "__module__", None) == _mp_pool.__name__
+        or str(getattr(thread, "name", "")).startswith("veronica-otel-")
+    )
 
 
 def _start(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -123,9 +133,41 @@ def _submit(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     return wrapped(_in_context(otel_context.get_current(), fn), *rest, **kwargs)
 
 
+def _pooled(callback_at: int | None) -> Callable[..., Any]:
+    """A wrapper for a ``multiprocessing.pool.Pool`` method whose first argument is the
+    task: in a ``ThreadPool`` the task, and the ``callback`` / ``error_callback``
+    (positional from ``callback_at``, or by name), run in the submitter's context."""
+    callbacks = (
+        ()
+        if callback_at is None
+        else ((callback_at, "callback"), (callback_at + 1, "error_callback"))
+    )
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not args or not isinstance(instance, _mp_pool.ThreadPool):
+            return wrapped(*args, **kwargs)
+        ctx = otel_context.get_current()
+        carried = [_in_context(ctx, args[0]), *args[1:]]
+        for position, name in callbacks:
+            if position < len(carried):
+                if carried[position] is not None:
+                    carried[position] = _in_context(ctx, carried[position])
+            elif kwargs.get(name) is not None:
+                kwargs[name] = _in_context(ctx, kwargs[name])
+        return wrapped(*carried, **kwargs)
+
+    return wrapper
+
+
 _PATCHES: tuple[tuple[type, str, Callable[..., Any]], ...] = (
     (threading.Thread, "start", _start),
     (futures.ThreadPoolExecutor, "submit", _submit),
+    # Every ThreadPool entry point ends in one of these four (apply -> apply_async;
+    # map, map_async, starmap, starmap_async -> _map_async).
+    (_mp_pool.Pool, "apply_async", _pooled(3)),
+    (_mp_pool.Pool, "_map_async", _pooled(4)),
+    (_mp_pool.Pool, "imap", _pooled(None)),
+    (_mp_pool.Pool, "imap_unordered", _pooled(None)),
 )
 
 

@@ -20,6 +20,7 @@ levels.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -43,6 +44,7 @@ __all__ = [
     "agent_limits",
     "agent_scopes",
     "bound_agents",
+    "check_agent_name",
     "current_agent",
     "limits_in_code",
 ]
@@ -56,6 +58,7 @@ AGENT_FIELDS = ("max_cost_usd", "max_steps", "max_tokens", "max_retries_total", 
 _limited_in_code = False  # set once any agent(..., config=...) exists: the hot path looks
 _AGENT_ATTRIBUTE = "gen_ai.agent.name"
 _MAX_NAME = 256
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _MAX_PAIRS = 1024  # bounded memory: chains with many agents forget the oldest pairs
 _tracer = trace.get_tracer("veronica_otel", __version__)
 
@@ -158,6 +161,26 @@ def current_agent() -> str | None:
     return None
 
 
+def check_agent_name(name: object) -> str:
+    """``name`` if it can name an agent, else ValueError naming ``name`` and the value.
+
+    It must be a non-empty string of at most 256 characters that encodes as
+    UTF-8 (a lone surrogate would make every call under it fail) and holds no
+    control character (it goes into span names, log lines and ledger ids).
+    """
+    if not isinstance(name, str) or not name.strip() or len(name) > _MAX_NAME:
+        raise ValueError(f"agent name must be a non-empty string of at most 256, got {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"agent name must encode as UTF-8 (no lone surrogate), got {name!r}"
+        ) from None
+    if _CONTROL.search(name) is not None:
+        raise ValueError(f"agent name must hold no control character, got {name!r}")
+    return name
+
+
 class AgentScope(AsyncFromSync):
     """The code inside acts for one named agent (see :func:`agent`)."""
 
@@ -165,9 +188,7 @@ class AgentScope(AsyncFromSync):
 
     def __init__(self, name: str, config: ExecutionConfig | None = None) -> None:
         global _limited_in_code
-        if not isinstance(name, str) or not name.strip() or len(name) > _MAX_NAME:
-            raise ValueError(f"agent name must be a non-empty string of at most 256, got {name!r}")
-        self.name = name
+        self.name = check_agent_name(name)
         self.config = config
         self.limits = None if config is None else agent_limits(config)
         if self.limits is not None:

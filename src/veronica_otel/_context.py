@@ -16,6 +16,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, cast
 
@@ -37,6 +38,7 @@ from ._ledger import (
     Limits,
     LocalLedger,
 )
+from ._limits import GRANT_MARK
 from ._policy import PolicyPipeline
 from ._pools import BudgetPool, check_pools
 from ._pricing import PriceTable
@@ -72,11 +74,24 @@ class ExecutionContext(WrapCalls):
             its children) is also reserved in, atomically with the chain's
             own; they must live on the chain's ledger. A pool's denial stops
             the chain; the pool itself never trips.
+        detached: ``True`` makes an independent chain even when made inside
+            another one. By default a context made while another chain is
+            active is that chain's child, as :meth:`spawn_child` makes it:
+            its limits are capped by what the enclosing chain has left, every
+            call is charged to both, and the enclosing chain's trip stops it.
+            It shares the enclosing chain's ledger (another ``ledger`` is a
+            ``ValueError`` unless detached), pipeline and price table unless
+            given, and its pools as well as its own. A ``chain_id`` already
+            on the enclosing chain's path names that chain itself, not a
+            child. A context made outside every chain cannot be entered
+            inside one (``RuntimeError``) unless it is detached.
 
     Use it as a context manager (sync or async): entering makes it the
     active chain in the OpenTelemetry context, so instrumented clients,
     threads and tasks started inside find it with :func:`current_context`.
     """
+
+    _detached = False
 
     def __init__(
         self,
@@ -88,16 +103,17 @@ class ExecutionContext(WrapCalls):
         price_table: PriceTable | None = None,
         name: str = "chain",
         pools: Sequence[BudgetPool] | None = None,
+        detached: bool = False,
         _parent: ExecutionContext | None = None,
         _depth: int = 0,
+        _grant_chain: bool = False,
     ) -> None:
-        if config is not None and not isinstance(config, ExecutionConfig):
-            raise TypeError(f"config must be an ExecutionConfig, got {config!r}")
-        if pipeline is not None and not isinstance(pipeline, PolicyPipeline):
-            raise TypeError(f"pipeline must be a PolicyPipeline, got {pipeline!r}")
-        if chain_id is not None and (not isinstance(chain_id, str) or not _valid_id(chain_id)):
-            raise ValueError(
-                f"chain_id must be 1-128 characters of letters, digits and -_.:, got {chain_id!r}"
+        _check_arguments(config, pipeline, chain_id, detached, _grant_chain)
+        if detached:  # else the class default (a plain chain keeps its attributes inline)
+            self._detached = True
+        if _parent is None and not detached:  # made inside a chain: its child
+            _parent, config, _depth, chain_id, ledger, pipeline, price_table, pools = _nested(
+                config, _depth, chain_id, ledger, pipeline, price_table, pools
             )
         self.config = config if config is not None else ExecutionConfig()
         self.pipeline = pipeline if pipeline is not None else PolicyPipeline()
@@ -193,6 +209,8 @@ class ExecutionContext(WrapCalls):
     # -- context manager -------------------------------------------------
 
     def __enter__(self) -> ExecutionContext:
+        if self._parent is None and not self._detached:
+            self._check_enclosing()
         span = open_chain_span(self)
         self._span = span
         if span is not None and span.is_recording():
@@ -241,6 +259,20 @@ class ExecutionContext(WrapCalls):
         opened: trace.Span | None = span
         return opened
 
+    def _check_enclosing(self) -> None:
+        """A root chain entered inside another chain would let the work in it
+        escape that chain's limits: refused, unless it is that chain or one of
+        its ancestors (entered again), or was made detached."""
+        enclosing = otel_context.get_value(CONTEXT_KEY)
+        if isinstance(enclosing, ExecutionContext) and all(
+            level.chain_id != self.chain_id for level in enclosing._path
+        ):
+            raise RuntimeError(
+                f"{self!r} was made outside any chain and is entered inside chain "
+                f"{enclosing.chain_id!r}, whose limits it would escape: make it inside "
+                "that chain (it becomes its child) or pass detached=True"
+            )
+
     # -- children ----------------------------------------------------------
 
     def spawn_child(
@@ -257,29 +289,11 @@ class ExecutionContext(WrapCalls):
         spend more than its parent has left, and a trip here stops it.
         Raises BudgetExceededError (reason ``depth``) past ``max_depth``.
         """
-        if self._trip is not None:
-            raise BudgetExceededError(self._trip)
-        depth = self.depth + 1
-        max_depth = min_limit(self.config.max_depth, config.max_depth if config else None)
-        if max_depth is not None and depth > max_depth:
-            self._deny("depth", max_depth, depth, f"sub-agent depth {depth} over max_depth")
-        carved = carve(
-            config or ExecutionConfig(), self.config, self._ledger.snapshot(self.chain_id)
-        )
-        carved = ExecutionConfig(
-            max_cost_usd=carved.max_cost_usd,
-            max_steps=carved.max_steps,
-            max_retries_total=carved.max_retries_total,
-            timeout_ms=carved.timeout_ms,
-            max_tokens=carved.max_tokens,
-            max_repeats=carved.max_repeats,
-            max_depth=max_depth,
-            max_handoffs=carved.max_handoffs,
-        )
+        carved, depth = self._child_terms(config)
         return ExecutionContext(
             carved,
             pipeline if pipeline is not None else self.pipeline,
-            chain_id=f"{self.chain_id}.{next(self._children)}",
+            chain_id=self._child_id(),
             ledger=self._ledger,
             price_table=self._prices,
             name=name,
@@ -287,6 +301,25 @@ class ExecutionContext(WrapCalls):
             _parent=self,
             _depth=depth,
         )
+
+    def _child_terms(self, config: ExecutionConfig | None) -> tuple[ExecutionConfig, int]:
+        """A child's limits (``config`` capped by what this chain has left now)
+        and depth; BudgetExceededError if this chain is tripped or the child
+        would be deeper than ``max_depth``."""
+        trip = self.trip
+        if trip is not None:
+            raise BudgetExceededError(trip)
+        depth = self.depth + 1
+        max_depth = min_limit(self.config.max_depth, config.max_depth if config else None)
+        if max_depth is not None and depth > max_depth:
+            self._deny("depth", max_depth, depth, f"sub-agent depth {depth} over max_depth")
+        carved = carve(
+            config or ExecutionConfig(), self.config, self._ledger.snapshot(self.chain_id)
+        )
+        return replace(carved, max_depth=max_depth), depth
+
+    def _child_id(self) -> str:
+        return f"{self.chain_id}.{next(self._children)}"
 
     @property
     def parent(self) -> ExecutionContext | None:
@@ -296,9 +329,97 @@ class ExecutionContext(WrapCalls):
         return f"ExecutionContext(chain_id={self.chain_id!r}, depth={self.depth})"
 
 
-def _valid_id(chain_id: str) -> bool:
+_Nested = tuple[
+    "ExecutionContext | None",
+    ExecutionConfig | None,
+    int,
+    str | None,
+    Ledger | None,
+    PolicyPipeline | None,
+    PriceTable | None,
+    Sequence[BudgetPool] | None,
+]
+
+
+def _check_arguments(
+    config: object, pipeline: object, chain_id: object, detached: object, grant: bool = False
+) -> None:
+    if config is not None and not isinstance(config, ExecutionConfig):
+        raise TypeError(f"config must be an ExecutionConfig, got {config!r}")
+    if pipeline is not None and not isinstance(pipeline, PolicyPipeline):
+        raise TypeError(f"pipeline must be a PolicyPipeline, got {pipeline!r}")
+    if chain_id is not None and (
+        not isinstance(chain_id, str) or not _valid_id(chain_id, grant=grant)
+    ):
+        raise ValueError(
+            "chain_id must be 1-128 ASCII letters, digits and -_.: not starting with . or :, "
+            f"got {chain_id!r}"
+        )
+    if not isinstance(detached, bool):
+        raise TypeError(f"detached must be a bool, got {detached!r}")
+
+
+def _nested(
+    config: ExecutionConfig | None,
+    depth: int,
+    chain_id: str | None,
+    ledger: Ledger | None,
+    pipeline: PolicyPipeline | None,
+    price_table: PriceTable | None,
+    pools: Sequence[BudgetPool] | None,
+) -> _Nested:
+    """A context made inside another chain: (parent, carved config, depth,
+    chain id, ledger, pipeline, prices, pools) of the child it becomes; the
+    arguments unchanged outside every chain, or when ``chain_id`` names a
+    chain on the enclosing path (that chain itself)."""
+    enclosing = otel_context.get_value(CONTEXT_KEY)
+    if not isinstance(enclosing, ExecutionContext) or (
+        chain_id is not None and any(level.chain_id == chain_id for level in enclosing._path)
+    ):
+        return None, config, depth, chain_id, ledger, pipeline, price_table, pools
+    if ledger is not None and ledger is not enclosing._ledger:
+        raise ValueError(
+            f"ledger={ledger!r} is not the ledger of the enclosing chain "
+            f"{enclosing.chain_id!r}: a nested context is its child and shares it; "
+            "pass detached=True for an independent chain"
+        )
+    carved, child_depth = enclosing._child_terms(config)
+    return (
+        enclosing,
+        carved,
+        child_depth,
+        chain_id if chain_id is not None else enclosing._child_id(),
+        enclosing._ledger,
+        pipeline if pipeline is not None else enclosing.pipeline,
+        price_table if price_table is not None else enclosing._prices,
+        _joined(enclosing._pools, pools),
+    )
+
+
+def _joined(
+    inherited: tuple[BudgetPool, ...], own: Sequence[BudgetPool] | None
+) -> tuple[BudgetPool, ...]:
+    """The enclosing chain's pools, then the child's own that are not among them."""
+    names = {pool.name for pool in inherited}
+    return (*inherited, *(pool for pool in own or () if pool.name not in names))
+
+
+def _valid_id(chain_id: str, *, grant: bool = False) -> bool:
+    """ASCII letters, digits and ``-_.:`` (no ``/``: agents' and grants' ids
+    hold it), not starting with ``.`` or ``:`` (the store refuses those, and
+    the pools' tag is ``:pools``): see ``distributed/_keys.py``. With
+    ``grant``, also a request chain joined under a grant (``<id>:grant/<nonce>``,
+    made by ``_remote.child_chain_id``, never by a user)."""
+    if grant and GRANT_MARK in chain_id:
+        caller, _, nonce = chain_id.rpartition(GRANT_MARK)
+        return (
+            _valid_id(caller, grant=True)
+            and nonce.isascii()
+            and all(c.isalnum() or c in "-_" for c in nonce)
+        )
     return (
         0 < len(chain_id) <= 128
-        and all(c.isalnum() or c in "-_.:" for c in chain_id)
         and chain_id.isascii()
+        and chain_id[0] not in ".:"
+        and all(c.isalnum() or c in "-_.:" for c in chain_id)
     )

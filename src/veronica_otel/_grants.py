@@ -71,6 +71,7 @@ from opentelemetry import metrics
 
 from ._errors import REASONS
 from ._ledger import Level, Limits, PoolLevel
+from ._limits import GRANT_MARK
 from ._pools import check_pool_name
 from ._units import MAX_COUNT
 from ._version import __version__
@@ -479,9 +480,9 @@ def _chain_id(value: object) -> str:
         not isinstance(value, str)
         or not 0 < len(value) <= 128
         or not value.isascii()
-        or not all(c.isalnum() or c in "-_.:" for c in value)
+        or not all(c.isalnum() or c in "-_.:" for c in value.replace(GRANT_MARK, ":"))
     ):
-        raise ValueError("bad chain id")
+        raise ValueError("bad chain id")  # a request chain (``:grant/``) may grant further
     return value
 
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Level", "Limits", "PoolLevel"]
+__all__ = ["GRANT_MARK", "Level", "Limits", "PoolLevel"]
+
+# Between a caller's chain id and a grant's nonce in the id of the request
+# chain a service joins under that grant; no user-given chain id holds "/"
+# (see distributed/_keys.py: the kinds of ids are disjoint by construction).
+GRANT_MARK = ":grant/"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ and a changed window re-buckets the spend it already holds.
 
 from __future__ import annotations
 
+import math
+
 from ._errors import TripEvent, TripReason
 from ._limits import PoolLevel
 from ._units import nano_to_usd
@@ -63,12 +65,17 @@ class PoolAccount:
         )
 
     def _convert(self, counter: Counter) -> Counter:
-        if self.window_s is None:  # what the window still held becomes lifetime spend
-            return LifetimeCounter(counter.total())
+        """The spend in the new window; nothing is dropped (see ``_window``)."""
+        if self.window_s is None:  # all that is held, in or kept beyond the window
+            return LifetimeCounter(
+                counter.everything() if isinstance(counter, RollingWindow) else counter.total()
+            )
         if isinstance(counter, RollingWindow):
             return counter.rebucket(self.window_s, self.bucket_s)
+        # Lifetime spend has no time: it counts from now, and is kept for good.
         window = RollingWindow(self.window_s, self.bucket_s, clock=self._clock)
-        window.add(counter.total())  # lifetime spend has no time: count it from now
+        window.keep_s = math.inf
+        window.add(counter.total())
         return window
 
     def check(
@@ -151,11 +158,15 @@ class PoolAccount:
 
     @property
     def idle(self) -> bool:
-        """Nothing spent in the window and nothing reserved: as good as new."""
+        """Nothing spent (in the window, or kept beyond it after a window
+        change) and nothing reserved: as good as new."""
         return (
             self.forked is None
             and not (self.reserved_nano or self.reserved_steps or self.reserved_tokens)
-            and not (self.cost.total() or self.steps.total() or self.tokens.total())
+            and not any(
+                c.everything() if isinstance(c, RollingWindow) else c.total()
+                for c in (self.cost, self.steps, self.tokens)
+            )
         )
 
     def free_in_s(self) -> float | None:

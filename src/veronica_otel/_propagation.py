@@ -98,6 +98,7 @@ def _renew_default_chain() -> None:
             ledger=old._ledger,
             price_table=old._prices,
             name=old.name,
+            detached=True,
         )
     else:
         new = renew()

@@ -40,6 +40,7 @@ from ._context import ExecutionContext
 from ._errors import BudgetExceededError, TripEvent, TripReason
 from ._grants import MAX_ANCESTORS, Grant, Spent, record_spent_rejection
 from ._ledger import Ledger, LedgerState, Level, Reservation
+from ._limits import GRANT_MARK
 from ._policy import PolicyPipeline
 from ._pools import BudgetPool
 from ._trips import emit_trip
@@ -282,13 +283,14 @@ def effective_config(local: ExecutionConfig, grant: Grant, now: float) -> Execut
 
 
 def child_chain_id(grant: Grant) -> str:
-    """This request's chain id: the caller's, ``:``, and a suffix unique to the grant.
+    """This request's chain id: the caller's, ``:grant/``, and a suffix unique to the grant.
 
     In the caller's chain tree (see ``distributed/_keys.py``), so on a shared
-    Redis ledger every key of the request's path is in one cluster slot.
+    Redis ledger every key of the request's path is in one cluster slot; the
+    ``/`` keeps it apart from every chain id a user can give.
     """
     suffix = grant.nonce[:12]
-    return f"{grant.chain_id[: 127 - len(suffix)]}:{suffix}"
+    return f"{grant.chain_id[: 128 - len(GRANT_MARK) - len(suffix)]}{GRANT_MARK}{suffix}"
 
 
 def join_chain(
@@ -328,6 +330,8 @@ def join_chain(
                 chain_id=level.chain_id,
                 ledger=ledger,
                 name="remote",
+                detached=True,
+                _grant_chain=True,
                 _parent=parent,
                 _depth=grant.depth,
             )
@@ -339,6 +343,8 @@ def join_chain(
         chain_id=child_chain_id(grant),
         ledger=ledger,
         name="request",
+        detached=True,
+        _grant_chain=True,
         _parent=parent,
         _depth=grant.depth + 1,
         pools=pools,

@@ -7,6 +7,12 @@ bucket_s + 2`` at most) whatever the traffic. A bucket goes only once the
 *newest* amount in it is older than the window: spend is never forgotten
 early, and counts at most one bucket longer than exact (the resolution).
 
+A window whose length changed (a pool named again with another window)
+keeps what leaves it in one lump for as long as the longest window it has
+had (``keep_s``; ``math.inf`` once it was a lifetime budget): the lump does
+not count in this window, but a longer one later counts it again, so going
+from ``1d`` to ``1h`` and back never drops the day's spend.
+
 Amounts are ints (nano-USD, steps, tokens): no float sums. Not thread-safe:
 the ledger calls it under its own lock.
 """
@@ -77,7 +83,16 @@ class RollingWindow:
         clock: Seconds, never decreasing (``time.monotonic`` by default).
     """
 
-    __slots__ = ("_buckets", "_clock", "_total", "bucket_s", "window_s")
+    __slots__ = (
+        "_buckets",
+        "_clock",
+        "_past",
+        "_past_newest",
+        "_total",
+        "bucket_s",
+        "keep_s",
+        "window_s",
+    )
 
     def __init__(
         self,
@@ -90,6 +105,9 @@ class RollingWindow:
         self._clock = clock
         self._buckets: deque[_Bucket] = deque()  # oldest first
         self._total = 0
+        self.keep_s = self.window_s  # how long spend is kept (longer after a window change)
+        self._past = 0  # what left the window but is kept (see the module docstring)
+        self._past_newest = 0.0
 
     def add(self, amount: int, now: float | None = None) -> None:
         """Count ``amount`` (an int >= 0) from now until it is older than the window.
@@ -155,20 +173,31 @@ class RollingWindow:
                 return max(0.0, wait)
         return None
 
-    def rebucket(self, window_s: float, bucket_s: float | None = None) -> RollingWindow:
+    def rebucket(
+        self, window_s: float, bucket_s: float | None = None, *, keep_s: float | None = None
+    ) -> RollingWindow:
         """The same spend in a window of another length (a pool's window changed).
 
         Each bucket keeps its newest time, so nothing is forgotten earlier than
-        the new window says.
+        the new window says; what is older than the new window is kept (as
+        the lump) for the longest window either had, or ``keep_s`` if longer.
         """
         other = RollingWindow(window_s, bucket_s, clock=self._clock)
+        other.keep_s = max(self.keep_s, self.window_s, other.window_s, keep_s or 0.0)
         now = self._clock()
         self._expire(now)
+        if self._past:
+            other._put(self._past_newest, self._past)
+            other._total += self._past
         for bucket in self._buckets:
             other._put(bucket.newest, bucket.amount)
             other._total += bucket.amount
         other._expire(now)
         return other
+
+    def everything(self) -> int:
+        """What the window holds and what it keeps beyond it (the lump)."""
+        return self.total() + self._past
 
     def __len__(self) -> int:
         """Buckets held (bounded by ``window_s / bucket_s + 2``)."""
@@ -177,7 +206,13 @@ class RollingWindow:
     def _expire(self, now: float) -> None:
         buckets = self._buckets
         while buckets and now >= buckets[0].newest + self.window_s:
-            self._total -= buckets.popleft().amount
+            gone = buckets.popleft()
+            self._total -= gone.amount
+            if self.keep_s > self.window_s:  # a window that changed: keep it in the lump
+                self._past += gone.amount
+                self._past_newest = max(self._past_newest, gone.newest)
+        if self._past and now >= self._past_newest + self.keep_s:
+            self._past = 0
 
 
 class LifetimeCounter:

@@ -458,6 +458,7 @@ class _DefaultChain(PolicyFileListener):
             price_table=self._prices,
             name="default",
             pools=self._pools,
+            detached=True,
         )
 
     def _pools_priced(self) -> tuple[bool, ...]:
@@ -486,6 +487,7 @@ class _DefaultChain(PolicyFileListener):
                 price_table=self._prices,
                 name="default",
                 pools=self._pools,
+                detached=True,
             )
             if old._agent_tree is not None:  # its agents' counts carry over too
                 self.context._agent_tree = old._agent_tree.adopt(self.context)
@@ -505,6 +507,7 @@ class _DefaultChain(PolicyFileListener):
                 price_table=self._prices,
                 name="default",
                 pools=self._pools,
+                detached=True,
             )
             return self.context
 

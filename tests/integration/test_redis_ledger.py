@@ -38,6 +38,7 @@ from redis.crc import key_slot
 
 from tests.integration import _redis_workers as workers
 from tests.unit.test_ledger_properties import (
+    HostileNamesLedgerMachine,
     LedgerMachine,
     LedgerMachineWithinReservations,
     LedgerMachineWithPool,
@@ -388,7 +389,13 @@ def _same_trip(ours: TripEvent, theirs: TripEvent) -> None:
 
 
 @pytest.mark.parametrize(
-    "machine", [LedgerMachine, LedgerMachineWithinReservations, LedgerMachineWithPool]
+    "machine",
+    [
+        LedgerMachine,
+        LedgerMachineWithinReservations,
+        LedgerMachineWithPool,
+        HostileNamesLedgerMachine,
+    ],
 )
 def test_state_machine_matches_the_model_on_redis(
     machine: type[LedgerMachine], redis_url: str

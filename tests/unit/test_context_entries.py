@@ -64,8 +64,8 @@ def test_two_threads_inside_one_context_each_leave_it(
 
 def test_re_entered_in_one_thread_nests(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="opentelemetry.context")
-    outer = ExecutionContext()
-    other = ExecutionContext()
+    outer = ExecutionContext(detached=True)
+    other = ExecutionContext(detached=True)
     with outer:
         with other:
             with outer:

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -58,6 +58,13 @@ limits_strategy = st.builds(
     retries=st.one_of(st.none(), st.integers(0, 5)),
     tokens=st.one_of(st.none(), st.integers(0, 3_000)),
     repeats=st.one_of(st.none(), st.integers(1, 3)),
+)
+
+pool_limits_strategy = st.builds(
+    Limits,
+    cost_nano=st.one_of(st.none(), st.integers(0, 30_000)),
+    steps=st.one_of(st.none(), st.integers(0, 10)),
+    tokens=st.one_of(st.none(), st.integers(0, 4_000)),
 )
 
 STATE_FIELDS = ("cost_nano", "reserved_nano", "steps", "retries", "tokens", "reserved_tokens")
@@ -291,20 +298,18 @@ class LedgerMachine(RuleBasedStateMachine):
         self.first_trip: dict[str, TripEvent] = {}
         self.overrun = False
         self.pools: tuple[PoolLevel, ...] = ()
+        # The chains' ids (HostileNamesLedgerMachine draws them), in CHAINS' order.
+        self.ids: dict[str, str] = {name: name for name in CHAINS}
+        self.pool_name = "pool"
 
     @initialize(
         limits=st.lists(limits_strategy, min_size=len(CHAINS), max_size=len(CHAINS)),
-        pool_limits=st.builds(
-            Limits,
-            cost_nano=st.one_of(st.none(), st.integers(0, 30_000)),
-            steps=st.one_of(st.none(), st.integers(0, 10)),
-            tokens=st.one_of(st.none(), st.integers(0, 4_000)),
-        ),
+        pool_limits=pool_limits_strategy,
     )
     def set_limits(self, limits: list[Limits], pool_limits: Limits) -> None:
-        self.limits = dict(zip(CHAINS, limits, strict=True))
+        self.limits = dict(zip(self.ids.values(), limits, strict=True))
         if self.POOLED:
-            pool = PoolLevel("pool", pool_limits)
+            pool = PoolLevel(self.pool_name, pool_limits)
             self.pools = (pool,)
             self.model.pool = _ModelPool(pool)
 
@@ -314,7 +319,7 @@ class LedgerMachine(RuleBasedStateMachine):
         return {"pools": self.pools} if self.pools else {}
 
     def path(self, index: int) -> tuple[Level, ...]:
-        return tuple(Level(cid, self.limits[cid]) for cid in PATHS[index])
+        return tuple(Level(self.ids[name], self.limits[self.ids[name]]) for name in PATHS[index])
 
     # -- rules ---------------------------------------------------------------
 
@@ -450,10 +455,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.release(path, reservation)
 
     @rule(
-        chain_id=st.sampled_from(CHAINS),
+        chain=st.sampled_from(CHAINS),
         reason=st.sampled_from(["timeout", "circuit_open", "depth", "cost"]),
     )
-    def trip(self, chain_id: str, reason: str) -> None:
+    def trip(self, chain: str, reason: str) -> None:
+        chain_id = self.ids[chain]
         previous = self.ledger.snapshot(chain_id).trip
         event = TripEvent(reason, 1.0, 2.0, chain_id, "manual")  # type: ignore[arg-type]
         returned = self.ledger.trip(chain_id, event)
@@ -470,7 +476,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.model.release(path, reservation)
             self.model.settle_pool(reservation, 0, 0, 0)
             self.ledger.release(path, reservation)
-        for cid in CHAINS:
+        for cid in self.ids.values():
             snap = self.ledger.snapshot(cid)
             assert snap.reserved_nano == 0
             assert snap.reserved_tokens == 0
@@ -485,7 +491,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def invariants(self) -> None:
-        snaps = {cid: self.ledger.snapshot(cid) for cid in CHAINS}
+        snaps = {cid: self.ledger.snapshot(cid) for cid in self.ids.values()}
         self.matches_the_model(snaps)
         self.money_and_counts_are_integers(snaps)
         self.counted_limits_never_exceeded(snaps)
@@ -578,6 +584,74 @@ class LedgerMachineWithPool(LedgerMachine):
     POOLED = True
 
 
+# Ids a user may give (as ExecutionContext and BudgetPool accept them) made of
+# the words and separators of our own keys, and agent names of any text.
+_HOSTILE_WORDS = ["pools", "p", "c", "s", "o", "rh", "rz", "ad", "agent", "breaker", "root", "x"]
+_hostile_part = st.sampled_from(_HOSTILE_WORDS) | st.text(
+    st.sampled_from("ab09-_"), min_size=1, max_size=4
+)
+hostile_ids = st.lists(_hostile_part, min_size=1, max_size=3).flatmap(
+    lambda parts: st.sampled_from([":", "."]).map(lambda sep: sep.join(parts))
+)
+hostile_agents = st.text(min_size=1, max_size=8).filter(
+    lambda name: (
+        name.strip()
+        and not any(
+            0xD800 <= ord(c) <= 0xDFFF or ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name
+        )
+    )
+)
+hostile_pools = (
+    st.lists(_hostile_part | st.sampled_from(["@", "/"]), min_size=1, max_size=3)
+    .map(":".join)
+    .map(lambda name: name[:128])
+)
+
+
+class HostileNamesLedgerMachine(LedgerMachineWithPool):
+    """The pooled machine with generated hostile names: a root chain id and a
+    second root made of the words our keys use (``pools``, ``rh``, ``c``,
+    ``agent``...), an agent's level in the first tree under any agent name,
+    and a pool named like any of them. Each must count apart from the others,
+    exactly as the model says (on Redis too: tests/integration/test_redis_ledger.py)."""
+
+    @initialize(
+        limits=st.lists(limits_strategy, min_size=len(CHAINS), max_size=len(CHAINS)),
+        pool_limits=pool_limits_strategy,
+        root=hostile_ids,
+        solo=hostile_ids,
+        agent_name=hostile_agents,
+        pool=st.one_of(hostile_pools, st.sampled_from(["root", "pools", "rh"])),
+        pool_is_a_chain=st.booleans(),
+    )
+    def set_limits(  # type: ignore[override]
+        self,
+        limits: list[Limits],
+        pool_limits: Limits,
+        root: str,
+        solo: str,
+        agent_name: str,
+        pool: str,
+        pool_is_a_chain: bool,
+    ) -> None:
+        from veronica_otel import BudgetPool, ExecutionContext
+        from veronica_otel._agent_limits import agent_level_id
+
+        ids = {
+            "root": root,
+            "root.1": f"{root}.1",
+            "root.2": f"{root}.2",
+            "root.1.1": agent_level_id(root, agent_name),  # an agent of the root's tree
+            "solo": solo,
+        }
+        assume(len(set(ids.values())) == len(ids))
+        for name in (root, solo):
+            ExecutionContext(chain_id=name, detached=True)  # what a user may name a chain
+        self.ids = ids
+        self.pool_name = BudgetPool(solo if pool_is_a_chain else pool).name
+        LedgerMachineWithPool.set_limits(self, limits, pool_limits)
+
+
 _MACHINE_SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
@@ -590,6 +664,8 @@ TestLedgerMachineWithinReservations = LedgerMachineWithinReservations.TestCase
 TestLedgerMachineWithinReservations.settings = _MACHINE_SETTINGS
 TestLedgerMachineWithPool = LedgerMachineWithPool.TestCase
 TestLedgerMachineWithPool.settings = _MACHINE_SETTINGS
+TestHostileNamesLedgerMachine = HostileNamesLedgerMachine.TestCase
+TestHostileNamesLedgerMachine.settings = _MACHINE_SETTINGS
 
 
 # -- targeted examples ---------------------------------------------------------

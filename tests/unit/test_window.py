@@ -185,3 +185,35 @@ def test_bad_windows_are_refused(window: object, bucket: object, error: type[Exc
 def test_default_bucket_is_a_sixtieth() -> None:
     assert check_window(3600) == (3600.0, 60.0)
     assert check_window(60.0, 0.5) == (60.0, 0.5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    plan=st.lists(
+        st.tuples(
+            st.sampled_from([60.0, 3600.0, 86400.0]),  # the window of the next call
+            st.floats(0.0, 30_000.0, allow_nan=False),  # time before it
+            st.integers(1, 9),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_window_changes_back_and_forth_never_drop_spend(
+    plan: list[tuple[float, float, int]],
+) -> None:
+    """A pool named with 1d, then 1h, then 1d again (issue 22): at every
+    point, an amount counts while it is younger than both the window it was
+    spent under and the window now (a shorter window in between frees nothing
+    for the longer one)."""
+    clock = FakeClock(1000.0)
+    counter = RollingWindow(plan[0][0], clock=clock)
+    spent: list[tuple[float, int, float]] = []
+    for window, dt, amount in plan:
+        clock.advance(dt)
+        if window != counter.window_s:
+            counter = counter.rebucket(window)
+        counter.add(amount)
+        spent.append((clock.now, amount, window))
+        owed = sum(a for t, a, w in spent if clock.now < t + min(w, window))
+        assert counter.total() >= owed

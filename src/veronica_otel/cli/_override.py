@@ -34,7 +34,7 @@ def apply_override(args: argparse.Namespace) -> int:
     try:
         prefix = os.environ.get("VERONICA_REDIS_PREFIX", "").strip() or "veronica:"
         ledger = RedisLedger.from_url(url, key_prefix=prefix, fail_open=False)
-        ctx = ExecutionContext(ExecutionConfig(), chain_id=args.chain, ledger=ledger)
+        ctx = ExecutionContext(ExecutionConfig(), chain_id=args.chain, ledger=ledger, detached=True)
         lifted = ctx.override(
             args.reason, args.duration, add_usd=args.add_usd, add_steps=args.add_steps
         )

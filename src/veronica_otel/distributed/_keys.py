@@ -6,6 +6,16 @@ id of its root chain: the text before the first ``.`` or ``:`` (``root`` for
 a service joining ``root`` over a shared ledger names its request chain), so
 the keys of any path hash to one slot (:func:`tree_tag`). See
 ``_scripts.py`` for what each key holds.
+
+The kinds of keys are disjoint by construction: a chain's keys are
+``{<tree tag>}:c:`` / ``s:`` / ``o:`` + its id and the tree's ``rh`` /
+``rz`` / ``ad``; an agent's counters are a level of its root's tree whose
+id holds ``:agent/`` (``/`` is in no chain id, see ``_agent_limits``); the
+pools' keys carry the tag :data:`POOLS_TAG`, ``:pools``, which no tree tag
+can be (a tag ends at the first ``:``, and a chain id cannot start with one);
+breakers are ``breaker:<name>``, outside any tag; marks are fields of the
+chain hashes, not keys. Pools were under ``{pools}`` in earlier releases (where a
+chain named ``pools`` shared their records); see the README on upgrading.
 """
 
 from __future__ import annotations
@@ -17,8 +27,10 @@ from veronica_otel._ledger import Level
 
 from ._scripts import STORE_MAX
 
-__all__ = ["ChainKeys", "KeySpace", "tree_tag"]
+__all__ = ["POOLS_TAG", "ChainKeys", "KeySpace", "tree_tag"]
 
+# The pools' hash tag: no chain tree's tag can be this (see the module docstring).
+POOLS_TAG = ":pools"
 _CACHE_LIMIT = 4096
 _FORBIDDEN = "{} \t\r\n"
 

@@ -1,13 +1,14 @@
 """Lua of budget pools in the shared ledger (see ``_pools.py`` for the protocol).
 
-Keys (every pool key carries the one hash tag ``{pools}``, so all pools are
-in one Redis Cluster slot and one script reserves in all of a call's pools)::
+Keys (every pool key carries the one hash tag ``{:pools}``, which no chain
+tree's tag can be, so all pools are in one Redis Cluster slot and one script
+reserves in all of a call's pools)::
 
-    {prefix}{pools}:p:{name}   hash    one pool (fields below)
-    {prefix}{pools}:rh         hash    reservation id -> "cost tokens steps name...",
+    {prefix}{:pools}:p:{name}  hash    one pool (fields below)
+    {prefix}{:pools}:rh        hash    reservation id -> "cost tokens steps name...",
                                        or a reaped one's marker "C cost tokens steps at name..."
-    {prefix}{pools}:rz         zset    reservation id -> expiry (server time, us)
-    {prefix}{pools}:ad         zset    settled reservation id -> expiry (replay memory)
+    {prefix}{:pools}:rz        zset    reservation id -> expiry (server time, us)
+    {prefix}{:pools}:ad        zset    settled reservation id -> expiry (replay memory)
 
 Pool hash fields: ``e`` epoch; ``c`` / ``s`` / ``t`` cost (nano-USD), steps
 and tokens spent within the window (all time for a lifetime pool); ``rc`` /
@@ -19,9 +20,18 @@ committed in bucket ``i`` (server time ``[i * bu, (i + 1) * bu)``).
 A bucket is dropped (its spend leaves ``c``/``s``/``t``) once all of it is
 older than the window: when ``now >= (i + 1) * bu + wu``. Never earlier;
 at most ``wu / bu + 2`` buckets are live, so memory is bounded. A pool's
-key expires ``wu + bu + chain_ttl`` after its last write (never under
-in-window spend); a lifetime pool's key never expires. Time is the
-server's ``TIME``.
+key expires ``max(wu, ku) + bu + chain_ttl`` after its last write (never
+under in-window spend); a lifetime pool's key, or one that ever was, never
+expires. Time is the server's ``TIME``.
+
+A window change (the same name with another ``wu`` / ``bu``) never drops
+spend: what is held moves into the current bucket (it stays longer: denies
+earlier, never later), and ``ku`` becomes the longest window the pool has
+had (-1: it was a lifetime pool). While ``ku`` is longer than ``wu``, what
+leaves the window goes into the lump ``pc`` / ``ps`` / ``pt`` (its newest
+time ``pn``) instead of being dropped; the lump counts again when the window
+grows back over it (``pn + wu > now``), in full when the pool becomes a
+lifetime pool, and goes once ``pn + ku`` has passed.
 """
 
 from __future__ import annotations
@@ -52,12 +62,15 @@ SECTION = (HEAD, PER_POOL)
 
 _POOL_LIB = r"""
 local function pool_state(key)
-  local v = read(key, 'e', 'c', 's', 't', 'rc', 'rs', 'rt', 'wu', 'bu', 'lo')
-  return {
+  local v = read(key, 'e', 'c', 's', 't', 'rc', 'rs', 'rt', 'wu', 'bu', 'lo', 'ku', 'pn')
+  local st = {
     e = v[1], c = int(key, 'c', v[2]), s = int(key, 's', v[3]), t = int(key, 't', v[4]),
     rc = int(key, 'rc', v[5]), rs = int(key, 'rs', v[6]), rt = int(key, 'rt', v[7]),
     wu = int(key, 'wu', v[8]), bu = int(key, 'bu', v[9]), lo = int(key, 'lo', v[10]),
+    pn = int(key, 'pn', v[12]), nw = not v[8],
   }
+  st.ku = v[11] and int(key, 'ku', v[11]) or st.wu  -- never changed: kept as long as the window
+  return st
 end
 local function pool_total(key, st, field, delta)
   if delta == 0 then return end
@@ -109,20 +122,46 @@ local function pool_unspend(key, st, at, c, s, t)
   pool_total(key, st, 's', -take[2])
   pool_total(key, st, 't', -take[3])
 end
+-- What left the window, kept while a longer window may come back (ku).
+local function pool_keep(key, st, newest, c, s, t)
+  if st.ku >= 0 and st.ku <= st.wu then return end
+  if c > 0 then redis.call('HINCRBY', key, 'pc', fmt(c)) end
+  if s > 0 then redis.call('HINCRBY', key, 'ps', fmt(s)) end
+  if t > 0 then redis.call('HINCRBY', key, 'pt', fmt(t)) end
+  if newest > st.pn then st.pn = newest; redis.call('HSET', key, 'pn', fmt(newest)) end
+end
+-- Take the lump out (it counts again in the new window), or drop it once
+-- even the longest window has passed it.
+local function pool_unkeep(key, st, now)
+  local v = read(key, 'pc', 'ps', 'pt')
+  local c, s, t = int(key, 'pc', v[1]), int(key, 'ps', v[2]), int(key, 'pt', v[3])
+  if c == 0 and s == 0 and t == 0 then return 0, 0, 0 end
+  local gone = st.ku >= 0 and now >= st.pn + st.ku
+  if gone or st.wu == 0 or now < st.pn + st.wu then
+    redis.call('HDEL', key, 'pc', 'ps', 'pt', 'pn')
+    st.pn = 0
+    if not gone then return c, s, t end
+  end
+  return 0, 0, 0
+end
 -- Move the window to now: drop buckets whose spend is all older than wu.
 -- A changed window or bucket length (wu, bu given) moves what is held into
--- the current bucket (it then stays longer: denies earlier, never later).
+-- the current bucket (it then stays longer: denies earlier, never later),
+-- and so does the lump when the new window reaches it.
 local function pool_slide(key, st, now, wu, bu)
   if wu ~= st.wu or bu ~= st.bu then
     if st.wu > 0 then drop_buckets(key) end
-    redis.call('HSET', key, 'wu', fmt(wu), 'bu', fmt(bu), 'lo', '0')
+    local ku = -1  -- it was a lifetime pool (a new one holding spend was: wu is never written)
+    if st.nw and st.c == 0 and st.s == 0 and st.t == 0 then ku = wu  -- new: nothing to keep
+    elseif wu > 0 and st.wu > 0 and st.ku >= 0 then ku = math.max(st.ku, st.wu, wu) end
+    redis.call('HSET', key, 'wu', fmt(wu), 'bu', fmt(bu), 'lo', '0', 'ku', fmt(ku))
+    if ku < 0 then redis.call('PERSIST', key) end
     local c, s, t = st.c, st.s, st.t
-    st.wu, st.bu, st.lo = wu, bu, 0
-    if wu > 0 then
-      st.c, st.s, st.t = 0, 0, 0
-      redis.call('HSET', key, 'c', '0', 's', '0', 't', '0')
-      pool_spend(key, st, now, c, s, t)
-    end
+    st.wu, st.bu, st.lo, st.ku = wu, bu, 0, ku
+    local kc, ks, kt = pool_unkeep(key, st, now)
+    st.c, st.s, st.t = 0, 0, 0
+    redis.call('HSET', key, 'c', '0', 's', '0', 't', '0')
+    pool_spend(key, st, now, c + kc, s + ks, t + kt)
     return
   end
   if wu == 0 or st.lo == 0 then return end
@@ -130,6 +169,7 @@ local function pool_slide(key, st, now, wu, bu)
   if st.lo > last then return end
   if last - st.lo > wu / bu + 2 then
     drop_buckets(key)
+    pool_keep(key, st, (last + 1) * bu, st.c, st.s, st.t)
     st.c, st.s, st.t = 0, 0, 0
     redis.call('HSET', key, 'c', '0', 's', '0', 't', '0')
   else
@@ -147,6 +187,7 @@ local function pool_slide(key, st, now, wu, bu)
     pool_total(key, st, 'c', -dc)
     pool_total(key, st, 's', -ds)
     pool_total(key, st, 't', -dt)
+    pool_keep(key, st, (last + 1) * bu, dc, ds, dt)
   end
   st.lo = last + 1
   redis.call('HSET', key, 'lo', fmt(st.lo))
@@ -182,8 +223,9 @@ local function pool_sync(key, st, me, mc, ms, mt, now, fresh)
   return 1
 end
 local function pool_touch(key, st, chain_ttl)
-  if st.wu > 0 then
-    redis.call('PEXPIRE', key, fmt(math.floor((st.wu + st.bu) / 1000) + tonumber(chain_ttl)))
+  if st.wu > 0 and st.ku >= 0 then
+    local keep = math.max(st.wu, st.ku) + st.bu
+    redis.call('PEXPIRE', key, fmt(math.floor(keep / 1000) + tonumber(chain_ttl)))
   end
 end
 local function words(rec)

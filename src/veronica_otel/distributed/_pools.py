@@ -14,7 +14,7 @@ then the chain's soft denial (only calls in flight fill it), then the pool's.
   both verdicts come back: :meth:`PoolStore.first_denial` picks), so a
   contained call stays one round trip to reserve and one to commit.
 * **Redis Cluster**: a chain tree's keys hash to its root's slot, the pools'
-  to the one slot of the tag ``{pools}``, so no script can touch both. The
+  to the one slot of the tag ``{:pools}`` (``POOLS_TAG``), so no script can touch both. The
   two-phase protocol, which cannot overspend:
 
   1. ``POOL_RESERVE`` in every pool at once (one slot, one script), under
@@ -62,7 +62,7 @@ from veronica_otel._units import nano_to_usd
 
 from . import _pool_scripts as scripts
 from ._connect import ClusterClient
-from ._keys import _limit
+from ._keys import POOLS_TAG, _limit
 from ._scripts import MARKS
 from ._store import text
 
@@ -144,7 +144,7 @@ class PoolStore:
         chain_ttl_ms: str,
         new_id: Callable[[], str],
     ) -> None:
-        base = f"{prefix}{{pools}}:"
+        base = f"{prefix}{{{POOLS_TAG}}}:"
         self._base = base + "p:"
         self._pattern = _glob_escape(self._base) + "*"
         self._rh, self._rz, self._ad = base + "rh", base + "rz", base + "ad"
@@ -352,7 +352,7 @@ class PoolStore:
         if isinstance(client, ClusterClient):
             client = client.redis_cluster
         if isinstance(client, RedisCluster):
-            # Every pool key is in the {pools} slot: scan only its node.
+            # Every pool key is in the {:pools} slot: scan only its node.
             node = client.get_node_from_key(self._base)  # type: ignore[no-untyped-call]
             client = client.get_redis_connection(node)
         yield from client.scan_iter(match=self._pattern, count=500)

@@ -269,9 +269,7 @@ class Gate:
             # Meant for a shared ledger this service does not use: nothing was
             # carved for it, so running it on local limits could overspend.
             record_rejection("ledger_mismatch", grant.chain_id)
-            ctx = ExecutionContext(
-                self.config, self.pipeline, ledger=self.ledger, name=name, pools=pools
-            )
+            ctx = self._request_chain(pools, name)
             denial = _deny(
                 ctx, "cost", 0, 0, f"grant of chain {grant.chain_id} is for another ledger"
             )
@@ -287,10 +285,15 @@ class Gate:
                 pools=pools,
             )
         else:
-            ctx = ExecutionContext(
-                self.config, self.pipeline, ledger=self.ledger, name=name, pools=pools
-            )
+            ctx = self._request_chain(pools, name)
         return Admission(ctx, grant, None, shared, carrier_context)
+
+    def _request_chain(self, pools: tuple[BudgetPool, ...], name: str) -> ExecutionContext:
+        """A request's own chain on this service's limits (detached: a request
+        served inside some chain of this process is still its own)."""
+        return ExecutionContext(
+            self.config, self.pipeline, ledger=self.ledger, name=name, pools=pools, detached=True
+        )
 
     def _pools_for(self, request: object) -> tuple[BudgetPool, ...]:
         if self.pools is None:
