@@ -211,7 +211,7 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
         )
         print(f"veronica-otel: ERROR: {error}; LLM calls will be refused", file=sys.stderr)
         return None
-    ctx = ExecutionContext(config, name="default", ledger=ledger, chain_id=chain_id)
+    ctx = ExecutionContext(config, name="default", ledger=ledger, chain_id=chain_id, detached=True)
     set_default_context(ctx)
     _logger.info("veronica-otel: default chain %s with %s", ctx.chain_id, config)
     return ctx
