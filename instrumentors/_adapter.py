@@ -225,6 +225,10 @@ class ProviderAdapter:
         """Whether ``reply`` is a stream to hold (default: what the request asked)."""
         return request.stream
 
+    def unpriced_reason(self, request: Request) -> str:
+        """Why a ``priced=False`` request is refused under a cost ceiling, and how to price it."""
+        return _UNPRICED_HINT
+
     def billed_nothing(self, error: BaseException) -> bool:
         """Whether ``error`` is an HTTP error reply the provider does not bill."""
         status = http_status(error)
@@ -307,7 +311,8 @@ def refuse_unpriced(
 
 
 def _refuse(adapter: ProviderAdapter, ctx: ExecutionContext, request: Request, span: Any) -> None:
-    refuse_unpriced(ctx, f"{adapter.provider} {request.operation} ({request.model})", span)
+    what = f"{adapter.provider} {request.operation} ({request.model})"
+    refuse_unpriced(ctx, what, span, why=adapter.unpriced_reason(request))
 
 
 class AdapterStream(ContainedStream):
