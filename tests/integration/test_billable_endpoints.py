@@ -18,7 +18,6 @@ import openai
 import pytest
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
-from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
 from veronica_otel.policy_file import PolicyFile
 from veronica_otel.testing import FakeLLMServer
@@ -155,9 +154,11 @@ def test_a_cost_ceiling_refuses_what_it_cannot_price_before_sending(
 def test_an_image_model_with_no_price_is_refused_naming_per_image(
     client: openai.OpenAI, server: FakeLLMServer
 ) -> None:
-    with ExecutionContext(ExecutionConfig(max_cost_usd=5.0)):
-        with pytest.raises(BudgetExceededError) as caught:
-            client.images.generate(model="gpt-image-1", prompt="a cat")
+    with (
+        ExecutionContext(ExecutionConfig(max_cost_usd=5.0)),
+        pytest.raises(BudgetExceededError) as caught,
+    ):
+        client.images.generate(model="gpt-image-1", prompt="a cat")
     detail = caught.value.trip.message
     assert '[prices."openai:gpt-image-1"] per_image' in detail
     assert _sent(server) == 0

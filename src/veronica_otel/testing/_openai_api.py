@@ -2,8 +2,9 @@
 
 Routes: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings`` and
 ``/v1/completions`` (legacy), each non-streamed or streamed where the real API
-streams; ``/v1/images/generations``, ``/v1/audio/speech`` and the jobs billed later (``/v1/batches``,
-``/v1/fine_tuning/jobs``, ``/v1/videos``), answered as queued. Bodies follow the shapes the ``openai`` SDK parses, including the
+streams; ``/v1/images/generations``, ``/v1/audio/speech`` (audio bytes), and
+jobs billed later (``/v1/batches``, ``/v1/fine_tuning/jobs``, ``/v1/videos``),
+answered as queued. Bodies follow the shapes the ``openai`` SDK parses, including the
 details a strict client checks: the usage-only final chunk of a chat stream
 (``choices: []``) when ``stream_options.include_usage`` is set, the ``[DONE]``
 sentinel, and the Responses event sequence with increasing ``sequence_number``

@@ -567,8 +567,8 @@ def _form_fields(headers: Mapping[str, str], raw: bytes) -> dict[str, Any] | Non
     fields: dict[str, Any] = {}
     for part in message.iter_parts():
         name = part.get_param("name", header="content-disposition")
-        payload = part.get_payload(decode=True) or b""
-        if not isinstance(name, str):
+        payload = part.get_payload(decode=True)
+        if not isinstance(name, str) or not isinstance(payload, bytes):
             continue
         fields[name] = len(payload) if part.get_filename() else payload.decode("utf-8", "replace")
     return fields
