@@ -19,8 +19,10 @@ their paths):
   or in units the request does not show (batches, tuning jobs, assistant
   runs, audio seconds of an upload): the configured bound
   (``[prices."openai:batches"] per_request = 25.0``) is reserved and
-  committed; an Anthropic message batch, whose requests are in its body, is
-  priced from them at the batch rate (half the standard price);
+  committed; a batch whose requests are known is priced from them at the
+  batch rate (half the standard price) instead: an Anthropic message batch
+  (its requests are in its body), an OpenAI batch whose input file this
+  process uploaded (:mod:`._batch_file`);
 - free: not routed at all (``models.list``, ``files.create``, retrieve, list,
   cancel, delete, ``count_tokens``).
 
@@ -47,6 +49,7 @@ from veronica_otel._unit_prices import request_bound_cents
 
 from ._adapter import ProviderAdapter, Request, wrapper
 from ._admit import input_bound
+from ._batch_file import batch_cents, read_upload, remember
 
 __all__ = ["ANTHROPIC", "OPENAI", "Endpoint", "classify", "endpoint_call"]
 
@@ -111,12 +114,12 @@ _OPENAI: list[tuple[str, Endpoint]] = [
     (
         "/images/generations",
         Endpoint("images.generate", IMAGE, _count("n", 1), _IMAGE_VARIANTS, "dall-e-2"),
-    ),  # noqa: E501
+    ),
     ("/images/edits", Endpoint("images.edit", IMAGE, _count("n", 1), _IMAGE_VARIANTS, "dall-e-2")),
     (
         "/images/variations",
         Endpoint("images.create_variation", IMAGE, _count("n", 1), _IMAGE_VARIANTS, "dall-e-2"),
-    ),  # noqa: E501
+    ),
     ("/audio/speech", Endpoint("audio.speech.create", CHARACTER, _characters)),
     ("/videos", _VIDEO),
     ("/videos/edits", _VIDEO._replace(name="videos.edit")),
@@ -136,7 +139,7 @@ _OPENAI: list[tuple[str, Endpoint]] = [
     (
         "/threads/{thread_id}/runs/{run_id}/submit_tool_outputs",
         Endpoint("beta.threads.runs", REQUEST),
-    ),  # noqa: E501
+    ),
     ("/responses/compact", Endpoint("responses.compact", REQUEST, by_model=True)),
     ("/decisions", Endpoint("decisions.create", REQUEST, by_model=True)),
     ("/chatkit/sessions", Endpoint("beta.chatkit.sessions", REQUEST)),
@@ -147,7 +150,7 @@ _OPENAI: list[tuple[str, Endpoint]] = [
     (
         "/agents/automations/{automation_id}/invocations",
         Endpoint("beta.agents.automations", REQUEST),
-    ),  # noqa: E501
+    ),
     ("/agents/automations/{automation_id}/resume", Endpoint("beta.agents.automations", REQUEST)),
     ("/realtime/client_secrets", Endpoint("realtime.client_secrets", REQUEST)),
     ("/realtime/translations/client_secrets", Endpoint("realtime.client_secrets", REQUEST)),
@@ -405,10 +408,13 @@ def read_endpoint(
             "variant you send), or run it in a chain without max_cost_usd (it counts a step)"
         )
     name = f"{model}" if endpoint.by_model and model else endpoint.name
+    cents = None
     if endpoint.name == "messages.batches":
         cents = _message_batch_cents(table, provider, body)
-        if cents is not None:
-            return Request(operation, f"{name}#cents", parts, cap=max(1, cents)), ""
+    elif endpoint.name == "batches":
+        cents = batch_cents(table, provider, body.get("input_file_id"))
+    if cents is not None:
+        return Request(operation, f"{name}#cents", parts, cap=max(1, cents)), ""
     key = f"{name}#request"
     bound = table.lookup(provider, key) if endpoint.name else None
     if bound is not None:
@@ -462,4 +468,26 @@ def endpoint_call(table: _Table, provider: str) -> tuple[Callable[..., Any], Cal
     """The sync and async wrappers of a Stainless client's ``request`` for what
     its token reader does not route (``wrapped`` is the SDK's ``request``)."""
     adapter = EndpointAdapter(table, provider)
-    return wrapper(adapter, "request"), wrapper(adapter, "request", True)
+    contained, acontained = wrapper(adapter, "request"), wrapper(adapter, "request", True)
+    if table is not OPENAI:
+        return contained, acontained
+
+    # A batch input file uploaded here is read on the way: batches.create then
+    # reserves what its lines can bill (see _batch_file).
+    def request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        lines = read_upload(args[1] if len(args) > 1 else kwargs.get("options"))
+        result = contained(wrapped, instance, args, kwargs)
+        if lines is not None:
+            remember(result, lines)
+        return result
+
+    async def arequest(
+        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        lines = read_upload(args[1] if len(args) > 1 else kwargs.get("options"))
+        result = await acontained(wrapped, instance, args, kwargs)
+        if lines is not None:
+            remember(result, lines)
+        return result
+
+    return request, arequest

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -252,8 +253,7 @@ def test_without_a_cost_ceiling_an_unpriced_endpoint_counts_a_step(
 def test_free_endpoints_stay_free(client: openai.OpenAI, server: FakeLLMServer) -> None:
     with ExecutionContext(ExecutionConfig(max_cost_usd=0.000001, max_steps=1)) as ctx:
         client.models.list()
-        with pytest.raises(openai.NotFoundError):  # no fake route: sent, not contained
-            client.files.create(file=("a.jsonl", io.BytesIO(b"{}"), "text/plain"), purpose="batch")
+        client.files.create(file=("a.jsonl", io.BytesIO(b"{}"), "text/plain"), purpose="batch")
         with pytest.raises(openai.NotFoundError):
             client.batches.cancel("batch_1")
     assert ctx.snapshot().steps == 0
@@ -274,3 +274,37 @@ def test_async_clients_are_contained_alike(server: FakeLLMServer, client: openai
 
     asyncio.run(main())
     assert server.stats()["routes"] == {"/v1/images/generations": 1}
+
+
+def _batch_file(lines: int, max_tokens: int | None) -> bytes:
+    body: dict[str, Any] = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    row = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    return b"\n".join(json.dumps({**row, "custom_id": f"c{i}"}).encode() for i in range(lines))
+
+
+def test_a_batch_whose_file_was_uploaded_here_reserves_its_lines_at_the_batch_rate(
+    client: openai.OpenAI, server: FakeLLMServer
+) -> None:
+    """gpt-4o-mini: $0.15 / $0.60 per Mtok; 100 lines of 1000 output tokens at half
+    price is $0.03 of output, plus a little input, rounded up to a cent."""
+    content = _batch_file(100, 1000)
+    uploaded = client.files.create(
+        file=("batch.jsonl", io.BytesIO(content), "application/jsonl"), purpose="batch"
+    )
+    assert uploaded.bytes == len(content)  # read on the way, rewound for the SDK
+    with ExecutionContext(ExecutionConfig(max_cost_usd=0.05)) as ctx:
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        with pytest.raises(BudgetExceededError):  # a second one no longer fits
+            client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+    assert ctx.snapshot().cost_usd == pytest.approx(0.04)
+    with ExecutionContext(ExecutionConfig(max_cost_usd=5.0)), pytest.raises(BudgetExceededError):
+        client.batches.create(  # a file not uploaded here: unbounded, refused
+            input_file_id="file-elsewhere", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert server.stats()["routes"] == {"/v1/files": 1, "/v1/batches": 1}

@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings`` and
 ``/v1/completions`` (legacy), each non-streamed or streamed where the real API
-streams; ``/v1/images/generations``, ``/v1/audio/speech`` (audio bytes), and
+streams; ``/v1/images/generations``, ``/v1/audio/speech`` (audio bytes),
+``/v1/files`` (multipart uploads), and
 jobs billed later (``/v1/batches``, ``/v1/fine_tuning/jobs``, ``/v1/videos``),
 answered as queued. Bodies follow the shapes the ``openai`` SDK parses, including the
 details a strict client checks: the usage-only final chunk of a chat stream
@@ -371,6 +372,25 @@ def _speech(call: ApiCall) -> StreamReply:
     return StreamReply([b"ID3 fake audio"], content_type="audio/mpeg")
 
 
+def _files(call: ApiCall) -> JSONReply:
+    """``files.create`` (multipart): the file object, its size as received."""
+    body = call.body
+    size = body.get("file")
+    if type(size) is not int or not isinstance(body.get("purpose"), str):
+        raise ApiError(400, "file and purpose are required")
+    return JSONReply(
+        {
+            "id": f"file-fake{call.serial}",
+            "object": "file",
+            "bytes": size,
+            "created_at": call.created,
+            "filename": "upload",
+            "purpose": body["purpose"],
+            "status": "processed",
+        }
+    )
+
+
 def _job(kind: str, **fields: Any) -> Callable[[ApiCall], JSONReply]:
     """A job the API queues and bills later (a batch, a tuning job, a video)."""
 
@@ -390,6 +410,7 @@ _OPENAI_ROUTES: dict[str, Callable[[ApiCall], JSONReply | StreamReply]] = {
     "/v1/completions": _legacy_completions,
     "/v1/images/generations": _images,
     "/v1/audio/speech": _speech,
+    "/v1/files": _files,
     "/v1/batches": _job(
         "batch", endpoint=None, input_file_id=None, completion_window="24h", status="validating"
     ),
