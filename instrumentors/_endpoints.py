@@ -103,6 +103,7 @@ def _free(*names: str) -> list[tuple[str, Endpoint]]:
 
 
 _IMAGE_VARIANTS = (("size", "1024x1024"), ("quality", "standard"))
+_UPLOAD = Endpoint("files.create", FREE)  # free, but a batch input file is read on the way
 _VIDEO = Endpoint("videos.create", SECOND, _count("seconds", 4), (("size", "720x1280"),), "sora-2")
 
 # Path template -> endpoint. Templates as the SDK writes them ({id}: one path segment).
@@ -111,6 +112,7 @@ _OPENAI: list[tuple[str, Endpoint]] = [
     ("/responses", Endpoint("responses.create", TOKENS)),
     ("/completions", Endpoint("completions.create", TOKENS)),
     ("/embeddings", Endpoint("embeddings.create", TOKENS)),
+    ("/files", _UPLOAD),
     (
         "/images/generations",
         Endpoint("images.generate", IMAGE, _count("n", 1), _IMAGE_VARIANTS, "dall-e-2"),
@@ -206,7 +208,6 @@ _OPENAI: list[tuple[str, Endpoint]] = [
         "/audio/voice_consents/{consent_id}",
         "/audio/voices",
         "/content_provenance_checks",
-        "/files",
         "/uploads",
         "/uploads/{upload_id}/cancel",
         "/uploads/{upload_id}/complete",
@@ -305,6 +306,7 @@ class _Table(NamedTuple):
     templates: Mapping[str, Endpoint]
     admin: tuple[str, ...]
     patterns: tuple[tuple[re.Pattern[str], Endpoint], ...]
+    cache: dict[str, Endpoint]  # URL -> endpoint (bounded: URLs carry ids)
 
 
 def _table(provider: str, rows: list[tuple[str, Endpoint]], admin: tuple[str, ...]) -> _Table:
@@ -314,23 +316,22 @@ def _table(provider: str, rows: list[tuple[str, Endpoint]], admin: tuple[str, ..
         (re.compile(re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(path)) + "$"), endpoint)
         for path, endpoint in ordered
     )
-    return _Table(provider, dict(rows), admin, patterns)
+    return _Table(provider, dict(rows), admin, patterns, {})
 
 
 OPENAI = _table("openai", _OPENAI, _OPENAI_ADMIN)
 ANTHROPIC = _table("anthropic", _ANTHROPIC, _ANTHROPIC_ADMIN)
 _UNKNOWN = Endpoint("", REQUEST)
-_CACHE: dict[tuple[int, str], Endpoint] = {}
 _CACHE_MAX = 512
 
 
-def classify(table: _Table, path: str) -> Endpoint:
-    """The endpoint a POST to ``path`` (no query) reaches: an unknown one is
-    bounded (:data:`REQUEST`) under its path."""
-    key = (id(table), path)
-    found = _CACHE.get(key)
+def classify(table: _Table, url: str) -> Endpoint:
+    """The endpoint a POST to ``url`` reaches: an unknown one is bounded
+    (:data:`REQUEST`) under its path."""
+    found = table.cache.get(url)
     if found is not None:
         return found
+    path = url.split("?", 1)[0]
     found = _UNKNOWN._replace(name=f"POST {path}")
     if any(prefix in path for prefix in table.admin):
         found = Endpoint(path, FREE)
@@ -339,10 +340,24 @@ def classify(table: _Table, path: str) -> Endpoint:
             if pattern.search(path):
                 found = endpoint
                 break
-    if len(_CACHE) >= _CACHE_MAX:
-        _CACHE.clear()
-    _CACHE[key] = found
+    if len(table.cache) >= _CACHE_MAX:
+        table.cache.clear()
+    table.cache[url] = found
     return found
+
+
+def _billable(table: _Table, options: Any) -> Endpoint | None:
+    """The endpoint of a request to contain here; None: not a POST, free, or a
+    token call (the SDK's own reader declined it: no chain)."""
+    method = options.method
+    if method != "post" and str(method).lower() != "post":
+        return None
+    url = options.url
+    endpoint = table.cache.get(url) or classify(table, str(url))
+    billed = endpoint.billed
+    if (billed is FREE and endpoint is not _UPLOAD) or billed is TOKENS:
+        return None
+    return endpoint
 
 
 def _prices(ctx: ExecutionContext) -> PriceTable:
@@ -438,11 +453,9 @@ class EndpointAdapter(ProviderAdapter):
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
         options = args[1] if len(args) > 1 else kwargs.get("options")
-        if str(getattr(options, "method", "")).lower() != "post":
+        endpoint = _billable(self.table, options)
+        if endpoint is None or endpoint.billed is FREE:
             return None
-        endpoint = classify(self.table, str(getattr(options, "url", "")).split("?", 1)[0])
-        if endpoint.billed is FREE or endpoint.billed is TOKENS:
-            return None  # free, or the token reader's (a request it declined: not billable)
         ctx = default_context(otel_context.get_current())
         if ctx is None:
             return None
@@ -469,14 +482,18 @@ def endpoint_call(table: _Table, provider: str) -> tuple[Callable[..., Any], Cal
     its token reader does not route (``wrapped`` is the SDK's ``request``)."""
     adapter = EndpointAdapter(table, provider)
     contained, acontained = wrapper(adapter, "request"), wrapper(adapter, "request", True)
-    if table is not OPENAI:
-        return contained, acontained
 
-    # A batch input file uploaded here is read on the way: batches.create then
-    # reserves what its lines can bill (see _batch_file).
     def request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        lines = read_upload(args[1] if len(args) > 1 else kwargs.get("options"))
-        result = contained(wrapped, instance, args, kwargs)
+        options = args[1] if len(args) > 1 else kwargs.get("options")
+        endpoint = _billable(table, options)
+        if endpoint is None:
+            return wrapped(*args, **kwargs)  # most requests: one cached lookup
+        if endpoint is not _UPLOAD:
+            return contained(wrapped, instance, args, kwargs)
+        # A batch input file uploaded here is read on the way: batches.create
+        # then reserves what its lines can bill (see _batch_file).
+        lines = read_upload(options)
+        result = wrapped(*args, **kwargs)
         if lines is not None:
             remember(result, lines)
         return result
@@ -484,8 +501,14 @@ def endpoint_call(table: _Table, provider: str) -> tuple[Callable[..., Any], Cal
     async def arequest(
         wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        lines = read_upload(args[1] if len(args) > 1 else kwargs.get("options"))
-        result = await acontained(wrapped, instance, args, kwargs)
+        options = args[1] if len(args) > 1 else kwargs.get("options")
+        endpoint = _billable(table, options)
+        if endpoint is None:
+            return await wrapped(*args, **kwargs)
+        if endpoint is not _UPLOAD:
+            return await acontained(wrapped, instance, args, kwargs)
+        lines = read_upload(options)
+        result = await wrapped(*args, **kwargs)
         if lines is not None:
             remember(result, lines)
         return result
