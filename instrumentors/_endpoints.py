@@ -43,13 +43,14 @@ from typing import Any, NamedTuple
 from opentelemetry import context as otel_context
 
 from veronica_otel._context import ExecutionContext
-from veronica_otel._pricing import PriceTable, default_price_table
+from veronica_otel._pricing import PriceTable
 from veronica_otel._propagation import default_context
 from veronica_otel._unit_prices import request_bound_cents
 
 from ._adapter import ProviderAdapter, Request, wrapper
 from ._admit import input_bound
 from ._batch_file import batch_cents, read_upload, remember
+from ._bounds import how_to_bound, price_table
 
 __all__ = ["ANTHROPIC", "OPENAI", "Endpoint", "classify", "endpoint_call"]
 
@@ -360,11 +361,6 @@ def _billable(table: _Table, options: Any) -> Endpoint | None:
     return endpoint
 
 
-def _prices(ctx: ExecutionContext) -> PriceTable:
-    table = getattr(ctx, "_prices", None)
-    return table if isinstance(table, PriceTable) else default_price_table()
-
-
 def _unit_key(endpoint: Endpoint, body: Mapping[str, Any], model: str) -> str:
     words = [endpoint.billed]
     for key, default in endpoint.variants:
@@ -409,7 +405,7 @@ def read_endpoint(
     prompt = body.get("prompt", body.get("input"))
     parts = [endpoint.name, model, prompt]  # its signature for the repeat limit
     operation = endpoint.name
-    table = _prices(ctx)
+    table = price_table(ctx)
     if endpoint.units is not None:
         key = _unit_key(endpoint, body, model or "unknown")
         units = endpoint.units(body)
@@ -431,15 +427,10 @@ def read_endpoint(
     if cents is not None:
         return Request(operation, f"{name}#cents", parts, cap=max(1, cents)), ""
     key = f"{name}#request"
-    bound = table.lookup(provider, key) if endpoint.name else None
+    bound = table.lookup(provider, key)
     if bound is not None:
         return Request(operation, key, parts, cap=request_bound_cents(bound)), ""
-    what = "spends past this call" if endpoint.name else "is not in veronica's endpoint table"
-    return Request(operation, key, parts, priced=False), (
-        f"{what} and has no bound: bound what one call may spend in the policy file "
-        f'([prices."{provider}:{name}"] per_request = <USD>), or run it in a chain '
-        "without max_cost_usd (it counts a step)"
-    )
+    return Request(operation, key, parts, priced=False), how_to_bound(provider, name)
 
 
 class EndpointAdapter(ProviderAdapter):

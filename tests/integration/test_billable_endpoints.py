@@ -308,3 +308,39 @@ def test_a_batch_whose_file_was_uploaded_here_reserves_its_lines_at_the_batch_ra
             input_file_id="file-elsewhere", endpoint="/v1/chat/completions", completion_window="24h"
         )
     assert server.stats()["routes"] == {"/v1/files": 1, "/v1/batches": 1}
+
+
+def test_an_adapters_unpriced_endpoint_is_admitted_at_its_configured_bound(
+    server: FakeLLMServer, tmp_path: Path
+) -> None:
+    """A Gemini batch (priced=False in its adapter) is refused naming the key that
+    bounds it; with the bound configured it is sent, and costs the bound."""
+    from google import genai
+
+    from veronica_otel.instrumentors.google_genai import GoogleGenAIInstrumentor
+
+    instrumentor = GoogleGenAIInstrumentor()
+    instrumentor.instrument()
+    try:
+        gemini = genai.Client(
+            api_key="t", http_options=genai.types.HttpOptions(base_url=server.base_url)
+        )
+        src: Any = [{"contents": [{"parts": [{"text": "hi"}], "role": "user"}]}]
+        with (
+            ExecutionContext(ExecutionConfig(max_cost_usd=5.0)),
+            pytest.raises(BudgetExceededError) as caught,
+        ):
+            gemini.batches.create(model="gemini-2.0-flash", src=src)
+        assert '[prices."gcp.gemini:batchGenerateContent"] per_request' in caught.value.trip.message
+        assert _sent(server) == 0
+        policy = tmp_path / "policy.toml"
+        policy.write_text('[prices."gcp.gemini:batchGenerateContent"]\nper_request = 1.5\n')
+        table = PolicyFile(policy).price_table()
+        with ExecutionContext(ExecutionConfig(max_cost_usd=2.0), price_table=table) as ctx:
+            gemini.batches.create(model="gemini-2.0-flash", src=src)
+            with pytest.raises(BudgetExceededError):  # a second 1.5 does not fit in 2.0
+                gemini.batches.create(model="gemini-2.0-flash", src=src)
+        assert ctx.snapshot().cost_usd == pytest.approx(1.5)
+        assert _sent(server) == 1
+    finally:
+        instrumentor.uninstrument()
