@@ -397,11 +397,20 @@ def _message_batch_cents(table: PriceTable, provider: str, body: Mapping[str, An
 
 
 def read_endpoint(
-    ctx: ExecutionContext, provider: str, endpoint: Endpoint, body: Mapping[str, Any]
+    ctx: ExecutionContext,
+    provider: str,
+    endpoint: Endpoint,
+    body: Mapping[str, Any],
+    deployed: bool = False,
 ) -> tuple[Request, str]:
-    """The call a POST to ``endpoint`` is, and (when it cannot be priced) how to price it."""
+    """The call a POST to ``endpoint`` is, and (when it cannot be priced) how to price it.
+
+    ``deployed``: the client names a deployment (Azure), so a body without a
+    model is not the provider's default model: it is unpriced.
+    """
     model = body.get("model")
-    model = model if isinstance(model, str) and model else endpoint.default_model
+    if not isinstance(model, str) or not model:
+        model = "" if deployed else endpoint.default_model
     prompt = body.get("prompt", body.get("input"))
     parts = [endpoint.name, model, prompt]  # its signature for the repeat limit
     operation = endpoint.name
@@ -451,7 +460,8 @@ class EndpointAdapter(ProviderAdapter):
         if ctx is None:
             return None
         body = _body(options)
-        request, why = read_endpoint(ctx, self.provider, endpoint, body)
+        deployed = "azure" in type(instance).__name__.lower()  # AzureOpenAI: a deployment
+        request, why = read_endpoint(ctx, self.provider, endpoint, body, deployed)
         return request._replace(attributes={_HINT: why}) if why else request
 
     def unpriced_reason(self, request: Request) -> str:

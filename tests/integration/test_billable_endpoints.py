@@ -344,3 +344,22 @@ def test_an_adapters_unpriced_endpoint_is_admitted_at_its_configured_bound(
         assert _sent(server) == 1
     finally:
         instrumentor.uninstrument()
+
+
+def test_an_azure_deployment_is_not_taken_for_the_default_image_model(
+    server: FakeLLMServer, client: openai.OpenAI
+) -> None:
+    """With the deployment in the client, the body names no model: not dall-e-2's price."""
+    azure = openai.AzureOpenAI(
+        azure_endpoint=server.base_url,
+        azure_deployment="my-dalle-3",
+        api_key="t",
+        api_version="2024-10-21",
+        max_retries=0,
+    )
+    with (
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0)),
+        pytest.raises(BudgetExceededError, match="per_image"),
+    ):
+        azure.images.generate(prompt="a cat")
+    assert _sent(server) == 0
