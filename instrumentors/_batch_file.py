@@ -26,12 +26,12 @@ from veronica_otel._pricing import PriceTable
 from ._admit import input_bound
 from ._openai_request import _ROUTES, _choices, _requested_cap
 
-__all__ = ["batch_cents", "read_upload", "remember"]
+__all__ = ["BATCH_DISCOUNT", "batch_cents", "read_upload", "remember"]
 
 _MAX_FILES = 64  # files remembered (the oldest forgotten first)
 _MAX_BYTES = 32 * 1024 * 1024  # larger uploads are not read on the way
 _MAX_LINES = 50_000  # the Batch API's own limit per file
-_BATCH_DISCOUNT = 2  # batches bill half the standard price
+BATCH_DISCOUNT = 2  # OpenAI and Anthropic bill batches at half the standard price
 _SERVER_SIDE = ("previous_response_id", "conversation", "prompt")  # input we cannot see
 
 # One line's worst case: (model, input token bound, output cap or -1: the model's limit, choices).
@@ -86,7 +86,7 @@ def batch_cents(table: PriceTable, provider: str, file_id: object) -> int | None
         if prices is None:
             return None
         output = (prices.output_limit(bound) if cap < 0 else cap) * choices
-        nano += -(-prices.max_cost_nano(bound, output) // _BATCH_DISCOUNT)
+        nano += -(-prices.max_cost_nano(bound, output) // BATCH_DISCOUNT)
     return max(1, -(-nano // 10_000_000))
 
 

@@ -49,7 +49,7 @@ from veronica_otel._unit_prices import request_bound_cents
 
 from ._adapter import ProviderAdapter, Request, wrapper
 from ._admit import input_bound
-from ._batch_file import batch_cents, read_upload, remember
+from ._batch_file import BATCH_DISCOUNT, batch_cents, read_upload, remember
 from ._bounds import how_to_bound, price_table
 
 __all__ = ["ANTHROPIC", "OPENAI", "Endpoint", "classify", "endpoint_call"]
@@ -369,9 +369,6 @@ def _unit_key(endpoint: Endpoint, body: Mapping[str, Any], model: str) -> str:
     return f"{model}#{' '.join(words)}"
 
 
-_BATCH_DISCOUNT = 2  # Anthropic bills message batches at half the standard price
-
-
 def _message_batch_cents(table: PriceTable, provider: str, body: Mapping[str, Any]) -> int | None:
     """The worst case of an Anthropic message batch from its inline requests, in
     cents at the batch rate; None when one cannot be priced."""
@@ -392,7 +389,7 @@ def _message_batch_cents(table: PriceTable, provider: str, body: Mapping[str, An
         parts = [params.get(key) for key in ("system", "messages", "tools")]
         messages = params.get("messages")
         bound = input_bound(parts, len(messages) if isinstance(messages, list) else 1)
-        nano += -(-prices.max_cost_nano(bound, cap) // _BATCH_DISCOUNT)
+        nano += -(-prices.max_cost_nano(bound, cap) // BATCH_DISCOUNT)
     return -(-nano // 10_000_000)
 
 
