@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
@@ -70,11 +70,14 @@ _NS = 1_000_000_000
 
 
 class TripDict(TypedDict):
-    """A ``veronica.trip`` on a node: what tripped, the limit and what was seen."""
+    """A ``veronica.trip`` on a node: what tripped, the limit and what was seen,
+    and the budget pool or agent whose limit it was (None: the chain's own)."""
 
     reason: str
     limit: float | None
     observed: float | None
+    pool: NotRequired[str | None]
+    agent: NotRequired[str | None]
 
 
 class NodeDict(TypedDict):
@@ -145,12 +148,23 @@ def chain_key(chain_id: str) -> str:
 
 
 def describe_trip(trip: TripDict) -> str:
-    """``steps (limit 9, observed 10)``: a trip in words."""
+    """``steps (limit 9, observed 10)``, ``cost (pool acme: limit $0.01, observed
+    $0.010155)``: a trip in words, whose limit it was, money as dollars."""
     text = trip["reason"]
+    owner = (
+        f"pool {trip['pool']}: "
+        if trip.get("pool")
+        else f"agent {trip['agent']}: "
+        if trip.get("agent")
+        else ""
+    )
     if trip["limit"] is not None or trip["observed"] is not None:
-        limit = "?" if trip["limit"] is None else f"{trip['limit']:g}"
-        observed = "?" if trip["observed"] is None else f"{trip['observed']:g}"
-        text += f" (limit {limit}, observed {observed})"
+        money = "$" if trip["reason"] == "cost" else ""
+        limit = "?" if trip["limit"] is None else f"{money}{trip['limit']:g}"
+        observed = "?" if trip["observed"] is None else f"{money}{trip['observed']:g}"
+        text += f" ({owner}limit {limit}, observed {observed})"
+    elif owner:
+        text += f" ({owner.rstrip(': ')})"
     return text
 
 
@@ -192,6 +206,8 @@ def _trip(span: ReadableSpan, attributes: Mapping[str, object]) -> TripDict | No
                 "reason": str(found.get("veronica.trip.reason", "unknown")),
                 "limit": _finite(found.get("veronica.trip.limit")),
                 "observed": _finite(found.get("veronica.trip.observed")),
+                "pool": _text(found.get("veronica.pool")),
+                "agent": _text(found.get("veronica.agent")),
             }
     reason = attributes.get("veronica.trip.reason")
     if isinstance(reason, str):
@@ -275,6 +291,8 @@ def node_from_json(obj: object) -> NodeDict | None:
                 "reason": str(trip.get("reason", "unknown")),
                 "limit": _finite(trip.get("limit")),
                 "observed": _finite(trip.get("observed")),
+                "pool": _text(trip.get("pool")),
+                "agent": _text(trip.get("agent")),
             }
             if isinstance(trip, dict)
             else None

@@ -35,11 +35,14 @@ Where it hooks:
   a billed ``POST`` (an interaction, a trigger execution, a decision) is not
   priceable before it is sent (server-side history, agents): refused under a
   cost ceiling, counted otherwise; the rest passes.
-- ``AsyncLive.connect``, ``AsyncLiveMusic.connect`` and the Live
-  Interactions WebSocket: a Live session is many billed turns over one
-  WebSocket and cannot be priced or counted per message before it is sent,
-  so it is refused in a chain that limits anything (a ``cost`` denial saying
-  so); outside such a chain it passes.
+- ``AsyncLive.connect``: a Live session is contained turn by turn
+  (:mod:`._realtime`, :mod:`._live_session`): each turn admitted before the
+  message that makes the model generate is sent, settled from its
+  ``usageMetadata``; a trip refuses the session and cuts an open one.
+- ``AsyncLiveMusic.connect`` and the Live Interactions WebSocket: many
+  billed turns over one WebSocket that cannot be priced or counted per
+  message before they are sent, so they are refused in a chain that limits
+  anything (a ``cost`` denial saying so); outside such a chain they pass.
 
 Each HTTP attempt (the SDK's ``HttpRetryOptions`` retries through tenacity,
 its implicit aiohttp reconnect) is seen by the transport hooks of
@@ -69,7 +72,7 @@ from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 from veronica_otel._propagation import default_context
 
-from . import _genai_request
+from . import _genai_request, _realtime
 from ._adapter import (
     AdapterAsyncStream,
     AdapterStream,
@@ -420,7 +423,7 @@ _OPTIONAL = (
     SDKHooks(
         _instruments[0],
         "google.genai.live",
-        (Hook("AsyncLive", "connect", _refuse_session("a Live session"), (), ("model",)),),
+        (Hook("AsyncLive", "connect", _realtime.live_connect, (), ("model",)),),
         (("AsyncLive", ("connect",)),),
     ),
     SDKHooks(

@@ -64,7 +64,9 @@ events, usage, error) and settles it.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
+from . import _realtime
 from ._hooks import GuardedInstrumentor, SDKHooks
 from ._openai_request import OPENAI
 from ._stainless import GUARDS, stainless_hooks
@@ -91,3 +93,13 @@ class OpenAIInstrumentor(GuardedInstrumentor):
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        try:
+            super()._instrument(**kwargs)
+        finally:  # WebSocket sessions bypass the HTTP hooks: contained either way
+            _realtime.install()
+
+    def uninstrument(self, **kwargs: Any) -> Any:
+        _realtime.remove()
+        return super().uninstrument(**kwargs)

@@ -63,7 +63,14 @@ def _checkout_copy() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="veronica-src-") as tmp:
         copy = Path(tmp) / "veronica-otel"
         shutil.copytree(ROOT / "src", copy / "src", ignore=shutil.ignore_patterns("__pycache__"))
-        for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+        for name in (
+            "pyproject.toml",
+            "setup.py",
+            "README.md",
+            "LICENSE",
+            "MANIFEST.in",
+            "CHANGELOG.md",
+        ):
             if (ROOT / name).exists():
                 shutil.copy(ROOT / name, copy / name)
         yield copy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -84,3 +85,18 @@ def _threads_left_alone() -> Iterator[None]:
     threads = sys.modules.get("veronica_otel.instrumentors.threading")
     held = sorted(threads._holders) if threads is not None else []
     assert not held, f"the test left thread propagation on, held by {held}"
+
+
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler (KeyboardInterrupt), whatever this run inherited.
+
+    A shell that runs the tests in the background, under ``nohup`` or a CI
+    runner may start them with SIGINT ignored; Python then installs no handler
+    and a test that delivers SIGINT would see nothing happen.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

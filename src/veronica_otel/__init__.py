@@ -23,6 +23,7 @@ from ._context import CallHandle, ExecutionContext
 from ._errors import BudgetExceededError, TripEvent
 from ._guards import AgentStepGuard, BudgetEnforcer, LoopGuard
 from ._ledger import Ledger, LocalLedger
+from ._notice import StderrFallback
 from ._options import ChainSnapshot, Decision, WrapOptions
 from ._policy import PolicyContext, PolicyDecision, PolicyPipeline, RuntimePolicy
 from ._pools import BudgetPool, PoolSnapshot
@@ -32,7 +33,8 @@ from ._retry import RetryContainer
 from ._tools import ToolCall, contained_tool, set_tool_prices
 from ._version import __version__
 
-_logging.getLogger("veronica_otel").addHandler(_logging.NullHandler())
+# Warnings reach stderr while the app has configured no logging (_notice).
+_logging.getLogger("veronica_otel").addHandler(StderrFallback())
 
 __all__ = [
     "AgentStepGuard",

@@ -48,6 +48,7 @@ _TOP_KEYS = (
 )
 _LIMIT_KEYS = tuple(f.name for f in fields(ExecutionConfig))
 _PRICE_KEYS = ("input", "output", "cached_input", "reasoning", "cache_write")
+_UNIT_PRICE_KEYS = tuple(UNITS)  # per_image, per_character, per_second, per_request
 _MODEL_KEYS = ("fallback", "max_tokens", "max_calls")
 _TOOL_KEYS = ("max_calls", "cost_usd")
 _POOL_KEYS = ("max_cost_usd", "max_steps", "max_tokens", "window")
@@ -339,7 +340,7 @@ def _prices(source: str, data: object) -> dict[str, UnitPrices]:
     names: dict[str, str] = {}
     for name, body in _named_tables(source, "prices", data).items():
         path = f"prices.{_quote(name)}"
-        table = dict(_table(source, path, body, _PRICE_KEYS + tuple(UNITS)))
+        table = dict(_table(source, path, body, _PRICE_KEYS + _UNIT_PRICE_KEYS))
         key = _unique(source, "prices", name, names)
         units = {k: table.pop(k) for k in UNITS if k in table}
         for unit, value in units.items():  # "dall-e-3" per_image: the key "dall-e-3#image"

@@ -104,6 +104,11 @@ MAX_OUTPUT_TOKENS: Mapping[str, int] = {
     "gpt-5": 128_000,
     "gpt-5-mini": 128_000,
     "gpt-5-nano": 128_000,
+    # Realtime responses: max_output_tokens 1-4096 (OpenAI API reference, realtime)
+    "gpt-realtime": 4_096,
+    "gpt-realtime-mini": 4_096,
+    "gpt-4o-realtime-preview": 4_096,
+    "gpt-4o-mini-realtime-preview": 4_096,
     "o1": 100_000,
     "o1-mini": 65_536,
     "o3": 100_000,
@@ -673,6 +678,16 @@ def _components(model_price: ModelPrice, input_tokens: int) -> list[Decimal] | N
     o = i if o is None else o
     assert i is not None and o is not None
     c, r = at("cache_read_mtok"), at("output_reasoning_mtok")
+    if at("output_audio_mtok") is not None:
+        # A model that speaks (realtime, gpt-audio, Live) bills audio and image
+        # tokens at their own, dearer rates, and its input is a conversation or
+        # audio the request does not show: its worst case is its dearest rate.
+        i = max(p for p in (i, at("input_audio_mtok"), at("input_image_mtok")) if p is not None)
+        o = max(o, at("output_audio_mtok") or o)
+        c = max(
+            (p for p in (c, at("cache_audio_read_mtok"), at("cache_image_read_mtok")) if p),
+            default=None,
+        )
     # One cache-write price for both TTLs: the dearer (1h) one, conservatively.
     writes = [w for w in (at("cache_write_mtok"), at("cache_write_1h_mtok")) if w is not None]
     return [i, o, i if c is None else c, o if r is None else r, max(writes, default=i)]

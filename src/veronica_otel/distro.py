@@ -62,6 +62,7 @@ from ._context import ExecutionContext
 from ._context import _valid_id as valid_chain_id
 from ._file_pools import pools_from_env
 from ._ledger import Ledger
+from ._notice import PRINTED
 from ._propagation import set_default_context, set_default_context_error
 from .policy_file import PolicyFile, install_default_chain
 
@@ -151,7 +152,9 @@ def _fail_closed(instrumentor: object, class_name: str, error: Exception) -> Non
     """
     from veronica_otel.instrumentors._hooks import InstrumentationError, SDKHooks
 
-    _logger.error("veronica-otel could not install %s", class_name, exc_info=error)
+    _logger.error(  # printed below, in one line
+        "veronica-otel could not install %s", class_name, exc_info=error, extra={PRINTED: True}
+    )
     hooks = getattr(instrumentor, "_hooks", None)
     if not isinstance(hooks, SDKHooks):
         print(
@@ -201,7 +204,11 @@ def install_zero_code(environ: dict[str, str] | None = None) -> ExecutionContext
     except Exception as exc:  # whatever went wrong, never run uncontained silently
         error = exc if isinstance(exc, ValueError) else _configuration_error(exc)
         set_default_context_error(error)
-        _logger.error("veronica-otel: %s; every LLM call will be refused until it is fixed", error)
+        _logger.error(
+            "veronica-otel: %s; every LLM call will be refused until it is fixed",
+            error,
+            extra={PRINTED: True},  # printed next
+        )
         print(f"veronica-otel: ERROR: {error}; LLM calls will be refused", file=sys.stderr)
         return None
     ctx = ExecutionContext(config, name="default", ledger=ledger, chain_id=chain_id)

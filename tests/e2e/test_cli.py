@@ -40,7 +40,7 @@ def alive(pid: int) -> bool:
 
 def test_help_for_each_command() -> None:
     assert cli("--help").returncode == 0
-    for command in ("demo", "run", "override", "graph"):
+    for command in ("demo", "run", "override", "status", "pools", "graph"):
         result = cli(command, "--help")
         assert result.returncode == 0, result.stderr
         assert command in result.stdout
@@ -52,8 +52,8 @@ def test_no_command_is_a_usage_error() -> None:
     assert "COMMAND" in result.stdout
 
 
-def test_demo_prints_the_table_with_honest_counts() -> None:
-    result = cli("demo")
+def test_demo_prints_the_table_with_honest_counts(tmp_path: Path) -> None:
+    result = cli("demo", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     rows = [line for line in lines if "contained" in line]

@@ -212,6 +212,14 @@ def test_graph_html_into_a_missing_folder_creates_it(
     assert result.returncode == 0, result.stderr
     assert out.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
     assert [p.name for p in out.parent.iterdir()] == ["view.html"]  # no temporary left
+    # Readable as any file the user writes (umask 022: 0644), like the demo's.
+    assert out.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def test_graph_mistakes_are_one_line(demo: tuple[Path, str], tmp_path: Path) -> None:

@@ -31,3 +31,9 @@ def test_planner_critic_is_stopped_at_the_handoff_ceiling() -> None:
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_every_example_runs(script: str) -> None:
     assert run(script).strip()
+
+
+def test_the_quickstart_stops_the_loop_before_sending() -> None:
+    out = run("quickstart.py")
+    assert "denied before sending:" in out and "steps limit reached (limit 3" in out
+    assert "requests the server received: 3\n" in out

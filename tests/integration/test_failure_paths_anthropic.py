@@ -195,6 +195,7 @@ def test_each_attempt_lost_unanswered_costs_a_reservation(
     assert_charged(snap, reservation_usd() + usage_usd(10, 4))
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_keyboard_interrupt_while_waiting_commits_the_reservation(
     raw: RawServer, instrumented: Any
 ) -> None:

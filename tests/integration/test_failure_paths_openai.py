@@ -354,6 +354,7 @@ async def test_async_connection_dropped_mid_request_commits_the_reservation(
     assert_charged(ctx.snapshot(), reservation_usd())
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_keyboard_interrupt_while_waiting_for_the_reply_commits_the_reservation(
     raw: RawServer, instrumentor: Any, span_exporter: InMemorySpanExporter
 ) -> None:

@@ -801,3 +801,15 @@ def test_stats_counts_requests_per_route_and_not_itself() -> None:
     assert first == {"total": 3, "routes": {"/api/chat": 1, "/v1/chat/completions": 2}}
     assert second == first  # asking is not a request to the API
     assert fake.request_count == 3
+
+
+def test_delete_stats_resets_the_counts_of_a_stand_alone_server() -> None:
+    import httpx2
+
+    with FakeLLMServer() as fake:
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+        httpx2.post(fake.openai_base_url + "/chat/completions", json=body)
+        assert httpx2.delete(fake.base_url + "/stats").json() == {"total": 0, "routes": {}}
+        httpx2.post(fake.openai_base_url + "/chat/completions", json=body)
+        after = httpx2.get(fake.base_url + "/stats").json()
+    assert after == {"total": 1, "routes": {"/v1/chat/completions": 1}}

@@ -17,6 +17,7 @@ from typing import Any
 import httpx2
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -638,3 +639,15 @@ def test_a_malformed_audience_names_its_variable(monkeypatch: pytest.MonkeyPatch
         VeronicaASGIMiddleware(wsgi_app, grant_key=KEY)
     with pytest.raises(ValueError, match="audience"):
         VeronicaWSGIMiddleware(wsgi_app, grant_key=KEY, audience=["a/b"])
+
+
+def test_a_websocket_session_is_a_chain_named_websocket_and_a_request_one_named_request(
+    client_for: Callable[..., TestClient], span_exporter: InMemorySpanExporter
+) -> None:
+    client = client_for(ExecutionConfig(max_steps=1))
+    with client.websocket_connect("/ws/send") as ws, pytest.raises(WebSocketDisconnect):
+        ws.receive_text()
+        ws.receive_text()  # the session's chain tripped: closed 1008
+    client.get("/chain")
+    roots = [s.name for s in span_exporter.get_finished_spans() if s.name.startswith("invoke_")]
+    assert roots == ["invoke_workflow websocket", "invoke_workflow request"]

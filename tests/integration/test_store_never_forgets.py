@@ -308,7 +308,7 @@ def test_a_flush_does_not_lift_a_trip_and_override_of_an_unknown_chain_fails(
     with pytest.raises(BudgetExceededError):
         ExecutionContext(ExecutionConfig(max_steps=1), chain_id="held", ledger=ledger).begin_call()
     held = argparse.Namespace(
-        chain="held", reason="x", duration=60.0, add_usd=0.0, add_steps=1, redis_url=valkey.url
+        chain="held", reason="x", duration=60.0, add_usd=0.0, add_steps=1, redis=valkey.url
     )
     assert apply_override(held) == 0
     assert "lifted a steps trip" in capsys.readouterr().out

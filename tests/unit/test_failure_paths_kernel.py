@@ -131,6 +131,7 @@ def test_usage_reported_before_the_raise_is_committed_as_reported() -> None:
     assert (snap.cost_usd, snap.tokens, snap.reserved_usd) == (0.05, 12, 0.0)
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_keyboard_interrupt_during_the_rate_limit_wait_releases() -> None:
     ctx = ExecutionContext(ExecutionConfig(max_cost_usd=1.0), PolicyPipeline([RateLimit()]))
     main = threading.main_thread()

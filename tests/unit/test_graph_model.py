@@ -15,6 +15,7 @@ from veronica_otel.exporters._graph_model import (
     NodeDict,
     build_graph,
     chain_key,
+    describe_trip,
     node_from_json,
 )
 
@@ -248,3 +249,27 @@ def test_every_badge_is_explained(complete: bool) -> None:
         "partial",
     ):
         assert word in legend_line, word
+
+
+@pytest.mark.parametrize(
+    ("trip", "words"),
+    [
+        ({"reason": "steps", "limit": 5.0, "observed": 6.0}, "steps (limit 5, observed 6)"),
+        (
+            {"reason": "cost", "limit": 0.01, "observed": 0.010155, "pool": "tenant:acme"},
+            "cost (pool tenant:acme: limit $0.01, observed $0.010155)",
+        ),
+        (
+            {"reason": "steps", "limit": 2.0, "observed": 3.0, "agent": "Alpha"},
+            "steps (agent Alpha: limit 2, observed 3)",
+        ),
+        ({"reason": "cost", "limit": None, "observed": None, "pool": "p"}, "cost (pool p)"),
+    ],
+)
+def test_a_trip_names_whose_limit_it_was_and_money_in_dollars(
+    trip: dict[str, Any], words: str
+) -> None:
+    made = node_from_json({"id": "1", "parent": None, "name": "chat", "kind": "llm", "trip": trip})
+    assert made is not None and made["trip"] is not None
+    assert describe_trip(made["trip"]) == words
+    assert "TRIP " + words in render_text_tree(build_graph("c", [made], complete=True))

@@ -131,6 +131,12 @@ def _override_command(args: argparse.Namespace) -> int:
     return apply_override(args)
 
 
+def _status_command(args: argparse.Namespace) -> int:
+    from ._status import show_status
+
+    return show_status(args)
+
+
 def _pools_command(args: argparse.Namespace) -> int:
     from ._pools import show_pools
 
@@ -157,6 +163,18 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _store_flag(command: argparse.ArgumentParser) -> None:
+    """The shared ledger's URL: one flag name everywhere (``--redis-url`` kept as an alias)."""
+    command.add_argument(
+        "--redis",
+        "--redis-url",
+        dest="redis",
+        metavar="URL",
+        default=None,
+        help="Redis/Valkey ledger URL (default VERONICA_REDIS_URL)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -200,20 +218,29 @@ def _parser() -> argparse.ArgumentParser:
         help="lift a chain's sticky trip for a while (logged, time-boxed)",
         description="The only way past a sticky trip: needs a reason and a duration, is "
         "logged and visible in traces, and expires by itself. Works on chains in the "
-        "shared Redis/Valkey ledger (VERONICA_REDIS_URL or --redis-url).",
+        "shared Redis/Valkey ledger (VERONICA_REDIS_URL or --redis).",
     )
     override.add_argument("--chain", required=True, help="chain id")
     override.add_argument("--reason", required=True, help="why (kept in the log and the trace)")
     override.add_argument(
         "--duration", type=_positive_seconds, required=True, help="how long (e.g. 15m)"
     )
-    extra = override.add_mutually_exclusive_group()
-    extra.add_argument("--add-usd", type=float, default=0.0, help="raise the cost ceiling by X USD")
-    extra.add_argument("--add-steps", type=int, default=0, help="raise the step ceiling by N")
     override.add_argument(
-        "--redis-url", default=None, help="ledger URL (default VERONICA_REDIS_URL)"
+        "--add-usd", type=float, default=0.0, help="raise the cost ceiling by X USD"
     )
+    override.add_argument("--add-steps", type=int, default=0, help="raise the step ceiling by N")
+    _store_flag(override)
     override.set_defaults(handler=_override_command)
+
+    status = sub.add_parser(
+        "status",
+        help="show a chain in the shared ledger: spent, steps, tokens, and its trip",
+        description="What a chain in the shared Redis/Valkey ledger has spent and whether "
+        "(and why) it is stopped: look before you override.",
+    )
+    status.add_argument("--chain", required=True, help="chain id")
+    _store_flag(status)
+    status.set_defaults(handler=_status_command)
 
     pools = sub.add_parser(
         "pools",
@@ -221,7 +248,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Lists the budget pools found in the shared Redis/Valkey ledger "
         "(VERONICA_REDIS_URL or --redis; key prefix VERONICA_REDIS_PREFIX).",
     )
-    pools.add_argument("--redis", default=None, help="ledger URL (default VERONICA_REDIS_URL)")
+    _store_flag(pools)
     pools.set_defaults(handler=_pools_command)
 
     graph = sub.add_parser(

@@ -8,6 +8,9 @@ an unlimited (observe-only) chain, so its spend is measured the same way.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -140,7 +143,11 @@ def trace_to_graph(out_dir: str) -> Callable[[], list[tuple[str, Path]]]:
     flushes and lists the HTML files written.
 
     The demo is an application, so it may install the SDK tracer provider,
-    but only when nothing else has.
+    but only when nothing else has. Its files have stable names, one pair per
+    chain in the order the chains ran (``01-<root>.html`` and ``.json``),
+    overwritten by the next run: the exporter writes into a scratch folder
+    under ``out_dir`` (its names are chain ids, new each run), and
+    :func:`_stable_names` moves them.
     """
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -152,22 +159,48 @@ def trace_to_graph(out_dir: str) -> Callable[[], list[tuple[str, Path]]]:
     if not isinstance(provider, TracerProvider):
         provider = TracerProvider()
         trace.set_tracer_provider(provider)
-    exporter = ExecutionGraphExporter(out_dir)
+    scratch = Path(out_dir) / f".run-{os.getpid()}"
+    exporter = ExecutionGraphExporter(scratch)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    started = time.time()
 
     def finish() -> list[tuple[str, Path]]:
-        from veronica_otel.exporters.graph import load_graph
-
         exporter.force_flush()
-        found = []
-        for html in Path(out_dir).glob("*.html"):
-            if html.stat().st_mtime < started - 1:
-                continue  # an earlier run's
-            graph = load_graph(html.with_suffix(".json"))
-            roots = [n for n in graph["nodes"] if n["id"] in graph["roots"]]
-            name = roots[0]["name"].split(" ", 1)[-1] if roots else graph["chain_id"]
-            found.append((html.stat().st_mtime, name, html))
-        return [(name, path) for _, name, path in sorted(found)]
+        try:
+            return _stable_names(scratch, Path(out_dir))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     return finish
+
+
+_OURS = re.compile(r"^\d{2,}-[a-z0-9-]+\.(html|json)$")  # a name _stable_names gives
+
+
+def _stable_names(scratch: Path, out: Path) -> list[tuple[str, Path]]:
+    """Move each chain's graph from ``scratch`` to ``out`` under a stable name;
+    returns ``(root name, html path)`` per chain, in the order the chains ran."""
+    from veronica_otel.exporters.graph import load_graph
+
+    found = []
+    for html in scratch.glob("*.html"):
+        graph = load_graph(html.with_suffix(".json"))
+        roots = [n for n in graph["nodes"] if n["id"] in graph["roots"]]
+        name = roots[0]["name"].split(" ", 1)[-1] if roots else graph["chain_id"]
+        started = min((n["start"] for n in graph["nodes"]), default=0.0)
+        found.append((started, name, html))
+    found.sort(key=lambda item: item[0])
+    width = max(2, len(str(len(found))))
+    written: list[tuple[str, Path]] = []
+    for index, (_, name, html) in enumerate(found, 1):
+        slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:60] or "chain"
+        stem = out / f"{index:0{width}d}-{slug}"
+        html.with_suffix(".json").replace(stem.with_suffix(".json"))
+        html.replace(stem.with_suffix(".html"))
+        written.append((name, stem.with_suffix(".html")))
+    kept = {path.name for _, path in written} | {
+        path.with_suffix(".json").name for _, path in written
+    }
+    for stale in out.iterdir():  # an earlier run's files that this run did not rewrite
+        if _OURS.match(stale.name) and stale.name not in kept:
+            stale.unlink()
+    return written

@@ -54,6 +54,7 @@ def _write_atomically(out: Path, text: str) -> None:
     ) as tmp:
         try:
             tmp.write(text)
+            os.chmod(tmp.name, 0o666 & ~_umask())  # as open() would: temp files are 0600
         except BaseException:
             tmp.close()
             os.unlink(tmp.name)
@@ -64,3 +65,9 @@ def _write_atomically(out: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp.name)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # read by setting: put back at once (the CLI is one thread)
+    os.umask(mask)
+    return mask

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
 from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 
+from ._store import StoreDown, quiet_store_log, store_down
+
 __all__ = ["apply_override"]
 
 
 def apply_override(args: argparse.Namespace) -> int:
     """Apply the override described by ``args``; returns an exit status."""
-    url = args.redis_url or os.environ.get("VERONICA_REDIS_URL", "").strip()
+    url = args.redis or os.environ.get("VERONICA_REDIS_URL", "").strip()
     if not url:
         print(
             "veronica-otel override: needs the shared ledger: set VERONICA_REDIS_URL "
-            "or pass --redis-url (a chain in one process's memory can only be "
+            "or pass --redis (a chain in one process's memory can only be "
             "overridden by that process, with ExecutionContext.override)",
             file=sys.stderr,
         )
@@ -29,7 +30,7 @@ def apply_override(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"veronica-otel override: install the redis extra ({exc})", file=sys.stderr)
         return 1
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    quiet_store_log()
     try:
         prefix = os.environ.get("VERONICA_REDIS_PREFIX", "").strip() or "veronica:"
         ledger = RedisLedger.from_url(url, key_prefix=prefix, fail_open=False)
@@ -40,12 +41,15 @@ def apply_override(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"veronica-otel override: {exc}", file=sys.stderr)
         return 2
+    except StoreDown as exc:
+        print(f"veronica-otel override: {store_down(exc)}; nothing was changed", file=sys.stderr)
+        return 1
     except Exception as exc:
         print(f"veronica-otel override: failed: {exc}", file=sys.stderr)
         return 1
     what = f"lifted a {lifted.reason} trip" if lifted else "no trip to lift; allowance added"
     print(
         f"chain {args.chain}: {what} for {args.duration:g}s "
-        f"(add_usd={args.add_usd:g}, add_steps={args.add_steps}); reason: {args.reason}"
+        f"(add ${args.add_usd:.2f}, {args.add_steps} steps); reason: {args.reason}"
     )
     return 0

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from veronica_otel._ledger import Limits, PoolLevel, PoolSnapshot
 
+from ._store import StoreDown, quiet_store_log, store_down
+
 __all__ = ["show_pools", "pool_table"]
 
 _HEADERS = ("POOL", "WINDOW", "SPENT USD", "STEPS", "TOKENS", "RESERVED USD", "FREES IN")
@@ -29,6 +31,7 @@ def show_pools(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"veronica-otel pools: install the redis extra ({exc})", file=sys.stderr)
         return 1
+    quiet_store_log()
     try:
         prefix = os.environ.get("VERONICA_REDIS_PREFIX", "").strip() or "veronica:"
         ledger = RedisLedger.from_url(url, key_prefix=prefix, fail_open=False)
@@ -41,6 +44,9 @@ def show_pools(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"veronica-otel pools: {exc}", file=sys.stderr)
         return 2
+    except StoreDown as exc:
+        print(f"veronica-otel pools: {store_down(exc)}", file=sys.stderr)
+        return 1
     except Exception as exc:
         print(f"veronica-otel pools: failed: {exc}", file=sys.stderr)
         return 1

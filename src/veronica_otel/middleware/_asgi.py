@@ -195,8 +195,8 @@ class VeronicaASGIMiddleware:
             otel_context.detach(token)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            admission = await self.gate.aadmit(_headers(scope), scope)
+        try:  # a session, not a request: its chain (and its graph) says so
+            admission = await self.gate.aadmit(_headers(scope), scope, "websocket")
         except Exception as exc:
             status, body, reason = refusal(exc)
             code = _TRY_AGAIN_LATER if status == 503 else _POLICY_VIOLATION

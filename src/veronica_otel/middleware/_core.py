@@ -217,13 +217,16 @@ class Gate:
         self.clock = clock
         self._shared_id = ledger_shared_id(ledger)
 
-    def admit(self, headers: Mapping[str, str], request: object = None) -> Admission:
+    def admit(
+        self, headers: Mapping[str, str], request: object = None, name: str = "request"
+    ) -> Admission:
         """Build the chain for a request with these (lower-case) headers.
 
         ``request`` (the ASGI scope or WSGI environ) is what ``pools=`` is
-        called with. Raises PoolSelectionError when that call fails.
+        called with. Raises PoolSelectionError when that call fails. ``name``
+        names a chain started here (its root span ``invoke_workflow {name}``).
         """
-        admission = self._join(headers, self._pools_for(request))
+        admission = self._join(headers, self._pools_for(request), name)
         ctx = admission.ctx
         if admission.denial is None:
             admission.denial = _preflight(ctx, admission.grant, ctx.trip)
@@ -233,9 +236,11 @@ class Gate:
             admission.denial = _grant_preflight(ctx, admission.grant)
         return admission
 
-    async def aadmit(self, headers: Mapping[str, str], request: object = None) -> Admission:
+    async def aadmit(
+        self, headers: Mapping[str, str], request: object = None, name: str = "request"
+    ) -> Admission:
         """:meth:`admit` for async servers: the pre-flight's store reads are awaited."""
-        admission = self._join(headers, self._pools_for(request))
+        admission = self._join(headers, self._pools_for(request), name)
         ctx = admission.ctx
         if admission.denial is None:
             admission.denial = _preflight(ctx, admission.grant, await ctx.atrip())
@@ -245,7 +250,9 @@ class Gate:
             admission.denial = _grant_preflight(ctx, admission.grant)
         return admission
 
-    def _join(self, headers: Mapping[str, str], pools: tuple[BudgetPool, ...]) -> Admission:
+    def _join(
+        self, headers: Mapping[str, str], pools: tuple[BudgetPool, ...], name: str
+    ) -> Admission:
         """The request's chain (no pre-flight yet: ``denial`` None unless refused here)."""
         header = headers.get("baggage")
         if header is not None and len(header.encode("utf-8", "replace")) > self.max_baggage_bytes:
@@ -263,7 +270,7 @@ class Gate:
             # carved for it, so running it on local limits could overspend.
             record_rejection("ledger_mismatch", grant.chain_id)
             ctx = ExecutionContext(
-                self.config, self.pipeline, ledger=self.ledger, name="request", pools=pools
+                self.config, self.pipeline, ledger=self.ledger, name=name, pools=pools
             )
             denial = _deny(
                 ctx, "cost", 0, 0, f"grant of chain {grant.chain_id} is for another ledger"
@@ -281,7 +288,7 @@ class Gate:
             )
         else:
             ctx = ExecutionContext(
-                self.config, self.pipeline, ledger=self.ledger, name="request", pools=pools
+                self.config, self.pipeline, ledger=self.ledger, name=name, pools=pools
             )
         return Admission(ctx, grant, None, shared, carrier_context)
 

@@ -30,12 +30,14 @@ _MAX_BODY_BYTES = 64 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Reply:
-    """A response to write: a complete ``body``, or event-stream ``chunks``."""
+    """A response to write: a complete ``body``, event-stream ``chunks``, or a
+    WebSocket ``upgrade`` (run on the connection after the 101 response)."""
 
     status: int
     headers: Mapping[str, str]
     body: bytes | None = None
     chunks: tuple[bytes, ...] = ()
+    upgrade: Callable[[Any, Any, socket.socket], None] | None = None
 
 
 Responder = Callable[[str, str, dict[str, str], bytes], Reply]
@@ -185,6 +187,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(reply.status)
         for name, value in reply.headers.items():
             self.send_header(name, value)
+        if reply.upgrade is not None:
+            self.end_headers()
+            self.wfile.flush()
+            self.close_connection = True  # the socket is the session's until it ends
+            reply.upgrade(self.rfile, self.wfile, self.connection)
+            return
         if reply.body is not None:
             self.send_header("content-length", str(len(reply.body)))
             self.end_headers()

@@ -7,11 +7,13 @@ HTTP/1.1 plumbing in ``_http.py`` on a daemon thread.
 
 from __future__ import annotations
 
+import contextlib
 import email
 import email.policy
 import json
 import logging
 import math
+import socket
 import threading
 import time
 from collections import Counter, deque
@@ -41,12 +43,17 @@ from ._common import (
     dumps,
 )
 from ._http import HTTPServer, Reply
+from ._live_api import SESSIONS as _LIVE_SESSIONS
+from ._realtime_api import SESSIONS as _OPENAI_SESSIONS
+from ._websocket import accept_key, read_message, write_text
 
 __all__ = ["BilledUsage", "FakeLLMServer", "RecordedRequest"]
 
 _logger = logging.getLogger("veronica_otel.testing")
 
 _JOIN_TIMEOUT_S = 5.0
+# WebSocket messages that make the model generate (what drop_next_responses drops).
+_GENERATING = frozenset(("response.create", "client_content", "clientContent"))
 _SCRIPTED_PATH = "/v1/chat/completions"
 
 Responder = Callable[["RecordedRequest"], "ScriptedReply | str | None"]
@@ -183,6 +190,8 @@ class FakeLLMServer:
         self._recorded: deque[RecordedRequest] = deque(maxlen=max_recorded)
         self._billed: deque[BilledUsage] = deque(maxlen=max_recorded)
         self._counts: Counter[str] = Counter()
+        self._events: Counter[tuple[str, str]] = Counter()
+        self._drops = 0
         self._total = 0
         self._serial = 0
         self._pending_failures: deque[_Failure] = deque()
@@ -299,13 +308,38 @@ class FakeLLMServer:
             return self._counts[path]
 
     def stats(self) -> dict[str, Any]:
-        """Requests received so far: ``{"total": n, "routes": {path: n}}`` (``GET /stats``).
+        """Requests received so far (``GET /stats``): ``{"total": n, "routes":
+        {path: n}}``, and once a WebSocket session received any message, ``"events":
+        {path: {type: n}}`` (a session's opening is a ``GET`` route).
 
         ``/stats`` itself is not counted, so a client can ask what was sent
         before and after without changing the answer.
         """
         with self._lock:
-            return {"total": self._total, "routes": dict(sorted(self._counts.items()))}
+            events: dict[str, dict[str, int]] = {}
+            for (path, kind), n in sorted(self._events.items()):
+                events.setdefault(path, {})[kind] = n
+            stats: dict[str, Any] = {
+                "total": self._total,
+                "routes": dict(sorted(self._counts.items())),
+            }
+            if events:
+                stats["events"] = events
+            return stats
+
+    def event_count(self, path: str, kind: str) -> int:
+        """Messages of type ``kind`` received on WebSocket sessions at ``path``
+        (e.g. ``("/v1/realtime", "response.create")``). Each is in :attr:`requests`
+        too, with method ``"WS"`` and the event as its body."""
+        with self._lock:
+            return self._events[(path, kind)]
+
+    def drop_next_responses(self, n: int = 1) -> None:
+        """Make the next ``n`` ``response.create`` (Live: ``client_content``)
+        received on a WebSocket session go unanswered: the connection is cut
+        without a close frame."""
+        with self._lock:
+            self._drops += _check_count("n", n)
 
     def reset(self) -> None:
         """Forget requests and counts, clear failures and scripts, restore the latency."""
@@ -315,6 +349,8 @@ class FakeLLMServer:
             self._recorded.clear()
             self._billed.clear()
             self._counts.clear()
+            self._events.clear()
+            self._drops = 0
             self._total = 0
             self._pending_failures.clear()
             self._permanent_failure = None
@@ -451,7 +487,9 @@ class FakeLLMServer:
     def _handle(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
         parts = urlsplit(target)
         path = parts.path
-        if method == "GET" and path == "/stats":  # not a request to the API: not counted
+        if path == "/stats" and method in ("GET", "DELETE"):  # not API requests: not counted
+            if method == "DELETE":
+                self.reset()  # counts back to zero between runs of a stand-alone server
             return Reply(200, {"content-type": "application/json"}, body=dumps(self.stats()))
         body: Any = None
         if raw:
@@ -478,6 +516,8 @@ class FakeLLMServer:
         ids = {"x-request-id": request_id, "request-id": request_id}
         if failure is not None:
             return _failure_reply(failure, path, request_id, ids, headers)
+        if method == "GET" and headers.get("upgrade", "").lower() == "websocket":
+            return self._upgrade(path, parts.query, headers, serial)
         try:
             reply = self._route(record, len(raw), serial)
         except ApiError as exc:
@@ -514,6 +554,44 @@ class FakeLLMServer:
             path, body, size, self._settings, serial, int(time.time()), self._bill, script
         )
         return builder(call)
+
+    def _upgrade(self, path: str, query: str, headers: Mapping[str, str], serial: int) -> Reply:
+        kind = _OPENAI_SESSIONS.get(path) or _LIVE_SESSIONS.get(path)
+        key = headers.get("sec-websocket-key")
+        if kind is None or not key:
+            return Reply(404, {"content-type": "application/json"}, body=b"{}")
+        session = kind(query, self._settings, serial, self._bill)
+
+        def run(rfile: Any, wfile: Any, sock: socket.socket) -> None:
+            for opening in session.opened():
+                write_text(wfile, json.dumps(opening))
+            while (message := read_message(rfile, wfile)) is not None:
+                try:
+                    parsed = json.loads(message)
+                except ValueError:
+                    parsed = None
+                event: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+                # OpenAI events name their type; Live messages are keyed by it.
+                kind = str(event.get("type") or next(iter(event), ""))
+                record = RecordedRequest("WS", path, query, headers, event, time.monotonic())
+                with self._lock:
+                    self._events[(path, kind)] += 1
+                    self._recorded.append(record)
+                    drop = kind in _GENERATING and self._drops > 0
+                    self._drops -= drop
+                if drop:  # unanswered: the connection lost mid-response
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    return
+                for answer in session.answer(event, len(message.encode("utf-8"))):
+                    write_text(wfile, json.dumps(answer))
+
+        upgrade = {
+            "upgrade": "websocket",
+            "connection": "Upgrade",
+            "sec-websocket-accept": accept_key(key),
+        }
+        return Reply(101, upgrade, upgrade=run)
 
     def _chunk_delay(self) -> float:
         with self._lock:

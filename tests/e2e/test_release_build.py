@@ -1,0 +1,86 @@
+"""The release artefacts: what ``python -m build`` makes installs and runs.
+
+``python -m build`` builds the sdist, then the wheel *from the sdist*, as a
+release does: a file the wheel needs but the sdist lacks (the zero-code
+start-up file once was) fails here. The wheel is then installed into a fresh
+venv and the quick-start example runs from it, outside the checkout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests import _venvs
+
+QUICKSTART = _venvs.ROOT / "examples" / "quickstart.py"
+TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    with _venvs._checkout_copy() as checkout:
+        built = subprocess.run(  # noqa: PLW1510 (the returncode is asserted with pip's output)
+            [sys.executable, "-m", "build", "--outdir", str(out), str(checkout)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    return out
+
+
+def test_twine_accepts_the_sdist_and_the_wheel(dist: Path) -> None:
+    files = sorted(map(str, dist.iterdir()))
+    assert sorted(Path(f).suffix for f in files) == [".gz", ".whl"]
+    checked = subprocess.run(  # noqa: PLW1510
+        [sys.executable, "-m", "twine", "check", "--strict", *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_wheel_carries_the_startup_file_the_types_and_the_license(dist: Path) -> None:
+    (wheel,) = dist.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "veronica_otel_zero_code.pth" in names  # zero code's start-up hook
+    assert "veronica_otel/py.typed" in names
+    assert "veronica_otel/instrumentors/openai.py" in names  # symlinked folders followed
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
+
+
+def test_the_installed_wheel_runs_the_quickstart(dist: Path, tmp_path: Path) -> None:
+    # The dependencies come from a cached venv; the wheel itself goes in fresh.
+    venv = _venvs.venv("release", (("openai>=2.30", "opentelemetry-sdk>=1.41", "genai-prices"),))
+    python = str(venv / "bin" / "python")
+    (wheel,) = dist.glob("*.whl")
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--force-reinstall", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
+    out = subprocess.run(  # noqa: PLW1510
+        [python, str(QUICKSTART)],
+        cwd=tmp_path,  # not the checkout: the wheel is what is imported
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "requests the server received: 3\n" in out.stdout
+    where = subprocess.run(
+        [python, "-c", "import veronica_otel; print(veronica_otel.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert str(venv) in where.stdout
