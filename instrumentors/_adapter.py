@@ -41,9 +41,11 @@ G10 for an adapter's call that raised:
 
 An endpoint billed in units no token price covers (images, video seconds,
 tuning jobs, cache storage, batch jobs whose input lives server-side) is read
-as a request with ``priced=False``: under a cost ceiling it is refused before
-anything is sent (a non-sticky ``cost`` denial naming the endpoint); without
-one it is counted like any call (a step, its input tokens).
+as a request with ``priced=False``: admitted at its configured bound
+(``[prices."<provider>:<operation>"] per_request``, :mod:`._bounds`) when it
+has one; else under a cost ceiling it is refused before anything is sent (a
+non-sticky ``cost`` denial naming the endpoint and the key that would bound
+it); without one it is counted like any call (a step, its input tokens).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from veronica_otel._propagation import default_context
 from veronica_otel._trips import emit_trip
 
 from ._admit import CallSpec, _mark_denied, aadmit, admit, input_bound
+from ._bounds import BOUND_USD, BoundedCall, bounded, how_to_bound
 from ._breakers import never_connected
 from ._common import (
     UNTRACED_SPAN,
@@ -229,6 +232,10 @@ class ProviderAdapter:
         """Whether ``reply`` is a stream to hold (default: what the request asked)."""
         return request.stream
 
+    def unpriced_reason(self, request: Request) -> str:
+        """Why a ``priced=False`` request is refused under a cost ceiling, and how to price it."""
+        return how_to_bound(request.provider or self.provider, request.operation)
+
     def billed_nothing(self, error: BaseException) -> bool:
         """Whether ``error`` is an HTTP error reply the provider does not bill."""
         status = http_status(error)
@@ -311,7 +318,8 @@ def refuse_unpriced(
 
 
 def _refuse(adapter: ProviderAdapter, ctx: ExecutionContext, request: Request, span: Any) -> None:
-    refuse_unpriced(ctx, f"{adapter.provider} {request.operation} ({request.model})", span)
+    what = f"{adapter.provider} {request.operation} ({request.model})"
+    refuse_unpriced(ctx, what, span, why=adapter.unpriced_reason(request))
 
 
 class AdapterStream(ContainedStream):
@@ -404,6 +412,8 @@ def _describe(
     request = adapter.read_request(instance, args, kwargs, method)
     if request is None:
         return None
+    if not request.priced:  # admitted at its configured bound, if it has one
+        request = bounded(ctx, request.provider or adapter.provider, request)
     agent = current_agent() if ctx.names_agents else None
     provider = request.provider or adapter.provider
     parts = request.input_parts
@@ -443,6 +453,8 @@ def _prepared(
     """Put the clamp and fallback into the arguments, the request on the span."""
     call, clamp, fallback = admitted
     call.request, call.adapter, call.http_attempts = request, adapter, True
+    if request.attributes is not None and BOUND_USD in request.attributes:
+        call.__class__ = BoundedCall  # costs its bound, whatever its reply reports
     attributes = call.pending_attributes
     if attributes is not None:
         if request.cap is not None and "gen_ai.request.max_tokens" not in attributes:

@@ -29,6 +29,8 @@ from veronica_otel._errors import BudgetExceededError
 
 from ._adapter import ADMITTED
 from ._common import settle_failed, strip_veronica_baggage
+from ._endpoints import OPENAI as OPENAI_ENDPOINTS
+from ._endpoints import endpoint_call
 from ._hooks import Hook
 from ._openai_request import Stainless, _aprepare, _CallState, _prepare
 from ._openai_response import _CALL_KEY, _account, _fail, _note_attempt, _settle
@@ -88,12 +90,13 @@ def stainless_hooks(sdk: Stainless) -> tuple[Hook, ...]:
 
 def _sync_request(sdk: Stainless, active: _Active) -> _Wrapper:
     """``request`` (once per API call): admission, the marks, settlement."""
+    endpoint = endpoint_call(OPENAI_ENDPOINTS, sdk.provider)[0]
 
     def request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         options = args[1] if len(args) > 1 else kwargs.get("options")
         state = _prepare(options, bool(kwargs.get("stream")), instance, sdk)
-        if state is None:
-            return wrapped(*args, **kwargs)
+        if state is None:  # not a token call: a billable endpoint of another kind, or free
+            return endpoint(wrapped, instance, args, kwargs)
         token = active.set(state)
         mark = ADMITTED.set(state.call)
         stripped = strip_veronica_baggage(state.baggage)
@@ -119,6 +122,7 @@ def _sync_request(sdk: Stainless, active: _Active) -> _Wrapper:
 
 def _async_request(sdk: Stainless, active: _Active) -> _Wrapper:
     """The async client's ``request``."""
+    aendpoint = endpoint_call(OPENAI_ENDPOINTS, sdk.provider)[1]
 
     async def arequest(
         wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -126,7 +130,7 @@ def _async_request(sdk: Stainless, active: _Active) -> _Wrapper:
         options = args[1] if len(args) > 1 else kwargs.get("options")
         state = await _aprepare(options, bool(kwargs.get("stream")), instance, sdk)
         if state is None:
-            return await wrapped(*args, **kwargs)
+            return await aendpoint(wrapped, instance, args, kwargs)
         token = active.set(state)
         mark = ADMITTED.set(state.call)
         stripped = strip_veronica_baggage(state.baggage)

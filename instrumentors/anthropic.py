@@ -94,6 +94,8 @@ from ._anthropic_response import (
     _tag,
 )
 from ._common import make_current, settle_failed, strip_veronica_baggage
+from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
+from ._endpoints import endpoint_call
 from ._hooks import GuardedInstrumentor, Hook, HookSet, SDKHooks
 
 __all__ = ["AnthropicInstrumentor"]
@@ -102,6 +104,7 @@ _logger = logging.getLogger(__name__)
 _instruments = ("anthropic >= 0.70, < 3",)
 _MODULE = "anthropic._base_client"
 
+_ENDPOINTS = endpoint_call(ANTHROPIC_ENDPOINTS, PROVIDER)
 _ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
     "veronica_anthropic_call", default=None
 )
@@ -115,8 +118,8 @@ def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     state = _begin(options, kwargs.get("call"), instance)
     active = _ACTIVE.set(state)  # None for calls we do not contain: no stale parent
     if state is None:
-        try:
-            return wrapped(*args, **kwargs)
+        try:  # not a messages call: a billable endpoint of another kind, or free
+            return _ENDPOINTS[0](wrapped, instance, args, kwargs)
         finally:
             _ACTIVE.reset(active)
     call = state.call
@@ -149,7 +152,7 @@ async def _arequest(
     active = _ACTIVE.set(state)
     if state is None:
         try:
-            return await wrapped(*args, **kwargs)
+            return await _ENDPOINTS[1](wrapped, instance, args, kwargs)
         finally:
             _ACTIVE.reset(active)
     call = state.call

@@ -21,6 +21,7 @@ from typing import Any
 from ._config import ExecutionConfig
 from ._pools import check_pool_name, pool_limits
 from ._pricing import UnitPrices
+from ._unit_prices import UNITS, per_request_prices, per_unit_prices
 from ._units import check_count, check_usd
 
 __all__ = [
@@ -47,6 +48,7 @@ _TOP_KEYS = (
 )
 _LIMIT_KEYS = tuple(f.name for f in fields(ExecutionConfig))
 _PRICE_KEYS = ("input", "output", "cached_input", "reasoning", "cache_write")
+_UNIT_PRICE_KEYS = tuple(UNITS)  # per_image, per_character, per_second, per_request
 _MODEL_KEYS = ("fallback", "max_tokens", "max_calls")
 _TOOL_KEYS = ("max_calls", "cost_usd")
 _POOL_KEYS = ("max_cost_usd", "max_steps", "max_tokens", "window")
@@ -341,13 +343,29 @@ def _prices(source: str, data: object) -> dict[str, UnitPrices]:
     names: dict[str, str] = {}
     for name, body in _named_tables(source, "prices", data).items():
         path = f"prices.{_quote(name)}"
-        table = _table(source, path, body, _PRICE_KEYS)
+        table = dict(_table(source, path, body, _PRICE_KEYS + _UNIT_PRICE_KEYS))
+        key = _unique(source, "prices", name, names)
+        units = {k: table.pop(k) for k in UNITS if k in table}
+        for unit, value in units.items():  # "dall-e-3" per_image: the key "dall-e-3#image"
+            prices[f"{key}#{UNITS[unit]}"] = _unit_price(source, f"{path}.{unit}", unit, value)
+        if units and not table:
+            continue  # an endpoint priced per unit only (images, a job's bound)
         for required in ("input", "output"):
             if required not in table:
                 raise PolicyFileError(source, f"is required in {path}", f"{path}.{required}")
         usd = {k: _price(source, f"{path}.{k}", v) for k, v in table.items()}
-        prices[_unique(source, "prices", name, names)] = UnitPrices.from_usd_per_mtok(**usd)
+        prices[key] = UnitPrices.from_usd_per_mtok(**usd)
     return prices
+
+
+def _unit_price(source: str, path: str, unit: str, value: object) -> UnitPrices:
+    usd = _usd(source, path, value)
+    try:
+        if unit == "per_request":
+            return per_request_prices(usd, unit)
+        return per_unit_prices(usd, unit)
+    except ValueError as exc:
+        raise PolicyFileError(source, _problem(exc, unit), path, value) from None
 
 
 def _models(source: str, data: object) -> tuple[dict[str, ModelRule], dict[str, str]]:

@@ -445,7 +445,9 @@ class PriceTable:
             hit = self._cache.get(key, _MISS)
             if hit is not _MISS:
                 return cast("UnitPrices | None", hit)
-            prices = self._resolve(provider, model, price_context) or self._fallback
+            prices = self._resolve(provider, model, price_context)
+            if prices is None and "#" not in model:  # a unit is never priced as tokens
+                prices = self._fallback
             if len(self._cache) < _MAX_CACHED:
                 self._cache[key] = prices
             return prices
@@ -460,6 +462,10 @@ class PriceTable:
         name, prov = model.strip().lower(), (provider or "").strip().lower() or None
         if not name:
             return None
+        if "#" in name:  # billed per unit (an image, a second): see _unit_prices
+            from ._unit_prices import unit_prices
+
+            return unit_prices(prov, name, self._user_prices, self._aliases)
         prices = self._user_prices(prov, name)
         if prices is not None:
             return prices

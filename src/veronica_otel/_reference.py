@@ -19,6 +19,7 @@ from ._policy_schema import (
     _PRICE_KEYS,
     _TOOL_KEYS,
     _TOP_KEYS,
+    _UNIT_PRICE_KEYS,
 )
 
 __all__ = ["ENVIRONMENT", "POLICY_KEYS", "environment_table", "policy_table"]
@@ -132,6 +133,14 @@ POLICY_KEYS: tuple[tuple[str, str], ...] = (
         (f'prices."model".{key}', f"USD per 1M {key.replace('_', ' ')} tokens")
         for key in _PRICE_KEYS
     ),
+    ('prices."model".per_image', "USD per image of an image endpoint (the dearest size you send)"),
+    ('prices."model".per_character', "USD per input character of a speech endpoint"),
+    ('prices."model".per_second', "USD per second of a video endpoint"),
+    (
+        'prices."model".per_request',
+        "the most one call may spend (an endpoint or model billed after the call "
+        'returns: "openai:batches", "openai:whisper-1"), reserved and committed whole',
+    ),
     ('models."model".fallback', "the model to send instead of this one"),
     ('models."model".max_tokens', "each call's output cap (a larger or missing cap is lowered)"),
     ('models."model".max_calls', "how many calls to this model one chain may make"),
@@ -153,7 +162,7 @@ POLICY_KEYS: tuple[tuple[str, str], ...] = (
 SCHEMA_KEYS: Mapping[str, tuple[str, ...]] = {
     "": _TOP_KEYS,
     "limits": _LIMIT_KEYS,
-    "prices": _PRICE_KEYS,
+    "prices": _PRICE_KEYS + _UNIT_PRICE_KEYS,
     "models": _MODEL_KEYS,
     "tools": _TOOL_KEYS,
     "agents": _AGENT_KEYS,

@@ -34,6 +34,16 @@ is installed)::
     input = 0.0              # by name (ahead of genai-prices): a local server's
     output = 0.0             # models free under a cost ceiling
 
+    [prices."openai:gpt-image-1"]  # endpoints billed per unit (images.*: per_image,
+    per_image = 0.25         # audio.speech: per_character, videos: per_second), USD;
+                             # the dearest size/quality you send (list prices of
+                             # dall-e-2/3, tts-1(-hd), sora-2(-pro) are built in)
+
+    [prices."openai:batches"]  # work billed after the call returns (batches,
+    per_request = 25.0       # fine_tuning.jobs, beta.threads.runs, ...; whisper-1 by
+                             # model): the most one call may spend, reserved whole;
+                             # without it such a call is refused under a cost ceiling
+
     [models]                 # a name only the deployment knows, priced as a model
     "my-gpt4o-deploy" = "gpt-4o"  # (Azure deployment names; VERONICA_MODEL_ALIASES wins)
 

@@ -157,8 +157,31 @@ def _count_tokens(call: ApiCall) -> JSONReply:
     return JSONReply({"input_tokens": usage.input_tokens})
 
 
+def _message_batch(call: ApiCall) -> JSONReply:
+    """``messages.batches.create``: queued; its requests are billed later."""
+    requests = call.body.get("requests")
+    if not isinstance(requests, list) or not requests:
+        raise ApiError(400, "requests: Field required")
+    counts = {"processing": len(requests), "succeeded": 0, "errored": 0}
+    return JSONReply(
+        {
+            "id": f"msgbatch_fake{call.serial}",
+            "type": "message_batch",
+            "processing_status": "in_progress",
+            "request_counts": {**counts, "canceled": 0, "expired": 0},
+            "created_at": "2026-01-01T00:00:00Z",
+            "expires_at": "2026-01-02T00:00:00Z",
+            "ended_at": None,
+            "cancel_initiated_at": None,
+            "archived_at": None,
+            "results_url": None,
+        }
+    )
+
+
 ROUTES: Mapping[str, Callable[[ApiCall], JSONReply | StreamReply]] = {
     "/v1/messages": _messages,
     "/v1/messages/count_tokens": _count_tokens,
+    "/v1/messages/batches": _message_batch,
 }
 """POST routes of the Anthropic API, by path."""

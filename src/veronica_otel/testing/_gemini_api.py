@@ -8,7 +8,8 @@ Routes (``POST``; the model is part of the path, so they are ``PATTERNS``):
 
 where ``method`` is ``generateContent``, ``streamGenerateContent`` (server-sent
 events with ``?alt=sse``), ``embedContent``, ``batchEmbedContents``,
-``predict`` of embedding instances (Vertex, older SDKs) or ``countTokens``.
+``predict`` of embedding instances (Vertex, older SDKs), ``countTokens`` or
+``batchGenerateContent`` (Gemini API batches: a pending operation).
 Bodies are the REST JSON shapes ``google-genai`` parses.
 
 Usage follows the real ``usageMetadata``: ``promptTokenCount`` is the whole
@@ -211,6 +212,19 @@ def _count_tokens(call: ApiCall) -> JSONReply:
     return JSONReply({"totalTokens": usage.input_tokens})
 
 
+def _batch(call: ApiCall, model: str) -> JSONReply:
+    """``batches.create`` (Gemini API): the batch's long-running operation, pending."""
+    name = f"batches/fake{call.serial}"
+    metadata = {
+        "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch",
+        "name": name,
+        "model": f"models/{model}",
+        "state": "BATCH_STATE_PENDING",
+        "createTime": "2026-01-01T00:00:00Z",
+    }
+    return JSONReply({"name": name, "metadata": metadata})
+
+
 def _route(call: ApiCall) -> JSONReply | StreamReply:
     found = _PATH.fullmatch(call.path)
     assert found is not None  # routed here by PATTERNS
@@ -223,6 +237,8 @@ def _route(call: ApiCall) -> JSONReply | StreamReply:
         return _count_tokens(call)
     if method == "predict" and _is_embedding(call.body):
         return _predict_embeddings(call, model)
+    if method == "batchGenerateContent":
+        return _batch(call, model)
     raise ApiError(404, f"Method {method} is not found for model {model}")
 
 

@@ -2,7 +2,10 @@
 
 Routes: ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings`` and
 ``/v1/completions`` (legacy), each non-streamed or streamed where the real API
-streams. Bodies follow the shapes the ``openai`` SDK parses, including the
+streams; ``/v1/images/generations``, ``/v1/audio/speech`` (audio bytes),
+``/v1/files`` (multipart uploads), and
+jobs billed later (``/v1/batches``, ``/v1/fine_tuning/jobs``, ``/v1/videos``),
+answered as queued. Bodies follow the shapes the ``openai`` SDK parses, including the
 details a strict client checks: the usage-only final chunk of a chat stream
 (``choices: []``) when ``stream_options.include_usage`` is set, the ``[DONE]``
 sentinel, and the Responses event sequence with increasing ``sequence_number``
@@ -41,6 +44,8 @@ from ._common import (
 )
 
 __all__ = ["ROUTES", "error_payload"]
+
+_PIXEL = base64.b64encode(b"fake image bytes").decode("ascii")  # each image returned
 
 _DEFAULT_EMBEDDING_DIMENSIONS = 8
 
@@ -338,11 +343,81 @@ def _responses(call: ApiCall) -> JSONReply | StreamReply:
     return StreamReply(sequence)
 
 
+def _images(call: ApiCall) -> JSONReply:
+    """``images.generate``: ``n`` images, and the token usage a
+    ``gpt-image`` model reports (a per-image price must not be applied to it)."""
+    body = call.body
+    n = body.get("n") or 1
+    if type(n) is not int or not 1 <= n <= 10:
+        raise ApiError(400, "n must be an integer between 1 and 10")
+    model = _require_model(body) if "model" in body else "dall-e-2"
+    reply: dict[str, Any] = {
+        "created": call.created,
+        "data": [{"b64_json": _PIXEL} for _ in range(n)],
+    }
+    if model.startswith("gpt-image"):
+        reply["usage"] = {
+            "input_tokens": 50,
+            "output_tokens": 4160 * n,
+            "total_tokens": 50 + 4160 * n,
+            "input_tokens_details": {"text_tokens": 50, "image_tokens": 0},
+        }
+    return JSONReply(reply)
+
+
+def _speech(call: ApiCall) -> StreamReply:
+    """``audio.speech.create``: audio bytes (not JSON)."""
+    if not isinstance(call.body.get("input"), str):
+        raise ApiError(400, "input: Field required")
+    return StreamReply([b"ID3 fake audio"], content_type="audio/mpeg")
+
+
+def _files(call: ApiCall) -> JSONReply:
+    """``files.create`` (multipart): the file object, its size as received."""
+    body = call.body
+    size = body.get("file")
+    if type(size) is not int or not isinstance(body.get("purpose"), str):
+        raise ApiError(400, "file and purpose are required")
+    return JSONReply(
+        {
+            "id": f"file-fake{call.serial}",
+            "object": "file",
+            "bytes": size,
+            "created_at": call.created,
+            "filename": "upload",
+            "purpose": body["purpose"],
+            "status": "processed",
+        }
+    )
+
+
+def _job(kind: str, **fields: Any) -> Callable[[ApiCall], JSONReply]:
+    """A job the API queues and bills later (a batch, a tuning job, a video)."""
+
+    def build(call: ApiCall) -> JSONReply:
+        body = call.body
+        job = {"id": f"{kind}_fake{call.serial}", "object": kind, "created_at": call.created}
+        job.update({key: body.get(key, value) for key, value in fields.items()})
+        return JSONReply(job)
+
+    return build
+
+
 _OPENAI_ROUTES: dict[str, Callable[[ApiCall], JSONReply | StreamReply]] = {
     "/v1/chat/completions": _chat_completions,
     "/v1/responses": _responses,
     "/v1/embeddings": _embeddings,
     "/v1/completions": _legacy_completions,
+    "/v1/images/generations": _images,
+    "/v1/audio/speech": _speech,
+    "/v1/files": _files,
+    "/v1/batches": _job(
+        "batch", endpoint=None, input_file_id=None, completion_window="24h", status="validating"
+    ),
+    "/v1/fine_tuning/jobs": _job(
+        "fine_tuning.job", model=None, training_file=None, status="validating_files"
+    ),
+    "/v1/videos": _job("video", model="sora-2", seconds="4", size="720x1280", status="queued"),
 }
 ROUTES: Mapping[str, Callable[[ApiCall], JSONReply | StreamReply]] = {
     **_OPENAI_ROUTES,

@@ -8,6 +8,8 @@ HTTP/1.1 plumbing in ``_http.py`` on a daemon thread.
 from __future__ import annotations
 
 import contextlib
+import email
+import email.policy
 import json
 import logging
 import math
@@ -494,7 +496,7 @@ class FakeLLMServer:
             try:
                 body = json.loads(raw)
             except (ValueError, UnicodeDecodeError):
-                body = None
+                body = _form_fields(headers, raw)
         now = time.monotonic()
         with self._lock:
             self._serial += 1
@@ -630,6 +632,24 @@ def _claimed(headers: Mapping[str, str] | None) -> tuple[Any, ...]:
     """The APIs in the order a request with ``headers`` tries them (claimants first)."""
     first = _claimants(headers)
     return first + tuple(api for api in _APIS if api not in first) if first else _APIS
+
+
+def _form_fields(headers: Mapping[str, str], raw: bytes) -> dict[str, Any] | None:
+    """A ``multipart/form-data`` body (image edits, transcriptions, videos) as a
+    dict: text fields as str, files as their size in bytes; None if not one."""
+    ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+    if not ctype.lower().startswith("multipart/form-data"):
+        return None
+    head = f"Content-Type: {ctype}\r\n\r\n".encode("latin-1")
+    message = email.message_from_bytes(head + raw, policy=email.policy.HTTP)
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if not isinstance(name, str) or not isinstance(payload, bytes):
+            continue
+        fields[name] = len(payload) if part.get_filename() else payload.decode("utf-8", "replace")
+    return fields
 
 
 def _builder(
