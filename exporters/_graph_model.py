@@ -211,7 +211,13 @@ def _trip(span: ReadableSpan, attributes: Mapping[str, object]) -> TripDict | No
             }
     reason = attributes.get("veronica.trip.reason")
     if isinstance(reason, str):
-        return {"reason": reason, "limit": None, "observed": None}
+        return {
+            "reason": reason,
+            "limit": None,
+            "observed": None,
+            "pool": _text(attributes.get("veronica.pool")),
+            "agent": _text(attributes.get("veronica.agent")),
+        }
     return None
 
 
