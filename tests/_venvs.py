@@ -217,3 +217,20 @@ OPENAI_2_LOW: tuple[tuple[str, ...], ...] = (
     (f"{OURS}[openai,anthropic]", "openai==2.30.0", "anthropic==0.125.0"),
 )
 ANTHROPIC_1: tuple[tuple[str, ...], ...] = ((f"{OURS}[anthropic]", "anthropic==1.17.0"),)
+
+# Agent frameworks, each installed as its users install it
+# (``pip install veronica-otel[openai] <framework>``), grouped where their
+# requirements agree so one venv serves several tests: these three take
+# openai 3.x; crewai and llama-index pin openai<3.
+FRAMEWORKS_OPENAI_3: tuple[tuple[str, ...], ...] = (
+    (
+        f"{OURS}[openai]",
+        "openai-agents",
+        "pydantic-ai-slim[openai]",
+        "langgraph",
+        "langchain-openai",
+    ),
+)
+FRAMEWORKS_OPENAI_2: tuple[tuple[str, ...], ...] = (
+    (f"{OURS}[openai]", "crewai", "llama-index-core", "llama-index-llms-openai"),
+)
