@@ -234,3 +234,7 @@ FRAMEWORKS_OPENAI_3: tuple[tuple[str, ...], ...] = (
 FRAMEWORKS_OPENAI_2: tuple[tuple[str, ...], ...] = (
     (f"{OURS}[openai]", "crewai", "llama-index-core", "llama-index-llms-openai"),
 )
+# google-adk pins opentelemetry-api/sdk <= 1.44; our floor is 1.41.
+FRAMEWORK_ADK: tuple[tuple[str, ...], ...] = ((f"{OURS}[google-genai]", "google-adk"),)
+# strands-agents sends through boto3 Bedrock by default.
+FRAMEWORK_STRANDS: tuple[tuple[str, ...], ...] = ((f"{OURS}[bedrock]", "strands-agents"),)

@@ -1,0 +1,57 @@
+"""Agent frameworks on openai 3.x, contained with zero code: openai-agents,
+pydantic-ai, LangGraph with langchain-openai (one venv, :data:`tests._venvs.FRAMEWORKS_OPENAI_3`).
+
+Each runs a real agent with one tool against the runaway fake server (every
+reply asks for another tool call, so the loop never ends on its own) under
+``VERONICA_MAX_STEPS=3``: exactly 3 model requests reach the server, the run
+ends with our denial, and the count is taken after the process exited, so
+nothing was sent after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._frameworks import framework_venv, run_app
+from veronica_otel.testing import FakeLLMServer
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def venv() -> Path:
+    return framework_venv("FRAMEWORKS_OPENAI_3")
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=5, runaway=True) as server:
+        yield server
+
+
+def test_openai_agents_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
+    result, done = run_app(
+        venv, "openai_agents_app.py", llm, "runaway", VERONICA_MAX_STEPS=str(STEPS)
+    )
+    assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr
+    # openai-agents does not wrap a model error: ours reaches the caller as itself.
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
+
+
+def test_openai_agents_handoff_loop_per_agent_limit(
+    venv: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[agents."Alpha"]\nmax_steps = 2\n')
+    result, done = run_app(
+        venv, "openai_agents_app.py", llm, "handoffs", VERONICA_POLICY_FILE=str(policy)
+    )
+    models = [r.body.get("instructions") for r in llm.requests]
+    # Alpha, Beta, Alpha, Beta, then Alpha's third call is denied: Alpha sent exactly 2.
+    assert llm.request_count == 4, (models, done.stderr)
+    assert result["how"] == "itself", result
+    assert result["agent"] == "Alpha", result
