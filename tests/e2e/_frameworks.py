@@ -42,6 +42,7 @@ def run_app(
     }
     environ.update(
         OPENAI_BASE_URL=server.openai_base_url,
+        OPENAI_API_BASE=server.openai_base_url,  # llama-index-llms-openai reads this one
         OPENAI_API_KEY="test-key",
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",

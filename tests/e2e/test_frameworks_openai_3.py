@@ -55,3 +55,22 @@ def test_openai_agents_handoff_loop_per_agent_limit(
     assert llm.request_count == 4, (models, done.stderr)
     assert result["how"] == "itself", result
     assert result["agent"] == "Alpha", result
+
+
+def test_pydantic_ai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
+    result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+    assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr
+    # Not a ModelAPIError, so no retry and no FallbackModel fallback: it leaves
+    # run_sync as itself (under FallbackModel(fallback_on=(Exception,)) it would
+    # come inside a FallbackExceptionGroup: ``except* BudgetExceededError``).
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
+
+
+def test_langgraph_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
+    result, done = run_app(venv, "langgraph_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+    # LangChain tool runs are steps too (LangChainInstrumentor): model, tool,
+    # model, then the second tool run is denied; 2 model requests were sent.
+    assert llm.stats() == {"total": 2, "routes": {"/v1/chat/completions": 2}}, done.stderr
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
