@@ -238,3 +238,7 @@ FRAMEWORKS_OPENAI_2: tuple[tuple[str, ...], ...] = (
 FRAMEWORK_ADK: tuple[tuple[str, ...], ...] = ((f"{OURS}[google-genai]", "google-adk"),)
 # strands-agents sends through boto3 Bedrock by default.
 FRAMEWORK_STRANDS: tuple[tuple[str, ...], ...] = ((f"{OURS}[bedrock]", "strands-agents"),)
+# smolagents with its OpenAI-compatible model, AG2 on openai, and dspy.
+FRAMEWORK_SMOLAGENTS: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "smolagents[openai]"),)
+FRAMEWORK_AG2: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "ag2[openai]"),)
+FRAMEWORK_DSPY: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "dspy"),)
