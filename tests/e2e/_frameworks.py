@@ -20,7 +20,7 @@ from tests import _venvs
 from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps" / "frameworks"
-TIMEOUT = 120
+TIMEOUT = 300  # generous: a loaded CI machine; a run takes a few CPU seconds
 
 
 def framework_venv(name: str) -> Path:

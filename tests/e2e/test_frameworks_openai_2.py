@@ -52,3 +52,17 @@ def test_llama_index_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) 
     assert all(r.body.get("stream") is True for r in llm.requests)  # it streams by default
     assert result["how"] == "itself", result
     assert result["reason"] == "steps"
+
+
+def test_crewai_agent_limit_by_its_role(venv: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
+    result, done = run_app(
+        venv,
+        "crewai_app.py",
+        llm,
+        VERONICA_POLICY_FILE=str(policy),
+        CREWAI_DISABLE_TELEMETRY="true",
+    )
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
