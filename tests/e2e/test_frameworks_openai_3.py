@@ -74,3 +74,13 @@ def test_langgraph_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) ->
     assert llm.stats() == {"total": 2, "routes": {"/v1/chat/completions": 2}}, done.stderr
     assert result["how"] == "itself", result
     assert result["reason"] == "steps"
+
+
+def test_pydantic_ai_agent_limit_by_its_name(
+    venv: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
+    result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_POLICY_FILE=str(policy))
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
