@@ -32,9 +32,12 @@ def framework_venv(name: str) -> Path:
 
 
 def run_app(
-    venv: Path, app: str, server: FakeLLMServer, *args: str, **env: str
+    venv: Path, app: str, server: FakeLLMServer, *args: str, **env: str | None
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """Run ``apps/frameworks/<app>`` under zero code; its RESULT and the process."""
+    """Run ``apps/frameworks/<app>`` under zero code; its RESULT and the process.
+
+    ``env`` overrides the defaults; a ``None`` value removes the variable.
+    """
     environ = {
         k: v
         for k, v in os.environ.items()
@@ -49,7 +52,11 @@ def run_app(
         OTEL_LOGS_EXPORTER="none",
         FAKE_LLM_URL=server.base_url,
     )
-    environ.update(env)
+    for name, value in env.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
     done = subprocess.run(
         [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), app, *args],
         cwd=APPS,

@@ -5,7 +5,9 @@ As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
 runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
 after the process exited. dspy's ReAct asks for tools in its own text fields,
 not the API's tool calls, so its runaway model is a responder answering in
-dspy's chat format with another ``lookup`` every turn.
+dspy's chat format with another ``lookup`` every turn; and dspy sends through
+its own raw-socket client unless the call goes through LiteLLM, which
+``DSPyInstrumentor`` makes every call in a chain do.
 """
 
 from __future__ import annotations
@@ -63,8 +65,13 @@ def test_dspy_react_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
         llm,
         VERONICA_MAX_STEPS=str(STEPS),
         LITELLM_LOCAL_MODEL_COST_MAP="True",  # no network fetch at import
+        OPENAI_BASE_URL=None,  # no environment gateway: dspy would choose its native client
+        OPENAI_API_BASE=None,
     )
     assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr[-2000:]
+    # Its native client (own sockets, no HTTP hook sees it) is not used in a
+    # chain: DSPyInstrumentor sends the calls through LiteLLM, contained.
+    assert all(r.headers.get("user-agent") != "lm15/stdlib" for r in llm.requests)
     # dspy wraps a model error: ours is the __cause__ of its LMUnexpectedError.
     assert result["raised"] == "LMUnexpectedError" and result["how"] == "cause", result
     assert result["reason"] == "steps"

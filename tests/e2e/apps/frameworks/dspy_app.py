@@ -13,8 +13,9 @@ def lookup(city: str) -> str:
     return f"{city}: sunny"
 
 
-dspy.configure(
-    lm=dspy.LM("openai/gpt-4o-mini", api_base=os.environ["OPENAI_BASE_URL"], cache=False)
-)
+# No OPENAI_BASE_URL in the environment (dspy would then pick LiteLLM itself):
+# the address is the LM's own, so dspy picks its native raw-socket client.
+url = os.environ["FAKE_LLM_URL"] + "/v1"
+dspy.configure(lm=dspy.LM("openai/gpt-4o-mini", api_base=url, api_key="k", cache=False))
 react = dspy.ReAct("question -> answer", tools=[lookup], max_iters=8)
 run(lambda: react(question="go"))
