@@ -9,13 +9,15 @@ the agents the framework defined, with no code change. Outside any chain
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from veronica_otel._agents import AgentScope
 from veronica_otel._propagation import default_context
 
-__all__ = ["argument", "as_agent", "as_agent_async", "scope_for"]
+from ._hooks import GuardedInstrumentor
+
+__all__ = ["FrameworkInstrumentor", "argument", "as_agent", "as_agent_async", "scope_for"]
 
 _MAX_NAME = 256
 
@@ -48,3 +50,28 @@ async def as_agent_async(name: object, call: Callable[[], Any]) -> Any:
         return await call()
     async with scope:
         return await call()
+
+
+class FrameworkInstrumentor(GuardedInstrumentor):
+    """An agent framework's hooks (``_hooks``) for the releases in ``_instruments``.
+
+    ``active`` is true while instrumented: a wrapper left in place under
+    another one after ``uninstrument()`` passes calls through.
+    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
+    when the framework is outside the tested range or a hook changed shape;
+    its hooked calls in a chain are then refused (fail closed).
+    """
+
+    _instruments: tuple[str, ...] = ()
+    active = False
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return self._instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        super()._instrument(**kwargs)
+        type(self).active = True
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        type(self).active = False
+        super()._uninstrument(**kwargs)

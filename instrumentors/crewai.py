@@ -28,20 +28,18 @@ is sent.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
-from ._framework import as_agent, as_agent_async
-from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._framework import FrameworkInstrumentor, as_agent, as_agent_async
+from ._hooks import Hook, SDKHooks
 
 __all__ = ["CrewAIInstrumentor"]
 
 _instruments = ("crewai >= 1.15, < 2",)
-_active = False  # False after uninstrument: a wrapper left under another passes through
 
 
 def _execute(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if not _active:
+    if not CrewAIInstrumentor.active:
         return wrapped(*args, **kwargs)
     return as_agent(getattr(instance, "role", None), lambda: wrapped(*args, **kwargs))
 
@@ -49,7 +47,7 @@ def _execute(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
 async def _aexecute(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    if not _active:
+    if not CrewAIInstrumentor.active:
         return await wrapped(*args, **kwargs)
     return await as_agent_async(getattr(instance, "role", None), lambda: wrapped(*args, **kwargs))
 
@@ -65,25 +63,8 @@ _HOOKS = SDKHooks(
 )
 
 
-class CrewAIInstrumentor(GuardedInstrumentor):
-    """Runs each crewAI agent's tasks under its role as agent name.
-
-    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
-    when ``crewai`` is outside the tested range or a hook changed shape; its
-    tasks in a chain are then refused (fail closed).
-    """
+class CrewAIInstrumentor(FrameworkInstrumentor):
+    """Runs each crewAI agent's tasks under its role as agent name."""
 
     _hooks = _HOOKS
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        global _active
-        super()._instrument(**kwargs)
-        _active = True
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        global _active
-        _active = False
-        super()._uninstrument(**kwargs)
+    _instruments = _instruments

@@ -33,19 +33,17 @@ A denial leaves the module call as the ``__cause__`` of dspy's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
 from typing import Any
 
 from veronica_otel._config import parse_env_bool
 from veronica_otel._propagation import default_context
 
-from ._framework import argument
-from ._hooks import GuardedInstrumentor, Hook, InstrumentationError, SDKHooks
+from ._framework import FrameworkInstrumentor, argument
+from ._hooks import Hook, InstrumentationError, SDKHooks
 
 __all__ = ["DSPyInstrumentor"]
 
 _instruments = ("dspy >= 3.4, < 4",)
-_active = False  # False after uninstrument: a wrapper left under another passes through
 _PINNED = (
     "veronica-otel cannot contain dspy's native lm15 transport (its own sockets): this LM "
     "is pinned to engine='lm15', so its calls in a chain are refused; use engine='auto' "
@@ -55,7 +53,11 @@ _PINNED = (
 
 def _select(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     selection = wrapped(*args, **kwargs)
-    if not _active or not getattr(selection, "native", False) or default_context() is None:
+    if (
+        not DSPyInstrumentor.active
+        or not getattr(selection, "native", False)
+        or default_context() is None
+    ):
         return selection
     if getattr(argument(args, kwargs, 0, "lm"), "_engine_spec", "auto") == "lm15":
         if parse_env_bool("VERONICA_FAIL_OPEN"):
@@ -72,25 +74,8 @@ _HOOKS = SDKHooks(
 )
 
 
-class DSPyInstrumentor(GuardedInstrumentor):
-    """Sends dspy's calls in a chain through its LiteLLM backend, which we contain.
-
-    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
-    when ``dspy`` is outside the tested range or the hook changed shape; its
-    calls in a chain are then refused (fail closed).
-    """
+class DSPyInstrumentor(FrameworkInstrumentor):
+    """Sends dspy's calls in a chain through its LiteLLM backend, which we contain."""
 
     _hooks = _HOOKS
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        global _active
-        super()._instrument(**kwargs)
-        _active = True
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        global _active
-        _active = False
-        super()._uninstrument(**kwargs)
+    _instruments = _instruments

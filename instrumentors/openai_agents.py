@@ -30,16 +30,14 @@ Configuration: none. A denial is raised from the model call as
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
-from ._framework import argument, as_agent_async
-from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._framework import FrameworkInstrumentor, argument, as_agent_async
+from ._hooks import Hook, SDKHooks
 
 __all__ = ["OpenAIAgentsInstrumentor"]
 
 _instruments = ("openai-agents >= 0.24, < 0.26",)
-_active = False  # False after uninstrument: a wrapper left under another passes through
 
 
 def _agent_name(bindings: Any) -> object:
@@ -49,7 +47,7 @@ def _agent_name(bindings: Any) -> object:
 async def _response(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    if not _active:
+    if not OpenAIAgentsInstrumentor.active:
         return await wrapped(*args, **kwargs)
     name = _agent_name(argument(args, kwargs, 0, "bindings"))
     return await as_agent_async(name, lambda: wrapped(*args, **kwargs))
@@ -58,7 +56,7 @@ async def _response(
 async def _streamed_turn(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    if not _active:
+    if not OpenAIAgentsInstrumentor.active:
         return await wrapped(*args, **kwargs)
     name = _agent_name(argument(args, kwargs, 1, "bindings"))
     return await as_agent_async(name, lambda: wrapped(*args, **kwargs))
@@ -82,25 +80,8 @@ _HOOKS = SDKHooks(
 )
 
 
-class OpenAIAgentsInstrumentor(GuardedInstrumentor):
-    """Runs each OpenAI Agents SDK turn under the name of its agent.
-
-    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
-    when ``openai-agents`` is outside the tested range or a hook changed shape;
-    its turns in a chain are then refused (fail closed).
-    """
+class OpenAIAgentsInstrumentor(FrameworkInstrumentor):
+    """Runs each OpenAI Agents SDK turn under the name of its agent."""
 
     _hooks = _HOOKS
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        global _active
-        super()._instrument(**kwargs)
-        _active = True
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        global _active
-        _active = False
-        super()._uninstrument(**kwargs)
+    _instruments = _instruments

@@ -31,17 +31,16 @@ catching every exception it arrives inside a ``FallbackExceptionGroup``:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ._framework import argument, as_agent_async, scope_for
-from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._framework import FrameworkInstrumentor, argument, as_agent_async, scope_for
+from ._hooks import Hook, SDKHooks
 
 __all__ = ["PydanticAIInstrumentor"]
 
 _instruments = ("pydantic-ai-slim >= 2.60, < 3",)
-_active = False  # False after uninstrument: a wrapper left under another passes through
 
 
 def _agent_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
@@ -50,13 +49,13 @@ def _agent_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
 
 
 async def _run(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if not _active:
+    if not PydanticAIInstrumentor.active:
         return await wrapped(*args, **kwargs)
     return await as_agent_async(_agent_name(args, kwargs), lambda: wrapped(*args, **kwargs))
 
 
 def _stream(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    scope = scope_for(_agent_name(args, kwargs)) if _active else None
+    scope = scope_for(_agent_name(args, kwargs)) if PydanticAIInstrumentor.active else None
     if scope is None:
         return wrapped(*args, **kwargs)
 
@@ -79,25 +78,8 @@ _HOOKS = SDKHooks(
 )
 
 
-class PydanticAIInstrumentor(GuardedInstrumentor):
-    """Runs each pydantic-ai model request under the name of its agent.
-
-    ``instrument()`` raises :class:`~veronica_otel.instrumentors.InstrumentationError`
-    when ``pydantic-ai-slim`` is outside the tested range or a hook changed
-    shape; its model requests in a chain are then refused (fail closed).
-    """
+class PydanticAIInstrumentor(FrameworkInstrumentor):
+    """Runs each pydantic-ai model request under the name of its agent."""
 
     _hooks = _HOOKS
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return _instruments
-
-    def _instrument(self, **kwargs: Any) -> None:
-        global _active
-        super()._instrument(**kwargs)
-        _active = True
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        global _active
-        _active = False
-        super()._uninstrument(**kwargs)
+    _instruments = _instruments
