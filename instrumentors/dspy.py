@@ -26,8 +26,8 @@ application pinned to ``engine="lm15"`` is refused
 ``VERONICA_FAIL_OPEN=true``): we cannot contain it. Outside a chain nothing
 changes.
 
-A denial leaves the module call as the ``__cause__`` of dspy's
-``LMUnexpectedError``.
+A denial leaves the module call as the ``__cause__`` of dspy's LM
+error (``LMUnexpectedError``, ``LMServerError``).
 """
 
 from __future__ import annotations

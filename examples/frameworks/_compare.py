@@ -27,9 +27,17 @@ def _ours(exc: BaseException) -> str | None:
 
 
 def compare(
-    framework: str, own_cap: str, run_agent: Callable[[], object], server: FakeLLMServer
+    framework: str,
+    own_cap: str,
+    run_agent: Callable[[], object],
+    server: FakeLLMServer,
+    ours: Callable[[], object] | None = None,
 ) -> None:
-    """Run the agent under its own cap only, then in a chain of ``max_steps=STEPS``."""
+    """Run the agent under its own cap only, then in a chain of ``max_steps=STEPS``.
+
+    ``ours``: the agent to run in our chain, when the first run needs a
+    bound of its own around it (a framework with no cap).
+    """
     server.reset()
     ended = "it returned"
     try:
@@ -40,7 +48,7 @@ def compare(
     server.reset()
     try:
         with ExecutionContext(ExecutionConfig(max_steps=STEPS)):
-            run_agent()
+            (ours or run_agent)()
         ended = "it returned"
     except Exception as exc:
         where = _ours(exc)

@@ -43,7 +43,7 @@ def main() -> None:
             with ExecutionContext(ExecutionConfig(max_steps=20)):
                 return run()
 
-        compare("ag2", "none; bounded by a max_steps=20 chain", bounded, server)
+        compare("ag2", "none; bounded by a max_steps=20 chain", bounded, server, ours=run)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ Its own cap, ``max_iters``, counts ReAct iterations and then asks the model
 to extract an answer (one more call); ours counts every model call of the
 chain. dspy's native client speaks HTTP over its own sockets, which no hook
 sees; ``DSPyInstrumentor`` sends every call in a chain through its LiteLLM
-backend instead. dspy wraps a model error: ours is the ``__cause__`` of its
-``LMUnexpectedError``. ReAct asks for tools in its own text fields, so the
-fake server answers in dspy's chat format with another ``lookup`` each turn.
+backend instead. dspy wraps a model error: ours is the ``__cause__`` of its LM
+error (``LMUnexpectedError``, ``LMServerError``). ReAct asks for tools in
+its own text fields, so the fake server answers in dspy's chat format with
+another ``lookup`` each turn.
 
 Needs ``pip install veronica-otel[openai] dspy``. Runs against the in-process
 fake server: python examples/frameworks/dspy_react.py
