@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,19 +77,34 @@ def test_google_adk_agent_limit_by_its_own_name(
     assert result["agent"] == "Looper", result
 
 
-def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMServer) -> None:
+def _strands(venv: Path, llm: FakeLLMServer, **env: str) -> tuple[dict[str, Any], str]:
     result, done = run_app(
-        strands,
+        venv,
         "strands_app.py",
         llm,
-        VERONICA_MAX_STEPS=str(STEPS),
         AWS_ENDPOINT_URL_BEDROCK_RUNTIME=llm.base_url,
         AWS_ACCESS_KEY_ID="x",
         AWS_SECRET_ACCESS_KEY="x",
         AWS_REGION="us-east-1",
+        **env,
     )
-    assert llm.stats() == {"total": STEPS, "routes": {BEDROCK: STEPS}}, done.stderr[-2000:]
+    return result, done.stderr[-2000:]
+
+
+def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMServer) -> None:
+    result, stderr = _strands(strands, llm, VERONICA_MAX_STEPS=str(STEPS))
+    assert llm.stats() == {"total": STEPS, "routes": {BEDROCK: STEPS}}, stderr
     # Strands wraps any error of its event loop: ours is the __cause__ of its
     # EventLoopException.
     assert result["raised"] == "EventLoopException" and result["how"] == "cause", result
     assert result["reason"] == "steps"
+
+
+def test_strands_agent_limit_by_its_name(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+    # Only the agent is limited: without StrandsInstrumentor naming it, the
+    # runaway loop ran until Python's recursion limit (317 requests).
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
+    result, stderr = _strands(strands, llm, VERONICA_POLICY_FILE=str(policy))
+    assert llm.request_count == 2, stderr
+    assert result["how"] == "cause" and result["agent"] == "Looper", result

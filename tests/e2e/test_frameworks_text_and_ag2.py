@@ -13,6 +13,7 @@ its own raw-socket client unless the call goes through LiteLLM, which
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +41,15 @@ def test_smolagents_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
     # smolagents wraps a model error: ours is the __cause__ of its AgentGenerationError.
     assert result["raised"] == "AgentGenerationError" and result["how"] == "cause", result
     assert result["reason"] == "steps"
+
+
+def test_smolagents_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) -> None:
+    venv = framework_venv("FRAMEWORK_SMOLAGENTS")
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
+    result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_POLICY_FILE=str(policy))
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "cause" and result["agent"] == "Looper", result
 
 
 def test_ag2_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
