@@ -15,6 +15,7 @@ from _compare import compare
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+from veronica_otel.instrumentors.smolagents import SmolagentsInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
 
@@ -30,6 +31,7 @@ def lookup(city: str) -> str:
 
 def main() -> None:
     OpenAIInstrumentor().instrument()
+    SmolagentsInstrumentor().instrument()  # each run as agent(name)
     with FakeLLMServer(output_tokens=5, runaway=True) as server:
         model = OpenAIServerModel(
             model_id="gpt-4o-mini", api_base=server.openai_base_url, api_key="fake"

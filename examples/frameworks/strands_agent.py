@@ -20,6 +20,7 @@ from strands.hooks import AfterModelCallEvent
 from strands.models import BedrockModel
 
 from veronica_otel.instrumentors.bedrock import BedrockInstrumentor
+from veronica_otel.instrumentors.strands import StrandsInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
 BOUND = 10
@@ -33,6 +34,7 @@ def lookup(city: str) -> str:
 
 def main() -> None:
     BedrockInstrumentor().instrument()
+    StrandsInstrumentor().instrument()  # each invocation as agent(Agent.name)
     with FakeLLMServer(output_tokens=5, runaway=True) as server:
         os.environ.update(
             AWS_ENDPOINT_URL_BEDROCK_RUNTIME=server.base_url,

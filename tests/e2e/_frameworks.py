@@ -69,3 +69,10 @@ def run_app(
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"no RESULT line; exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return json.loads(lines[-1].removeprefix("RESULT ")), done
+
+
+def agent_policy(folder: Path, name: str, max_steps: int) -> str:
+    """A policy file limiting agent ``name`` alone, for ``VERONICA_POLICY_FILE``."""
+    policy = folder / "policy.toml"
+    policy.write_text(f'[agents."{name}"]\nmax_steps = {max_steps}\n')
+    return str(policy)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e._frameworks import framework_venv, run_app
+from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
@@ -70,9 +70,8 @@ def test_google_adk_agent_limit_by_its_own_name(
     adk: Path, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     # ADK's spans carry gen_ai.agent.name: [agents."Looper"] applies with no hook.
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
-    result = _adk(adk, llm, VERONICA_POLICY_FILE=str(policy))
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result = _adk(adk, llm, VERONICA_POLICY_FILE=policy)
     assert llm.request_count == 2
     assert result["agent"] == "Looper", result
 
@@ -103,8 +102,7 @@ def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMS
 def test_strands_agent_limit_by_its_name(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
     # Only the agent is limited: without StrandsInstrumentor naming it, the
     # runaway loop ran until Python's recursion limit (317 requests).
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
-    result, stderr = _strands(strands, llm, VERONICA_POLICY_FILE=str(policy))
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, stderr = _strands(strands, llm, VERONICA_POLICY_FILE=policy)
     assert llm.request_count == 2, stderr
     assert result["how"] == "cause" and result["agent"] == "Looper", result

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import framework_venv, run_app
+from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
@@ -55,13 +55,12 @@ def test_llama_index_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) 
 
 
 def test_crewai_agent_limit_by_its_role(venv: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
+    policy = agent_policy(tmp_path, "Looper", 2)
     result, done = run_app(
         venv,
         "crewai_app.py",
         llm,
-        VERONICA_POLICY_FILE=str(policy),
+        VERONICA_POLICY_FILE=policy,
         CREWAI_DISABLE_TELEMETRY="true",
     )
     assert llm.request_count == 2, done.stderr[-2000:]

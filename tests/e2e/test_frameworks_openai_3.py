@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import framework_venv, run_app
+from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
@@ -45,10 +45,9 @@ def test_openai_agents_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer
 def test_openai_agents_handoff_loop_per_agent_limit(
     venv: Path, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[agents."Alpha"]\nmax_steps = 2\n')
+    policy = agent_policy(tmp_path, "Alpha", 2)
     result, done = run_app(
-        venv, "openai_agents_app.py", llm, "handoffs", VERONICA_POLICY_FILE=str(policy)
+        venv, "openai_agents_app.py", llm, "handoffs", VERONICA_POLICY_FILE=policy
     )
     models = [r.body.get("instructions") for r in llm.requests]
     # Alpha, Beta, Alpha, Beta, then Alpha's third call is denied: Alpha sent exactly 2.
@@ -79,8 +78,7 @@ def test_langgraph_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) ->
 def test_pydantic_ai_agent_limit_by_its_name(
     venv: Path, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
-    result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_POLICY_FILE=str(policy))
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_POLICY_FILE=policy)
     assert llm.request_count == 2, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result

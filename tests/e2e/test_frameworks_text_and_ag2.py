@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import framework_venv, run_app
+from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer, RecordedRequest
 
 STEPS = 3
@@ -45,9 +45,8 @@ def test_smolagents_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
 
 def test_smolagents_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) -> None:
     venv = framework_venv("FRAMEWORK_SMOLAGENTS")
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[agents."Looper"]\nmax_steps = 2\n')
-    result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_POLICY_FILE=str(policy))
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_POLICY_FILE=policy)
     assert llm.request_count == 2, done.stderr[-2000:]
     assert result["how"] == "cause" and result["agent"] == "Looper", result
 
