@@ -51,7 +51,7 @@ def test_openai_chat_calls_the_declared_tool(server: FakeLLMServer, stream: bool
     messages: Any = [{"role": "user", "content": "hi"}]
     if stream:
         with client.chat.completions.stream(model="m", messages=messages, tools=tools) as events:
-            message = events.get_final_completion().choices[0]
+            message: Any = events.get_final_completion().choices[0]
     else:
         message = client.chat.completions.create(model="m", messages=messages, tools=tools).choices[
             0
@@ -68,7 +68,7 @@ def test_openai_responses_calls_the_declared_tool(server: FakeLLMServer, stream:
     tools: Any = [{"type": "function", "name": "weather", "parameters": WEATHER, "strict": True}]
     if stream:
         with client.responses.stream(model="m", input="hi", tools=tools) as events:
-            response = events.get_final_response()
+            response: Any = events.get_final_response()
     else:
         response = client.responses.create(model="m", input="hi", tools=tools)
     [item] = response.output
@@ -86,7 +86,7 @@ def test_anthropic_calls_the_declared_tool(server: FakeLLMServer, stream: bool) 
         with client.messages.stream(
             model="m", max_tokens=50, messages=messages, tools=tools
         ) as events:
-            message = events.get_final_message()
+            message: Any = events.get_final_message()
     else:
         message = client.messages.create(model="m", max_tokens=50, messages=messages, tools=tools)
     assert message.stop_reason == "tool_use"
