@@ -228,3 +228,28 @@ ANTHROPIC_1: tuple[tuple[str, ...], ...] = ((f"{OURS}[anthropic]", "anthropic==1
 # examples/jaeger's install line, exactly as its README gives it: the OTLP/HTTP
 # exporter and OpenTelemetry's httpx instrumentation (the POST under each call).
 JAEGER_EXAMPLE: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai,otlp,propagation]",),)
+
+# Agent frameworks, each installed as its users install it
+# (``pip install veronica-otel[openai] <framework>``), grouped where their
+# requirements agree so one venv serves several tests: these three take
+# openai 3.x; crewai and llama-index pin openai<3.
+FRAMEWORKS_OPENAI_3: tuple[tuple[str, ...], ...] = (
+    (
+        f"{OURS}[openai]",
+        "openai-agents",
+        "pydantic-ai-slim[openai]",
+        "langgraph",
+        "langchain-openai",
+    ),
+)
+FRAMEWORKS_OPENAI_2: tuple[tuple[str, ...], ...] = (
+    (f"{OURS}[openai]", "crewai", "llama-index-core", "llama-index-llms-openai"),
+)
+# google-adk pins opentelemetry-api/sdk <= 1.44; our floor is 1.41.
+FRAMEWORK_ADK: tuple[tuple[str, ...], ...] = ((f"{OURS}[google-genai]", "google-adk"),)
+# strands-agents sends through boto3 Bedrock by default.
+FRAMEWORK_STRANDS: tuple[tuple[str, ...], ...] = ((f"{OURS}[bedrock]", "strands-agents"),)
+# smolagents with its OpenAI-compatible model, AG2 on openai, and dspy.
+FRAMEWORK_SMOLAGENTS: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "smolagents[openai]"),)
+FRAMEWORK_AG2: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "ag2[openai]"),)
+FRAMEWORK_DSPY: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "dspy"),)

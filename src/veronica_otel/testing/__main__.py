@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--chunk-delay", type=float, default=0.0, help="seconds between stream chunks (0)"
     )
+    parser.add_argument(
+        "--runaway",
+        action="store_true",
+        help="play a runaway model: every reply calls another of the request's tools",
+    )
     return parser
 
 
@@ -63,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             output_tokens=args.output_tokens,
             latency_s=args.latency,
             chunk_delay_s=args.chunk_delay,
+            runaway=args.runaway,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -11,6 +11,10 @@ consumer must get right:
 * in a stream, ``message_start`` reports ``output_tokens`` of 1 (as the real
   API does) and ``message_delta`` reports the cumulative totals, which replace,
   not add to, the earlier numbers.
+
+A scripted reply's tool calls (the runaway model's, see ``_runaway.py``) are
+``tool_use`` content blocks with ``stop_reason`` ``"tool_use"``, streamed as
+``content_block_start`` plus one ``input_json_delta``.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from ._common import (
     ApiCall,
     ApiError,
     JSONReply,
+    ScriptedReply,
     StreamReply,
     Usage,
+    dumps,
     plan_usage,
     read_cap,
     sse,
@@ -90,6 +96,45 @@ def _usage(usage: Usage, output_tokens: int) -> dict[str, Any]:
     return payload
 
 
+def _tool_uses(call: ApiCall, script: ScriptedReply | None) -> list[dict[str, Any]]:
+    calls = script.tool_calls if script is not None else ()
+    return [
+        {
+            "type": "tool_use",
+            "id": tool.id or f"toolu_fake{call.serial:08d}{index:04d}",
+            "name": tool.name,
+            "input": dict(tool.arguments),
+        }
+        for index, tool in enumerate(calls)
+    ]
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[bytes]:
+    """One content block streamed: start, its deltas, stop."""
+    if block["type"] == "text":
+        start: dict[str, Any] = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": piece} for piece in block["pieces"]]
+    else:
+        start = {**block, "input": {}}
+        deltas = [{"type": "input_json_delta", "partial_json": dumps(block["input"]).decode()}]
+    events = [
+        sse(
+            {"type": "content_block_start", "index": index, "content_block": start},
+            event="content_block_start",
+        )
+    ]
+    if index == 0:
+        events.append(sse({"type": "ping"}, event="ping"))
+    events.extend(
+        sse(
+            {"type": "content_block_delta", "index": index, "delta": d}, event="content_block_delta"
+        )
+        for d in deltas
+    )
+    events.append(sse({"type": "content_block_stop", "index": index}, event="content_block_stop"))
+    return events
+
+
 def _messages(call: ApiCall) -> JSONReply | StreamReply:
     body = call.body
     model = _require(body)
@@ -97,8 +142,16 @@ def _messages(call: ApiCall) -> JSONReply | StreamReply:
     if cap is None:
         raise ApiError(400, "max_tokens: Field required")
     usage = call.plan_usage(cap)
-    pieces = text_pieces(usage.text_tokens, _json_schema(body))
+    tool_uses = _tool_uses(call, call.script)
+    if call.script is not None and call.script.text is not None:
+        pieces = [call.script.text]
+    elif tool_uses:
+        pieces = []
+    else:
+        pieces = text_pieces(usage.text_tokens, _json_schema(body))
     stop_reason = "max_tokens" if usage.truncated else "end_turn"
+    if tool_uses:
+        stop_reason = "tool_use"
     message: dict[str, Any] = {
         "id": f"msg_fake{call.serial:024d}",
         "type": "message",
@@ -108,39 +161,21 @@ def _messages(call: ApiCall) -> JSONReply | StreamReply:
         "stop_reason": None,
         "stop_sequence": None,
     }
+    text_blocks = [{"type": "text", "text": "".join(pieces)}] if pieces else []
     if not body.get("stream"):
-        content = [{"type": "text", "text": "".join(pieces)}] if pieces else []
         return JSONReply(
             {
                 **message,
-                "content": content,
+                "content": text_blocks + tool_uses,
                 "stop_reason": stop_reason,
                 "usage": _usage(usage, usage.output_tokens),
             }
         )
     start = {**message, "usage": _usage(usage, min(1, usage.output_tokens))}
     chunks = [sse({"type": "message_start", "message": start}, event="message_start")]
-    if pieces:
-        block = {"type": "text", "text": ""}
-        chunks.append(
-            sse(
-                {"type": "content_block_start", "index": 0, "content_block": block},
-                event="content_block_start",
-            )
-        )
-        chunks.append(sse({"type": "ping"}, event="ping"))
-        chunks.extend(
-            sse(
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": piece},
-                },
-                event="content_block_delta",
-            )
-            for piece in pieces
-        )
-        chunks.append(sse({"type": "content_block_stop", "index": 0}, event="content_block_stop"))
+    streamed = [{**block, "pieces": pieces} for block in text_blocks] + tool_uses
+    for index, block in enumerate(streamed):
+        chunks.extend(_block_events(index, block))
     delta = {"stop_reason": stop_reason, "stop_sequence": None}
     final_usage = _usage(usage, usage.output_tokens)
     del final_usage["service_tier"]

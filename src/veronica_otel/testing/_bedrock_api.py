@@ -20,6 +20,10 @@ What botocore must parse, as the real service sends it:
   a ``metadata`` event carrying the usage, InvokeModelWithResponseStream's
   chunks are base64 model events whose last one carries
   ``amazon-bedrock-invocationMetrics``.
+
+A scripted reply's tool calls (the runaway model's) are Converse ``toolUse``
+content blocks with ``stopReason`` ``"tool_use"``, streamed as
+``contentBlockStart`` (the tool's id and name) plus one ``toolUse.input`` delta.
 """
 
 from __future__ import annotations
@@ -142,13 +146,26 @@ def _converse(call: ApiCall, model: str, stream: bool) -> JSONReply | StreamRepl
         raise ApiError(400, "messages: Field required")
     config = call.body.get("inferenceConfig") or {}
     usage = _billed(call, model, _cap(config.get("maxTokens"), "inferenceConfig.maxTokens"))
-    pieces = text_pieces(usage.text_tokens)
-    stop = "max_tokens" if usage.truncated else "end_turn"
+    calls = call.script.tool_calls if call.script is not None else ()
+    tools: list[dict[str, Any]] = [
+        {
+            "toolUseId": c.id or f"tooluse_fake{call.serial}_{i}",
+            "name": c.name,
+            "input": dict(c.arguments),
+        }
+        for i, c in enumerate(calls)
+    ]
+    pieces = [] if tools else text_pieces(usage.text_tokens)
+    stop = "tool_use" if tools else "max_tokens" if usage.truncated else "end_turn"
     if not stream:
+        content: list[dict[str, Any]] = [{"toolUse": t} for t in tools]
         return JSONReply(
             {
                 "output": {
-                    "message": {"role": "assistant", "content": [{"text": "".join(pieces)}]}
+                    "message": {
+                        "role": "assistant",
+                        "content": content or [{"text": "".join(pieces)}],
+                    }
                 },
                 "stopReason": stop,
                 "usage": _converse_usage(usage, usage.output_tokens),
@@ -160,7 +177,18 @@ def _converse(call: ApiCall, model: str, stream: bool) -> JSONReply | StreamRepl
         event_message("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": piece}})
         for piece in pieces
     )
-    chunks.append(event_message("contentBlockStop", {"contentBlockIndex": 0}))
+    if pieces:
+        chunks.append(event_message("contentBlockStop", {"contentBlockIndex": 0}))
+    for index, tool in enumerate(tools):
+        start = {"toolUse": {"toolUseId": tool["toolUseId"], "name": tool["name"]}}
+        chunks.append(
+            event_message("contentBlockStart", {"contentBlockIndex": index, "start": start})
+        )
+        delta = {"toolUse": {"input": dumps(tool["input"]).decode()}}
+        chunks.append(
+            event_message("contentBlockDelta", {"contentBlockIndex": index, "delta": delta})
+        )
+        chunks.append(event_message("contentBlockStop", {"contentBlockIndex": index}))
     chunks.append(event_message("messageStop", {"stopReason": stop}))
     metadata = {"usage": _converse_usage(usage, usage.output_tokens), "metrics": {"latencyMs": 1}}
     chunks.append(event_message("metadata", metadata))

@@ -21,6 +21,7 @@ caps thinking and text together (``finishReason`` ``MAX_TOKENS`` when it cuts),
 and ``candidateCount`` candidates are each that long. In a stream every chunk
 carries the running usage; only the last one, with the ``finishReason``, has
 the final numbers. Errors are Google's ``{"error": {"code", "message", "status"}}``.
+A scripted reply's tool calls (the runaway model's) are ``functionCall`` parts.
 """
 
 from __future__ import annotations
@@ -111,13 +112,18 @@ def _generate(call: ApiCall, model: str, stream: bool) -> JSONReply | StreamRepl
             reasoning_tokens=usage.reasoning_tokens * candidates,
         )
         call.bill(model, billed)
-    pieces = text_pieces(usage.text_tokens)
+    calls = call.script.tool_calls if call.script is not None else ()
+    functions: list[dict[str, Any]] = [
+        {"functionCall": {"name": c.name, "args": dict(c.arguments)}} for c in calls
+    ]
+    pieces = [] if functions else text_pieces(usage.text_tokens)
     finish = "MAX_TOKENS" if usage.truncated else "STOP"
     response_id = f"fake{call.serial:020d}"
     if not stream:
+        text_part: list[dict[str, Any]] = [] if functions else [{"text": "".join(pieces)}]
         candidate_list = [
             {
-                "content": {"parts": [{"text": "".join(pieces)}], "role": "model"},
+                "content": {"parts": text_part + functions, "role": "model"},
                 "finishReason": finish,
                 "index": i,
             }
@@ -132,9 +138,12 @@ def _generate(call: ApiCall, model: str, stream: bool) -> JSONReply | StreamRepl
             }
         )
     chunks = []
-    for i, piece in enumerate(pieces or [""]):
-        last = i == max(len(pieces), 1) - 1
-        candidate: dict[str, Any] = {"content": {"parts": [{"text": piece}], "role": "model"}}
+    parts: list[list[dict[str, Any]]] = [[{"text": piece}] for piece in pieces or [""]]
+    if functions:
+        parts = [functions]
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        candidate: dict[str, Any] = {"content": {"parts": part, "role": "model"}}
         if last:
             candidate["finishReason"] = finish
         chunk = {

@@ -19,7 +19,9 @@ the schema's required properties, so ``client.chat.completions.parse`` and
 Scripted replies (:class:`~veronica_otel.testing.ScriptedReply`) replace a
 chat completion's text and can ask for tool calls (``message.tool_calls``,
 streamed as ``delta.tool_calls`` with an ``index``, ``finish_reason``
-``"tool_calls"``), so a real agent loop calls its tools.
+``"tool_calls"``), so a real agent loop calls its tools; the runaway model's
+replies are scripted ones, on the Responses API too (``function_call``
+output items, streamed with ``response.function_call_arguments.*`` events).
 """
 
 from __future__ import annotations
@@ -299,13 +301,36 @@ def _response_object(
     }
 
 
+def _function_call_items(call: ApiCall) -> list[dict[str, Any]]:
+    """The scripted reply's tool calls as Responses ``function_call`` output items."""
+    calls = call.script.tool_calls if call.script is not None else ()
+    return [
+        {
+            "id": f"fc_fake{call.serial}_{index}",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": tool.id or f"call_fake{call.serial}_{index}",
+            "name": tool.name,
+            "arguments": dumps(dict(tool.arguments)).decode(),
+        }
+        for index, tool in enumerate(calls)
+    ]
+
+
 def _responses(call: ApiCall) -> JSONReply | StreamReply:
     body = call.body
     _require_model(body)
     usage = call.plan_usage(read_cap(body, "max_output_tokens"))
     text_config = body.get("text")
     schema = _json_schema(text_config.get("format")) if isinstance(text_config, Mapping) else None
-    pieces = text_pieces(usage.text_tokens, schema)
+    script = call.script
+    functions = _function_call_items(call)
+    if script is not None and script.text is not None:
+        pieces = script_pieces(script.text)
+    elif functions:
+        pieces = []
+    else:
+        pieces = text_pieces(usage.text_tokens, schema)
     text = "".join(pieces)
     status = "incomplete" if usage.truncated else "completed"
     item_id = f"msg_fake{call.serial}"
@@ -317,29 +342,43 @@ def _responses(call: ApiCall) -> JSONReply | StreamReply:
         "role": "assistant",
         "content": [part],
     }
+    output = ([item] if pieces or not functions else []) + functions
     if not body.get("stream"):
-        return JSONReply(_response_object(call, status, [item], usage))
+        return JSONReply(_response_object(call, status, output, usage))
     sequence: list[bytes] = []
 
     def emit(kind: str, **fields: Any) -> None:
         event = {"type": kind, "sequence_number": len(sequence), **fields}
         sequence.append(sse(event, event=kind))
 
-    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
     emit("response.created", response=_response_object(call, "in_progress", [], None))
     emit("response.in_progress", response=_response_object(call, "in_progress", [], None))
-    emit(
-        "response.output_item.added",
-        output_index=0,
-        item={**item, "status": "in_progress", "content": []},
-    )
-    emit("response.content_part.added", **where, part={**part, "text": ""})
-    for piece in pieces:
-        emit("response.output_text.delta", **where, delta=piece, logprobs=[])
-    emit("response.output_text.done", **where, text=text, logprobs=[])
-    emit("response.content_part.done", **where, part=part)
-    emit("response.output_item.done", output_index=0, item=item)
-    emit(f"response.{status}", response=_response_object(call, status, [item], usage))
+    for index, out in enumerate(output):
+        if out["type"] == "message":
+            where = {"item_id": item_id, "output_index": index, "content_index": 0}
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "content": []},
+            )
+            emit("response.content_part.added", **where, part={**part, "text": ""})
+            for piece in pieces:
+                emit("response.output_text.delta", **where, delta=piece, logprobs=[])
+            emit("response.output_text.done", **where, text=text, logprobs=[])
+            emit("response.content_part.done", **where, part=part)
+        else:
+            where = {"item_id": out["id"], "output_index": index}
+            added = {**out, "status": "in_progress", "arguments": ""}
+            emit("response.output_item.added", output_index=index, item=added)
+            emit("response.function_call_arguments.delta", **where, delta=out["arguments"])
+            emit(
+                "response.function_call_arguments.done",
+                **where,
+                name=out["name"],
+                arguments=out["arguments"],
+            )
+        emit("response.output_item.done", output_index=index, item=out)
+    emit(f"response.{status}", response=_response_object(call, status, output, usage))
     return StreamReply(sequence)
 
 

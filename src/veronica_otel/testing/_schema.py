@@ -109,6 +109,8 @@ class _Walker:
         if isinstance(description, str) and "{" in description:
             node = _with_described_constraints(node, description)
         kind = node.get("type")
+        if isinstance(kind, str):
+            kind = kind.lower()  # Gemini's schemas say "OBJECT", "STRING", ...
         if isinstance(kind, list):
             kinds = [k for k in kind if k != "null"]
             kind = "null" if not kinds or ("null" in kind and shrink) else kinds[0]

@@ -45,6 +45,7 @@ from ._common import (
 from ._http import HTTPServer, Reply
 from ._live_api import SESSIONS as _LIVE_SESSIONS
 from ._realtime_api import SESSIONS as _OPENAI_SESSIONS
+from ._runaway import runaway_reply, wants_runaway
 from ._websocket import accept_key, read_message, write_text
 
 __all__ = ["BilledUsage", "FakeLLMServer", "RecordedRequest"]
@@ -143,6 +144,14 @@ class FakeLLMServer:
 
         server.script(ScriptedReply.tool_call("add", {"a": 1, "b": 2}), "It is 3.")
 
+    Playing a runaway model: with ``runaway=True`` (or :meth:`set_runaway`,
+    or a request header ``x-fake-runaway: 1``; ``0`` turns it off for one
+    request) every model reply, in every wire format and streamed or not,
+    asks for another call of a tool the request declares (OpenAI chat
+    ``tool_calls``, Responses ``function_call``, Anthropic ``tool_use``,
+    Gemini ``functionCall``, Bedrock Converse ``toolUse``), so an agent
+    framework's loop never ends on its own. Scripted replies come first.
+
     Args:
         host: Interface to bind.
         port: TCP port; ``0`` picks a free one.
@@ -154,6 +163,7 @@ class FakeLLMServer:
         chunk_delay_s: Delay between the chunks of a stream.
         max_recorded: How many recent requests :attr:`requests` keeps
             (``None``: all). Counts are exact regardless.
+        runaway: Play a runaway model (see above).
 
     Raises:
         ValueError: An argument is negative, not finite, or of the wrong type.
@@ -171,6 +181,7 @@ class FakeLLMServer:
         latency_s: float = 0.0,
         chunk_delay_s: float = 0.0,
         max_recorded: int | None = 10_000,
+        runaway: bool = False,
     ) -> None:
         _check_count("port", port)
         if input_tokens is not None:
@@ -198,6 +209,7 @@ class FakeLLMServer:
         self._permanent_failure: _Failure | None = None
         self._script: deque[ScriptedReply] = deque()
         self._responder: Responder | None = None
+        self._runaway = _check_flag("runaway", runaway)
         self._httpd: HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -443,6 +455,12 @@ class FakeLLMServer:
         with self._lock:
             self._responder = responder
 
+    def set_runaway(self, on: bool) -> None:
+        """Play (or stop playing) a runaway model: every reply calls a declared tool."""
+        value = _check_flag("on", on)
+        with self._lock:
+            self._runaway = value
+
     def _next_script(self, request: RecordedRequest) -> ScriptedReply | None:
         with self._lock:
             if self._script:
@@ -550,6 +568,8 @@ class FakeLLMServer:
         if not isinstance(body, dict):
             raise ApiError(400, "The request body must be a JSON object")
         script = self._next_script(record) if path == _SCRIPTED_PATH else None
+        if script is None and wants_runaway(self._runaway, record.headers):
+            script = runaway_reply(body)
         call = ApiCall(
             path, body, size, self._settings, serial, int(time.time()), self._bill, script
         )
@@ -747,6 +767,12 @@ def _scripted(reply: object) -> ScriptedReply:
 def _check_count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
     return value
 
 

@@ -1,0 +1,57 @@
+"""Agent names for smolagents (``smolagents`` >= 1.26).
+
+Usage::
+
+    from veronica_otel.instrumentors.openai import OpenAIInstrumentor
+    from veronica_otel.instrumentors.smolagents import SmolagentsInstrumentor
+
+    OpenAIInstrumentor().instrument()      # OpenAIServerModel: the openai SDK
+    SmolagentsInstrumentor().instrument()  # ... each run under its agent's name
+    with ExecutionContext(ExecutionConfig(max_steps=20)):
+        agent.run("...")
+
+Under ``opentelemetry-instrument`` the ``veronica`` distro installs it once
+the application has imported smolagents: nothing to write.
+
+Where it hooks: ``smolagents.agents.MultiStepAgent.run`` (every agent,
+managed agents included, runs through it); a run that is not streamed runs
+as :func:`veronica_otel.agent` named after the agent's ``name`` (an agent
+without one is not scoped), so ``[agents."name"]`` limits apply. A streamed
+run (``stream=True``) returns a generator: it is not named (its calls are
+still contained by the chain).
+
+A denial leaves ``run`` as the ``__cause__`` of smolagents'
+``AgentGenerationError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._framework import FrameworkInstrumentor, argument, as_agent
+from ._hooks import Hook, SDKHooks
+
+__all__ = ["SmolagentsInstrumentor"]
+
+_instruments = ("smolagents >= 1.26, < 2",)
+
+
+def _run(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not SmolagentsInstrumentor.active or argument(args, kwargs, 1, "stream"):
+        return wrapped(*args, **kwargs)
+    return as_agent(getattr(instance, "name", None), lambda: wrapped(*args, **kwargs))
+
+
+_HOOKS = SDKHooks(
+    _instruments[0],
+    "smolagents.agents",
+    (Hook("MultiStepAgent", "run", _run, ("task", "stream")),),
+    (("MultiStepAgent", ("run",)),),
+)
+
+
+class SmolagentsInstrumentor(FrameworkInstrumentor):
+    """Runs each smolagents agent run under the agent's name."""
+
+    _hooks = _HOOKS
+    _instruments = _instruments

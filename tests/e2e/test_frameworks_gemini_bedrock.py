@@ -1,0 +1,108 @@
+"""Google ADK (Gemini API through google-genai) and Strands (Bedrock through
+boto3, streamed), contained with zero code, each in its own venv
+(:data:`tests._venvs.FRAMEWORK_ADK`, :data:`tests._venvs.FRAMEWORK_STRANDS`).
+
+As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
+runaway fake server under ``VERONICA_MAX_STEPS=3``; exactly 3 model requests
+reach the server (counted after the process exited). google-adk pins
+``opentelemetry-api<=1.44``: it must resolve beside us (the newest ADK, not a
+fallback to 1.x).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e._frameworks import agent_policy, framework_venv, run_app
+from veronica_otel.testing import FakeLLMServer
+
+STEPS = 3
+GEMINI = "/v1beta/models/gemini-2.5-flash:generateContent"
+BEDROCK = "/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream"
+
+
+@pytest.fixture(scope="module")
+def adk() -> Path:
+    return framework_venv("FRAMEWORK_ADK")
+
+
+@pytest.fixture(scope="module")
+def strands() -> Path:
+    return framework_venv("FRAMEWORK_STRANDS")
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=5, runaway=True) as server:
+        yield server
+
+
+def _adk(venv: Path, llm: FakeLLMServer, **env: str) -> dict[str, object]:
+    result, done = run_app(
+        venv,
+        "google_adk_app.py",
+        llm,
+        GOOGLE_GEMINI_BASE_URL=llm.base_url,
+        GOOGLE_API_KEY="test-key",
+        **env,
+    )
+    assert result["how"] == "itself", (result, done.stderr[-2000:])  # ADK does not wrap it
+    return result
+
+
+def test_google_adk_resolves_beside_us(adk: Path) -> None:
+    site = next((adk / "lib").glob("python*/site-packages"))
+    adk_versions = [p.name for p in site.glob("google_adk-*.dist-info")]
+    assert adk_versions and not adk_versions[0].startswith("google_adk-1."), adk_versions
+
+
+def test_google_adk_runaway_stops_at_max_steps(adk: Path, llm: FakeLLMServer) -> None:
+    result = _adk(adk, llm, VERONICA_MAX_STEPS=str(STEPS))
+    assert llm.stats() == {"total": STEPS, "routes": {GEMINI: STEPS}}
+    assert result["reason"] == "steps" and result["agent"] is None
+
+
+def test_google_adk_agent_limit_by_its_own_name(
+    adk: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    # ADK's spans carry gen_ai.agent.name: [agents."Looper"] applies with no hook.
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result = _adk(adk, llm, VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == 2
+    assert result["agent"] == "Looper", result
+
+
+def _strands(venv: Path, llm: FakeLLMServer, **env: str) -> tuple[dict[str, Any], str]:
+    result, done = run_app(
+        venv,
+        "strands_app.py",
+        llm,
+        AWS_ENDPOINT_URL_BEDROCK_RUNTIME=llm.base_url,
+        AWS_ACCESS_KEY_ID="x",
+        AWS_SECRET_ACCESS_KEY="x",
+        AWS_REGION="us-east-1",
+        **env,
+    )
+    return result, done.stderr[-2000:]
+
+
+def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMServer) -> None:
+    result, stderr = _strands(strands, llm, VERONICA_MAX_STEPS=str(STEPS))
+    assert llm.stats() == {"total": STEPS, "routes": {BEDROCK: STEPS}}, stderr
+    # Strands wraps any error of its event loop: ours is the __cause__ of its
+    # EventLoopException.
+    assert result["raised"] == "EventLoopException" and result["how"] == "cause", result
+    assert result["reason"] == "steps"
+
+
+def test_strands_agent_limit_by_its_name(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+    # Only the agent is limited: without StrandsInstrumentor naming it, the
+    # runaway loop ran until Python's recursion limit (317 requests).
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, stderr = _strands(strands, llm, VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == 2, stderr
+    assert result["how"] == "cause" and result["agent"] == "Looper", result

@@ -1,0 +1,67 @@
+"""Agent frameworks that pin openai<3, contained with zero code: crewAI and
+LlamaIndex (one venv, :data:`tests._venvs.FRAMEWORKS_OPENAI_2`).
+
+As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
+runaway fake server under ``VERONICA_MAX_STEPS=3``; exactly 3 model requests
+reach the server (counted after the process exited), the run ends with ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._frameworks import agent_policy, framework_venv, run_app
+from veronica_otel.testing import FakeLLMServer
+
+STEPS = 3
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def venv() -> Path:
+    return framework_venv("FRAMEWORKS_OPENAI_2")
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=5, runaway=True) as server:
+        yield server
+
+
+def test_crewai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
+    result, done = run_app(
+        venv,
+        "crewai_app.py",
+        llm,
+        VERONICA_MAX_STEPS=str(STEPS),
+        CREWAI_DISABLE_TELEMETRY="true",
+    )
+    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr
+    # crewAI logs the failed call and retries it; the trip is sticky, so the
+    # retry is refused before it leaves, and ours leaves kickoff() as itself.
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
+
+
+def test_llama_index_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
+    result, done = run_app(venv, "llama_index_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr
+    assert all(r.body.get("stream") is True for r in llm.requests)  # it streams by default
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
+
+
+def test_crewai_agent_limit_by_its_role(venv: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, done = run_app(
+        venv,
+        "crewai_app.py",
+        llm,
+        VERONICA_POLICY_FILE=policy,
+        CREWAI_DISABLE_TELEMETRY="true",
+    )
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result

@@ -1,0 +1,84 @@
+"""Agent frameworks on openai 3.x, contained with zero code: openai-agents,
+pydantic-ai, LangGraph with langchain-openai (one venv, :data:`tests._venvs.FRAMEWORKS_OPENAI_3`).
+
+Each runs a real agent with one tool against the runaway fake server (every
+reply asks for another tool call, so the loop never ends on its own) under
+``VERONICA_MAX_STEPS=3``: exactly 3 model requests reach the server, the run
+ends with our denial, and the count is taken after the process exited, so
+nothing was sent after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._frameworks import agent_policy, framework_venv, run_app
+from veronica_otel.testing import FakeLLMServer
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def venv() -> Path:
+    return framework_venv("FRAMEWORKS_OPENAI_3")
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=5, runaway=True) as server:
+        yield server
+
+
+def test_openai_agents_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
+    result, done = run_app(
+        venv, "openai_agents_app.py", llm, "runaway", VERONICA_MAX_STEPS=str(STEPS)
+    )
+    assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr
+    # openai-agents does not wrap a model error: ours reaches the caller as itself.
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
+
+
+def test_openai_agents_handoff_loop_per_agent_limit(
+    venv: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = agent_policy(tmp_path, "Alpha", 2)
+    result, done = run_app(
+        venv, "openai_agents_app.py", llm, "handoffs", VERONICA_POLICY_FILE=policy
+    )
+    models = [r.body.get("instructions") for r in llm.requests]
+    # Alpha, Beta, Alpha, Beta, then Alpha's third call is denied: Alpha sent exactly 2.
+    assert llm.request_count == 4, (models, done.stderr)
+    assert result["how"] == "itself", result
+    assert result["agent"] == "Alpha", result
+
+
+def test_pydantic_ai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
+    result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+    assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr
+    # Not a ModelAPIError, so no retry and no FallbackModel fallback: it leaves
+    # run_sync as itself (under FallbackModel(fallback_on=(Exception,)) it would
+    # come inside a FallbackExceptionGroup: ``except* BudgetExceededError``).
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
+
+
+def test_langgraph_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
+    result, done = run_app(venv, "langgraph_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+    # LangChain tool runs are steps too (LangChainInstrumentor): model, tool,
+    # model, then the second tool run is denied; 2 model requests were sent.
+    assert llm.stats() == {"total": 2, "routes": {"/v1/chat/completions": 2}}, done.stderr
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
+
+
+def test_pydantic_ai_agent_limit_by_its_name(
+    venv: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result

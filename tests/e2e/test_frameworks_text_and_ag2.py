@@ -1,0 +1,86 @@
+"""smolagents, AG2 and dspy, contained with zero code, each in its own venv
+(:data:`tests._venvs.FRAMEWORK_SMOLAGENTS`, ``FRAMEWORK_AG2``, ``FRAMEWORK_DSPY``).
+
+As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
+runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
+after the process exited. dspy's ReAct asks for tools in its own text fields,
+not the API's tool calls, so its runaway model is a responder answering in
+dspy's chat format with another ``lookup`` every turn; and dspy sends through
+its own raw-socket client unless the call goes through LiteLLM, which
+``DSPyInstrumentor`` makes every call in a chain do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._frameworks import agent_policy, framework_venv, run_app
+from veronica_otel.testing import FakeLLMServer, RecordedRequest
+
+STEPS = 3
+CHAT = "/v1/chat/completions"
+DSPY_TURN = (
+    "[[ ## next_thought ## ]]\nOnce more.\n\n[[ ## next_tool_name ## ]]\nlookup\n\n"
+    '[[ ## next_tool_args ## ]]\n{"city": "Paris"}\n\n[[ ## completed ## ]]'
+)
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=5, runaway=True) as server:
+        yield server
+
+
+def test_smolagents_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
+    venv = framework_venv("FRAMEWORK_SMOLAGENTS")
+    result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr[-2000:]
+    # smolagents wraps a model error: ours is the __cause__ of its AgentGenerationError.
+    assert result["raised"] == "AgentGenerationError" and result["how"] == "cause", result
+    assert result["reason"] == "steps"
+
+
+def test_smolagents_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) -> None:
+    venv = framework_venv("FRAMEWORK_SMOLAGENTS")
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "cause" and result["agent"] == "Looper", result
+
+
+def test_ag2_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
+    venv = framework_venv("FRAMEWORK_AG2")
+    result, done = run_app(venv, "ag2_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+    # AG2 tool runs are steps too (AG2Instrumentor): model, tool, model, then
+    # the second tool run is denied; 2 model requests were sent.
+    assert llm.stats() == {"total": 2, "routes": {CHAT: 2}}, done.stderr[-2000:]
+    assert result["how"] == "itself", result
+    assert result["reason"] == "steps"
+
+
+def test_dspy_react_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
+    venv = framework_venv("FRAMEWORK_DSPY")
+
+    def dspy_turn(request: RecordedRequest) -> str:
+        return DSPY_TURN
+
+    llm.set_responder(dspy_turn)
+    result, done = run_app(
+        venv,
+        "dspy_app.py",
+        llm,
+        VERONICA_MAX_STEPS=str(STEPS),
+        LITELLM_LOCAL_MODEL_COST_MAP="True",  # no network fetch at import
+        OPENAI_BASE_URL=None,  # no environment gateway: dspy would choose its native client
+        OPENAI_API_BASE=None,
+    )
+    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr[-2000:]
+    # Its native client (own sockets, no HTTP hook sees it) is not used in a
+    # chain: DSPyInstrumentor sends the calls through LiteLLM, contained.
+    assert all(r.headers.get("user-agent") != "lm15/stdlib" for r in llm.requests)
+    # dspy wraps a model error: ours is the __cause__ of its LMUnexpectedError.
+    assert result["raised"] == "LMUnexpectedError" and result["how"] == "cause", result
+    assert result["reason"] == "steps"
