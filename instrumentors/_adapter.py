@@ -48,7 +48,11 @@ G10 for an adapter's call that raised:
   was never made): released;
 - every attempt answered by an HTTP error status (then raised, or followed
   by a retry we refused before it was sent): zero cost, the step counts;
-- otherwise the reservation, times the attempts lost unanswered.
+- otherwise the reservation, times the attempts that may have been billed
+  unread: lost unanswered, or answered 2xx and dropped (a middleware that
+  sent twice). Where the HTTP layer saw no attempt, the adapter's
+  :meth:`~ProviderAdapter.unsent` reads the error (a Stainless SDK's: raised
+  before its send began).
 
 An endpoint billed in units no token price covers (images, video seconds,
 tuning jobs, cache storage, batch jobs whose input lives server-side) is read
