@@ -13,20 +13,31 @@ provider-specific, as a :class:`ProviderAdapter` subclass:
   finish reasons) into the :class:`~._common.ContainedCall`;
 - :meth:`~ProviderAdapter.wrap_stream`: how a streamed reply is held
   (default: a ``wrapt`` proxy that accounts each item and cuts the stream at
-  the next item once the chain trips).
+  the next item once the chain trips); with :meth:`~ProviderAdapter.is_stream`,
+  any reply whose body is read after the hooked method returns (a Stainless
+  SDK's stream or raw response, settled when its HTTP response closes);
+- where an SDK differs: :meth:`~ProviderAdapter.call_span` (a span that
+  already stands for the call: the SDK's own, a peer instrumentor's),
+  :meth:`~ProviderAdapter.unsent` (what an error says when the HTTP layer saw
+  no attempt), :attr:`~ProviderAdapter.nests` (an SDK hooked once per API
+  call: its own calls made inside one of its calls are calls of their own).
 
 Everything else lives here once: the chain lookup, the span, admission (one
-:class:`~veronica_otel._call_spec.CallSpec`, one ``admit_call``), the clamp and
-fallback, the G10 failure table, settlement, and the mark that keeps a call
-counted once (DESIGN G13).
+:class:`~veronica_otel._call_spec.CallSpec`, one ``admit_call``), a policy's
+``rate_limit_ms`` wait, the clamp and fallback, the G10 failure table,
+settlement, and the mark that keeps a call counted once (DESIGN G13).
 
 Counted once: while an admitted call runs, :data:`ADMITTED` holds it. Another
 adapter underneath (litellm over the ``openai`` SDK) and the HTTP vendor guard
 see it and do not admit the call again. The vendor guard instead reports each
 HTTP attempt of it (:meth:`~._common.ContainedCall.note_send`,
-``note_reply``, ``note_unsent``): every attempt after the first is one of the
-SDK's own retries, drawn from ``max_retries_total`` before it is sent, and an
-attempt lost unanswered costs its reservation (G10).
+``note_reply``, ``note_unsent``): every attempt after the first is a retry
+(the SDK's own, or a resend by a middleware or a custom transport), drawn from
+``max_retries_total`` before it is sent, and an attempt lost unanswered costs
+its reservation (G10). An SDK hook that sees its retries earlier (``openai``'s
+``_sleep_for_retry``, ``anthropic``'s ``_attempt_request``) draws them through
+the same call (``draw_retries``, ``begin_try``): each retry is drawn once,
+whichever layer sees it first.
 
 G10 for an adapter's call that raised:
 
@@ -37,7 +48,11 @@ G10 for an adapter's call that raised:
   was never made): released;
 - every attempt answered by an HTTP error status (then raised, or followed
   by a retry we refused before it was sent): zero cost, the step counts;
-- otherwise the reservation, times the attempts lost unanswered.
+- otherwise the reservation, times the attempts that may have been billed
+  unread: lost unanswered, or answered 2xx and dropped (a middleware that
+  sent twice). Where the HTTP layer saw no attempt, the adapter's
+  :meth:`~ProviderAdapter.unsent` reads the error (a Stainless SDK's: raised
+  before its send began).
 
 An endpoint billed in units no token price covers (images, video seconds,
 tuning jobs, cache storage, batch jobs whose input lives server-side) is read
@@ -50,8 +65,10 @@ it); without one it is counted like any call (a step, its input tokens).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
@@ -84,7 +101,6 @@ __all__ = [
     "HTTPErrorReply",
     "ProviderAdapter",
     "Request",
-    "admitted_above",
     "admitted_call",
     "denial_in",
     "http_status",
@@ -102,17 +118,18 @@ ADMITTED: contextvars.ContextVar[ContainedCall | None] = contextvars.ContextVar(
 admitted_call = ADMITTED.get
 
 
-def admitted_above() -> bool:
-    """Whether a :class:`ProviderAdapter` above admitted the call being made.
+def _counted_above(adapter: ProviderAdapter, above: ContainedCall) -> bool:
+    """Whether the call ``above`` (admitted, running) already counts this one (G13).
 
-    For an SDK hooked once per API call (``openai``, ``anthropic``, ``groq``),
-    whose own calls are marked :data:`ADMITTED` too: under a wrapper library's
-    adapter (litellm over ``openai``) the SDK call *is* that call (G13: pass
-    it through); under one of the SDK's own calls, another SDK call (made from
-    a hook, an auth callback, middleware) is a call of its own and is admitted.
+    Under another adapter's call (litellm over ``openai``) the SDK call *is*
+    that call. For an SDK hooked once per API call (:attr:`ProviderAdapter.nests`)
+    under one of such an SDK's own calls, another call (made from a hook, an
+    auth callback, a middleware) is a call of its own.
     """
-    call = ADMITTED.get()
-    return call is not None and call.adapter is not None
+    if not adapter.nests:
+        return True
+    outer = above.adapter
+    return outer is not None and not getattr(outer, "nests", False)
 
 
 # A CallSpec from its fields without NamedTuple's Python-level __new__ (once per call).
@@ -177,18 +194,36 @@ class ProviderAdapter:
     provider: ClassVar[str] = ""
     #: Where the SDK's HTTP requests go (for ``server.address``); None: unknown.
     server: ClassVar[str | None] = None
-    # Whether is_stream is the default (the request says): read without a call.
+    #: Hooked once per API call of an SDK (see :func:`_counted_above`).
+    nests: ClassVar[bool] = False
+    # Whether is_stream and call_span are the defaults: read without a call.
     _plain_streams: ClassVar[bool] = True
+    _plain_spans: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._plain_streams = cls.is_stream is ProviderAdapter.is_stream
+        cls._plain_spans = cls.call_span is ProviderAdapter.call_span
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
         """The call's request; None when it is not a billable call (passed through)."""
         raise NotImplementedError
+
+    def call_span(
+        self,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        request: Request,
+        agent: str | None,
+        current: otel_context.Context,
+    ) -> Any:
+        """A span that already stands for this call (the SDK's own, a peer
+        instrumentor's): our attributes go on it and it stays theirs to end.
+        None (the default): we open our own GenAI span."""
+        return None
 
     def request_attributes(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
@@ -240,6 +275,11 @@ class ProviderAdapter:
         """Whether ``error`` is an HTTP error reply the provider does not bill."""
         status = http_status(error)
         return status is not None and status >= 400
+
+    def unsent(self, error: BaseException) -> bool:
+        """Whether ``error``, ending a call whose HTTP layer saw no attempt, says
+        nothing was sent (default: the connection was never made)."""
+        return never_connected(error)
 
 
 class HTTPErrorReply(Exception):
@@ -400,8 +440,9 @@ def _describe(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     method: str,
-) -> tuple[Any, Request, CallSpec, Any, otel_context.Context] | None:
-    if ADMITTED.get() is not None:
+) -> tuple[Any, Request, CallSpec, Any, bool, otel_context.Context] | None:
+    above = ADMITTED.get()
+    if above is not None and _counted_above(adapter, above):
         return None  # a layer above admitted this call: counted there (G13)
     current = otel_context.get_current()
     ctx: ExecutionContext | None = current.get(CONTEXT_KEY)  # type: ignore[assignment]
@@ -433,8 +474,12 @@ def _describe(
             request.cache_writes,
         ),
     )
+    if not adapter._plain_spans:
+        span = adapter.call_span(instance, args, kwargs, request, agent, current)
+        if span is not None:
+            return ctx, request, spec, span, False, current
     span = start_span(request.operation, provider, request.model, agent, current)
-    return ctx, request, spec, span, current
+    return ctx, request, spec, span, True, current
 
 
 def _attach(span: Any, current: otel_context.Context) -> contextvars.Token[otel_context.Context]:
@@ -471,16 +516,15 @@ def _prepared(
 
 def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -> None:
     """Settle a call whose SDK call raised ``error``, per the G10 table."""
-    if not call.sends and (call.unsent or never_connected(error)):
-        call.finish(error, sent=False)  # no attempt left the process
-        return
-    if not call.sends and denial_in(error) is not None:
-        call.finish(error, sent=False)  # refused before its first attempt
-        return
-    lost = call.sends - call.replies
-    if lost > 0:
-        call.lost_attempts = lost
-    if (
+    lost = call.count_lost(0)
+    if not call.sends and not lost:  # the HTTP layer saw nothing leave
+        if call.unsent or adapter.unsent(error) or denial_in(error) is not None:
+            call.finish(error, sent=False)  # never connected, or refused before sending
+            return
+        if adapter.billed_nothing(error):
+            call.finish(error, billed=False)  # the HTTP layer unseen: the SDK's error says
+            return
+    elif (
         call.replies
         and not lost
         and (adapter.billed_nothing(error) or denial_in(error) is not None)
@@ -488,9 +532,6 @@ def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -
         # Every attempt sent was answered by an HTTP error (the last one, or
         # one before a retry we refused, unsent): the provider billed nothing.
         call.finish(error, billed=False)
-        return
-    if not call.sends and adapter.billed_nothing(error):
-        call.finish(error, billed=False)  # the HTTP layer unseen: the SDK's error says
         return
     call.finish(error)
 
@@ -523,14 +564,17 @@ def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
         described = _describe(adapter, instance, args, kwargs, method)
         if described is None:
             return await wrapped(*args, **kwargs)
-        ctx, request, spec, span, current = described
-        span_token = None if span is UNTRACED_SPAN else _attach(span, current)
+        ctx, request, spec, span, owns, current = described
+        span_token = _attach(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
         try:
             if not request.priced and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
-            admitted = await aadmit(ctx, span, True, spec)
+            admitted = await aadmit(ctx, span, owns, spec)
             call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
+            delay_ms = call.handle.decision.rate_limit_ms  # a policy's wait before sending
+            if delay_ms:
+                await asyncio.sleep(delay_ms / 1000)
         except BaseException as exc:
             if admitted is not None:  # admitted, then rewriting failed: nothing sent
                 await admitted[0].afinish(exc, sent=False)
@@ -570,16 +614,20 @@ def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
         described = _describe(adapter, instance, args, kwargs, method)
         if described is None:
             return wrapped(*args, **kwargs)
-        ctx, request, spec, span, current = described
+        ctx, request, spec, span, owns, current = described
         # Current from admission until the SDK returns: a denial's trip event
-        # lands on this span, and HTTP spans nest under it.
-        span_token = None if span is UNTRACED_SPAN else _attach(span, current)
+        # lands on this span, and HTTP spans nest under it (a span not ours
+        # is current already).
+        span_token = _attach(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
         try:
             if not request.priced and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
-            admitted = admit(ctx, span, True, spec)
+            admitted = admit(ctx, span, owns, spec)
             call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
+            delay_ms = call.handle.decision.rate_limit_ms  # a policy's wait before sending
+            if delay_ms:
+                time.sleep(delay_ms / 1000)
         except BaseException as exc:
             if admitted is not None:  # admitted, then rewriting failed: nothing sent
                 admitted[0].finish(exc, sent=False)

@@ -10,8 +10,10 @@ call an adapter admitted runs (:data:`~._adapter.ADMITTED`, with
   after the first is one of the SDK's own retries, drawn from
   ``max_retries_total`` and re-checked against trips and the deadline; a
   refusal raises :class:`BudgetExceededError` there, and nothing is sent;
-- when a status line arrives, ``note_reply`` (an error status is a reply the
-  provider does not bill; an attempt with no reply may have been billed);
+- when a status line arrives, ``note_reply`` with its status (an error status
+  is a reply the provider does not bill; a 2xx one generated a reply, billed
+  even when a middleware that sent twice drops it; an attempt with no reply
+  may have been billed);
 - when the connection was never made, ``note_unsent`` (nothing left).
 
 Hooked, each when the application imports it (nothing is imported here):
@@ -78,6 +80,13 @@ def never_sent(error: BaseException) -> bool:
     return False
 
 
+def _status(response: Any) -> object:
+    """The status of an ``httpx``/``httpx2`` (``status_code``), ``urllib3`` or
+    ``aiohttp`` (``status``) response."""
+    status = getattr(response, "status_code", None)
+    return getattr(response, "status", None) if status is None else status
+
+
 def _report(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call.note_send()  # a retry over the chain's limits raises here, before the send
     try:
@@ -86,7 +95,7 @@ def _report(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, An
         if never_sent(exc):
             call.note_unsent()
         raise
-    call.note_reply()
+    call.note_reply(_status(response))
     return response
 
 
@@ -98,7 +107,7 @@ async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[
         if never_sent(exc):
             call.note_unsent()
         raise
-    call.note_reply()
+    call.note_reply(_status(response))
     return response
 
 

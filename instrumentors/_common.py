@@ -120,6 +120,17 @@ class ContainedCall:
     http_attempts = False  # the HTTP layer reports its attempts (note_send, ...)
     sends = 0  # attempts that began sending
     replies = 0  # attempts answered with an HTTP status line
+    # Attempts as each layer saw them, and the retries drawn for them: the
+    # HTTP layer's (note_send), an SDK's own per-attempt hook's (anthropic's
+    # _attempt_request) and its retry loop's count each attempt after the
+    # first as a retry, and draw_retries keeps them to one draw per retry.
+    attempts = 0  # note_send calls (sends, and the attempts that never connected)
+    tries = 0  # attempts an SDK's per-attempt hook began (begin_try)
+    retries = 0  # retries drawn from max_retries_total for this call
+    billed_replies = 0  # replies with a 2xx status: each generated (and billed) a reply
+    # What an adapter's reply reader keeps between payloads of one call (the
+    # usage a stream has reported so far, when it is read only at the end).
+    reading: Any = None
     unsent = False  # an attempt failed before a byte left (the HTTP layer saw it)
     # A retry the chain refused (note_send): the caller sees it even when the
     # SDK turned it into an error of its own that does not chain to it.
@@ -201,15 +212,18 @@ class ContainedCall:
             self.ctx.set_partial_result("".join(self._text))
 
     def note_send(self) -> None:
-        """An HTTP attempt of this call is about to be sent (the vendor guard's report).
+        """An HTTP attempt of this call is about to be sent (the transport's report).
 
-        Every attempt after the first is one of the SDK's own retries: it is
-        drawn from ``max_retries_total`` and re-checked against trips and the
-        deadline before it leaves, and raises BudgetExceededError otherwise.
+        Every attempt after the first is a retry (the SDK's own, or a resend by
+        a middleware or a transport): it is drawn from ``max_retries_total``
+        (unless an SDK hook drew it already) and re-checked against trips and
+        the deadline before it leaves, and raises BudgetExceededError otherwise.
         """
-        if self.sends:
+        self.attempts += 1
+        attempt = self.sends  # attempts sent before this one (one never connected is not)
+        if attempt:
             try:
-                self.ctx.consume_retry()
+                self.draw_retries(attempt)
                 self.ctx.ensure_active()
             except BudgetExceededError as exc:
                 self.denial = exc
@@ -218,23 +232,85 @@ class ContainedCall:
 
     async def anote_send(self) -> None:
         """:meth:`note_send` for an async transport: a shared store is awaited."""
-        if self.sends:
+        self.attempts += 1
+        attempt = self.sends
+        if attempt:
             try:
-                await self.ctx.aconsume_retry()
+                await self.adraw_retries(attempt)
                 await self.ctx.aensure_active()
             except BudgetExceededError as exc:
                 self.denial = exc
                 raise
         self.sends += 1
 
-    def note_reply(self) -> None:
-        """The attempt in flight was answered (an HTTP status line arrived)."""
+    def begin_try(self, retries_taken: int) -> bool:
+        """An SDK's per-attempt hook: attempt ``tries`` begins, the SDK's
+        ``retries_taken``-th retry; draws what it makes a retry and says
+        whether it is one (the first attempt is not)."""
+        attempt = max(self.tries, retries_taken)
+        self.tries += 1
+        if attempt:
+            self.draw_retries(attempt)
+        return attempt > 0
+
+    async def abegin_try(self, retries_taken: int) -> bool:
+        """:meth:`begin_try` for async code: a shared store is awaited."""
+        attempt = max(self.tries, retries_taken)
+        self.tries += 1
+        if attempt:
+            await self.adraw_retries(attempt)
+        return attempt > 0
+
+    def draw_retries(self, retries: int) -> None:
+        """Draw from ``max_retries_total`` until ``retries`` are drawn for this call
+        (each layer that sees a retry asks; it is drawn once)."""
+        drawn = self.retries
+        if drawn >= retries:
+            return
+        while drawn < retries:
+            self.ctx.consume_retry()  # raises BudgetExceededError: nothing more is sent
+            drawn += 1
+            self.retries = drawn
+        self._note_retries()
+
+    async def adraw_retries(self, retries: int) -> None:
+        """:meth:`draw_retries` with a shared store awaited."""
+        drawn = self.retries
+        if drawn >= retries:
+            return
+        while drawn < retries:
+            await self.ctx.aconsume_retry()
+            drawn += 1
+            self.retries = drawn
+        self._note_retries()
+
+    def _note_retries(self) -> None:
+        span = self.span
+        if span.is_recording():
+            span.set_attribute("veronica.retries", self.retries)
+
+    def note_reply(self, status: object = None) -> None:
+        """The attempt in flight was answered (an HTTP status line, ``status``, arrived)."""
         self.replies += 1
+        if type(status) is int and 200 <= status < 300:
+            self.billed_replies += 1
 
     def note_unsent(self) -> None:
         """The attempt in flight failed before any byte of it left (no connection)."""
         self.sends -= 1
         self.unsent = True
+
+    def count_lost(self, read: int) -> int:
+        """Attempts that may have been billed beyond the ``read`` reply whose
+        usage the call commits (``lost_attempts``): those the HTTP layer sent
+        with no reply, the 2xx replies dropped (a middleware that sent twice),
+        or, where the HTTP layer saw nothing, those an SDK hook noted."""
+        lost = self.sends - self.replies
+        dropped = self.billed_replies - read
+        if dropped > 0:
+            lost += dropped
+        self.lost_attempts = max(self.lost_attempts, lost)
+        return self.lost_attempts
 
     def check_alive(self) -> None:
         """Raise BudgetExceededError when the chain tripped or its deadline passed.
@@ -266,6 +342,8 @@ class ContainedCall:
         if self.done:
             return
         self.done = True
+        if self.sends > 1:  # retried or resent: an attempt not read may be billed too
+            self.count_lost(1)
         if self._defer:
             self._deferred = (error, sent, billed)
             return
@@ -291,6 +369,8 @@ class ContainedCall:
         if self.done:
             return
         self.done = True
+        if self.sends > 1:
+            self.count_lost(1)
         handle = self.handle
         try:
             amounts = self._amounts(sent, billed)

@@ -512,3 +512,28 @@ def endpoint_call(table: _Table, provider: str) -> tuple[Callable[..., Any], Cal
         return result
 
     return request, arequest
+
+
+def routed(
+    token: Callable[..., Any], table: _Table, provider: str, is_async: bool = False
+) -> Callable[..., Any]:
+    """A Stainless ``request`` hook: ``token`` (the SDK adapter's wrapper) for the
+    calls its reader routes, the endpoint table (:func:`endpoint_call`) for what
+    it passes through: every other billable endpoint, or a free one."""
+    endpoint, aendpoint = endpoint_call(table, provider)
+    if is_async:
+
+        async def arequest(
+            wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> Any:
+            async def through(*a: Any, **k: Any) -> Any:
+                return await aendpoint(wrapped, instance, a, k)
+
+            return await token(through, instance, args, kwargs)
+
+        return arequest
+
+    def request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return token(lambda *a, **k: endpoint(wrapped, instance, a, k), instance, args, kwargs)
+
+    return request

@@ -106,9 +106,6 @@ class GuardTransport(ProviderAdapter):
         return True  # every body is held: usage comes with its end
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
-        lost = call.sends - call.replies
-        if lost > 0:  # attempts the transport retried unanswered: maybe billed too
-            call.lost_attempts = lost
         status = self.status(reply)
         if status >= 300:
             call.finish(HTTPStatusReply(status), billed=False)

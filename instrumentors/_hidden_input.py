@@ -13,7 +13,7 @@ carries. A provider also bills input it expands itself:
   context window, since no request's input can exceed it.
 
 :func:`openai_hidden` and :func:`anthropic_hidden` read a request body once
-and return ``(extra_tokens, server_side)``; :func:`widened` turns that into
+and return ``(extra_tokens, server_side)``; :func:`hidden_input_tokens` turns that into
 the call's input bound. :func:`anthropic_hidden` also says whether the
 request marks blocks to cache (``cache_control``), the only way it can be
 billed at the cache-write price.
@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from veronica_otel._context import ExecutionContext
 from veronica_otel._pricing import default_price_table
 
 __all__ = [
@@ -33,7 +32,7 @@ __all__ = [
     "anthropic_hidden",
     "openai_hidden",
     "openai_image_tokens",
-    "widened",
+    "hidden_input_tokens",
 ]
 
 #: Input bound for server-side context when the price table knows no context
@@ -89,18 +88,16 @@ _OPENAI_CLIENT_TOOLS = frozenset(
 _ANTHROPIC_SERVER_TOOLS = ("web_search", "web_fetch", "code_execution", "tool_search")
 
 
-def widened(
-    ctx: ExecutionContext, provider: str, model: str, bound: int, extra: int, server_side: bool
+def hidden_input_tokens(
+    provider: str, model: str, bound: int, extra: int, server_side: bool
 ) -> int:
-    """The input bound of a call whose byte walk gave ``bound``: plus ``extra``;
-    with ``server_side`` input, the model's context window (or more)."""
-    bound += extra
+    """What to add to a byte walk's input ``bound``: ``extra`` (images and the
+    like), and with ``server_side`` input, up to the model's context window."""
     if not server_side:
-        return bound
-    table = ctx._prices if ctx._prices is not None else default_price_table()
-    prices = table.lookup(provider, model)
-    window = prices.context_window if prices is not None else None
-    return max(bound, window or DEFAULT_CONTEXT_WINDOW)
+        return extra
+    prices = default_price_table().lookup(provider, model)
+    window = (prices.context_window if prices is not None else None) or DEFAULT_CONTEXT_WINDOW
+    return extra + max(0, window - (bound + extra))
 
 
 def openai_image_tokens(model: str, detail: object) -> int:

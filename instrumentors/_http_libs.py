@@ -10,7 +10,10 @@ response of one that is not cannot exist), and their types are matched together.
 - :func:`http_errors`: the libraries' ``HTTPError`` bases (an error that ended
   a stream came from the transport, not from the user's code).
 - :func:`settle_on_close`: swap a response's body for one that settles the call
-  when the response is closed, whoever closes it. The body class derives from
+  when the response is closed, whoever closes it.
+- :func:`bind` and :func:`bound_call`: the call a response read after the
+  SDK's ``request()`` returned (a stream, a raw response) belongs to, for the
+  SDK's payload hook. The body class derives from
   the ``SyncByteStream`` / ``AsyncByteStream`` of every installed library, so
   each library's own ``isinstance`` checks on ``response.stream`` still pass.
 """
@@ -25,7 +28,28 @@ from veronica_otel._errors import BudgetExceededError
 
 from ._common import ContainedCall
 
-__all__ = ["http_errors", "is_response", "settle_on_close", "stream_error"]
+__all__ = ["bind", "bound_call", "http_errors", "is_response", "settle_on_close", "stream_error"]
+
+_CALL_KEY = "veronica.call"
+
+
+def bind(call: ContainedCall, response: Any) -> None:
+    """Let the payload hook find ``call`` when ``response`` is read later."""
+    try:
+        request = response.request
+    except (AttributeError, RuntimeError):  # no response, or one built without a request
+        return
+    request.extensions = {**request.extensions, _CALL_KEY: call}
+
+
+def bound_call(response: Any) -> ContainedCall | None:
+    """The call :func:`bind` bound to ``response``, if any."""
+    try:
+        call = response.request.extensions.get(_CALL_KEY)
+    except (AttributeError, RuntimeError):
+        return None
+    return call if type(call) is ContainedCall else None
+
 
 _LIBRARIES = ("httpx2", "httpx")
 

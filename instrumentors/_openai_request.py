@@ -1,44 +1,20 @@
 """Reading and rewriting an ``openai`` request (or one of an SDK generated the
 same way and speaking its wire format, such as ``groq``): its route, body,
-output cap and choices, the call described once for the kernel, and the span
-it goes on."""
+output cap and choices, read into a :class:`~._adapter.Request`, the clamp and
+fallback written into a copy of it, and a peer instrumentor's span for it."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span
 
-from veronica_otel._agents import current_agent
-from veronica_otel._context import ExecutionContext
-from veronica_otel._propagation import default_context
-
-from ._adapter import admitted_above
-from ._admit import CallSpec, aadmit, admit, input_bound
-from ._common import ContainedCall, make_current, start_span
-from ._hidden_input import openai_hidden, widened
-from ._openai_attributes import request_attributes
-
-PROVIDER = "openai"
-
-
-class Stainless(NamedTuple):
-    """A Stainless-generated SDK speaking the OpenAI wire format.
-
-    Attributes:
-        package: Its import name (``"openai"``, ``"groq"``): where its
-            ``Stream``, ``AsyncStream`` and error classes are found.
-        provider: ``gen_ai.provider.name`` of its calls, the provider they are priced under.
-    """
-
-    package: str
-    provider: str
-
-
-OPENAI = Stainless("openai", PROVIDER)
+from ._adapter import Request
+from ._admit import input_bound
+from ._hidden_input import hidden_input_tokens, openai_hidden
 
 # path suffix -> (GenAI operation, input keys, output-cap keys, the first is the one we
 # set). Tool definitions are rendered into the prompt and billed as input tokens.
@@ -52,26 +28,6 @@ _ROUTES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "/completions": ("text_completion", ("prompt", "suffix"), ("max_tokens",)),
     "/embeddings": ("embeddings", ("input",), ()),
 }
-
-
-class _CallState:
-    """One contained API call, as the per-attempt and per-payload hooks see it."""
-
-    __slots__ = ("baggage", "call", "replied", "retries", "sdk", "span_token", "streamed")
-
-    def __init__(
-        self, call: ContainedCall, streamed: bool, span_token: object, sdk: Stainless = OPENAI
-    ) -> None:
-        self.call = call
-        self.sdk = sdk
-        self.streamed = streamed
-        self.retries = 0  # highest retries_taken already drawn from the chain
-        self.span_token = span_token  # our span is current from admission to return
-        # What earlier attempts did, as the retry hook saw them (attempts lost
-        # unanswered are counted on the call): nothing is tracked on the success
-        # path, the last attempt is read from how the call ended.
-        self.replied = False  # an HTTP reply came back (an error status: retried)
-        self.baggage: otel_context.Context | None = None  # where to look for ours to strip
 
 
 _Route = tuple[str, tuple[str, ...], tuple[str, ...]]
@@ -153,86 +109,11 @@ def _prompts(prompt: object) -> int:
     return len(prompt)
 
 
-def _prepare(
-    options: Any, stream_kwarg: bool, client: Any, sdk: Stainless = OPENAI
-) -> _CallState | None:
-    """Admit the call described by ``options``; None when it is not ours to contain."""
-    request = _describe(options, stream_kwarg, sdk)
-    if request is None:
-        return None
-    # Current from here until the request returns (one attach for both): a
-    # denial's trip event lands on this span, and HTTP spans nest under it.
-    span_token = make_current(request.span, request.current)
-    try:
-        admitted = admit(request.ctx, request.span, request.owns, request.spec)
-        return _prepared(options, client, request, admitted, span_token)
-    except BaseException:
-        if span_token is not None:
-            otel_context.detach(span_token)
-        raise
-
-
-async def _aprepare(
-    options: Any, stream_kwarg: bool, client: Any, sdk: Stainless = OPENAI
-) -> _CallState | None:
-    """:func:`_prepare` for the async client: a shared store is awaited (``aadmit``)."""
-    request = _describe(options, stream_kwarg, sdk)
-    if request is None:
-        return None
-    span_token = make_current(request.span, request.current)
-    try:
-        admitted = await aadmit(request.ctx, request.span, request.owns, request.spec)
-        return _prepared(options, client, request, admitted, span_token)
-    except BaseException:
-        if span_token is not None:
-            otel_context.detach(span_token)
-        raise
-
-
-def _prepared(
-    options: Any,
-    client: Any,
-    request: _Request,
-    admitted: tuple[ContainedCall, int | None, str | None],
-    span_token: object,
-) -> _CallState:
-    """Put the clamp and fallback into the request; the call's state."""
-    call, clamp, fallback = admitted
-    body = request.body
-    _rewrite(options, request.cap_keys, body, clamp, fallback)
-    if call.pending_attributes is not None:  # our own span records
-        request_attributes(call.pending_attributes, body, client)
-    state = _CallState(call, request.spec.stream, span_token, request.sdk)
-    state.baggage = request.current
-    return state
-
-
-class _Request(NamedTuple):
-    """A call described once: the kernel's description of it (``spec``), its
-    span, and what rewriting the request needs."""
-
-    ctx: ExecutionContext
-    spec: CallSpec
-    span: Span
-    owns: bool  # our span (False: a peer instrumentor's span carries ours)
-    cap_keys: tuple[str, ...]
-    body: dict[str, Any]
-    current: otel_context.Context  # the OpenTelemetry context, read once
-    sdk: Stainless
-
-
-def _describe(options: Any, stream_kwarg: bool, sdk: Stainless) -> _Request | None:
-    """What admitting the call needs, and its span (not yet current); None: not ours."""
-    if admitted_above():
-        return None  # an adapter above (litellm) admitted this call: counted there (G13)
+def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> Request | None:
+    """The call ``options`` describes (the SDK's ``FinalRequestOptions``); None
+    when it is not a billable call of a route we know (passed through)."""
     route = _route(options)
     if route is None:
-        return None
-    # The OpenTelemetry context, read once: the chain, the current span,
-    # suppression and baggage all come from it.
-    current = otel_context.get_current()
-    ctx = default_context(current)
-    if ctx is None:
         return None
     operation, input_keys, cap_keys = route
     body = _body(options)
@@ -241,45 +122,40 @@ def _describe(options: Any, stream_kwarg: bool, sdk: Stainless) -> _Request | No
         model = str(model or "unknown")
     parts = [part for part in map(body.get, input_keys) if part is not None]
     messages = body.get("messages")
-    agent = current_agent() if ctx.names_agents else None
-    bound = input_bound(parts, len(messages) if type(messages) is list else 1)
+    n_messages = len(messages) if type(messages) is list else 1
     choices = _choices(body, operation)
+    hidden = 0
     if operation != "embeddings":  # what the bytes do not show: images, server-side input
         extra, server_side = openai_hidden(body, model)
         if extra or server_side:
-            bound = widened(ctx, sdk.provider, model, bound, extra, server_side)
+            bound = input_bound(parts, n_messages)
+            hidden = hidden_input_tokens(provider, model, bound, extra, server_side)
         if operation == "text_completion":  # each prompt of a list is a completion of its own
             choices *= _prompts(body.get("prompt"))
-    spec = CallSpec(
-        sdk.provider,
+    return Request(
         operation,
         model,
-        bound,
+        parts,
+        n_messages,
         _requested_cap(body, cap_keys)[0],
         bool(cap_keys),
         choices,
         stream_kwarg or body.get("stream") is True,
-        agent,
-        parts,
+        hidden,
     )
-    peer = _peer_span(operation, agent, current)
-    span = peer if peer is not None else start_span(operation, sdk.provider, model, agent, current)
-    return _Request(ctx, spec, span, peer is None, cap_keys, body, current, sdk)
 
 
-def _rewrite(
-    options: Any,
-    cap_keys: tuple[str, ...],
-    body: Mapping[str, Any],
-    clamp: int | None,
-    fallback: str | None,
-) -> None:
-    """Put the clamp and the fallback model into the request."""
-    if clamp is not None:
+def rewritten(options: Any, clamp: int | None, fallback: str | None) -> Any:
+    """A copy of ``options`` with the clamp and the fallback model in its body."""
+    route = _route(options)
+    body = _body(options)
+    options = copy.copy(options)  # the SDK's own object, shared with the caller's retries
+    if clamp is not None and route is not None:
         # Into the key the caller used (chat has two names for it): never add the other.
-        _set_body(options, _requested_cap(body, cap_keys)[1], clamp)
+        _set_body(options, _requested_cap(body, route[2])[1], clamp)
     if fallback is not None:
         _set_body(options, "model", fallback)
+    return options
 
 
 def _peer_span(operation: str, agent: str | None, current: otel_context.Context) -> Any:

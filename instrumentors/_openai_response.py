@@ -1,5 +1,5 @@
 """Reading how an ``openai`` (or ``groq``) call ended: its reply, its stream's events and
-usage, or its error (what its attempts may have cost); settling it."""
+usage, or an attempt's error (what it may have cost); holding a reply read later."""
 
 from __future__ import annotations
 
@@ -9,18 +9,14 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 
-from ._breakers import never_connected, raised_within
 from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, no_item
-from ._http_libs import is_response, settle_on_close
+from ._http_libs import bind, is_response, settle_on_close
 from ._openai_attributes import response_attributes, stream_attributes
-from ._openai_request import _CallState
 
 # The logger users filter on, as before this module was split out of openai.py.
 _logger = logging.getLogger(__name__.rpartition(".")[0] + ".openai")
-_CALL_KEY = "veronica.call"
 # Streamed deltas whose bytes bound the output tokens when no usage arrives.
 _RESPONSES_DELTAS = frozenset(
     (
@@ -35,7 +31,6 @@ _FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "respons
 
 
 _RESULT_TYPES: dict[str, tuple[Any, Any, Any]] = {}  # per SDK package
-_ERROR_TYPES: dict[str, tuple[Any, Any]] = {}
 
 
 def _result_types(package: str) -> tuple[Any, Any, Any]:
@@ -51,61 +46,46 @@ def _result_types(package: str) -> tuple[Any, Any, Any]:
         return found
 
 
-def _error_types(package: str) -> tuple[Any, Any]:
-    """The SDK's ``APIConnectionError`` and ``APIStatusError``."""
-    try:
-        return _ERROR_TYPES[package]
-    except KeyError:
-        sdk = importlib.import_module(package)
-        found = _ERROR_TYPES[package] = (sdk.APIConnectionError, sdk.APIStatusError)
-        return found
-
-
 _MODEL_TYPES: set[type] = set()  # response model classes seen (a few per process)
 
 
-def _bind(state: _CallState, response: Any) -> None:
-    """Let the payload hook find ``state`` when ``response`` is read after ``request()``."""
-    try:
-        request = response.request
-    except RuntimeError:  # a response built without a request
-        return
-    request.extensions = {**request.extensions, _CALL_KEY: state}
+def is_parsed(reply: Any) -> bool:
+    """Whether ``reply`` is a parsed model (or None): settled as it returns, its
+    usage read by the payload hook inside ``request()``."""
+    return reply is None or type(reply) in _MODEL_TYPES
 
 
-def _settle(state: _CallState, result: Any) -> Any:
+def hold(package: str, call: ContainedCall, result: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
-    call = state.call
-    if type(result) in _MODEL_TYPES or result is None or call.usage_seen:
-        call.finish()  # the common case: a parsed model, usage already read
+    if call.usage_seen:
+        call.finish()
         return result
-    Stream, AsyncStream, BaseModel = _result_types(state.sdk.package)
+    Stream, AsyncStream, BaseModel = _result_types(package)
     if isinstance(result, BaseModel):
         if len(_MODEL_TYPES) < 256:  # pydantic isinstance is a Python-level ABC check
             _MODEL_TYPES.add(type(result))
-        call.finish()  # the common case: a parsed model, usage already read
+        call.finish()  # a parsed model, usage already read
         return result
     if isinstance(result, Stream):
-        _bind(state, result.response)
+        bind(call, result.response)
         settle_on_close(call, result.response)
         return ContainedStream(result, call, no_item)
     if isinstance(result, AsyncStream):
-        _bind(state, result.response)
+        bind(call, result.response)
         settle_on_close(call, result.response)
         return AsyncContainedStream(result, call, no_item)
     # A raw response (with_raw_response / with_streaming_response).
     http_response: Any = getattr(result, "http_response", None)
     if is_response(http_response):
-        _bind(state, http_response)
-        if state.streamed:
+        bind(call, http_response)
+        if call.request.stream:
             settle_on_close(call, http_response)
         elif http_response.is_closed:
             # The body is already read: account it now, whether or not the
             # caller ever parses it.
             try:
-                _account(state, http_response.json())
+                account(call, http_response.json())
             except Exception:
-                package = state.sdk.package
                 _logger.debug("no usage in a raw %s response body", package, exc_info=True)
             if call.usage_seen:
                 call.finish()
@@ -119,51 +99,12 @@ def _settle(state: _CallState, result: Any) -> Any:
     return result
 
 
-# Where the SDK's request loop sends an attempt and reads its reply: an error
-# raised inside either (an interrupt, a cancellation, garbage) came after the
-# request may have left.
-_SENDING = frozenset(("_send_request", "_process_response"))
-
-
-def _note_attempt(state: _CallState, error: BaseException | None) -> None:
-    """Record what one failed attempt says about the provider (from its error)."""
-    APIConnectionError, APIStatusError = _error_types(state.sdk.package)
-    if isinstance(error, APIStatusError):
-        state.replied = True
-    elif error is None:
-        state.call.lost_attempts += 1  # no error to read: assume the worst
-    elif isinstance(error, BudgetExceededError) or never_connected(error):
-        return  # refused by us, or no connection was ever made: not sent
-    elif (
-        isinstance(error, APIConnectionError)  # a timeout or a connection lost mid-request
-        or type(error).__module__.split(".", 1)[0] in _TRANSPORT_MODULES
-        or raised_within(error, _SENDING)
-    ):
-        state.call.lost_attempts += 1
-
-
-# The retry hook sees the transport's own error, before the SDK wraps it.
-_TRANSPORT_MODULES = frozenset(("httpx2", "httpx", "httpcore", "ssl", "anyio"))
-
-
-def _fail(state: _CallState, error: BaseException) -> None:
-    """Settle a call that raised, by what its attempts may have cost (DESIGN G10)."""
-    call = state.call
-    try:
-        _note_attempt(state, error)
-    except Exception:  # classification must never leave the call unsettled
-        _logger.exception("classifying an %s error failed", state.sdk.package)
-        call.lost_attempts += 1
-    lost = call.lost_attempts > 0
-    call.finish(error, sent=lost or state.replied, billed=lost)
-
-
-def _account(state: _CallState, data: Any) -> None:
+def account(call: ContainedCall, data: Any) -> None:
+    """Read one payload (a whole reply, or a stream event) into ``call``."""
     if type(data) is not dict and not isinstance(data, Mapping):
         return
-    call = state.call
     pending = call.pending_attributes
-    if not state.streamed:
+    if not call.request.stream:
         _usage(call, data.get("usage"))
         if pending is not None:
             response_attributes(pending, data)

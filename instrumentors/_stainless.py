@@ -1,227 +1,276 @@
-"""The hooks of a Stainless-generated SDK that speaks the OpenAI wire format.
+"""The adapter and hooks of a Stainless-generated SDK that speaks the OpenAI wire format.
 
 ``openai`` (2.x and 3.x) and ``groq`` share one generated base client
 (``<package>._base_client``): the same request loop, retry sleep and payload
-parsing. :func:`stainless_hooks` builds the wrappers for one of them
-(:class:`~._openai_request.Stainless`: its package and provider name); the
-instrumentor module of each SDK declares its supported range and holds the
-hooks. What each hook does is documented in
-:mod:`veronica_otel.instrumentors.openai`.
+parsing. :class:`StainlessAdapter` reads the ``request(cast_to, options,
+stream=...)`` arguments (:mod:`._openai_request`) and holds a reply read
+later (:mod:`._openai_response`); :func:`stainless_hooks` builds the hooks
+for one SDK's adapter (each instrumentor module subclasses it with its
+package and provider name, and declares its supported range). What each hook
+does is documented in :mod:`veronica_otel.instrumentors.openai`.
 
-Counted once (DESIGN G13): a call an outer adapter already admitted (litellm
-over the ``openai`` SDK) passes through; while a call we admitted runs, it is
-:data:`~._adapter.ADMITTED`, so the HTTP layer under the SDK does not admit
-it again. These SDKs report their own retries (``_sleep_for_retry``), so the
-call leaves ``http_attempts`` False: its attempts are not counted twice.
+``request`` goes through the shared wrapper (:func:`~._adapter.wrapper`):
+admission, the span, the clamp and fallback, the G10 table, settlement and
+the counted-once mark live there. The two hooks with no generic twin find
+the call in flight as :data:`~._adapter.ADMITTED` (one of this adapter's):
+
+- ``_sleep_for_retry``: the SDK is about to retry; the retry is drawn before
+  its backoff is slept (the transport's report of the resend finds it drawn),
+  and trips are re-checked before and after the backoff. An attempt the
+  transport hooks did not see (a custom transport) is noted here, by its error;
+- ``_process_response_data``: every payload, stream events included.
 """
 
 from __future__ import annotations
 
-import contextvars
+import importlib
 import logging
 import sys
-from collections.abc import Callable
-from typing import Any
-
-from opentelemetry import context as otel_context
+from typing import Any, ClassVar
 
 from veronica_otel._errors import BudgetExceededError
 
-from ._adapter import ADMITTED
-from ._common import settle_failed, strip_veronica_baggage
+from ._adapter import ADMITTED, ProviderAdapter, Request, wrapper
+from ._breakers import never_connected, raised_within
+from ._common import ContainedCall
 from ._endpoints import OPENAI as OPENAI_ENDPOINTS
-from ._endpoints import endpoint_call
+from ._endpoints import routed
 from ._hooks import Hook
-from ._openai_request import Stainless, _aprepare, _CallState, _prepare
-from ._openai_response import _CALL_KEY, _account, _fail, _note_attempt, _settle
+from ._http_libs import bound_call
+from ._openai_attributes import request_attributes
+from ._openai_request import _body, _peer_span, read_request, rewritten
+from ._openai_response import account, hold, is_parsed
 
-__all__ = ["stainless_hooks"]
+__all__ = [
+    "GUARDS",
+    "OpenAIWireAdapter",
+    "StainlessAdapter",
+    "in_flight",
+    "retry_wrappers",
+    "stainless_hooks",
+    "with_options",
+]
 
+# The logger users filter on, as before the hooks were split out of openai.py.
 _logger = logging.getLogger(__name__.rpartition(".")[0] + ".openai")
 
 
-def _draw_retry(state: _CallState, attempt: int) -> None:
-    """Draw the retry that makes attempt ``attempt`` from ``max_retries_total``."""
-    call = state.call
-    while state.retries < attempt:
-        call.ctx.consume_retry()  # raises BudgetExceededError: the SDK loop stops
-        state.retries += 1
-    if call.span.is_recording():
-        call.span.set_attribute("veronica.retries", state.retries)
+def _options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[1] if len(args) > 1 else kwargs.get("options")
 
 
-def _note_retry(state: _CallState, kwargs: dict[str, Any]) -> None:
-    """Note the failed attempt the SDK is about to retry.
+class StainlessAdapter(ProviderAdapter):
+    """A Stainless-generated SDK (``openai``, ``groq``, ``anthropic``): hooked once
+    per API call (:attr:`~._adapter.ProviderAdapter.nests`), its errors read by
+    its own classes. Subclasses set :attr:`provider` and :attr:`package`."""
 
-    The SDK calls its retry sleep inside the ``except`` for a timeout or a
-    connection error (``response=None``; the error is the one being handled),
-    or after an HTTP error reply (``response=`` that reply).
-    """
-    if kwargs.get("response") is not None:
-        state.replied = True
-    else:
-        _note_attempt(state, sys.exc_info()[1])
+    #: Its import name (``"openai"``, ``"groq"``, ``"anthropic"``): where its
+    #: ``Stream``, ``AsyncStream`` and error classes are found.
+    package: ClassVar[str] = ""
+    nests = True
+    # Where its request loop sends an attempt and reads its reply: an error
+    # raised inside either (an interrupt, a cancellation) came after the
+    # request may have left.
+    _sending: ClassVar[frozenset[str]] = frozenset(("_send_request", "_process_response"))
+    _errors: tuple[type[BaseException], type[BaseException]] | None = None
+
+    def outcome(self, error: BaseException | None) -> str:
+        """What a failed attempt's error says: ``"reply"`` (an HTTP error status),
+        ``"unsent"`` (refused by us, never connected, or raised before the send
+        began) or ``"lost"`` (sent, maybe billed, never answered)."""
+        errors = self._errors
+        if errors is None:  # looked up on first use: the SDK may still be importing
+            sdk = importlib.import_module(self.package)
+            errors = self._errors = (sdk.APIConnectionError, sdk.APIStatusError)
+        if isinstance(error, errors[1]):
+            return "reply"
+        if error is None:
+            return "lost"  # no error to read: assume the worst
+        if isinstance(error, BudgetExceededError) or never_connected(error):
+            return "unsent"
+        if (
+            isinstance(error, errors[0])  # a timeout or a connection lost mid-request
+            or type(error).__module__.split(".", 1)[0] in _TRANSPORT_MODULES
+            or raised_within(error, self._sending)
+        ):
+            return "lost"
+        return "unsent"
+
+    def unsent(self, error: BaseException) -> bool:
+        return self.outcome(error) == "unsent"
 
 
-_Active = contextvars.ContextVar[_CallState | None]
-_Wrapper = Callable[..., Any]
+# A retry hook sees the transport's own error, before the SDK wraps it.
+_TRANSPORT_MODULES = frozenset(("httpx2", "httpx", "httpcore", "ssl", "anyio"))
 
 
-def stainless_hooks(sdk: Stainless) -> tuple[Hook, ...]:
-    """The hooks of ``sdk``'s base client, each with the parameters its wrapper reads."""
-    # The call in flight inside request(), for the per-attempt and payload hooks.
-    active: _Active = contextvars.ContextVar(f"veronica_{sdk.package}_call", default=None)
-    request, arequest = _sync_request(sdk, active), _async_request(sdk, active)
-    sleep_for_retry, asleep_for_retry = _retry_wrappers(active)
+class OpenAIWireAdapter(StainlessAdapter):
+    """A Stainless SDK speaking the OpenAI wire format (``openai``, ``groq``)."""
+
+    def read_request(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+    ) -> Request | None:
+        return read_request(_options(args, kwargs), bool(kwargs.get("stream")), self.provider)
+
+    def call_span(
+        self,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        request: Request,
+        agent: str | None,
+        current: Any,
+    ) -> Any:
+        return _peer_span(request.operation, agent, current)
+
+    def request_attributes(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
+    ) -> dict[str, Any] | None:
+        attributes: dict[str, Any] = {}
+        request_attributes(attributes, _body(_options(args, kwargs)), instance)
+        return attributes
+
+    def rewrite(
+        self,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        cap: int | None,
+        model: str | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return with_options(args, kwargs, rewritten(_options(args, kwargs), cap, model))
+
+    def is_stream(self, reply: Any, request: Request) -> bool:
+        return not is_parsed(reply)  # a stream or a raw response: read later
+
+    def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
+        return hold(self.package, call, reply)
+
+
+def with_options(
+    args: tuple[Any, ...], kwargs: dict[str, Any], options: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``request(cast_to, options, ...)``'s arguments with ``options`` in place."""
+    if len(args) > 1:
+        return (args[0], options, *args[2:]), kwargs
+    return args, {**kwargs, "options": options}
+
+
+def in_flight(adapter: StainlessAdapter) -> ContainedCall | None:
+    """The call of ``adapter``'s SDK in flight (marked :data:`~._adapter.ADMITTED`)."""
+    call = ADMITTED.get()
+    return call if call is not None and call.adapter is adapter else None
+
+
+def _note_retried(
+    adapter: StainlessAdapter, call: ContainedCall, attempts: int, kwargs: Any
+) -> None:
+    """Note the failed attempt the SDK is about to retry, when the transport
+    hooks did not see it (a transport they do not reach): it sent and was
+    answered (``response=``), or its error (the one being handled) says."""
+    if call.attempts >= attempts:
+        return  # reported by the transport
+    replied = kwargs.get("response") is not None
+    said = "reply" if replied else adapter.outcome(sys.exc_info()[1])
+    if said == "reply":
+        call.sends += 1
+        call.replies += 1
+    elif said == "lost":
+        call.lost_attempts += 1
+
+
+def stainless_hooks(adapter: OpenAIWireAdapter) -> tuple[Hook, ...]:
+    """The hooks of ``adapter``'s SDK base client, each with the parameters its wrapper reads."""
+    sleep_for_retry, asleep_for_retry = retry_wrappers(adapter)
     return (
-        Hook("SyncAPIClient", "request", request, ("cast_to", "options"), ("stream",)),
-        Hook("AsyncAPIClient", "request", arequest, ("cast_to", "options"), ("stream",), True),
+        Hook(
+            "SyncAPIClient",
+            "request",
+            routed(wrapper(adapter, "request"), OPENAI_ENDPOINTS, adapter.provider),
+            ("cast_to", "options"),
+            ("stream",),
+        ),
+        Hook(
+            "AsyncAPIClient",
+            "request",
+            routed(
+                wrapper(adapter, "request", is_async=True),
+                OPENAI_ENDPOINTS,
+                adapter.provider,
+                is_async=True,
+            ),
+            ("cast_to", "options"),
+            ("stream",),
+            True,
+        ),
         Hook("SyncAPIClient", "_sleep_for_retry", sleep_for_retry, (), ("retries_taken",)),
         Hook("AsyncAPIClient", "_sleep_for_retry", asleep_for_retry, (), ("retries_taken",), True),
         Hook(
             "BaseClient",
             "_process_response_data",
-            _payload_wrapper(sdk, active),
+            _payload_wrapper(adapter),
             (),
             ("data", "response"),
         ),
     )
 
 
-def _sync_request(sdk: Stainless, active: _Active) -> _Wrapper:
-    """``request`` (once per API call): admission, the marks, settlement."""
-    endpoint = endpoint_call(OPENAI_ENDPOINTS, sdk.provider)[0]
-
-    def request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        options = args[1] if len(args) > 1 else kwargs.get("options")
-        state = _prepare(options, bool(kwargs.get("stream")), instance, sdk)
-        if state is None:  # not a token call: a billable endpoint of another kind, or free
-            return endpoint(wrapped, instance, args, kwargs)
-        token = active.set(state)
-        mark = ADMITTED.set(state.call)
-        stripped = strip_veronica_baggage(state.baggage)
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            _fail(state, exc)
-            raise
-        finally:
-            if stripped is not None:
-                otel_context.detach(stripped)  # type: ignore[arg-type]
-            ADMITTED.reset(mark)
-            active.reset(token)
-            if state.span_token is not None:
-                otel_context.detach(state.span_token)  # type: ignore[arg-type]
-        try:
-            return _settle(state, result)
-        except Exception:
-            return settle_failed(state.call, result, _logger, sdk.provider)
-
-    return request
+_Wrapper = Any
 
 
-def _async_request(sdk: Stainless, active: _Active) -> _Wrapper:
-    """The async client's ``request``."""
-    aendpoint = endpoint_call(OPENAI_ENDPOINTS, sdk.provider)[1]
-
-    async def arequest(
-        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        options = args[1] if len(args) > 1 else kwargs.get("options")
-        state = await _aprepare(options, bool(kwargs.get("stream")), instance, sdk)
-        if state is None:
-            return await aendpoint(wrapped, instance, args, kwargs)
-        token = active.set(state)
-        mark = ADMITTED.set(state.call)
-        stripped = strip_veronica_baggage(state.baggage)
-        call = state.call
-        try:
-            result = await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            call.defer_settlement()  # decided by the sync code, then awaited
-            try:
-                _fail(state, exc)
-            finally:
-                await call.settle_deferred()
-            raise
-        finally:
-            if stripped is not None:
-                otel_context.detach(stripped)  # type: ignore[arg-type]
-            ADMITTED.reset(mark)
-            active.reset(token)
-            if state.span_token is not None:
-                otel_context.detach(state.span_token)  # type: ignore[arg-type]
-        call.defer_settlement()
-        try:
-            result = _settle(state, result)
-        except Exception:
-            result = settle_failed(state.call, result, _logger, sdk.provider)
-        finally:
-            await call.settle_deferred()
-        return result
-
-    return arequest
-
-
-def _retry_wrappers(active: _Active) -> tuple[_Wrapper, _Wrapper]:
+def retry_wrappers(adapter: StainlessAdapter) -> tuple[_Wrapper, _Wrapper]:
     """``_sleep_for_retry`` (before each SDK retry): the retry drawn, trips re-checked."""
 
     def sleep_for_retry(
         wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        state = active.get()
-        if state is not None:
-            _note_retry(state, kwargs)
-            _draw_retry(state, int(kwargs.get("retries_taken", 0)) + 1)
-            state.call.check_alive()  # a retry is a new dispatch: any trip stops it
+        call = in_flight(adapter)
+        if call is not None:
+            attempts = int(kwargs.get("retries_taken", 0)) + 1  # made so far
+            _note_retried(adapter, call, attempts, kwargs)
+            call.draw_retries(attempts)
+            call.check_alive()  # a retry is a new dispatch: any trip stops it
         result = wrapped(*args, **kwargs)
-        if state is not None:
-            state.call.check_alive()  # the deadline may have passed while backing off
+        if call is not None:
+            call.check_alive()  # the deadline may have passed while backing off
         return result
 
     async def asleep_for_retry(
         wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        state = active.get()
-        if state is not None:
-            # As sleep_for_retry, the retries drawn with the store awaited.
-            _note_retry(state, kwargs)
-            attempt = int(kwargs.get("retries_taken", 0)) + 1
-            while state.retries < attempt:
-                await state.call.ctx.aconsume_retry()
-                state.retries += 1
-            _draw_retry(state, attempt)  # drawn already: the count goes on the span
-            await state.call.ctx.aensure_active()
+        call = in_flight(adapter)
+        if call is not None:
+            attempts = int(kwargs.get("retries_taken", 0)) + 1
+            _note_retried(adapter, call, attempts, kwargs)
+            await call.adraw_retries(attempts)
+            await call.ctx.aensure_active()
         result = await wrapped(*args, **kwargs)
-        if state is not None:
-            await state.call.ctx.aensure_active()
+        if call is not None:
+            await call.ctx.aensure_active()
         return result
 
     return sleep_for_retry, asleep_for_retry
 
 
-def _payload_wrapper(sdk: Stainless, active: _Active) -> _Wrapper:
+def _payload_wrapper(adapter: OpenAIWireAdapter) -> _Wrapper:
     """``_process_response_data`` (every payload, stream events included): usage read."""
+    package = adapter.package
 
     def process_response_data(
         wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        try:  # the call _bind put on a response read after request() returned
-            state = kwargs["response"].request.extensions.get(_CALL_KEY)
-        except (KeyError, AttributeError, RuntimeError):
-            state = None
-        later = type(state) is _CallState  # bound by _settle: read after request() returned
+        call = bound_call(kwargs.get("response"))  # read after request() returned
+        later = call is not None
         if not later:
-            state = active.get()  # parsed inside request(): the call in flight
-        if state is not None and not state.call.done:
+            call = in_flight(adapter)  # parsed inside request(): the call in flight
+        if call is not None and not call.done:
             try:
-                _account(state, kwargs.get("data"))
+                account(call, kwargs.get("data"))
             except BudgetExceededError:
                 raise  # cuts the stream: its generator closes the response
             except Exception:
-                _logger.exception("reading usage from a %s payload failed", sdk.package)
-            call = state.call
-            if later and call.usage_seen and not state.streamed:
+                _logger.exception("reading usage from a %s payload failed", package)
+            if later and call.usage_seen and not call.request.stream:
                 call.finish()  # a raw response parsed after request() returned
         return wrapped(*args, **kwargs)
 

@@ -28,75 +28,70 @@ first of these that the installed release fits is wrapped (probed first):
 In detail (``_request`` stands for ``request`` where there is none):
 
 - ``SyncAPIClient._request`` / ``AsyncAPIClient._request``: once per API call,
-  inside the SDK's span (kwarg ``call``, None when its tracing is off), with
-  ``extra_body`` already merged into the body. Runs the pre-call check
-  (``messages.create`` only; ``count_tokens`` and the rest pass through),
-  swaps in a fallback model, settles the call. The check lives here, not in a
-  span processor, because the SDK swallows errors raised while its span starts.
+  through the shared adapter wrapper (:mod:`._adapter`), inside the SDK's span
+  (kwarg ``call``, None when its tracing is off), with ``extra_body`` already
+  merged into the body. Runs the pre-call check (``messages.create`` only;
+  ``count_tokens`` and the rest pass through), clamps, swaps in a fallback
+  model (in a copy of the request options), settles the call; our
+  ``veronica.*`` baggage is not in the context the SDK injects into the
+  request headers. The check lives here, not in a span processor, because the
+  SDK swallows errors raised while its span starts.
 - ``SyncAPIClient._attempt_request`` / ``AsyncAPIClient._attempt_request``:
-  once per HTTP send. Every SDK-internal retry draws on ``max_retries_total``;
-  the deadline and sticky trips are re-checked; our ``veronica.*`` baggage is
-  removed from the context the SDK injects into the request headers.
+  once per attempt, each ``call_next`` of a middleware included. Every
+  attempt after the first (an SDK retry, or a middleware sending again) is a
+  retry drawn on ``max_retries_total``; the deadline and trips are re-checked.
 - ``SyncAPIClient._sleep_for_retry`` / ``AsyncAPIClient._sleep_for_retry``
   (releases without ``_attempt_request``): before every SDK-internal retry;
-  notes what the failed attempt said, draws the retry, re-checks the deadline
-  and sticky trips before and after the backoff.
+  draws the retry, re-checks the deadline and sticky trips before and after
+  the backoff (the openai SDK's hook, :mod:`._stainless`).
 - ``BaseClient._process_response_data``: every parsed payload, stream events
   included. Records usage, keeps streamed text, and cuts a stream at the next
   event once the chain trips or its deadline passes.
 
-Counted once (DESIGN G13): a call an adapter above already admitted (litellm)
-passes through; while ours runs it is :data:`~._adapter.ADMITTED`, so the
-HTTP layer below does not admit it again (the SDK's retries are counted here).
+Every HTTP send is also reported by the transport hooks (:mod:`._attempts`),
+as for every adapter: a resend the SDK's hooks never see (a custom transport
+sending again) is a retry too; each retry is drawn once, whichever layer sees
+it first. Counted once (DESIGN G13): a call an adapter above already admitted
+(litellm) passes through; while ours runs it is :data:`~._adapter.ADMITTED`,
+so the HTTP layer below reports its attempts instead of admitting it again.
 
 Denials are raised without a ``__cause__``: the SDK retries any error whose
 cause chain holds one of its connection or status errors.
 
-What a call that did not end well costs (DESIGN G10): the attempt hook notes
-each attempt's outcome (a reply, a connection never made, or an error once
-the send began, which may have reached the provider and costs the
-reservation). A reply, or an ``APIStatusError``, that arrives without the
-attempt hook having run is still sent: only a client middleware answering
-without any attempt is released. Usage counts only from the final report
-(``message_delta`` or a whole message): a stream cut before it costs the
-reservation.
+What a call that did not end well costs (DESIGN G10): the shared table
+(:func:`~._adapter._fail`), from what the transport saw of each attempt (a
+reply, a connection never made, or an error once the send began, which may
+have reached the provider and costs the reservation); a 2xx reply a
+middleware dropped after sending again was billed too, and costs the
+reservation. A reply that arrives with neither the attempt hook nor the
+transport having seen a send came from a client middleware: released. Usage
+counts only from the final report (``message_delta`` or a whole message): a
+stream cut before it costs the reservation.
 
-Layout (as contrib's ``openai_v2``): this module is what is patched and the
-wrappers; ``_anthropic_request`` reads and rewrites a request (is it a
-``messages.create`` call, the call described for the kernel, its span);
-``_anthropic_response`` reads how a call ended (reply, stream events, usage,
-error) and settles it.
+Layout: this module is what is patched, the adapter and the per-attempt and
+payload hooks; ``_anthropic_request`` reads and rewrites a request (is it a
+``messages.create`` call, what it asks for); ``_anthropic_response`` reads a
+reply, stream events and usage, and holds a reply read later.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import logging
-import sys
-import time
 from collections.abc import Collection
 from typing import Any
 
-from opentelemetry import context as otel_context
-
 from veronica_otel._errors import BudgetExceededError
 
-from ._adapter import ADMITTED
-from ._anthropic_request import PROVIDER, _abegin, _begin, _CallState
-from ._anthropic_response import (
-    _account,
-    _fail,
-    _note_attempt,
-    _note_failure,
-    _settle,
-    _state_of,
-    _tag,
-)
-from ._common import make_current, settle_failed, strip_veronica_baggage
+from ._adapter import Request, wrapper
+from ._anthropic_attributes import request_attributes
+from ._anthropic_request import PROVIDER, messages_body, read_request, rewritten
+from ._anthropic_response import account, hold
+from ._common import ContainedCall
 from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
-from ._endpoints import endpoint_call
+from ._endpoints import routed
 from ._hooks import GuardedInstrumentor, Hook, HookSet, SDKHooks
+from ._http_libs import bound_call
+from ._stainless import StainlessAdapter, in_flight, retry_wrappers, with_options
 
 __all__ = ["AnthropicInstrumentor"]
 
@@ -104,263 +99,170 @@ _logger = logging.getLogger(__name__)
 _instruments = ("anthropic >= 0.70, < 3",)
 _MODULE = "anthropic._base_client"
 
-_ENDPOINTS = endpoint_call(ANTHROPIC_ENDPOINTS, PROVIDER)
-_ACTIVE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
-    "veronica_anthropic_call", default=None
-)
+
+def _options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[1] if len(args) > 1 else kwargs.get("options")
 
 
-# -- calls (once per API call) ---------------------------------------------------
+class _AnthropicAdapter(StainlessAdapter):
+    """``messages.create`` calls; ``tried``: the base client's shape has a
+    per-attempt hook (``_attempt_request``), so a call it never saw and the
+    transport never saw sent nothing (a middleware answered)."""
+
+    provider = PROVIDER
+    package = "anthropic"
+    _sending = frozenset(("_attempt_request", "_process_response"))
+
+    def __init__(self, tried: bool) -> None:
+        self.tried = tried
+
+    def read_request(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+    ) -> Request | None:
+        body = messages_body(_options(args, kwargs))
+        return None if body is None else read_request(body)
+
+    def call_span(
+        self,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        request: Request,
+        agent: str | None,
+        current: Any,
+    ) -> Any:
+        sdk_call = kwargs.get("call")  # the SDK's own span, current already (None: off)
+        return None if sdk_call is None else getattr(sdk_call, "span", None)
+
+    def request_attributes(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
+    ) -> dict[str, Any] | None:
+        attributes: dict[str, Any] = {}
+        request_attributes(attributes, _options(args, kwargs).json_data, instance)
+        return attributes
+
+    def rewrite(
+        self,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        cap: int | None,
+        model: str | None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return with_options(args, kwargs, rewritten(_options(args, kwargs), cap, model))
+
+    def is_stream(self, reply: Any, request: Request) -> bool:
+        return True  # every reply is held: a stream, a raw response, or read now
+
+    def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
+        if self.tried and not call.tries and not call.attempts:
+            call.finish(sent=False)  # a client middleware answered: nothing was sent
+            return reply
+        return hold(call, reply)
 
 
-def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    options = args[1] if len(args) > 1 else kwargs.get("options")
-    state = _begin(options, kwargs.get("call"), instance)
-    active = _ACTIVE.set(state)  # None for calls we do not contain: no stale parent
-    if state is None:
-        try:  # not a messages call: a billable endpoint of another kind, or free
-            return _ENDPOINTS[0](wrapped, instance, args, kwargs)
-        finally:
-            _ACTIVE.reset(active)
-    call = state.call
-    span_token = make_current(call.span, None) if call.owns_span else None
-    mark = ADMITTED.set(call)
-    try:
-        delay_ms = call.handle.decision.rate_limit_ms
-        if delay_ms:
-            time.sleep(delay_ms / 1000)
-        result = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        _fail(state, exc)
-        raise
-    finally:
-        ADMITTED.reset(mark)
-        if span_token is not None:
-            otel_context.detach(span_token)
-        _ACTIVE.reset(active)
-    try:
-        return _settle(state, result, instance)
-    except Exception:
-        return settle_failed(state.call, result, _logger, PROVIDER)
+_ADAPTER = _AnthropicAdapter(tried=True)
+_LOOP_ADAPTER = _AnthropicAdapter(tried=False)  # releases whose retry loop has no attempt hook
 
 
-async def _arequest(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    options = args[1] if len(args) > 1 else kwargs.get("options")
-    state = await _abegin(options, kwargs.get("call"), instance)
-    active = _ACTIVE.set(state)
-    if state is None:
-        try:
-            return await _ENDPOINTS[1](wrapped, instance, args, kwargs)
-        finally:
-            _ACTIVE.reset(active)
-    call = state.call
-    span_token = make_current(call.span, None) if call.owns_span else None
-    mark = ADMITTED.set(call)
-    try:
-        delay_ms = call.handle.decision.rate_limit_ms
-        if delay_ms:
-            await asyncio.sleep(delay_ms / 1000)
-        result = await wrapped(*args, **kwargs)
-    except BaseException as exc:
-        call.defer_settlement()  # decided by the sync code, then awaited
-        try:
-            _fail(state, exc)
-        finally:
-            await call.settle_deferred()
-        raise
-    finally:
-        ADMITTED.reset(mark)
-        if span_token is not None:
-            otel_context.detach(span_token)
-        _ACTIVE.reset(active)
-    call.defer_settlement()
-    try:
-        result = _settle(state, result, instance)
-    except Exception:
-        result = settle_failed(state.call, result, _logger, PROVIDER)
-    finally:
-        await call.settle_deferred()
-    return result
+# -- attempts (once per HTTP send, releases with _attempt_request) ----------------
 
 
-# -- attempts (once per HTTP send) ---------------------------------------------
-
-
-def _before_send(state: _CallState, retries_taken: object, drawn: bool = False) -> None:
-    call = state.call
-    if isinstance(retries_taken, int) and retries_taken > state.retries:
-        # An SDK-internal retry is about to be sent: it draws on the chain's
-        # retry budget. Raising here (no __cause__) stops the SDK loop unsent.
-        state.retries = retries_taken
-        if not drawn:  # the async hook drew it already, awaiting the store
-            call.ctx.consume_retry()
-        if call.span.is_recording():
-            call.span.set_attribute("veronica.retries", retries_taken)
-    try:
-        call.check_alive()
-    except BudgetExceededError as exc:
-        if _stops(state, exc):
-            raise
-    state.attempts += 1
-
-
-def _stops(state: _CallState, denial: BudgetExceededError) -> bool:
+def _stops(retry: bool, denial: BudgetExceededError) -> bool:
     """Whether ``denial`` stops the attempt about to be sent.
 
-    A retry is a new dispatch: any trip stops it. The first attempt was
-    checked at admission: since then only the deadline or a cancellation
-    stops it; a limit another call reached (that call's denial tripped the
-    chain) does not take back a call already admitted, whose step and
-    reservation were counted within the limit (as the openai hooks do).
+    A retry (the SDK's, or a middleware's second send) is a new dispatch: any
+    trip stops it. The first attempt was checked at admission: since then only
+    the deadline or a cancellation stops it; a limit another call reached (that
+    call's denial tripped the chain) does not take back a call already
+    admitted, whose step and reservation were counted within the limit.
     """
-    return state.attempts > 0 or state.retries > 0 or denial.reason == "timeout"
+    return retry or denial.reason == "timeout"
+
+
+def _retries_taken(kwargs: dict[str, Any]) -> int:
+    taken = kwargs.get("retries_taken", 0)
+    return taken if type(taken) is int else 0
 
 
 def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    state = _ACTIVE.get()
-    if state is not None:
-        _before_send(state, kwargs.get("retries_taken", 0))
-    stripped = strip_veronica_baggage()  # the SDK injects all current baggage
-    try:
-        result = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        if state is not None:
-            _note_attempt(state, exc)
-        raise
-    finally:
-        if stripped is not None:
-            otel_context.detach(stripped)  # type: ignore[arg-type]
-    if state is not None:
-        state.replied = True
-        _tag(result, state)
-    return result
+    call = in_flight(_ADAPTER)
+    if call is not None:
+        # Raised without a __cause__: the SDK does not retry it; nothing is sent.
+        retry = call.begin_try(_retries_taken(kwargs))
+        try:
+            call.check_alive()
+        except BudgetExceededError as exc:
+            if _stops(retry, exc):
+                raise
+    return wrapped(*args, **kwargs)
 
 
 async def _aattempt(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    state = _ACTIVE.get()
-    if state is not None:
-        retries_taken = kwargs.get("retries_taken", 0)
-        if isinstance(retries_taken, int) and retries_taken > state.retries:
-            await state.call.ctx.aconsume_retry()
+    call = in_flight(_ADAPTER)
+    if call is not None:
+        retry = await call.abegin_try(_retries_taken(kwargs))
         try:
-            await state.call.ctx.aensure_active()  # a store poll awaited; then the same checks
+            await call.ctx.aensure_active()  # a store poll awaited
         except BudgetExceededError as exc:
-            if _stops(state, exc) or (isinstance(retries_taken, int) and retries_taken > 0):
+            if _stops(retry, exc):
                 raise
-        _before_send(state, retries_taken, drawn=True)
-    stripped = strip_veronica_baggage()
-    try:
-        result = await wrapped(*args, **kwargs)
-    except BaseException as exc:
-        if state is not None:
-            _note_attempt(state, exc)
-        raise
-    finally:
-        if stripped is not None:
-            otel_context.detach(stripped)  # type: ignore[arg-type]
-    if state is not None:
-        state.replied = True
-        _tag(result, state)
-    return result
-
-
-# -- retries (releases whose retry loop has no per-attempt hook) ----------------
-
-
-def _note_retried(state: _CallState, kwargs: dict[str, Any]) -> None:
-    """Note the failed attempt the SDK is about to retry: an HTTP error reply
-    (``response=``), else the error being handled (None: assume it was lost)."""
-    if kwargs.get("response") is not None:
-        state.replied = True
-        return
-    error = sys.exc_info()[1]
-    if error is None:
-        state.call.lost_attempts += 1
-    else:
-        _note_failure(state, error)
-
-
-def _sleep_for_retry(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    state = _ACTIVE.get()
-    if state is not None:
-        _note_retried(state, kwargs)
-        _before_send(state, int(kwargs.get("retries_taken", 0)) + 1)
-    result = wrapped(*args, **kwargs)
-    if state is not None:
-        state.call.check_alive()  # the deadline may have passed while backing off
-    return result
-
-
-async def _asleep_for_retry(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    state = _ACTIVE.get()
-    if state is not None:
-        _note_retried(state, kwargs)
-        retries_taken = int(kwargs.get("retries_taken", 0)) + 1
-        if retries_taken > state.retries:
-            await state.call.ctx.aconsume_retry()
-        await state.call.ctx.aensure_active()
-        _before_send(state, retries_taken, drawn=True)
-    result = await wrapped(*args, **kwargs)
-    if state is not None:
-        await state.call.ctx.aensure_active()
-    return result
+    return await wrapped(*args, **kwargs)
 
 
 # -- payloads (every parsed body and stream event) -------------------------------
 
 
-def _process_response_data(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    _read_payload(_state_of(kwargs.get("response")), kwargs)
-    return wrapped(*args, **kwargs)
+def _payload_wrapper(adapter: _AnthropicAdapter) -> Any:
+    def process_response_data(
+        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        # A body read after request() returned (a stream, a raw response), or
+        # one parsed inside it: the call in flight's.
+        call = bound_call(kwargs.get("response")) or in_flight(adapter)
+        if call is not None and not call.done:
+            try:
+                account(call, kwargs.get("data"))
+            except BudgetExceededError as exc:
+                # Settle before the SDK ends its span on the error we raise.
+                call.finish(exc)
+                raise
+            except Exception:
+                _logger.exception("reading usage from an anthropic payload failed")
+        return wrapped(*args, **kwargs)
 
-
-def _process_untagged_data(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    """As :func:`_process_response_data` where no attempt hook tags the response:
-    a payload parsed inside ``request()`` is the call in flight's."""
-    state = _state_of(kwargs.get("response"))
-    _read_payload(state if state is not None else _ACTIVE.get(), kwargs)
-    return wrapped(*args, **kwargs)
-
-
-def _read_payload(state: _CallState | None, kwargs: dict[str, Any]) -> None:
-    if state is not None and not state.call.done:
-        try:
-            _account(state, kwargs.get("data"))
-        except BudgetExceededError as exc:
-            # Settle before the SDK ends its span on the error we raise.
-            state.call.finish(exc)
-            raise
-        except Exception:
-            _logger.exception("reading usage from an anthropic payload failed")
+    return process_response_data
 
 
 # -- the instrumentor -------------------------------------------------------------
 
 # Each hook and the parameters our wrapper reads (checked before any is wrapped).
+# Messages calls through the adapter; every other billable endpoint through the table.
+_REQUEST = routed(wrapper(_ADAPTER, "request"), ANTHROPIC_ENDPOINTS, PROVIDER)
+_AREQUEST = routed(
+    wrapper(_ADAPTER, "request", is_async=True), ANTHROPIC_ENDPOINTS, PROVIDER, is_async=True
+)
 _ATTEMPTS = (
     Hook("SyncAPIClient", "_attempt_request", _attempt, ("options",), ("retries_taken",)),
     Hook("AsyncAPIClient", "_attempt_request", _aattempt, ("options",), ("retries_taken",), True),
-    Hook("BaseClient", "_process_response_data", _process_response_data, (), ("data", "response")),
+    Hook(
+        "BaseClient",
+        "_process_response_data",
+        _payload_wrapper(_ADAPTER),
+        (),
+        ("data", "response"),
+    ),
 )
+_SLEEP, _ASLEEP = retry_wrappers(_LOOP_ADAPTER)
 _PATCHES = (
     # Its own spans: once per API call inside the SDK's span (kwarg ``call``).
     HookSet(
         "anthropic >= 1.0, < 3",
         (
-            Hook("SyncAPIClient", "_request", _request, ("cast_to", "options"), ("call",)),
-            Hook("AsyncAPIClient", "_request", _arequest, ("cast_to", "options"), ("call",), True),
+            Hook("SyncAPIClient", "_request", _REQUEST, ("cast_to", "options"), ("call",)),
+            Hook("AsyncAPIClient", "_request", _AREQUEST, ("cast_to", "options"), ("call",), True),
             *_ATTEMPTS,
         ),
     ),
@@ -368,8 +270,8 @@ _PATCHES = (
     HookSet(
         "anthropic >= 0.70, < 2",
         (
-            Hook("SyncAPIClient", "request", _request, ("cast_to", "options")),
-            Hook("AsyncAPIClient", "request", _arequest, ("cast_to", "options"), (), True),
+            Hook("SyncAPIClient", "request", _REQUEST, ("cast_to", "options")),
+            Hook("AsyncAPIClient", "request", _AREQUEST, ("cast_to", "options"), (), True),
             *_ATTEMPTS,
         ),
     ),
@@ -377,21 +279,31 @@ _PATCHES = (
     HookSet(
         "anthropic >= 0.70, < 1",
         (
-            Hook("SyncAPIClient", "request", _request, ("cast_to", "options")),
-            Hook("AsyncAPIClient", "request", _arequest, ("cast_to", "options"), (), True),
-            Hook("SyncAPIClient", "_sleep_for_retry", _sleep_for_retry, (), ("retries_taken",)),
+            Hook(
+                "SyncAPIClient",
+                "request",
+                routed(wrapper(_LOOP_ADAPTER, "request"), ANTHROPIC_ENDPOINTS, PROVIDER),
+                ("cast_to", "options"),
+            ),
             Hook(
                 "AsyncAPIClient",
-                "_sleep_for_retry",
-                _asleep_for_retry,
+                "request",
+                routed(
+                    wrapper(_LOOP_ADAPTER, "request", is_async=True),
+                    ANTHROPIC_ENDPOINTS,
+                    PROVIDER,
+                    is_async=True,
+                ),
+                ("cast_to", "options"),
                 (),
-                ("retries_taken",),
                 True,
             ),
+            Hook("SyncAPIClient", "_sleep_for_retry", _SLEEP, (), ("retries_taken",)),
+            Hook("AsyncAPIClient", "_sleep_for_retry", _ASLEEP, (), ("retries_taken",), True),
             Hook(
                 "BaseClient",
                 "_process_response_data",
-                _process_untagged_data,
+                _payload_wrapper(_LOOP_ADAPTER),
                 (),
                 ("data", "response"),
             ),
@@ -412,6 +324,7 @@ class AnthropicInstrumentor(GuardedInstrumentor):
     """
 
     _hooks = _HOOKS
+    reports_attempts = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments

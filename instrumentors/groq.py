@@ -27,16 +27,20 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ._hooks import GuardedInstrumentor, SDKHooks
-from ._openai_request import Stainless
-from ._stainless import GUARDS, stainless_hooks
+from ._stainless import GUARDS, OpenAIWireAdapter, stainless_hooks
 
 __all__ = ["GroqInstrumentor"]
 
 _instruments = ("groq >= 0.23.1, < 2",)
-GROQ = Stainless("groq", "groq")
+
+
+class _GroqAdapter(OpenAIWireAdapter):
+    provider = "groq"
+    package = "groq"
+
 
 # Each hook and the parameters our wrapper reads (checked before any is wrapped).
-_PATCHES = stainless_hooks(GROQ)
+_PATCHES = stainless_hooks(_GroqAdapter())
 _HOOKS = SDKHooks(_instruments[0], "groq._base_client", _PATCHES, GUARDS)
 
 
@@ -49,6 +53,7 @@ class GroqInstrumentor(GuardedInstrumentor):
     """
 
     _hooks = _HOOKS
+    reports_attempts = True
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
