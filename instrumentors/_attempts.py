@@ -139,7 +139,20 @@ def _sync_hook(transport: GuardTransport) -> Wrapper:
             return transport.send(_reported(wrapped), instance, args, kwargs)
         if not call.http_attempts:
             return wrapped(*args, **kwargs)
-        return _report(call, wrapped, args, kwargs)
+        # _report, inline (one frame per attempt, three fewer): the first
+        # attempt is counted; a retry goes through note_send's checks.
+        if call.sends:
+            call.note_send()  # over the chain's limits: raises, nothing sent
+        else:
+            call.sends = 1
+        try:
+            response = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if never_sent(exc):
+                call.note_unsent()
+            raise
+        call.replies += 1  # note_reply
+        return response
 
     return attempt
 
