@@ -358,14 +358,16 @@ class ContainedCall:
             if cached or reasoning or write:
                 cached = min(cached, inp)
                 reasoning, write = min(reasoning, out), min(write, inp - cached)
-            cost = prices.cost_nano_unchecked(inp, out, cached, reasoning, write)
+                cost = prices.cost_nano_unchecked(inp, out, cached, reasoning, write)
+            else:  # plain input and output tokens: the same sum, one frame fewer
+                cost = prices.plain_cost_nano(inp, out)
         tokens = inp + out
         lost = self.lost_attempts
         if lost:
             reservation = self.handle.reservation
             cost += lost * reservation.cost_nano
             tokens += lost * reservation.tokens
-        return min(cost, _MAX_EXACT), tokens
+        return (cost if cost < _MAX_EXACT else _MAX_EXACT), tokens
 
     def _feed_breaker(
         self, breaker: CircuitBreaker, error: BaseException | None, sent: bool
