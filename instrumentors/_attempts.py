@@ -79,14 +79,19 @@ def never_sent(error: BaseException) -> bool:
 
 
 def _report(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call.note_send()  # a retry over the chain's limits raises here, before the send
+    # note_send and note_reply without their frames for the first attempt (every
+    # call's); a retry goes through note_send's checks.
+    if call.sends:
+        call.note_send()  # a retry over the chain's limits raises here, before the send
+    else:
+        call.sends = 1
     try:
         response = wrapped(*args, **kwargs)
     except BaseException as exc:
         if never_sent(exc):
             call.note_unsent()
         raise
-    call.note_reply()
+    call.replies += 1  # note_reply
     return response
 
 
@@ -139,20 +144,7 @@ def _sync_hook(transport: GuardTransport) -> Wrapper:
             return transport.send(_reported(wrapped), instance, args, kwargs)
         if not call.http_attempts:
             return wrapped(*args, **kwargs)
-        # _report, inline (one frame per attempt, three fewer): the first
-        # attempt is counted; a retry goes through note_send's checks.
-        if call.sends:
-            call.note_send()  # over the chain's limits: raises, nothing sent
-        else:
-            call.sends = 1
-        try:
-            response = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            if never_sent(exc):
-                call.note_unsent()
-            raise
-        call.replies += 1  # note_reply
-        return response
+        return _report(call, wrapped, args, kwargs)
 
     return attempt
 
