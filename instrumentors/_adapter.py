@@ -80,10 +80,11 @@ from veronica_otel._agents import current_agent
 from veronica_otel._chain_span import remaining_attributes
 from veronica_otel._context import CONTEXT_KEY, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
+from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
 from veronica_otel._propagation import default_context
 from veronica_otel._trips import emit_trip
 
-from ._admit import CallSpec, _mark_denied, aadmit, admit, input_bound
+from ._admit import CallSpec, _list_bytes, _mark_denied, _utf8_bytes, aadmit, admit
 from ._bounds import BOUND_USD, BoundedCall, bounded, how_to_bound
 from ._breakers import never_connected
 from ._common import (
@@ -92,6 +93,7 @@ from ._common import (
     ContainedCall,
     ContainedStream,
     _aclose,
+    otel_current,
     start_span,
     strip_veronica_baggage,
 )
@@ -444,7 +446,7 @@ def _describe(
     above = ADMITTED.get()
     if above is not None and _counted_above(adapter, above):
         return None  # a layer above admitted this call: counted there (G13)
-    current = otel_context.get_current()
+    current = otel_current()
     ctx: ExecutionContext | None = current.get(CONTEXT_KEY)  # type: ignore[assignment]
     if ctx is None:  # no active chain (one dict read)
         ctx = default_context(current)  # the process default, or none
@@ -458,13 +460,18 @@ def _describe(
     agent = current_agent() if ctx.names_agents else None
     provider = request.provider or adapter.provider
     parts = request.input_parts
+    n_messages = request.n_messages
     spec = _spec_of(
         CallSpec,
         (
             provider,
             request.operation,
             request.model,
-            input_bound(parts, request.n_messages) + request.extra_input_tokens,
+            # input_bound(parts, n_messages), without its two frames for a list
+            (_list_bytes(parts) if type(parts) is list else _utf8_bytes(parts))
+            + (n_messages if n_messages > 1 else 1) * TOKENS_PER_MESSAGE
+            + TOKENS_PER_REQUEST
+            + request.extra_input_tokens,
             request.cap,
             request.clampable,
             request.choices,

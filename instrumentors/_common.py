@@ -13,17 +13,18 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextvars import Token
+from contextvars import ContextVar, Token
 from typing import Any
 
 import wrapt
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from veronica_otel._breaker import CircuitBreaker
+from veronica_otel._breaker import CircuitBreaker, CircuitState
 from veronica_otel._chain_span import remaining_attributes
 from veronica_otel._context import CallHandle, ExecutionContext
 from veronica_otel._errors import BudgetExceededError
@@ -54,6 +55,7 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("veronica_otel.instrumentors", __version__)
 BAGGAGE_PREFIX = "veronica."
+_CLOSED = CircuitState.CLOSED
 _SUPPRESS_KEY_PLAIN = "suppress_instrumentation"  # the older key is_instrumentation_enabled reads
 
 # Usage handler: (call, payload) -> None; reads usage and text from one payload.
@@ -414,10 +416,13 @@ class ContainedCall:
         breaker = self.breaker
         if breaker is not None:
             if error is None and sent:  # the common case, without _feed_breaker's frame
-                try:
-                    breaker.record_success(self.probe)  # lock-free while closed
-                except Exception:
-                    _logger.exception("feeding the endpoint breaker failed")
+                # A closed breaker with no failures has nothing to reset:
+                # record_success's own first test, without its frame.
+                if breaker._state is not _CLOSED or breaker._failures:
+                    try:
+                        breaker.record_success(self.probe)  # lock-free while closed
+                    except Exception:
+                        _logger.exception("feeding the endpoint breaker failed")
             else:
                 self._feed_breaker(breaker, error if sent else None, sent)
         if self.span is not UNTRACED_SPAN:  # no TracerProvider: no span to record or end
@@ -433,14 +438,16 @@ class ContainedCall:
             if cached or reasoning or write:
                 cached = min(cached, inp)
                 reasoning, write = min(reasoning, out), min(write, inp - cached)
-            cost = prices.cost_nano_unchecked(inp, out, cached, reasoning, write)
+                cost = prices.cost_nano_unchecked(inp, out, cached, reasoning, write)
+            else:  # plain input and output tokens: the same sum, one frame fewer
+                cost = prices.plain_cost_nano(inp, out)
         tokens = inp + out
         lost = self.lost_attempts
         if lost:
             reservation = self.handle.reservation
             cost += lost * reservation.cost_nano
             tokens += lost * reservation.tokens
-        return min(cost, _MAX_EXACT), tokens
+        return (cost if cost < _MAX_EXACT else _MAX_EXACT), tokens
 
     def _feed_breaker(
         self, breaker: CircuitBreaker, error: BaseException | None, sent: bool
@@ -534,6 +541,20 @@ def _untraced() -> bool:
     return getattr(trace, "_TRACER_PROVIDER", True) is None
 
 
+def _context_reader() -> Callable[[], otel_context.Context]:
+    """``opentelemetry.context.get_current`` as one C call where the runtime is the
+    API's default (a context variable): the same read, without its two frames."""
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if type(runtime) is ContextVarsRuntimeContext and isinstance(variable, ContextVar):
+        return variable.get
+    return otel_context.get_current
+
+
+#: The current OpenTelemetry context (read once per call by the adapters).
+otel_current = _context_reader()
+
+
 def make_current(
     span: Span, context: otel_context.Context | None
 ) -> Token[otel_context.Context] | None:
@@ -565,7 +586,7 @@ def start_span(
             return trace.INVALID_SPAN
     elif context.get(_SUPPRESS_KEY) or context.get(_SUPPRESS_KEY_PLAIN):
         return trace.INVALID_SPAN
-    if _untraced():
+    if getattr(trace, "_TRACER_PROVIDER", True) is None:  # _untraced(), inline
         return UNTRACED_SPAN
     attributes = {
         "gen_ai.operation.name": operation,

@@ -126,6 +126,9 @@ _OPTIONS = {
     "frequency_penalty": "gen_ai.request.frequency_penalty",
 }
 _CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
+_MISSING = object()  # no ``options`` dict: _cap reads what there is
+# A Request from its fields without NamedTuple's Python-level __new__ (once per call).
+_request_of = tuple.__new__
 
 
 def _path(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
@@ -189,23 +192,35 @@ class OllamaAdapter(ProviderAdapter):
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
-        path = _path(args, kwargs)
-        if path in _FREE or path.startswith("/api/blobs/"):
+        url = args[2] if len(args) > 2 else None
+        # The SDK's own calls name a bare path (``"/api/chat"``): no parsing.
+        path = url if type(url) is str and url in _ROUTES else _path(args, kwargs)
+        route = _ROUTES.get(path)
+        if route is None and (path in _FREE or path.startswith("/api/blobs/")):
             return None
         body = kwargs.get("json")
         if type(body) is not dict:
             body = dict(body) if isinstance(body, Mapping) else {}
         model = body.get("model")
         model = model if type(model) is str and model else "unknown"
-        route = _ROUTES.get(path)
         operation, keys = route if route is not None else (path.rpartition("/")[2], ())
-        parts: list[object] = [body[key] for key in keys if body.get(key)]  # [] tools: none
         n_messages, images, extra = 1, 0, 0
-        if operation == "chat" and body.get("messages"):
-            parts[0], images = _without_images(parts[0])  # messages come first
-            n_messages = len(parts[0]) if type(parts[0]) is list else 1
-        elif operation == "embeddings" and type(body.get("input")) is list:
-            n_messages = len(body["input"])
+        if operation == "chat":
+            messages = body.get("messages")
+            parts: list[object] = []
+            if messages:
+                messages, images = _without_images(messages)
+                parts.append(messages)
+                n_messages = len(messages) if type(messages) is list else 1
+            tools, schema = body.get("tools"), body.get("format")
+            if tools:  # [] tools: none
+                parts.append(tools)
+            if schema:
+                parts.append(schema)
+        else:
+            parts = [body[key] for key in keys if body.get(key)]
+            if operation == "embeddings" and type(body.get("input")) is list:
+                n_messages = len(body["input"])
         if body.get("images"):
             images += len(body["images"])
         context = body.get("context")
@@ -219,19 +234,28 @@ class OllamaAdapter(ProviderAdapter):
         elif operation == "embeddings":
             cap, clampable = None, False  # no output tokens
         else:
-            cap, clampable = _cap(body.get("options"))
-        return Request(
-            operation,
-            model,
-            parts,
-            n_messages,
-            cap,
-            clampable,
-            1,
-            bool(kwargs.get("stream")),
-            extra + images * IMAGE_TOKENS,
-            None,
-            CLOUD_PROVIDER if _is_cloud(instance, model) else None,
+            options = body.get("options")
+            value = options.get("num_predict") if type(options) is dict else _MISSING
+            if type(value) is int:  # the common case, without _cap's frame
+                cap, clampable = (value if value > 0 else None), True
+            else:
+                cap, clampable = _cap(options)
+        return _request_of(
+            Request,
+            (
+                operation,
+                model,
+                parts,
+                n_messages,
+                cap,
+                clampable,
+                1,
+                bool(kwargs.get("stream")),
+                extra + images * IMAGE_TOKENS,
+                None,
+                CLOUD_PROVIDER if _is_cloud(instance, model) else None,
+                True,
+            ),
         )
 
     def request_attributes(
@@ -266,9 +290,6 @@ class OllamaAdapter(ProviderAdapter):
         if model is not None:
             body["model"] = model
         return args, {**kwargs, "json": body}
-
-    def read_reply(self, call: ContainedCall, reply: Any) -> None:
-        _read_usage(call, reply)
 
     def read_item(self, call: ContainedCall, item: Any) -> None:
         message = getattr(item, "message", None)
@@ -305,6 +326,8 @@ def _read_usage(call: ContainedCall, reply: Any) -> None:
             attributes["gen_ai.response.finish_reasons"] = [reason]
 
 
+# The reply read without a frame of its own (once per call).
+OllamaAdapter.read_reply = staticmethod(_read_usage)  # type: ignore[method-assign,assignment]
 _ADAPTER = OllamaAdapter()
 _contained = wrapper(_ADAPTER, "_request")
 _acontained = wrapper(_ADAPTER, "_request", is_async=True)

@@ -94,8 +94,11 @@ class CallHandle:
         """:meth:`add_usage` then :meth:`finish` in one step (an instrumented call's settlement)."""
         if self._done:
             return
-        self.cost_nano = max(self.cost_nano, 0) + cost_nano
-        self.tokens = max(self.tokens, 0) + tokens
+        # max(x, 0) + usage, without two calls into max (once per call)
+        held = self.cost_nano
+        self.cost_nano = held + cost_nano if held > 0 else cost_nano
+        held = self.tokens
+        self.tokens = held + tokens if held > 0 else tokens
         self._done = True
         self.context._finish(self, error, True)
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from . import _pricing
 from ._admission import Admission
-from ._call import CallHandle, joins_wrapped_call
+from ._breaker import CircuitState
+from ._call import ACTIVE_CALL, CallHandle, joins_wrapped_call
 from ._call_spec import Admitted, CallSpec, call_signature
 from ._clamp import OutputClamp
 from ._ledger import LedgerState, LocalLedger
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["LLMAdmission"]
 
 _answer = tuple.__new__  # an Admitted without a Python-level __new__ (once per call)
+_CLOSED = CircuitState.CLOSED
 
 
 class LLMAdmission(Admission):
@@ -63,7 +66,15 @@ class LLMAdmission(Admission):
         :class:`~._admission.RoomBusy` instead (an async caller awaits the
         room, then asks again).
         """
-        prices = self._endpoint_prices(spec, breaker, probe)
+        # _endpoint_prices without its three frames in the common case: a closed
+        # breaker (check()'s own first test) and a model the table has priced
+        # (its lookup cache, read as lookup reads it). Anything else goes there.
+        table = self._prices
+        if table is None:
+            table = _pricing._default_table or default_price_table()
+        prices = table._cache.get((spec.provider, spec.model))
+        if prices is None or (breaker is not None and breaker._state is not _CLOSED):
+            prices = self._endpoint_prices(spec, breaker, probe)
         signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
         cap = spec.requested_cap
         clamp: OutputClamp | None = None
@@ -94,7 +105,8 @@ class LLMAdmission(Admission):
             tokens,
             signature=signature,
             clamp=clamp,
-            step=not joins_wrapped_call(self),
+            # No wrapped call around it (one read): nothing to join, a step of its own.
+            step=ACTIVE_CALL.get() is None or not joins_wrapped_call(self),
             defer=defer,
         )
         # An instrumented call: telemetry is worth its cost here, once recorded.

@@ -191,6 +191,8 @@ class UnitPrices:
     # (threshold, worst input price, worst output price, worst input price with
     # no cache write) over tiers reachable so far
     _worst: tuple[tuple[int, int, int, int], ...] = field(init=False, repr=False, compare=False)
+    # (input, output) prices when there are no tiers (most models), else None
+    _plain: tuple[int, int] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.cache_write is None:  # normalised, so equal prices compare equal
@@ -210,6 +212,8 @@ class UnitPrices:
             worst.append((threshold, wi, wo, wr))
         object.__setattr__(self, "_segments", tuple(segments))
         object.__setattr__(self, "_worst", tuple(worst))
+        plain = (segments[0][1], segments[0][2]) if len(segments) == 1 else None
+        object.__setattr__(self, "_plain", plain)
 
     def output_limit(self, input_tokens: int) -> int:
         """The most output tokens one call with ``input_tokens`` of input can produce.
@@ -305,6 +309,14 @@ class UnitPrices:
         _, pi, po, pc, pr, pw = segment
         total = (i - c - w) * pi + c * pc + w * pw + (o - r) * po + r * pr
         return -(-total // _PER_MTOK)
+
+    def plain_cost_nano(self, i: int, o: int) -> int:
+        """:meth:`cost_nano_unchecked` of ``i`` input and ``o`` output tokens, none of
+        them cached, reasoning or cache writes (a settled call's common case)."""
+        plain = self._plain
+        if plain is None:
+            return self.cost_nano_unchecked(i, o, 0, 0, 0)
+        return -(-(i * plain[0] + o * plain[1]) // _PER_MTOK)
 
     def _worst_prices(self, input_tokens: int, cache_writes: bool = True) -> tuple[int, int]:
         worst = self._worst

@@ -41,8 +41,8 @@ class Settlement(ChainPolling):
         if cost < 0 and tokens < 0:  # no usage reported: its reservation (settled_amounts)
             cost = reservation.cost_nano
             tokens = reservation.tokens
-        else:
-            cost, tokens = max(cost, 0), max(tokens, 0)
+        else:  # max(x, 0) each, without the calls
+            cost, tokens = (cost if cost > 0 else 0), (tokens if tokens > 0 else 0)
         fast = self._fast
         agents = call.agents
         if fast is not None and agents is None:

@@ -214,7 +214,7 @@ def _idle(instrument: object) -> bool:
 
 def metrics_live() -> bool:
     """Whether a MeterProvider records the per-call metrics (else: skip them)."""
-    return not _idle(_calls)
+    return getattr(_calls, "_real_instrument", _calls) is not None  # not _idle(_calls)
 
 
 def record_call(kind: str, cost_usd: float, failed: bool, model: str | None) -> None:
