@@ -128,7 +128,7 @@ _OPTIONS = {
 _CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
 _MISSING = object()  # no ``options`` dict: _cap reads what there is
 # A Request from its fields without NamedTuple's Python-level __new__ (once per call).
-_request_of = tuple.__new__
+_request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
 
 def _path(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
@@ -254,7 +254,8 @@ class OllamaAdapter(ProviderAdapter):
                 extra + images * IMAGE_TOKENS,
                 None,
                 CLOUD_PROVIDER if _is_cloud(instance, model) else None,
-                True,
+                True,  # priced
+                False,  # cache_writes: Ollama bills no cache writes
             ),
         )
 

@@ -122,10 +122,13 @@ def check_wait_s(name: str, value: object) -> float:
     """``value`` as a wait in seconds: a finite number in ``[0, MAX_RESERVATION_WAIT_S]``.
 
     Raises:
-        TypeError: Not a number (a bool or a string is not one).
-        ValueError: NaN, infinite, negative or absurd; ``name`` and the value are named.
+        TypeError: Not a number (a string is not one).
+        ValueError: A bool, NaN, infinite, negative or absurd; ``name`` and the value
+            are named.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool):  # a number to Python, a mistake here (DESIGN: ValueError)
+        raise ValueError(f"{name} must be a number of seconds, not a bool: got {value!r}")
+    if not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     seconds = float(value)
     if math.isnan(seconds) or math.isinf(seconds):

@@ -73,7 +73,9 @@ class LLMAdmission(Admission):
         if table is None:
             table = _pricing._default_table or default_price_table()
         prices = table._cache.get((spec.provider, spec.model))
-        if prices is None or (breaker is not None and breaker._state is not _CLOSED):
+        if prices is None or (
+            breaker is not None and getattr(breaker, "_state", None) is not _CLOSED
+        ):  # a shared (Redis) breaker, or a local one not closed: the full path
             prices = self._endpoint_prices(spec, breaker, probe)
         signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
         cap = spec.requested_cap

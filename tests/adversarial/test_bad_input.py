@@ -32,7 +32,8 @@ from veronica_otel._ledger import LedgerState
 NAN, INF = math.nan, math.inf
 
 CONFIG_FIELDS = [f.name for f in dataclasses.fields(ExecutionConfig)]
-COUNT_FIELDS = [name for name in CONFIG_FIELDS if name != "max_cost_usd"]
+SECONDS_FIELDS = ["reservation_wait_s"]  # a float number of seconds
+COUNT_FIELDS = [n for n in CONFIG_FIELDS if n != "max_cost_usd" and n not in SECONDS_FIELDS]
 
 # (id, value) of inputs that no limit, hint or count may accept.
 BAD_NUMBERS: list[tuple[str, object]] = [
@@ -93,7 +94,8 @@ def _ledger_state(ledger: LocalLedger, ctx: ExecutionContext) -> LedgerState:
             for name, value in BAD_COUNTS
         ],
         *[
-            pytest.param("max_cost_usd", value, id=f"max_cost_usd-{name}")
+            pytest.param(field, value, id=f"{field}-{name}")
+            for field in ("max_cost_usd", *SECONDS_FIELDS)
             for name, value in BAD_NUMBERS
         ],
     ],
@@ -167,6 +169,7 @@ def test_config_accepts_edge_values(kwargs: dict[str, object]) -> None:
 
 INT_GARBAGE = ["nan", "inf", "-1", "1e999", "ten", "1.5", "true", "1e3", "--5", "0x10", "5 6"]
 USD_GARBAGE = ["nan", "inf", "-inf", "-1", "1e999", "1e300", "ten", "true", "$1", "1,5"]
+SECONDS_GARBAGE = ["nan", "inf", "-1", "1e999", "1e4", "ten", "true", "5s", "--5", "5 6"]
 
 
 @pytest.mark.parametrize(
@@ -175,8 +178,13 @@ USD_GARBAGE = ["nan", "inf", "-inf", "-1", "1e999", "1e300", "ten", "true", "$1"
         *[
             pytest.param(var, raw, id=f"{var}={raw}")
             for field, var in ENV_LIMITS.items()
-            if field != "max_cost_usd"
+            if field != "max_cost_usd" and field not in SECONDS_FIELDS
             for raw in INT_GARBAGE
+        ],
+        *[
+            pytest.param(ENV_LIMITS[field], raw, id=f"{ENV_LIMITS[field]}={raw}")
+            for field in SECONDS_FIELDS
+            for raw in SECONDS_GARBAGE
         ],
         *[
             pytest.param(ENV_LIMITS["max_cost_usd"], raw, id=f"VERONICA_MAX_COST_USD={raw}")

@@ -178,7 +178,13 @@ def test_a_chain_becomes_one_graph_file(
     # The denied call: never sent, its trip recorded, in error.
     denied = children[-1]
     assert denied["decision"] == "HALT" and denied["status"] == "error"
-    assert denied["trip"] == {"reason": "steps", "limit": 9.0, "observed": 10.0}
+    assert denied["trip"] == {
+        "reason": "steps",
+        "limit": 9.0,
+        "observed": 10.0,
+        "pool": None,  # the chain's own limit: no pool, no agent
+        "agent": None,
+    }
     assert denied["output_tokens"] is None
     # Totals: the chain's own ledger total (the wrapped call has no span, but costs).
     totals = graph["totals"]
