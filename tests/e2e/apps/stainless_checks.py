@@ -69,7 +69,11 @@ class Sdk:
         return found
 
     def reservation_usd(self) -> float:
-        return nano_to_usd(self.prices().max_cost_nano(input_bound([self.messages], 1), CAP))
+        # No block is marked for caching: input is reserved at the input price,
+        # not the cache-write price (an anthropic request could only write a
+        # cache where it marks one).
+        bound = input_bound([self.messages], 1)
+        return nano_to_usd(self.prices().max_cost_nano(bound, CAP, cache_writes=False))
 
     def billed_usd(self, server: FakeLLMServer) -> float:
         prices = self.prices()
