@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from veronica_otel._errors import BudgetExceededError
 
-from ._adapter import ADMITTED, ProviderAdapter, Request, wrapper
+from ._adapter import ADMITTED, ProviderAdapter, Request
 from ._breakers import never_connected, raised_within
 from ._common import ContainedCall
 from ._endpoints import OPENAI as OPENAI_ENDPOINTS
@@ -186,19 +186,14 @@ def stainless_hooks(adapter: OpenAIWireAdapter) -> tuple[Hook, ...]:
         Hook(
             "SyncAPIClient",
             "request",
-            routed(wrapper(adapter, "request"), OPENAI_ENDPOINTS, adapter.provider),
+            routed(adapter, OPENAI_ENDPOINTS),
             ("cast_to", "options"),
             ("stream",),
         ),
         Hook(
             "AsyncAPIClient",
             "request",
-            routed(
-                wrapper(adapter, "request", is_async=True),
-                OPENAI_ENDPOINTS,
-                adapter.provider,
-                is_async=True,
-            ),
+            routed(adapter, OPENAI_ENDPOINTS, is_async=True),
             ("cast_to", "options"),
             ("stream",),
             True,

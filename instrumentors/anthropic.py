@@ -82,7 +82,7 @@ from typing import Any
 
 from veronica_otel._errors import BudgetExceededError
 
-from ._adapter import Request, wrapper
+from ._adapter import Request
 from ._anthropic_attributes import request_attributes
 from ._anthropic_request import PROVIDER, messages_body, read_request, rewritten
 from ._anthropic_response import account, hold
@@ -91,17 +91,13 @@ from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
 from ._endpoints import routed
 from ._hooks import GuardedInstrumentor, Hook, HookSet, SDKHooks
 from ._http_libs import bound_call
-from ._stainless import StainlessAdapter, in_flight, retry_wrappers, with_options
+from ._stainless import StainlessAdapter, _options, in_flight, retry_wrappers, with_options
 
 __all__ = ["AnthropicInstrumentor"]
 
 _logger = logging.getLogger(__name__)
 _instruments = ("anthropic >= 0.70, < 3",)
 _MODULE = "anthropic._base_client"
-
-
-def _options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return args[1] if len(args) > 1 else kwargs.get("options")
 
 
 class _AnthropicAdapter(StainlessAdapter):
@@ -240,10 +236,8 @@ def _payload_wrapper(adapter: _AnthropicAdapter) -> Any:
 
 # Each hook and the parameters our wrapper reads (checked before any is wrapped).
 # Messages calls through the adapter; every other billable endpoint through the table.
-_REQUEST = routed(wrapper(_ADAPTER, "request"), ANTHROPIC_ENDPOINTS, PROVIDER)
-_AREQUEST = routed(
-    wrapper(_ADAPTER, "request", is_async=True), ANTHROPIC_ENDPOINTS, PROVIDER, is_async=True
-)
+_REQUEST = routed(_ADAPTER, ANTHROPIC_ENDPOINTS)
+_AREQUEST = routed(_ADAPTER, ANTHROPIC_ENDPOINTS, is_async=True)
 _ATTEMPTS = (
     Hook("SyncAPIClient", "_attempt_request", _attempt, ("options",), ("retries_taken",)),
     Hook("AsyncAPIClient", "_attempt_request", _aattempt, ("options",), ("retries_taken",), True),
@@ -282,18 +276,13 @@ _PATCHES = (
             Hook(
                 "SyncAPIClient",
                 "request",
-                routed(wrapper(_LOOP_ADAPTER, "request"), ANTHROPIC_ENDPOINTS, PROVIDER),
+                routed(_LOOP_ADAPTER, ANTHROPIC_ENDPOINTS),
                 ("cast_to", "options"),
             ),
             Hook(
                 "AsyncAPIClient",
                 "request",
-                routed(
-                    wrapper(_LOOP_ADAPTER, "request", is_async=True),
-                    ANTHROPIC_ENDPOINTS,
-                    PROVIDER,
-                    is_async=True,
-                ),
+                routed(_LOOP_ADAPTER, ANTHROPIC_ENDPOINTS, is_async=True),
                 ("cast_to", "options"),
                 (),
                 True,
