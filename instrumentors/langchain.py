@@ -33,6 +33,8 @@ Where it hooks:
   into a ``ToolMessage`` for the model to read, and the agent would carry on.
   A denial is not a tool error: it is raised out of the agent instead. (The
   default of ``create_agent`` already re-raises it.)
+- LangGraph's nodes, once ``langgraph.pregel._runner`` is imported: each
+  node runs under its name (:mod:`veronica_otel.instrumentors.langgraph`).
 
 Chains per run, where the user asks for it: :func:`contain` wraps any
 ``Runnable`` (an agent, a graph, a chain) so that each of its runs is a chain
@@ -44,11 +46,13 @@ contained, as with the client instrumentors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator, Collection, Iterator
 from typing import Any, Generic, TypeVar
 
+import wrapt
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.pydantic import TypeBaseModel
 from wrapt import wrap_function_wrapper
@@ -60,7 +64,7 @@ from veronica_otel._policy import PolicyPipeline
 from veronica_otel._propagation import current_context, default_context
 from veronica_otel._tools import ToolCall
 
-from ._hooks import GuardedInstrumentor, Hook, SDKHooks, function_problem
+from ._hooks import GuardedInstrumentor, Hook, InstrumentationError, SDKHooks, function_problem
 from ._unwrap import is_ours, unwrap_ours
 
 __all__ = ["ContainedRunnable", "LangChainInstrumentor", "contain"]
@@ -69,6 +73,7 @@ _logger = logging.getLogger(__name__)
 _instruments = ("langchain-core >= 1.0, < 2",)
 _TOOLS_MODULE = "langchain_core.tools.base"
 _TOOL_NODE_MODULE = "langgraph.prebuilt.tool_node"
+_RUNNER_MODULE = "langgraph.pregel._runner"
 
 Input = TypeVar("Input")
 Output = TypeVar("Output")
@@ -151,6 +156,19 @@ def _patch_tool_node() -> None:
         wrap_function_wrapper(module, "_handle_tool_error", _handle_tool_error)
 
 
+def _name_graph_nodes(module: object) -> None:
+    """LangGraph was imported: its nodes name agents (an error is logged and refused)."""
+    from .langgraph import LangGraphInstrumentor
+
+    graph = LangGraphInstrumentor()
+    if (
+        LangChainInstrumentor().is_instrumented_by_opentelemetry
+        and not graph.is_instrumented_by_opentelemetry
+    ):
+        with contextlib.suppress(InstrumentationError):  # it logged it and refuses in a chain
+            graph.instrument()
+
+
 _HOOKS = SDKHooks(
     _instruments[0],
     _TOOLS_MODULE,
@@ -180,6 +198,7 @@ class LangChainInstrumentor(GuardedInstrumentor):
         super()._instrument(**kwargs)
         _tool_node_pending = True
         _patch_tool_node()
+        wrapt.register_post_import_hook(_name_graph_nodes, _RUNNER_MODULE)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         global _tool_node_pending

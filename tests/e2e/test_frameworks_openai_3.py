@@ -82,3 +82,13 @@ def test_pydantic_ai_agent_limit_by_its_name(
     result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_POLICY_FILE=policy)
     assert llm.request_count == 2, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result
+
+
+def test_langgraph_node_limit_by_its_name(venv: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+    # The ReAct graph is the node "Looper" of an outer graph (a supervisor's
+    # sub-agent): its model and tool runs are Looper's. Model, tool, model,
+    # then the tool run that would be Looper's fourth step is denied.
+    policy = agent_policy(tmp_path, "Looper", 3)
+    result, done = run_app(venv, "langgraph_app.py", llm, "nested", VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
