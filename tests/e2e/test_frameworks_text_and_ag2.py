@@ -61,6 +61,16 @@ def test_ag2_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
     assert result["reason"] == "steps"
 
 
+def test_ag2_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) -> None:
+    venv = framework_venv("FRAMEWORK_AG2")
+    policy = agent_policy(tmp_path, "Looper", 3)
+    result, done = run_app(venv, "ag2_app.py", llm, VERONICA_POLICY_FILE=policy)
+    # Looper's model, tool, model; its second tool run is denied, and so is
+    # the model call AG2 makes with the error: Looper sent exactly 2.
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
+
+
 def test_dspy_react_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
     venv = framework_venv("FRAMEWORK_DSPY")
 
