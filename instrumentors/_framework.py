@@ -9,17 +9,26 @@ the agents the framework defined, with no code change. Outside any chain
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from typing import Any, TypeVar
 
 from veronica_otel._agents import AgentScope
 from veronica_otel._propagation import default_context
 
 from ._hooks import GuardedInstrumentor
 
-__all__ = ["FrameworkInstrumentor", "argument", "as_agent", "as_agent_async", "scope_for"]
+__all__ = [
+    "FrameworkInstrumentor",
+    "argument",
+    "as_agent",
+    "as_agent_async",
+    "as_agent_iter",
+    "as_agent_stream",
+    "scope_for",
+]
 
 _MAX_NAME = 256
+T = TypeVar("T")
 
 
 def argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
@@ -50,6 +59,34 @@ async def as_agent_async(name: object, call: Callable[[], Any]) -> Any:
         return await call()
     async with scope:
         return await call()
+
+
+def as_agent_iter(name: object, iterator: Iterator[T]) -> Iterator[T]:
+    """``iterator`` (a streamed run) consumed as agent ``name``, from first to last item."""
+    scope = scope_for(name)
+    return iterator if scope is None else _scoped_iter(scope, iterator)
+
+
+def _scoped_iter(scope: AgentScope, iterator: Iterator[T]) -> Iterator[T]:
+    with scope:
+        yield from iterator  # close() and throw() reach the framework's generator
+
+
+def as_agent_stream(name: object, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``stream`` (a streamed run) consumed as agent ``name``, from first to last item."""
+    scope = scope_for(name)
+    return stream if scope is None else _scoped_stream(scope, stream)
+
+
+async def _scoped_stream(scope: AgentScope, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    async with scope:
+        try:
+            async for item in stream:
+                yield item
+        finally:  # a consumer that stops early closes the framework's generator too
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
 
 
 class FrameworkInstrumentor(GuardedInstrumentor):

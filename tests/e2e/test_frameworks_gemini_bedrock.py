@@ -76,11 +76,12 @@ def test_google_adk_agent_limit_by_its_own_name(
     assert result["agent"] == "Looper", result
 
 
-def _strands(venv: Path, llm: FakeLLMServer, **env: str) -> tuple[dict[str, Any], str]:
+def _strands(venv: Path, llm: FakeLLMServer, *args: str, **env: str) -> tuple[dict[str, Any], str]:
     result, done = run_app(
         venv,
         "strands_app.py",
         llm,
+        *args,
         AWS_ENDPOINT_URL_BEDROCK_RUNTIME=llm.base_url,
         AWS_ACCESS_KEY_ID="x",
         AWS_SECRET_ACCESS_KEY="x",
@@ -104,5 +105,13 @@ def test_strands_agent_limit_by_its_name(strands: Path, llm: FakeLLMServer, tmp_
     # runaway loop ran until Python's recursion limit (317 requests).
     policy = agent_policy(tmp_path, "Looper", 2)
     result, stderr = _strands(strands, llm, VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == 2, stderr
+    assert result["how"] == "cause" and result["agent"] == "Looper", result
+
+
+def test_strands_stream_async_is_named(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+    # stream_async iterated directly runs under the agent's name too.
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, stderr = _strands(strands, llm, "stream", VERONICA_POLICY_FILE=policy)
     assert llm.request_count == 2, stderr
     assert result["how"] == "cause" and result["agent"] == "Looper", result

@@ -56,6 +56,18 @@ def test_openai_agents_handoff_loop_per_agent_limit(
     assert result["agent"] == "Alpha", result
 
 
+def test_openai_agents_streamed_run_is_named(
+    venv: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, done = run_app(
+        venv, "openai_agents_app.py", llm, "streamed", VERONICA_POLICY_FILE=policy
+    )
+    assert llm.request_count == 2, done.stderr[-2000:]
+    # The streamed run's task raises it from stream_events() as itself.
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
+
+
 def test_pydantic_ai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
     result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr

@@ -51,6 +51,14 @@ def test_smolagents_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) 
     assert result["how"] == "cause" and result["agent"] == "Looper", result
 
 
+def test_smolagents_streamed_run_is_named(llm: FakeLLMServer, tmp_path: Path) -> None:
+    venv = framework_venv("FRAMEWORK_SMOLAGENTS")
+    policy = agent_policy(tmp_path, "Looper", 2)
+    result, done = run_app(venv, "smolagents_app.py", llm, "stream", VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "cause" and result["agent"] == "Looper", result
+
+
 def test_ag2_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
     venv = framework_venv("FRAMEWORK_AG2")
     result, done = run_app(venv, "ag2_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
