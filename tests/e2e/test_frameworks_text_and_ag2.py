@@ -102,3 +102,6 @@ def test_dspy_react_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
     # dspy wraps a model error: ours is the __cause__ of its LMUnexpectedError.
     assert result["raised"] == "LMUnexpectedError" and result["how"] == "cause", result
     assert result["reason"] == "steps"
+    # Then an LM pinned to the native engine, called directly: its send is
+    # refused at lm15's transport, loudly, and nothing more reached the server.
+    assert "cannot contain dspy's native lm15 transport" in str(result["native"]), result
