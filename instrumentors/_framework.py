@@ -1,20 +1,28 @@
-"""Agent frameworks' own agent names, as our ``agent(name)`` scope.
+"""Agent frameworks' own agent names, as our ``agent(name)`` scope, and their tool runs.
 
 A framework hook finds the name of the agent a model call is made for and
 runs the call under :class:`~veronica_otel._agents.AgentScope`, so a policy
 file's ``[agents."name"]`` limits and the chain's ``max_handoffs`` apply to
 the agents the framework defined, with no code change. Outside any chain
 (none active, no zero-code default) the call runs as it is.
+
+A framework's tool run is one step of the chain (DESIGN: every LLM or tool
+call is checked before it runs), as with MCP, LangChain and AG2 tools: it
+runs as a :class:`~veronica_otel.ToolCall` (:func:`as_tool`), so
+``max_steps`` counts model calls and tool runs alike in every framework.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 from veronica_otel._agents import AgentScope
 from veronica_otel._propagation import default_context
+from veronica_otel._tools import ToolCall
 
+from ._breakers import endpoint_breaker
 from ._hooks import GuardedInstrumentor
 
 __all__ = [
@@ -24,7 +32,11 @@ __all__ = [
     "as_agent_async",
     "as_agent_iter",
     "as_agent_stream",
+    "as_tool",
+    "as_tool_async",
+    "as_tool_stream",
     "scope_for",
+    "tool_call",
 ]
 
 _MAX_NAME = 256
@@ -78,7 +90,9 @@ def as_agent_stream(name: object, stream: AsyncIterator[T]) -> AsyncIterator[T]:
     return stream if scope is None else _scoped_stream(scope, stream)
 
 
-async def _scoped_stream(scope: AgentScope, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+async def _scoped_stream(
+    scope: AbstractAsyncContextManager[Any], stream: AsyncIterator[T]
+) -> AsyncIterator[T]:
     async with scope:
         try:
             async for item in stream:
@@ -87,6 +101,50 @@ async def _scoped_stream(scope: AgentScope, stream: AsyncIterator[T]) -> AsyncIt
             close = getattr(stream, "aclose", None)
             if close is not None:
                 await close()
+
+
+def tool_call(framework: str, name: object, arguments: object) -> ToolCall | None:
+    """The contained run of ``framework``'s tool ``name`` (None: no chain, or no name).
+
+    Checked before the tool runs: steps, deadline, repeats of the same tool with
+    the same ``arguments`` (``loop``), the tool's price and its circuit breaker.
+    """
+    if not isinstance(name, str) or not name:
+        return None
+    ctx = default_context()
+    if ctx is None:
+        return None
+    breaker = endpoint_breaker(framework, name)
+    return ToolCall(name[:_MAX_NAME], arguments, breaker=breaker, context=ctx)
+
+
+def as_tool(framework: str, name: object, arguments: object, call: Callable[[], T]) -> T:
+    """``call()`` as one contained run of ``framework``'s tool ``name``."""
+    tool = tool_call(framework, name, arguments)
+    if tool is None:
+        return call()
+    with tool:  # raises BudgetExceededError before the tool runs
+        return call()
+
+
+async def as_tool_async(
+    framework: str, name: object, arguments: object, call: Callable[[], Any]
+) -> Any:
+    """``await call()`` as one contained run of ``framework``'s tool ``name``."""
+    tool = tool_call(framework, name, arguments)
+    if tool is None:
+        return await call()
+    async with tool:
+        return await call()
+
+
+def as_tool_stream(
+    framework: str, name: object, arguments: object, stream: AsyncIterator[T]
+) -> AsyncIterator[T]:
+    """``stream`` (a tool run's events) as one contained run of tool ``name``:
+    checked at its first item, settled at its last."""
+    tool = tool_call(framework, name, arguments)
+    return stream if tool is None else _scoped_stream(tool, stream)
 
 
 class FrameworkInstrumentor(GuardedInstrumentor):

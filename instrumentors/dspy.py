@@ -33,7 +33,9 @@ such as ``OPENAI_BASE_URL``, client keys it lacks). Where it hooks:
   the application's own over ``httpx`` or ``requests`` is contained by the
   HTTP vendor guard instead.
 
-Outside a chain nothing changes.
+Every run of a dspy tool (``dspy.adapters.types.tool.Tool.__call__`` and
+``acall``: ReAct's tools, ``finish`` included) is one step of the chain,
+checked before the tool runs. Outside a chain nothing changes.
 
 A denial leaves the module call as the ``__cause__`` of dspy's LM
 error (``LMUnexpectedError``, ``LMServerError``).
@@ -46,7 +48,7 @@ from typing import Any
 
 from veronica_otel._propagation import default_context
 
-from ._framework import FrameworkInstrumentor, argument
+from ._framework import FrameworkInstrumentor, argument, as_tool, as_tool_async
 from ._hooks import Hook, InstrumentationError, SDKHooks
 
 __all__ = ["DSPyInstrumentor"]
@@ -78,6 +80,21 @@ def _native(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     return wrapped(*args, **kwargs)
 
 
+def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not DSPyInstrumentor.active:
+        return wrapped(*args, **kwargs)
+    name = getattr(instance, "name", None)
+    return as_tool("dspy", name, kwargs, lambda: wrapped(*args, **kwargs))
+
+
+async def _atool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not DSPyInstrumentor.active:
+        return await wrapped(*args, **kwargs)
+    name = getattr(instance, "name", None)
+    return await as_tool_async("dspy", name, kwargs, lambda: wrapped(*args, **kwargs))
+
+
+_TOOL = "adapters.types.tool.Tool"
 _HOOKS = SDKHooks(
     _instruments[0],
     "dspy",
@@ -86,12 +103,15 @@ _HOOKS = SDKHooks(
         Hook(f"{_TRANSPORTS}_sync.StdlibTransport", "stream", _native, ("request",)),
         Hook(f"{_TRANSPORTS}_async.StdlibAsyncTransport", "stream", _native, ("request",)),
         Hook(f"{_TRANSPORTS}_fetch.FetchTransport", "stream", _native, ("request",)),
+        Hook(_TOOL, "__call__", _tool),
+        Hook(_TOOL, "acall", _atool, (), (), True),
     ),
     (
         ("clients.execution", ("select_backend",)),
         (f"{_TRANSPORTS}_sync.StdlibTransport", ("stream",)),
         (f"{_TRANSPORTS}_async.StdlibAsyncTransport", ("stream",)),
         (f"{_TRANSPORTS}_fetch.FetchTransport", ("stream",)),
+        (_TOOL, ("__call__", "acall")),
     ),
 )
 

@@ -20,15 +20,20 @@ without one is not scoped), so ``[agents."name"]`` limits apply. A streamed
 run (``stream=True``) returns a generator: it runs under the name from its
 first step to its last.
 
+Every tool run (``smolagents.tools.Tool.__call__``: a ``ToolCallingAgent``'s
+calls and a ``CodeAgent``'s code alike, ``final_answer`` included) is one
+step of the chain, checked before the tool runs.
+
 A denial leaves ``run`` as the ``__cause__`` of smolagents'
-``AgentGenerationError``.
+``AgentGenerationError`` (a model call's) or ``AgentToolExecutionError`` (a
+tool run's).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent, as_agent_iter
+from ._framework import FrameworkInstrumentor, argument, as_agent, as_agent_iter, as_tool
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["SmolagentsInstrumentor"]
@@ -45,16 +50,26 @@ def _run(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, A
     return as_agent(name, lambda: wrapped(*args, **kwargs))
 
 
+def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not SmolagentsInstrumentor.active:
+        return wrapped(*args, **kwargs)
+    name = getattr(instance, "name", None)
+    return as_tool("smolagents", name, [args, kwargs], lambda: wrapped(*args, **kwargs))
+
+
 _HOOKS = SDKHooks(
     _instruments[0],
-    "smolagents.agents",
-    (Hook("MultiStepAgent", "run", _run, ("task", "stream")),),
-    (("MultiStepAgent", ("run",)),),
+    "smolagents",
+    (
+        Hook("agents.MultiStepAgent", "run", _run, ("task", "stream")),
+        Hook("tools.Tool", "__call__", _tool),
+    ),
+    (("agents.MultiStepAgent", ("run",)), ("tools.Tool", ("__call__",))),
 )
 
 
 class SmolagentsInstrumentor(FrameworkInstrumentor):
-    """Runs each smolagents agent run under the agent's name."""
+    """Runs each smolagents agent run under the agent's name, each tool run as a step."""
 
     _hooks = _HOOKS
     _instruments = _instruments

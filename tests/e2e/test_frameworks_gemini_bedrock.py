@@ -21,6 +21,7 @@ from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
+SENT = 2  # under max_steps=3: model, tool, model; the second tool run is denied
 GEMINI = "/v1beta/models/gemini-2.5-flash:generateContent"
 BEDROCK = "/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream"
 
@@ -93,7 +94,7 @@ def _strands(venv: Path, llm: FakeLLMServer, *args: str, **env: str) -> tuple[di
 
 def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMServer) -> None:
     result, stderr = _strands(strands, llm, VERONICA_MAX_STEPS=str(STEPS))
-    assert llm.stats() == {"total": STEPS, "routes": {BEDROCK: STEPS}}, stderr
+    assert llm.stats() == {"total": SENT, "routes": {BEDROCK: SENT}}, stderr
     # Strands wraps any error of its event loop: ours is the __cause__ of its
     # EventLoopException.
     assert result["raised"] == "EventLoopException" and result["how"] == "cause", result
@@ -103,15 +104,15 @@ def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMS
 def test_strands_agent_limit_by_its_name(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
     # Only the agent is limited: without StrandsInstrumentor naming it, the
     # runaway loop ran until Python's recursion limit (317 requests).
-    policy = agent_policy(tmp_path, "Looper", 2)
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result, stderr = _strands(strands, llm, VERONICA_POLICY_FILE=policy)
-    assert llm.request_count == 2, stderr
+    assert llm.request_count == SENT, stderr
     assert result["how"] == "cause" and result["agent"] == "Looper", result
 
 
 def test_strands_stream_async_is_named(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
     # stream_async iterated directly runs under the agent's name too.
-    policy = agent_policy(tmp_path, "Looper", 2)
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result, stderr = _strands(strands, llm, "stream", VERONICA_POLICY_FILE=policy)
-    assert llm.request_count == 2, stderr
+    assert llm.request_count == SENT, stderr
     assert result["how"] == "cause" and result["agent"] == "Looper", result

@@ -19,6 +19,7 @@ from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
+SENT = 2  # under max_steps=3: model, tool, model; the second tool run is denied
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def test_openai_agents_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer
     result, done = run_app(
         venv, "openai_agents_app.py", llm, "runaway", VERONICA_MAX_STEPS=str(STEPS)
     )
-    assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr
+    assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
     # openai-agents does not wrap a model error: ours reaches the caller as itself.
     assert result["how"] == "itself", result
     assert result["reason"] == "steps"
@@ -59,18 +60,18 @@ def test_openai_agents_handoff_loop_per_agent_limit(
 def test_openai_agents_streamed_run_is_named(
     venv: Path, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
-    policy = agent_policy(tmp_path, "Looper", 2)
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = run_app(
         venv, "openai_agents_app.py", llm, "streamed", VERONICA_POLICY_FILE=policy
     )
-    assert llm.request_count == 2, done.stderr[-2000:]
+    assert llm.request_count == SENT, done.stderr[-2000:]
     # The streamed run's task raises it from stream_events() as itself.
     assert result["how"] == "itself" and result["agent"] == "Looper", result
 
 
 def test_pydantic_ai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
     result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
-    assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr
+    assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
     # Not a ModelAPIError, so no retry and no FallbackModel fallback: it leaves
     # run_sync as itself (under FallbackModel(fallback_on=(Exception,)) it would
     # come inside a FallbackExceptionGroup: ``except* BudgetExceededError``).
@@ -90,9 +91,9 @@ def test_langgraph_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) ->
 def test_pydantic_ai_agent_limit_by_its_name(
     venv: Path, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
-    policy = agent_policy(tmp_path, "Looper", 2)
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_POLICY_FILE=policy)
-    assert llm.request_count == 2, done.stderr[-2000:]
+    assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result
 
 
