@@ -28,9 +28,11 @@ Every function-tool run (``_invoke_function_tool_with_metadata``, as bound in
 realtime sessions) is one step of the chain, checked before the tool runs, under the name of
 the agent that asked for it (``ToolContext.agent``).
 
-Configuration: none. A denial is raised from the model call as
-``BudgetExceededError`` and leaves ``Runner.run`` / ``run_sync`` as itself
-(the SDK does not wrap it); the SDK's own ``max_turns`` still applies.
+Configuration: none. A denied model call leaves ``Runner.run`` /
+``run_sync`` (or ``stream_events()`` of a streamed run) as
+``BudgetExceededError`` itself (the SDK does not wrap it); a denied tool run
+as the ``__cause__`` of the SDK's ``UserError("Error running tool ...")``.
+The SDK's own ``max_turns`` still applies.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ calls and a ``CodeAgent``'s code alike, ``final_answer`` included) is one
 step of the chain, checked before the tool runs.
 
 A denial leaves ``run`` as the ``__cause__`` of smolagents'
-``AgentGenerationError`` (a model call's) or ``AgentToolExecutionError`` (a
-tool run's).
+``AgentGenerationError``: a denied tool run becomes an error step the model
+reads, and the sticky trip denies the model call after it.
 """
 
 from __future__ import annotations

@@ -38,8 +38,10 @@ def test_openai_agents_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer
         venv, "openai_agents_app.py", llm, "runaway", VERONICA_MAX_STEPS=str(STEPS)
     )
     assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
-    # openai-agents does not wrap a model error: ours reaches the caller as itself.
-    assert result["how"] == "itself", result
+    # The denied step is the second tool run: openai-agents wraps a tool's
+    # error, so ours is the __cause__ of its UserError (a denied model call
+    # would reach the caller as itself, as in the handoff test below).
+    assert result["raised"] == "UserError" and result["how"] == "cause", result
     assert result["reason"] == "steps"
 
 
@@ -65,8 +67,9 @@ def test_openai_agents_streamed_run_is_named(
         venv, "openai_agents_app.py", llm, "streamed", VERONICA_POLICY_FILE=policy
     )
     assert llm.request_count == SENT, done.stderr[-2000:]
-    # The streamed run's task raises it from stream_events() as itself.
-    assert result["how"] == "itself" and result["agent"] == "Looper", result
+    # Looper's second tool run is denied; stream_events() raises the UserError.
+    assert result["raised"] == "UserError" and result["how"] == "cause", result
+    assert result["agent"] == "Looper", result
 
 
 def test_pydantic_ai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
