@@ -14,9 +14,12 @@ runs as a :class:`~veronica_otel.ToolCall` (:func:`as_tool`), so
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from veronica_otel._agents import AgentScope
 from veronica_otel._propagation import default_context
@@ -24,6 +27,9 @@ from veronica_otel._tools import ToolCall
 
 from ._breakers import endpoint_breaker
 from ._hooks import GuardedInstrumentor
+
+if TYPE_CHECKING:
+    from veronica_otel._context import ExecutionContext
 
 __all__ = [
     "FrameworkInstrumentor",
@@ -35,8 +41,9 @@ __all__ = [
     "as_tool",
     "as_tool_async",
     "as_tool_stream",
+    "joins_framework_tool",
+    "running_tool",
     "scope_for",
-    "tool_call",
 ]
 
 _MAX_NAME = 256
@@ -103,8 +110,53 @@ async def _scoped_stream(
                 await close()
 
 
-def tool_call(framework: str, name: object, arguments: object) -> ToolCall | None:
-    """The contained run of ``framework``'s tool ``name`` (None: no chain, or no name).
+class _Run:
+    """A framework tool run in progress: its chain, and whether an MCP call joined it."""
+
+    __slots__ = ("context", "joined")
+
+    def __init__(self, context: ExecutionContext) -> None:
+        self.context = context
+        self.joined = False
+
+
+_running: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
+    "veronica_framework_tool", default=None
+)
+_join_lock = threading.Lock()
+
+
+def joins_framework_tool(context: ExecutionContext) -> bool:
+    """Whether the MCP call about to be made in ``context`` is the framework tool
+    run around it (DESIGN G13: one call, one count): a framework tool backed by
+    an MCP tool (an ``mcp`` session's ``call_tool``) is one step, not two. Only
+    the first MCP call of a run joins it; any other is a step of its own."""
+    run = _running.get()
+    if run is None or run.context is not context:
+        return False
+    with _join_lock:
+        if run.joined:
+            return False
+        run.joined = True
+        return True
+
+
+@contextlib.contextmanager
+def running_tool(context: ExecutionContext) -> Iterator[None]:
+    """Inside: a framework's tool run in ``context``, which the first MCP call
+    made for it joins (:func:`joins_framework_tool`)."""
+    token = _running.set(_Run(context))
+    try:
+        yield
+    finally:
+        _running.reset(token)
+
+
+def _tool_call(
+    framework: str, name: object, arguments: object
+) -> tuple[ToolCall, ExecutionContext] | None:
+    """The contained run of ``framework``'s tool ``name``, and its chain (None: no
+    chain, or no name).
 
     Checked before the tool runs: steps, deadline, repeats of the same tool with
     the same ``arguments`` (``loop``), the tool's price and its circuit breaker.
@@ -115,15 +167,16 @@ def tool_call(framework: str, name: object, arguments: object) -> ToolCall | Non
     if ctx is None:
         return None
     breaker = endpoint_breaker(framework, name)
-    return ToolCall(name[:_MAX_NAME], arguments, breaker=breaker, context=ctx)
+    return ToolCall(name[:_MAX_NAME], arguments, breaker=breaker, context=ctx), ctx
 
 
 def as_tool(framework: str, name: object, arguments: object, call: Callable[[], T]) -> T:
     """``call()`` as one contained run of ``framework``'s tool ``name``."""
-    tool = tool_call(framework, name, arguments)
-    if tool is None:
+    found = _tool_call(framework, name, arguments)
+    if found is None:
         return call()
-    with tool:  # raises BudgetExceededError before the tool runs
+    tool, ctx = found
+    with tool, running_tool(ctx):  # raises BudgetExceededError before the tool runs
         return call()
 
 
@@ -131,11 +184,13 @@ async def as_tool_async(
     framework: str, name: object, arguments: object, call: Callable[[], Any]
 ) -> Any:
     """``await call()`` as one contained run of ``framework``'s tool ``name``."""
-    tool = tool_call(framework, name, arguments)
-    if tool is None:
+    found = _tool_call(framework, name, arguments)
+    if found is None:
         return await call()
+    tool, ctx = found
     async with tool:
-        return await call()
+        with running_tool(ctx):
+            return await call()
 
 
 def as_tool_stream(
@@ -143,8 +198,20 @@ def as_tool_stream(
 ) -> AsyncIterator[T]:
     """``stream`` (a tool run's events) as one contained run of tool ``name``:
     checked at its first item, settled at its last."""
-    tool = tool_call(framework, name, arguments)
-    return stream if tool is None else _scoped_stream(tool, stream)
+    found = _tool_call(framework, name, arguments)
+    return stream if found is None else _tool_stream(*found, stream)
+
+
+async def _tool_stream(
+    tool: ToolCall, ctx: ExecutionContext, stream: AsyncIterator[T]
+) -> AsyncIterator[T]:
+    token = _running.set(_Run(ctx))  # marked while the run is iterated
+    try:
+        async for item in _scoped_stream(tool, stream):
+            yield item
+    finally:
+        with contextlib.suppress(ValueError):  # closed from another context: it ends there
+            _running.reset(token)
 
 
 class FrameworkInstrumentor(GuardedInstrumentor):

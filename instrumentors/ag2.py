@@ -46,7 +46,7 @@ from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
 from ._breakers import endpoint_breaker
-from ._framework import scope_for
+from ._framework import running_tool, scope_for
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
 __all__ = ["AG2Instrumentor"]
@@ -81,7 +81,8 @@ async def _call_tool(
         context=ctx,
     )
     async with tool:  # raises BudgetExceededError before the function runs
-        result = await wrapped(*args, **kwargs)
+        with running_tool(ctx):  # an MCP-backed tool counts once
+            result = await wrapped(*args, **kwargs)
         error = getattr(result, "error", None)
         if isinstance(error, BaseException):  # AG2 returns a tool's error as an event
             tool.mark_failed(f"{type(error).__name__}: {error}"[:200])

@@ -64,6 +64,7 @@ from veronica_otel._policy import PolicyPipeline
 from veronica_otel._propagation import current_context, default_context
 from veronica_otel._tools import ToolCall
 
+from ._framework import running_tool
 from ._hooks import GuardedInstrumentor, Hook, InstrumentationError, SDKHooks, function_problem
 from ._unwrap import is_ours, unwrap_ours
 
@@ -107,7 +108,7 @@ def _run(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         return wrapped(*args, **kwargs)
     if _tool_node_pending:
         _patch_tool_node()
-    with _tool_call(ctx, instance, args, kwargs):
+    with _tool_call(ctx, instance, args, kwargs), running_tool(ctx):
         return wrapped(*args, **kwargs)
 
 
@@ -118,7 +119,8 @@ async def _arun(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) 
     if _tool_node_pending:
         _patch_tool_node()
     async with _tool_call(ctx, instance, args, kwargs):
-        return await wrapped(*args, **kwargs)
+        with running_tool(ctx):  # an MCP-backed tool (langchain-mcp-adapters) counts once
+            return await wrapped(*args, **kwargs)
 
 
 def _handle_tool_error(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
