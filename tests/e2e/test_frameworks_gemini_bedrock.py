@@ -3,8 +3,9 @@ boto3, streamed), contained with zero code, each in its own venv
 (:data:`tests._venvs.FRAMEWORK_ADK`, :data:`tests._venvs.FRAMEWORK_STRANDS`).
 
 As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
-runaway fake server under ``VERONICA_MAX_STEPS=3``; exactly 3 model requests
-reach the server (counted after the process exited). google-adk pins
+runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
+after the process exited: Strands' tool runs are steps too (2 model requests),
+ADK's are not hooked yet (3). google-adk pins
 ``opentelemetry-api<=1.44``: it must resolve beside us (the newest ADK, not a
 fallback to 1.x).
 """

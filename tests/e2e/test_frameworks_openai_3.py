@@ -3,8 +3,9 @@ pydantic-ai, LangGraph with langchain-openai (one venv, :data:`tests._venvs.FRAM
 
 Each runs a real agent with one tool against the runaway fake server (every
 reply asks for another tool call, so the loop never ends on its own) under
-``VERONICA_MAX_STEPS=3``: exactly 3 model requests reach the server, the run
-ends with our denial, and the count is taken after the process exited, so
+``VERONICA_MAX_STEPS=3``: a step is a model call or a tool run, so exactly 2
+model requests reach the server (model, tool, model; the second tool run is
+denied), the run ends with our denial, and the count is taken after the process exited, so
 nothing was sent after it.
 """
 
