@@ -18,7 +18,6 @@ import contextlib
 import contextvars
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
-from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from veronica_otel._agents import AgentScope
@@ -27,6 +26,7 @@ from veronica_otel._tools import ToolCall
 
 from ._breakers import endpoint_breaker
 from ._hooks import GuardedInstrumentor
+from ._scoped_streams import ScopedIterator, ScopedStream
 
 if TYPE_CHECKING:
     from veronica_otel._context import ExecutionContext
@@ -81,33 +81,15 @@ async def as_agent_async(name: object, call: Callable[[], Any]) -> Any:
 
 
 def as_agent_iter(name: object, iterator: Iterator[T]) -> Iterator[T]:
-    """``iterator`` (a streamed run) consumed as agent ``name``, from first to last item."""
+    """``iterator`` (a streamed run) producing each item as agent ``name``."""
     scope = scope_for(name)
-    return iterator if scope is None else _scoped_iter(scope, iterator)
-
-
-def _scoped_iter(scope: AgentScope, iterator: Iterator[T]) -> Iterator[T]:
-    with scope:
-        yield from iterator  # close() and throw() reach the framework's generator
+    return iterator if scope is None else ScopedIterator(scope, iterator)
 
 
 def as_agent_stream(name: object, stream: AsyncIterator[T]) -> AsyncIterator[T]:
-    """``stream`` (a streamed run) consumed as agent ``name``, from first to last item."""
+    """``stream`` (a streamed run) producing each item as agent ``name``."""
     scope = scope_for(name)
-    return stream if scope is None else _scoped_stream(scope, stream)
-
-
-async def _scoped_stream(
-    scope: AbstractAsyncContextManager[Any], stream: AsyncIterator[T]
-) -> AsyncIterator[T]:
-    async with scope:
-        try:
-            async for item in stream:
-                yield item
-        finally:  # a consumer that stops early closes the framework's generator too
-            close = getattr(stream, "aclose", None)
-            if close is not None:
-                await close()
+    return stream if scope is None else ScopedStream(scope, stream)
 
 
 class _Run:
@@ -197,21 +179,14 @@ def as_tool_stream(
     framework: str, name: object, arguments: object, stream: AsyncIterator[T]
 ) -> AsyncIterator[T]:
     """``stream`` (a tool run's events) as one contained run of tool ``name``:
-    checked at its first item, settled at its last."""
+    checked before its first item, settled after its last."""
     found = _tool_call(framework, name, arguments)
-    return stream if found is None else _tool_stream(*found, stream)
-
-
-async def _tool_stream(
-    tool: ToolCall, ctx: ExecutionContext, stream: AsyncIterator[T]
-) -> AsyncIterator[T]:
-    token = _running.set(_Run(ctx))  # marked while the run is iterated
-    try:
-        async for item in _scoped_stream(tool, stream):
-            yield item
-    finally:
-        with contextlib.suppress(ValueError):  # closed from another context: it ends there
-            _running.reset(token)
+    if found is None:
+        return stream
+    tool, ctx = found
+    scoped = ScopedStream(tool, stream)
+    scoped.context.run(_running.set, _Run(ctx))  # the run, for an MCP call it makes
+    return scoped
 
 
 class FrameworkInstrumentor(GuardedInstrumentor):
