@@ -135,6 +135,8 @@ def _handle_tool_error(wrapped: Any, instance: Any, args: Any, kwargs: dict[str,
 # Never by importing LangGraph ourselves, nor while it is half imported (the
 # zero-code hook may instrument in the middle of LangGraph's own import).
 _tool_node_pending = False
+_name_nodes = False  # instrumented: LangGraph's nodes, once imported, name agents
+_graph_ours = False  # LangGraphInstrumentor was instrumented by us: uninstrumented with us
 
 
 def _patch_tool_node() -> None:
@@ -160,15 +162,14 @@ def _patch_tool_node() -> None:
 
 def _name_graph_nodes(module: object) -> None:
     """LangGraph was imported: its nodes name agents (an error is logged and refused)."""
+    global _graph_ours
     from .langgraph import LangGraphInstrumentor
 
     graph = LangGraphInstrumentor()
-    if (
-        LangChainInstrumentor().is_instrumented_by_opentelemetry
-        and not graph.is_instrumented_by_opentelemetry
-    ):
+    if _name_nodes and not graph.is_instrumented_by_opentelemetry:
         with contextlib.suppress(InstrumentationError):  # it logged it and refuses in a chain
             graph.instrument()
+            _graph_ours = True
 
 
 _HOOKS = SDKHooks(
@@ -196,16 +197,22 @@ class LangChainInstrumentor(GuardedInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _tool_node_pending
+        global _tool_node_pending, _name_nodes
         super()._instrument(**kwargs)
         _tool_node_pending = True
         _patch_tool_node()
+        _name_nodes = True  # read by the hook, which runs now when LangGraph is imported
         wrapt.register_post_import_hook(_name_graph_nodes, _RUNNER_MODULE)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        global _tool_node_pending
+        global _tool_node_pending, _name_nodes, _graph_ours
         super()._uninstrument(**kwargs)
-        _tool_node_pending = False
+        _tool_node_pending = _name_nodes = False
+        if _graph_ours:
+            from .langgraph import LangGraphInstrumentor
+
+            _graph_ours = False
+            LangGraphInstrumentor().uninstrument()
         tool_node = sys.modules.get(_TOOL_NODE_MODULE)
         if tool_node is not None:
             unwrap_ours(tool_node, "_handle_tool_error", _handle_tool_error)
