@@ -25,6 +25,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from veronica_otel._attributes import (
+    BAGGAGE_PREFIX,
     COST_USD,
     GEN_AI_AGENT_NAME,
     GEN_AI_OPERATION_NAME,
@@ -65,7 +66,6 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("veronica_otel.instrumentors", __version__)
-BAGGAGE_PREFIX = "veronica."
 _CLOSED = CircuitState.CLOSED
 _SUPPRESS_KEY_PLAIN = "suppress_instrumentation"  # the older key is_instrumentation_enabled reads
 

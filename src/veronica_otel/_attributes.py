@@ -1,7 +1,8 @@
-"""Span, event and metric attribute names: written once, read by both sides.
+"""Span, event, metric and baggage names: written once, read by both sides.
 
 The instrumentors and the kernel set these on spans, events and metric points;
-the exporters (execution graph, Jaeger query) read them back. One table keeps
+the exporters (execution graph, Jaeger query) read them back; the baggage
+entries one service's outbound guard writes, the next one's middleware reads. One table keeps
 the two sides from drifting apart. ``gen_ai.*`` names follow OpenTelemetry's
 GenAI semantic conventions (as its own instrumentors spell them);
 ``veronica.*`` names are ours. The values are a wire format: dashboards and
@@ -77,3 +78,9 @@ OVERRIDE_ADD_STEPS = "veronica.override.add_steps"
 KIND = "veronica.kind"
 OUTCOME = "veronica.outcome"
 GRANT_REASON = "veronica.grant.reason"
+
+# -- W3C baggage entries: what one service sends the next -----------------------
+BAGGAGE_PREFIX = "veronica."  # every entry of ours starts so (stripped where not allowed)
+BAGGAGE_CHAIN = "veronica.chain"
+BAGGAGE_DEPTH = "veronica.depth"
+BAGGAGE_GRANT = "veronica.grant"

@@ -54,6 +54,7 @@ from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 
+from veronica_otel._attributes import BAGGAGE_CHAIN, BAGGAGE_GRANT, BAGGAGE_PREFIX
 from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent, TripReason
@@ -79,10 +80,10 @@ from veronica_otel._trips import emit_trip
 __all__ = [
     "BAGGAGE_PREFIX",
     "MAX_BAGGAGE_BYTES",
-    "RequestAdmission",
     "Gate",
     "PoolSelectionError",
     "PoolsFor",
+    "RequestAdmission",
     "budget_error",
     "denial_body",
     "parse_audience",
@@ -99,8 +100,6 @@ class PoolSelectionError(Exception):
 
 
 _logger = logging.getLogger("veronica_otel.middleware")
-BAGGAGE_PREFIX = "veronica."
-GRANT_ENTRY = "veronica.grant"
 # The W3C baggage limit; a longer header is ignored (and counted) as a whole.
 MAX_BAGGAGE_BYTES = 8192
 _BAGGAGE = W3CBaggagePropagator()
@@ -317,9 +316,9 @@ class Gate:
         }
         if not entries:
             return None
-        raw = entries.get(GRANT_ENTRY)
+        raw = entries.get(BAGGAGE_GRANT)
         if raw is None:
-            record_rejection("unsigned", entries.get("veronica.chain"))
+            record_rejection("unsigned", entries.get(BAGGAGE_CHAIN))
             return None
         audience = self.audience or (host.strip().lower(),)
         return verify_grant(
