@@ -84,3 +84,24 @@ def test_the_installed_wheel_runs_the_quickstart(dist: Path, tmp_path: Path) -> 
         check=True,
     )
     assert str(venv) in where.stdout
+
+
+def test_every_entry_point_and_the_startup_file_name_a_module_the_wheel_ships(
+    dist: Path,
+) -> None:
+    (wheel,) = dist.glob("*.whl")
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    (entry_points,) = (n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    targets = {
+        line.split("=", 1)[1].strip().split(":")[0]
+        for line in archive.read(entry_points).decode().splitlines()
+        if "=" in line
+    }
+    startup = archive.read("veronica_otel_zero_code.pth").decode()
+    targets.add(startup.split("__import__('", 1)[1].split("'", 1)[0])
+    assert "veronica_otel.startup.distro" in targets
+    assert "veronica_otel.startup._autostart" in targets
+    for module in targets:
+        path = module.replace(".", "/")
+        assert f"{path}.py" in names or f"{path}/__init__.py" in names, module

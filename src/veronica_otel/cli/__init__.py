@@ -138,7 +138,7 @@ def _status_command(args: argparse.Namespace) -> int:
 
 
 def _pools_command(args: argparse.Namespace) -> int:
-    from ._pools import show_pools
+    from ._pool_table import show_pools
 
     return show_pools(args)
 
