@@ -8,15 +8,19 @@
 - ``<!-- veronica:example PATH -->`` becomes the file at PATH (from the
   repository root) as a Python block: the runnable example itself;
 - ``frameworks.md`` stays the one file the framework sections are written
-  in: each ``## `` section whose title names a framework moves to that
-  framework's page (``<!-- veronica:moved -->`` there), so the overview keeps
-  what is common and each page gets its own details;
-- ``<!-- veronica:number NAME -->`` becomes a number of ``docs/numbers.json``
+  in: each ``## `` or ``### `` section whose title names a framework moves to
+  that framework's page (``<!-- veronica:moved -->`` there), so the overview
+  keeps what is common and each page gets its own details;
+- ``<!-- veronica:patched NAME ... -->`` becomes the list of SDK methods the
+  instrumentor modules ``veronica_otel.instrumentors.NAME`` hook, read from
+  their ``SDKHooks``: what a page says is patched is what the code patches;
+- marked numbers (``<!--n:KEY-->N<!--/n-->``) come from ``docs/numbers.json``
   (see ``docs/_numbers.py``).
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -46,6 +50,7 @@ FRAMEWORK_PAGES = {
     "ag2": "frameworks/ag2.md",
 }
 _FRAMEWORKS = _ROOT / "docs" / "frameworks.md"
+_PATCHED = re.compile(r"<!-- veronica:patched ([\w ]+) -->")
 _EXAMPLE = re.compile(r"<!-- veronica:example (\S+) -->")
 _RELATIVE_LINK = re.compile(r"\]\((?!https?:|#|/|\.\./)([^)]+)\)")
 
@@ -68,16 +73,54 @@ def page_of(title: str) -> str | None:
 
 
 def split_frameworks(text: str) -> tuple[str, dict[str, list[str]]]:
-    """frameworks.md without its per-framework sections, and those sections by page."""
+    """frameworks.md without its per-framework sections, and those sections by page.
+
+    A section is a ``## `` or ``### `` heading and what follows it up to the
+    next such heading; one that moves becomes a ``## `` section of its page.
+    """
     kept: list[str] = []
     moved: dict[str, list[str]] = {}
-    for section in re.split(r"(?m)^(?=## )", text):
-        page = page_of(section.splitlines()[0]) if section.startswith("## ") else None
+    for section in re.split(r"(?m)^(?=#{2,3} )", text):
+        heading = re.match(r"#{2,3} (.*)", section)
+        page = page_of(heading.group(1)) if heading else None
         if page is None:
             kept.append(section)
         else:
-            moved.setdefault(page, []).append(section.rstrip() + "\n")
+            body = "## " + section.split(" ", 1)[1]
+            moved.setdefault(page, []).append(body.rstrip() + "\n")
     return "".join(kept), moved
+
+
+def hook_targets(module: Any) -> list[str]:
+    """``module.Owner.method`` for every hook of the ``SDKHooks`` in ``module``."""
+    from veronica_otel.instrumentors._hooks import SDKHooks
+
+    found: list[str] = []
+    for value in vars(module).values():
+        for hooks in value if isinstance(value, (list, tuple)) else (value,):
+            if not isinstance(hooks, SDKHooks):
+                continue
+            for hook_set in hooks.sets:
+                for hook in hook_set.hooks:
+                    owner = f".{hook.owner}" if hook.owner else ""
+                    target = f"{hooks.module}{owner}.{hook.method}"
+                    if target not in found:
+                        found.append(target)
+    return found
+
+
+def _patched(match: re.Match[str]) -> str:
+    targets = []
+    for name in match.group(1).split():
+        path = f"veronica_otel.instrumentors.{name}"
+        try:
+            module = importlib.import_module(path)
+        except ModuleNotFoundError as exc:
+            if exc.name == path:  # a module another branch adds: nothing to list yet
+                continue
+            raise
+        targets += [f"- `{target}`" for target in hook_targets(module)]
+    return "\n".join(targets)
 
 
 def _example(match: re.Match[str]) -> str:
@@ -99,6 +142,7 @@ def on_page_markdown(markdown: str, page: Any = None, **kwargs: Any) -> str:
             "<!-- veronica:moved -->", _RELATIVE_LINK.sub(r"](../\1)", sections)
         )
     markdown = _EXAMPLE.sub(_example, markdown)
+    markdown = _PATCHED.sub(_patched, markdown)
     markdown = render_numbers(markdown)
     return markdown.replace("<!-- veronica:environment -->", environment_table()).replace(
         "<!-- veronica:policy-keys -->", policy_table()

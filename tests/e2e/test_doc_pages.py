@@ -8,6 +8,7 @@ the count the server received; the framework pages' sections come from
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -73,23 +74,31 @@ def test_the_provider_pages_snippet_runs_as_pasted(page: Path, tmp_path: Path) -
     assert denial.split(": ", 2)[2] == said.split(": ", 2)[2], (said, denial)
 
 
-def test_each_framework_page_shows_its_example() -> None:
+def test_each_framework_page_shows_its_example_and_what_its_code_hooks() -> None:
     for page in FRAMEWORK_PAGES:
-        examples = re.findall(r"<!-- veronica:example (\S+) -->", page.read_text(encoding="utf-8"))
+        text = page.read_text(encoding="utf-8")
+        examples = re.findall(r"<!-- veronica:example (\S+) -->", text)
         assert len(examples) == 1, page.name
         assert (ROOT / examples[0]).is_file(), examples[0]
+        rendered = hooks.on_page_markdown(text)
+        assert "<!-- veronica:" not in rendered, page.name
+        if "veronica:patched" in text:  # the methods listed are the SDKHooks' own
+            assert re.search(r"^- `[\w.]+\.\w+`$", rendered, re.M), page.name
+    listed = hooks.hook_targets(importlib.import_module("veronica_otel.instrumentors.crewai"))
+    assert "crewai.agent.core.Agent.execute_task" in listed
 
 
 def test_framework_sections_move_to_their_pages() -> None:
     text = (
         "# F\n\nintro\n\n## CrewAI\n\ncrew [x](concepts.md)\n\n"
-        "## Agent frameworks\n\ntable\n\n## LangChain\n\nlc\n"
+        "## Agent frameworks\n\ntable\n\n### LangGraph\n\n- **Steps:** lg\n\n"
+        "### Notes\n\nkept\n\n## LangChain\n\nlc\n"
     )
     kept, moved = hooks.split_frameworks(text)
-    assert kept == "# F\n\nintro\n\n## Agent frameworks\n\ntable\n\n"
+    assert kept == "# F\n\nintro\n\n## Agent frameworks\n\ntable\n\n### Notes\n\nkept\n\n"
     assert moved == {
         "frameworks/crewai.md": ["## CrewAI\n\ncrew [x](concepts.md)\n"],
-        "frameworks/langgraph.md": ["## LangChain\n\nlc\n"],
+        "frameworks/langgraph.md": ["## LangGraph\n\n- **Steps:** lg\n", "## LangChain\n\nlc\n"],
     }
     assert hooks.page_of("pydantic-ai: agents") == "frameworks/pydantic-ai.md"
     assert hooks.page_of("Agents and pools") is None
