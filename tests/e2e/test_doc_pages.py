@@ -9,9 +9,7 @@ the count the server received; the framework pages' sections come from
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,11 +24,7 @@ PARTS = ("**Install:**", "**What is patched", "**What is counted and priced", "*
 sys.path.insert(0, str(DOCS))
 import hooks  # noqa: E402  (docs/ is not a package)
 
-
-def _first_python(page: Path) -> str:
-    found = re.search(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
-    assert found is not None, f"{page.name} has no Python block"
-    return found.group(1)
+from tests.e2e.test_docs import run_first_python_block  # noqa: E402
 
 
 def test_every_provider_and_framework_has_its_page() -> None:
@@ -50,19 +44,7 @@ def test_every_provider_and_framework_has_its_page() -> None:
 
 @pytest.mark.parametrize("page", PROVIDER_PAGES, ids=lambda p: p.stem)
 def test_the_provider_pages_snippet_runs_as_pasted(page: Path, tmp_path: Path) -> None:
-    script = tmp_path / "snippet.py"
-    script.write_text(_first_python(page), encoding="utf-8")
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no network at import
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_first_python_block(page, tmp_path)
     assert "denied before sending: chain " in result.stdout
     # The server (or the MCP tool) saw exactly the calls the chain allowed.
     assert re.search(
