@@ -142,7 +142,7 @@ running call. A charge is committed spend: a denial it causes is sticky.
 write, and if a client that ran it is still alive, its marks bring it back.
 
 *What no client can know* (the guarantee after a loss; the simulation,
-``testing/_sim_ledger.py``, checks exactly this). A store without
+``tests/simulation/_sim_ledger.py``, checks exactly this). A store without
 persistence that loses a chain keeps only what clients' marks hold, and a
 mark is what its client last heard. So:
 
