@@ -59,6 +59,9 @@ _SETTLE_BATCH = 64
 # forgotten when a new one is made: they are indistinguishable from new.
 _POOLS_BEFORE_SWEEP = 1024
 
+# One step, compared by identity on the hot path (any other 1 goes the general way).
+_ONE = 1
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolSnapshot:
@@ -304,7 +307,6 @@ class LocalLedger:
         path: Sequence[Level],
         cost_nano: int,
         tokens: int,
-        *,
         step: bool = True,
         steps: int = 1,
         retry: bool = False,
@@ -313,7 +315,9 @@ class LocalLedger:
         clamp: OutputClamp | None = None,
     ) -> Reservation | TripEvent:
         """:meth:`Ledger.reserve`; with ``clamp``, of an uncapped call sized under
-        the same lock.
+        the same lock. (No keyword-only parameters: CPython 3.11 specialises
+        no call to such a function, and every call's hot path comes here
+        with three positions.)
 
         ``clamp`` is fed the unreserved room of every level of ``path`` with a
         cost or token ceiling, then of every pool, and sizes the call
@@ -322,56 +326,48 @@ class LocalLedger:
         the room between the read and the reservation.
         """
         if (
-            steps == 1
-            and len(path) == 1
-            and step
-            and not retry
+            steps is _ONE
+            and step is True
+            and retry is False
             and signature is None
             and clamp is None
             and not pools
-            and type(steps) is int
+            and len(path) == 1
         ):
-            held = self._one_step(path[0], cost_nano, tokens)
-            if held is not None:
-                return held
+            # The common call (one root level, a plain step) in a few
+            # comparisons: _check's for a step with no retry and no signature.
+            # Anything unusual (a new chain, a trip, an override, a denial)
+            # goes the general way below, which re-checks under the lock (and
+            # tells a sticky trip from a denial that only calls in flight cause).
+            level = path[0]
+            limits = level.limits
+            with self._lock:
+                state = self._chains.get(level.chain_id)
+                if state is not None and state.trip is None and state.override is None:
+                    count = state.steps + 1
+                    if (
+                        (limits.steps is None or count <= limits.steps)
+                        and (
+                            limits.tokens is None
+                            or state.tokens + state.reserved_tokens + tokens <= limits.tokens
+                        )
+                        and (
+                            limits.cost_nano is None
+                            or state.cost_nano + state.reserved_nano + cost_nano <= limits.cost_nano
+                        )
+                    ):
+                        state.steps = count
+                        state.reserved_nano += cost_nano
+                        state.reserved_tokens += tokens
+                        held = self._one
+                        if held.cost_nano != cost_nano or held.tokens != tokens:
+                            held = self._one = Reservation("", cost_nano, tokens, 1, False)
+                        return held
         count = step_count(steps) if step else 0
         with self._lock:
             if clamp is not None:
                 cost_nano, tokens = self._size(path, pools, clamp)
             return self._reserve_locked(path, cost_nano, tokens, count, retry, signature, pools)
-
-    def _one_step(self, level: Level, cost_nano: int, tokens: int) -> Reservation | None:
-        """The common reservation (one root level, a plain step) in a few
-        comparisons: the same checks as ``_check``'s for a step with no retry
-        and no signature. None: anything unusual (a new chain, a trip, an
-        override, a denial), left to the general way, which re-checks under
-        the lock (and tells a sticky trip from a denial that only in-flight
-        reservations cause)."""
-        limits = level.limits
-        with self._lock:
-            state = self._chains.get(level.chain_id)
-            if state is None or state.trip is not None or state.override is not None:
-                return None
-            steps = state.steps + 1
-            if (
-                (limits.steps is None or steps <= limits.steps)
-                and (
-                    limits.tokens is None
-                    or state.tokens + state.reserved_tokens + tokens <= limits.tokens
-                )
-                and (
-                    limits.cost_nano is None
-                    or state.cost_nano + state.reserved_nano + cost_nano <= limits.cost_nano
-                )
-            ):
-                state.steps = steps
-                state.reserved_nano += cost_nano
-                state.reserved_tokens += tokens
-                held = self._one
-                if held.cost_nano != cost_nano or held.tokens != tokens:
-                    held = self._one = Reservation("", cost_nano, tokens, 1, False)
-                return held
-        return None
 
     def _size(
         self, path: Sequence[Level], pools: Sequence[PoolLevel], clamp: OutputClamp
