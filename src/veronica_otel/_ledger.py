@@ -327,11 +327,10 @@ class LocalLedger:
         """
         if (
             steps is _ONE
-            and step is True
-            and retry is False
+            and step
+            and not (retry or pools)
             and signature is None
             and clamp is None
-            and not pools
             and len(path) == 1
         ):
             # The common call (one root level, a plain step) in a few
