@@ -315,9 +315,9 @@ class LocalLedger:
         clamp: OutputClamp | None = None,
     ) -> Reservation | TripEvent:
         """:meth:`Ledger.reserve`; with ``clamp``, of an uncapped call sized under
-        the same lock. (No keyword-only parameters: CPython 3.11 specialises
-        no call to such a function, and every call's hot path comes here
-        with three positions.)
+        the same lock. (No keyword-only parameters: CPython 3.11 takes its
+        slow call path for such a function, and every call's hot path comes
+        here with three positions.)
 
         ``clamp`` is fed the unreserved room of every level of ``path`` with a
         cost or token ceiling, then of every pool, and sizes the call
