@@ -3,7 +3,7 @@
 Python runs it at start-up. It does nothing unless the process runs under
 ``opentelemetry-instrument``; then it makes zero-code containment install
 after OpenTelemetry's initialisation even when a configurator or exporter
-failed and no instrumentor was loaded (see ``veronica_otel._autostart``).
+failed and no instrumentor was loaded (see ``veronica_otel.startup._autostart``).
 Regular and editable (``pip install -e``) installs both get it. Everything
 else is in pyproject.toml.
 """

@@ -42,6 +42,25 @@ from typing import Any, NotRequired, TypedDict
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
+from veronica_otel._attributes import (
+    AGENT,
+    CHAIN_ID,
+    COST_USD,
+    DECISION,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    POOL,
+    SIGNATURE,
+    STEPS,
+    TOKENS,
+    TRIP_EVENT,
+    TRIP_LIMIT,
+    TRIP_OBSERVED,
+    TRIP_REASON,
+)
+
 __all__ = [
     "GRAPH_VERSION",
     "GraphDict",
@@ -188,35 +207,35 @@ def _text(value: object) -> str | None:
 
 
 def _kind(attributes: Mapping[str, object]) -> str:
-    operation = attributes.get("gen_ai.operation.name")
+    operation = attributes.get(GEN_AI_OPERATION_NAME)
     if operation in _AGENT_OPS:
         return "agent"
     if operation == "execute_tool":
         return "tool"
-    if operation in _LLM_OPS or "gen_ai.request.model" in attributes:
+    if operation in _LLM_OPS or GEN_AI_REQUEST_MODEL in attributes:
         return "llm"
     return "other"
 
 
 def _trip(span: ReadableSpan, attributes: Mapping[str, object]) -> TripDict | None:
     for event in span.events:
-        if event.name == "veronica.trip":
+        if event.name == TRIP_EVENT:
             found = event.attributes or {}
             return {
-                "reason": str(found.get("veronica.trip.reason", "unknown")),
-                "limit": _finite(found.get("veronica.trip.limit")),
-                "observed": _finite(found.get("veronica.trip.observed")),
-                "pool": _text(found.get("veronica.pool")),
-                "agent": _text(found.get("veronica.agent")),
+                "reason": str(found.get(TRIP_REASON, "unknown")),
+                "limit": _finite(found.get(TRIP_LIMIT)),
+                "observed": _finite(found.get(TRIP_OBSERVED)),
+                "pool": _text(found.get(POOL)),
+                "agent": _text(found.get(AGENT)),
             }
-    reason = attributes.get("veronica.trip.reason")
+    reason = attributes.get(TRIP_REASON)
     if isinstance(reason, str):
         return {
             "reason": reason,
             "limit": None,
             "observed": None,
-            "pool": _text(attributes.get("veronica.pool")),
-            "agent": _text(attributes.get("veronica.agent")),
+            "pool": _text(attributes.get(POOL)),
+            "agent": _text(attributes.get(AGENT)),
         }
     return None
 
@@ -229,9 +248,9 @@ def node_from_span(span: ReadableSpan) -> NodeDict | None:
     attributes: Mapping[str, object] = span.attributes or {}
     start_ns = span.start_time or 0
     end_ns = span.end_time if span.end_time is not None else start_ns
-    input_tokens = _count(attributes.get("gen_ai.usage.input_tokens"))
-    output_tokens = _count(attributes.get("gen_ai.usage.output_tokens"))
-    tokens = _count(attributes.get("veronica.tokens"))
+    input_tokens = _count(attributes.get(GEN_AI_USAGE_INPUT_TOKENS))
+    output_tokens = _count(attributes.get(GEN_AI_USAGE_OUTPUT_TOKENS))
+    tokens = _count(attributes.get(TOKENS))
     if tokens is None and (input_tokens is not None or output_tokens is not None):
         tokens = (input_tokens or 0) + (output_tokens or 0)
     parent = span.parent
@@ -241,22 +260,22 @@ def node_from_span(span: ReadableSpan) -> NodeDict | None:
         "trace_id": f"{context.trace_id:032x}",
         "kind": _kind(attributes),
         "name": span.name,
-        "chain_id": _text(attributes.get("veronica.chain.id")),
-        "model": _text(attributes.get("gen_ai.request.model")),
+        "chain_id": _text(attributes.get(CHAIN_ID)),
+        "model": _text(attributes.get(GEN_AI_REQUEST_MODEL)),
         "start": round(start_ns / _NS, 6),
         "end": round(end_ns / _NS, 6),
         "duration_ms": round(max(0, end_ns - start_ns) / 1e6, 3),
         "status": _STATUS.get(span.status.status_code, "unset"),
         "status_message": span.status.description,
-        "cost_usd": _finite(attributes.get("veronica.cost_usd")),
+        "cost_usd": _finite(attributes.get(COST_USD)),
         "total_cost_usd": 0.0,
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "tokens": tokens,
-        "steps": _count(attributes.get("veronica.steps")),
-        "decision": _text(attributes.get("veronica.decision")),
+        "steps": _count(attributes.get(STEPS)),
+        "decision": _text(attributes.get(DECISION)),
         "trip": _trip(span, attributes),
-        "digest": _text(attributes.get("veronica.signature")),
+        "digest": _text(attributes.get(SIGNATURE)),
         "children": [],
         "depth": 0,
         "loops": [],

@@ -57,6 +57,8 @@ from pathlib import Path
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from veronica_otel._attributes import CHAIN_ID, GEN_AI_OPERATION_NAME
+
 from ._graph_html import render_html
 from ._graph_model import NodeDict, build_graph, chain_key, node_from_span
 from ._graph_text import load_graph, render_text_tree
@@ -207,7 +209,7 @@ class ExecutionGraphExporter(SpanExporter):
             return
         attributes = span.attributes or {}
         trace_id = context.trace_id
-        chain_id = attributes.get("veronica.chain.id")
+        chain_id = attributes.get(CHAIN_ID)
         if isinstance(chain_id, str) and chain_key(chain_id):
             pending = self._pending_for(chain_key(chain_id), is_chain=True)
             self._link_trace(trace_id, pending)
@@ -223,7 +225,7 @@ class ExecutionGraphExporter(SpanExporter):
         parent = span.parent
         local_root = parent is None or parent.is_remote
         completes = local_root and (
-            chain_id is None or attributes.get("gen_ai.operation.name") == "invoke_workflow"
+            chain_id is None or attributes.get(GEN_AI_OPERATION_NAME) == "invoke_workflow"
         )
         if len(pending.nodes) < self._max_spans or completes:
             node = node_from_span(span)

@@ -77,6 +77,7 @@ from opentelemetry import trace
 from opentelemetry.baggage import _BAGGAGE_KEY
 
 from veronica_otel._agents import current_agent
+from veronica_otel._attributes import GEN_AI_REQUEST_MAX_TOKENS
 from veronica_otel._chain_span import remaining_attributes
 from veronica_otel._context import CONTEXT_KEY, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
@@ -509,8 +510,8 @@ def _prepared(
         call.__class__ = BoundedCall  # costs its bound, whatever its reply reports
     attributes = call.pending_attributes
     if attributes is not None:
-        if request.cap is not None and "gen_ai.request.max_tokens" not in attributes:
-            attributes["gen_ai.request.max_tokens"] = request.cap
+        if request.cap is not None and GEN_AI_REQUEST_MAX_TOKENS not in attributes:
+            attributes[GEN_AI_REQUEST_MAX_TOKENS] = request.cap
         read = adapter.request_attributes(instance, args, kwargs, request)
         if read:
             attributes.update(read)

@@ -19,6 +19,16 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from veronica_otel._admission import RoomBusy
+from veronica_otel._attributes import (
+    AGENT,
+    CHAIN_ID,
+    CLAMPED_MAX_TOKENS,
+    DECISION,
+    FALLBACK_MODEL,
+    GEN_AI_REQUEST_MAX_TOKENS,
+    GEN_AI_REQUEST_MODEL,
+    POOL,
+)
 from veronica_otel._breaker import CircuitBreaker
 from veronica_otel._call import CallHandle
 from veronica_otel._call_spec import Admitted, CallSpec
@@ -240,21 +250,21 @@ def _contained(
 
 def _admission_attributes(ctx: ExecutionContext, answer: Admitted, model: str) -> dict[str, Any]:
     attributes: dict[str, Any] = {
-        "veronica.chain.id": ctx.chain_id,
-        "veronica.decision": "ALLOW",
+        CHAIN_ID: ctx.chain_id,
+        DECISION: "ALLOW",
     }
     if answer.cap is not None:
-        attributes["gen_ai.request.max_tokens"] = answer.cap
+        attributes[GEN_AI_REQUEST_MAX_TOKENS] = answer.cap
     if answer.clamped is not None:
-        attributes["veronica.clamped.max_tokens"] = answer.clamped
+        attributes[CLAMPED_MAX_TOKENS] = answer.clamped
         if answer.pool is not None:  # a budget pool had less room than the chain
-            attributes["veronica.pool"] = answer.pool
+            attributes[POOL] = answer.pool
     if answer.fallback is not None:
-        attributes["veronica.fallback_model"] = answer.fallback
-        attributes["gen_ai.request.model"] = answer.fallback
+        attributes[FALLBACK_MODEL] = answer.fallback
+        attributes[GEN_AI_REQUEST_MODEL] = answer.fallback
     agents = answer.handle.agents
     if agents is not None:  # an agent's own limits bound this call
-        attributes["veronica.agent"] = agents[1]
+        attributes[AGENT] = agents[1]
     return attributes
 
 
@@ -309,16 +319,16 @@ def _mark_denied(
 ) -> None:
     try:
         if span.is_recording():
-            span.set_attribute("veronica.chain.id", ctx.chain_id)
-            span.set_attribute("veronica.decision", "HALT")
+            span.set_attribute(CHAIN_ID, ctx.chain_id)
+            span.set_attribute(DECISION, "HALT")
             span.set_attribute(
                 "error.type",
                 "BudgetExceededError" if error is None else type(error).__qualname__,
             )
             if isinstance(error, BudgetExceededError) and error.pool is not None:
-                span.set_attribute("veronica.pool", error.pool)
+                span.set_attribute(POOL, error.pool)
             if isinstance(error, BudgetExceededError) and error.agent is not None:
-                span.set_attribute("veronica.agent", error.agent)
+                span.set_attribute(AGENT, error.agent)
             _note_trip(span, error, ctx)
     except Exception:
         _logger.exception("recording the denial on its span failed")

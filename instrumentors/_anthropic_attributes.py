@@ -12,15 +12,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from veronica_otel._attributes import (
+    GEN_AI_REQUEST_STOP_SEQUENCES,
+    GEN_AI_REQUEST_TEMPERATURE,
+    GEN_AI_REQUEST_TOP_K,
+    GEN_AI_REQUEST_TOP_P,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_RESPONSE_ID,
+    GEN_AI_RESPONSE_MODEL,
+)
+
 from ._common import attribute_value, server_attributes
 
 __all__ = ["request_attributes", "response_attributes"]
 
 _PLAIN = {
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "top_k": "gen_ai.request.top_k",
-    "stop_sequences": "gen_ai.request.stop_sequences",
+    "temperature": GEN_AI_REQUEST_TEMPERATURE,
+    "top_p": GEN_AI_REQUEST_TOP_P,
+    "top_k": GEN_AI_REQUEST_TOP_K,
+    "stop_sequences": GEN_AI_REQUEST_STOP_SEQUENCES,
 }
 _KEYS = frozenset(_PLAIN)
 
@@ -48,8 +58,8 @@ def response_attributes(attributes: dict[str, Any], kind: object, data: Mapping[
     if not isinstance(message, Mapping):
         return
     if type(value := message.get("id")) is str and value:
-        attributes["gen_ai.response.id"] = value
+        attributes[GEN_AI_RESPONSE_ID] = value
     if type(value := message.get("model")) is str and value:
-        attributes["gen_ai.response.model"] = value
+        attributes[GEN_AI_RESPONSE_MODEL] = value
     if type(value := message.get("stop_reason")) is str and value:
-        attributes["gen_ai.response.finish_reasons"] = [value]
+        attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [value]

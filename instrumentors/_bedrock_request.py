@@ -24,6 +24,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from veronica_otel._attributes import BEDROCK_OPERATION
 from veronica_otel._pricing import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     canonical_model_name,
@@ -169,7 +170,7 @@ def refused_request(service: str, operation: str, params: Mapping[str, Any]) -> 
         model=f"{service}:{operation}",
         input_parts=params,
         cap=UNBOUNDED_OUTPUT,
-        attributes={"veronica.bedrock.operation": operation},
+        attributes={BEDROCK_OPERATION: operation},
     )
 
 

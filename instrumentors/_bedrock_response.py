@@ -21,6 +21,8 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from veronica_otel._attributes import GEN_AI_RESPONSE_FINISH_REASONS, GEN_AI_RESPONSE_ID
+
 from ._common import ContainedCall, attribute_value
 
 __all__ = [
@@ -64,7 +66,7 @@ def _set(call: ContainedCall, inp: object, out: object, read: object, write: obj
 def _finish_reason(call: ContainedCall, reason: object) -> None:
     attributes = call.pending_attributes
     if attributes is not None and type(reason) is str:
-        attributes["gen_ai.response.finish_reasons"] = [reason]
+        attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
 
 
 def _request_id(call: ContainedCall, reply: Mapping[str, Any]) -> None:
@@ -142,7 +144,7 @@ def invoke_reply(call: ContainedCall, reply: Any) -> None:
         _finish_reason(call, _body_finish(body))
         response_id = attribute_value(body.get("id"))
         if response_id is not None:
-            call.pending_attributes["gen_ai.response.id"] = response_id
+            call.pending_attributes[GEN_AI_RESPONSE_ID] = response_id
 
 
 def _int(value: object) -> int | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from veronica_otel._attributes import BOUND_USD
 from veronica_otel._context import ExecutionContext
 from veronica_otel._pricing import PriceTable, default_price_table
 from veronica_otel._unit_prices import request_bound_cents
@@ -21,8 +22,6 @@ from veronica_otel._unit_prices import request_bound_cents
 from ._common import ContainedCall
 
 __all__ = ["BOUND_USD", "BoundedCall", "bounded", "how_to_bound", "price_table"]
-
-BOUND_USD = "veronica.bound_usd"  # span attribute of a bounded call: the bound reserved
 
 
 class BoundedCall(ContainedCall):

@@ -24,6 +24,18 @@ from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from veronica_otel._attributes import (
+    BAGGAGE_PREFIX,
+    COST_USD,
+    GEN_AI_AGENT_NAME,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_PROVIDER_NAME,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    RETRIES,
+    TRIP_EVENT,
+)
 from veronica_otel._breaker import CircuitBreaker, CircuitState
 from veronica_otel._chain_span import remaining_attributes
 from veronica_otel._context import CallHandle, ExecutionContext
@@ -54,7 +66,6 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 tracer = trace.get_tracer("veronica_otel.instrumentors", __version__)
-BAGGAGE_PREFIX = "veronica."
 _CLOSED = CircuitState.CLOSED
 _SUPPRESS_KEY_PLAIN = "suppress_instrumentation"  # the older key is_instrumentation_enabled reads
 
@@ -289,7 +300,7 @@ class ContainedCall:
     def _note_retries(self) -> None:
         span = self.span
         if span.is_recording():
-            span.set_attribute("veronica.retries", self.retries)
+            span.set_attribute(RETRIES, self.retries)
 
     def note_reply(self, status: object = None) -> None:
         """The attempt in flight was answered (an HTTP status line, ``status``, arrived)."""
@@ -471,10 +482,10 @@ class ContainedCall:
         try:
             if span.is_recording():
                 attributes: dict[str, Any] = self.pending_attributes or {}
-                attributes["veronica.cost_usd"] = nano_to_usd(max(self.handle.cost_nano, 0))
+                attributes[COST_USD] = nano_to_usd(max(self.handle.cost_nano, 0))
                 if self.usage_seen:
-                    attributes["gen_ai.usage.input_tokens"] = self.input_tokens
-                    attributes["gen_ai.usage.output_tokens"] = self.output_tokens
+                    attributes[GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
+                    attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
                 span.set_attributes(attributes)
                 if error is not None:
                     span.set_attribute("error.type", type(error).__qualname__)
@@ -589,12 +600,12 @@ def start_span(
     if getattr(trace, "_TRACER_PROVIDER", True) is None:  # _untraced(), inline
         return UNTRACED_SPAN
     attributes = {
-        "gen_ai.operation.name": operation,
-        "gen_ai.provider.name": provider,
-        "gen_ai.request.model": model,
+        GEN_AI_OPERATION_NAME: operation,
+        GEN_AI_PROVIDER_NAME: provider,
+        GEN_AI_REQUEST_MODEL: model,
     }
     if agent is not None:
-        attributes["gen_ai.agent.name"] = agent
+        attributes[GEN_AI_AGENT_NAME] = agent
     return tracer.start_span(
         f"{operation} {model}", context, kind=SpanKind.CLIENT, attributes=attributes
     )
@@ -610,9 +621,9 @@ def _note_trip(span: Span, error: BaseException | None, ctx: ExecutionContext) -
     if not isinstance(error, BudgetExceededError) or not span.is_recording():
         return
     events = getattr(span, "events", None)  # the SDK's spans expose their events
-    if events is not None and any(event.name == "veronica.trip" for event in events):
+    if events is not None and any(event.name == TRIP_EVENT for event in events):
         return
-    span.add_event("veronica.trip", {**trip_attributes(error.trip), **remaining_attributes(ctx)})
+    span.add_event(TRIP_EVENT, {**trip_attributes(error.trip), **remaining_attributes(ctx)})
     span.set_status(Status(StatusCode.ERROR, f"veronica trip: {error.reason}"))
 
 

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
 
+from veronica_otel._attributes import UNPRICED
 from veronica_otel._context import ExecutionContext
 from veronica_otel._pricing import PriceTable
 from veronica_otel._propagation import default_context
@@ -465,7 +466,7 @@ class EndpointAdapter(ProviderAdapter):
         return str((request.attributes or {}).get(_HINT) or super().unpriced_reason(request))
 
 
-_HINT = "veronica.unpriced"  # how to price the call (a span attribute of the refusal too)
+_HINT = UNPRICED  # how to price the call (a span attribute of the refusal too)
 
 
 def _body(options: Any) -> Mapping[str, Any]:

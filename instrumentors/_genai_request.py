@@ -30,6 +30,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from veronica_otel._attributes import (
+    GEN_AI_REQUEST_CHOICE_COUNT,
+    GEN_AI_REQUEST_FREQUENCY_PENALTY,
+    GEN_AI_REQUEST_PRESENCE_PENALTY,
+    GEN_AI_REQUEST_SEED,
+    GEN_AI_REQUEST_STOP_SEQUENCES,
+    GEN_AI_REQUEST_TEMPERATURE,
+    GEN_AI_REQUEST_TOP_K,
+    GEN_AI_REQUEST_TOP_P,
+)
 from veronica_otel._pricing import default_price_table
 
 from ._adapter import Request
@@ -52,13 +62,13 @@ _FREE_CREATES = frozenset(("files", "fileSearchStores", "auth_tokens", "document
 _BILLED_TOOLS = ("googleSearch", "googleSearchRetrieval", "googleMaps", "enterpriseWebSearch")
 _INPUT_KEYS = ("systemInstruction", "contents", "tools", "toolConfig")
 _PLAIN = {
-    "temperature": "gen_ai.request.temperature",
-    "topP": "gen_ai.request.top_p",
-    "topK": "gen_ai.request.top_k",
-    "stopSequences": "gen_ai.request.stop_sequences",
-    "seed": "gen_ai.request.seed",
-    "presencePenalty": "gen_ai.request.presence_penalty",
-    "frequencyPenalty": "gen_ai.request.frequency_penalty",
+    "temperature": GEN_AI_REQUEST_TEMPERATURE,
+    "topP": GEN_AI_REQUEST_TOP_P,
+    "topK": GEN_AI_REQUEST_TOP_K,
+    "stopSequences": GEN_AI_REQUEST_STOP_SEQUENCES,
+    "seed": GEN_AI_REQUEST_SEED,
+    "presencePenalty": GEN_AI_REQUEST_PRESENCE_PENALTY,
+    "frequencyPenalty": GEN_AI_REQUEST_FREQUENCY_PENALTY,
 }
 
 
@@ -186,7 +196,7 @@ def _unseen_input(model: str, body: Mapping[str, Any]) -> int:
 def _attributes(config: Mapping[str, Any]) -> dict[str, Any] | None:
     found = {_PLAIN[key]: config[key] for key in _PLAIN.keys() & config.keys()}
     if "candidateCount" in config:
-        found["gen_ai.request.choice.count"] = config["candidateCount"]
+        found[GEN_AI_REQUEST_CHOICE_COUNT] = config["candidateCount"]
     return found or None
 
 

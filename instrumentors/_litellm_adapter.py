@@ -15,6 +15,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from veronica_otel._attributes import (
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_RESPONSE_ID,
+    GEN_AI_RESPONSE_MODEL,
+)
 from veronica_otel._errors import BudgetExceededError
 
 from ._adapter import ProviderAdapter, Request, http_status
@@ -246,7 +252,7 @@ class LiteLLMAdapter(ProviderAdapter):
             _choices(named) if operation.name != "embeddings" else 1,
             named.get("stream") is True,
             0,
-            {"gen_ai.request.model": model} if model != priced_model else None,
+            {GEN_AI_REQUEST_MODEL: model} if model != priced_model else None,
             provider,
         )
 
@@ -300,7 +306,7 @@ class LiteLLMAdapter(ProviderAdapter):
             if type(text) is str:
                 call.add_text(text)
         attributes = call.pending_attributes
-        if attributes is not None and "gen_ai.response.id" not in attributes:
+        if attributes is not None and GEN_AI_RESPONSE_ID not in attributes:
             _reply_attributes(attributes, item)
 
     def billed_nothing(self, error: BaseException) -> bool:
@@ -341,7 +347,7 @@ def _read_usage(call: ContainedCall, usage: Any) -> bool:
 
 
 def _reply_attributes(attributes: dict[str, Any], reply: Any) -> None:
-    for key, name in (("gen_ai.response.id", "id"), ("gen_ai.response.model", "model")):
+    for key, name in ((GEN_AI_RESPONSE_ID, "id"), (GEN_AI_RESPONSE_MODEL, "model")):
         value = attribute_value(get_field(reply, name))
         if value is not None and value != "":
             attributes[key] = value
@@ -350,7 +356,7 @@ def _reply_attributes(attributes: dict[str, Any], reply: Any) -> None:
         reasons = [get_field(choice, "finish_reason") for choice in choices]
         reasons = [reason for reason in reasons if type(reason) is str]
         if reasons:
-            attributes["gen_ai.response.finish_reasons"] = reasons
+            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
     status = get_field(reply, "status")
-    if type(status) is str and "gen_ai.response.finish_reasons" not in attributes:
-        attributes["gen_ai.response.finish_reasons"] = [status]
+    if type(status) is str and GEN_AI_RESPONSE_FINISH_REASONS not in attributes:
+        attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [status]

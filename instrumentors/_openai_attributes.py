@@ -13,18 +13,34 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from veronica_otel._attributes import (
+    GEN_AI_EMBEDDINGS_DIMENSION_COUNT,
+    GEN_AI_OUTPUT_TYPE,
+    GEN_AI_REQUEST_CHOICE_COUNT,
+    GEN_AI_REQUEST_ENCODING_FORMATS,
+    GEN_AI_REQUEST_FREQUENCY_PENALTY,
+    GEN_AI_REQUEST_PRESENCE_PENALTY,
+    GEN_AI_REQUEST_SEED,
+    GEN_AI_REQUEST_STOP_SEQUENCES,
+    GEN_AI_REQUEST_TEMPERATURE,
+    GEN_AI_REQUEST_TOP_P,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_RESPONSE_ID,
+    GEN_AI_RESPONSE_MODEL,
+)
+
 from ._common import attribute_value, server_attributes
 
 __all__ = ["request_attributes", "response_attributes", "stream_attributes"]
 
 # Body key -> attribute, copied as is when the value is a primitive.
 _PLAIN = {
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "seed": "gen_ai.request.seed",
-    "dimensions": "gen_ai.embeddings.dimension.count",
+    "temperature": GEN_AI_REQUEST_TEMPERATURE,
+    "top_p": GEN_AI_REQUEST_TOP_P,
+    "presence_penalty": GEN_AI_REQUEST_PRESENCE_PENALTY,
+    "frequency_penalty": GEN_AI_REQUEST_FREQUENCY_PENALTY,
+    "seed": GEN_AI_REQUEST_SEED,
+    "dimensions": GEN_AI_EMBEDDINGS_DIMENSION_COUNT,
 }
 _SPECIAL = frozenset(("stop", "n", "response_format", "service_tier", "encoding_format"))
 _KEYS = frozenset(_PLAIN) | _SPECIAL
@@ -43,19 +59,19 @@ def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], clie
         elif key == "stop":
             stop = [value] if type(value) is str else attribute_value(value)
             if stop is not None:
-                attributes["gen_ai.request.stop_sequences"] = stop
+                attributes[GEN_AI_REQUEST_STOP_SEQUENCES] = stop
         elif key == "n":
             if type(value) is int and value != 1:
-                attributes["gen_ai.request.choice.count"] = value
+                attributes[GEN_AI_REQUEST_CHOICE_COUNT] = value
         elif key == "response_format":
             kind = value.get("type") if isinstance(value, Mapping) else value
             if type(kind) is str:
-                attributes["gen_ai.output.type"] = "json" if kind.startswith("json") else kind
+                attributes[GEN_AI_OUTPUT_TYPE] = "json" if kind.startswith("json") else kind
         elif key == "service_tier":
             if type(value) is str and value != "auto":
                 attributes["openai.request.service_tier"] = value
         elif type(value) is str:  # encoding_format
-            attributes["gen_ai.request.encoding_formats"] = [value]
+            attributes[GEN_AI_REQUEST_ENCODING_FORMATS] = [value]
     try:
         base_url = client.base_url
     except Exception:  # a client we do not know the shape of: no server attributes
@@ -75,13 +91,13 @@ def response_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> 
         else:
             reasons = _reasons(choices)
         if reasons:
-            attributes["gen_ai.response.finish_reasons"] = reasons
+            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
     elif type(status := data.get("status")) is str and "output" in data:  # the Responses API
-        attributes["gen_ai.response.finish_reasons"] = [status]
+        attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [status]
     elif type(items := data.get("data")) is list and items:  # embeddings
         dimensions = _dimensions(items[0])
         if dimensions:
-            attributes["gen_ai.embeddings.dimension.count"] = dimensions
+            attributes[GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = dimensions
 
 
 def _reasons(choices: list[Any]) -> list[str]:
@@ -111,11 +127,11 @@ def stream_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> No
         if isinstance(response, Mapping) and kind.startswith("response.") and "id" in response:
             response_attributes(attributes, response)
         return
-    if "gen_ai.response.id" not in attributes:
+    if GEN_AI_RESPONSE_ID not in attributes:
         _identity(attributes, data)
     for choice in data.get("choices") or ():
         if isinstance(choice, Mapping) and type(reason := choice.get("finish_reason")) is str:
-            reasons = attributes.setdefault("gen_ai.response.finish_reasons", [])
+            reasons = attributes.setdefault(GEN_AI_RESPONSE_FINISH_REASONS, [])
             reasons.append(reason)
 
 
@@ -123,9 +139,9 @@ def _identity(attributes: dict[str, Any], data: Mapping[str, Any]) -> None:
     # Four keys read one by one: a loop over pairs costs twice as much per call.
     get = data.get
     if type(value := get("id")) is str and value:
-        attributes["gen_ai.response.id"] = value
+        attributes[GEN_AI_RESPONSE_ID] = value
     if type(value := get("model")) is str and value:
-        attributes["gen_ai.response.model"] = value
+        attributes[GEN_AI_RESPONSE_MODEL] = value
     if type(value := get("service_tier")) is str and value:
         attributes["openai.response.service_tier"] = value
     if type(value := get("system_fingerprint")) is str and value:

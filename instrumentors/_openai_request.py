@@ -12,6 +12,13 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from veronica_otel._attributes import (
+    CHAIN_ID,
+    GEN_AI_AGENT_NAME,
+    GEN_AI_OPERATION_NAME,
+    LLM_REQUEST_TYPE,
+)
+
 from ._adapter import Request
 from ._admit import input_bound
 from ._hidden_input import hidden_input_tokens, openai_hidden
@@ -171,15 +178,15 @@ def _peer_span(operation: str, agent: str | None, current: otel_context.Context)
     if not span.is_recording() or getattr(span, "kind", None) is not trace.SpanKind.CLIENT:
         return None
     attributes = getattr(span, "attributes", None) or {}
-    if "veronica.chain.id" in attributes:
+    if CHAIN_ID in attributes:
         return None
     scope = getattr(span, "instrumentation_scope", None)
     if scope is not None and scope.name.startswith("veronica_otel"):
         return None
-    if attributes.get("gen_ai.operation.name", attributes.get("llm.request.type")) != operation:
+    if attributes.get(GEN_AI_OPERATION_NAME, attributes.get(LLM_REQUEST_TYPE)) != operation:
         return None
     if agent is not None:
-        span.set_attribute("gen_ai.agent.name", agent)
+        span.set_attribute(GEN_AI_AGENT_NAME, agent)
     return span
 
 

@@ -53,6 +53,7 @@ from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
+from veronica_otel._attributes import BAGGAGE_CHAIN, BAGGAGE_DEPTH, BAGGAGE_GRANT, BAGGAGE_PREFIX
 from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError
 from veronica_otel._grants import (
@@ -81,7 +82,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger("veronica_otel.instrumentors")
-BAGGAGE_PREFIX = "veronica."
 PROPAGATE_HOSTS_ENV = "VERONICA_PROPAGATE_HOSTS"
 VENDOR_HOSTS_ENV = "VERONICA_VENDOR_HOSTS"
 DEFAULT_VENDOR_HOSTS: tuple[str, ...] = (
@@ -311,9 +311,9 @@ class Propagation:
         grant, carve = issue_grant(ctx, audience=audience, ttl_s=self.ttl_s, limits=self.limits)
         try:
             entries = {
-                "veronica.chain": ctx.chain_id,
-                "veronica.depth": str(ctx.depth),
-                "veronica.grant": sign_grant(grant, self.key),
+                BAGGAGE_CHAIN: ctx.chain_id,
+                BAGGAGE_DEPTH: str(ctx.depth),
+                BAGGAGE_GRANT: sign_grant(grant, self.key),
             }
         except BaseException:
             if carve is not None:

@@ -37,9 +37,9 @@ Installed by :class:`~veronica_otel.instrumentors.openai.OpenAIInstrumentor`
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import logging
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -77,6 +77,8 @@ _MODULES = (
     "openai.resources.live.sideband",
     "openai.resources.live.forks",
 )
+_installed = False  # install() ran and remove() has not since
+_registered = False  # the post-import hooks are registered (once: wrapt keeps them)
 _UNPRICED = (
     "cannot be priced before it is sent; it is refused under a cost ceiling "
     "(run it in a chain without max_cost_usd to count it in steps)"
@@ -439,21 +441,25 @@ def _setup_parts(config: object) -> object:
     return dump(exclude_none=True, mode="json") if callable(dump) else config
 
 
+def _managers_of(module: Any) -> list[type]:
+    """The WebSocket connection managers ``module`` defines."""
+    name = module.__name__
+    return [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and value.__module__ == name
+        and value.__name__.endswith("ConnectionManager")
+    ]
+
+
 def managers() -> list[type]:
-    """The SDK's WebSocket connection managers found in :data:`_MODULES`."""
+    """The SDK's WebSocket connection managers, in the :data:`_MODULES` imported so far."""
     found = []
     for name in _MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and value.__module__ == name
-                and value.__name__.endswith("ConnectionManager")
-            ):
-                found.append(value)
+        module = sys.modules.get(name)
+        if module is not None:
+            found += _managers_of(module)
     return found
 
 
@@ -468,16 +474,41 @@ def _hooks(manager: type) -> list[tuple[str, Any]]:
     return [("__enter__", _enter), ("enter", _enter)]
 
 
-def install() -> None:
-    """Wrap every WebSocket connection manager of the installed SDK (once)."""
-    for manager in managers():
+def _wrap(module: Any) -> None:
+    """Wrap the managers of ``module`` (a post-import hook: it may run after :func:`remove`)."""
+    if not _installed:
+        return
+    for manager in _managers_of(module):
         for method, wrapper in _hooks(manager):
             if hasattr(manager, method) and not is_ours(manager, method, wrapper):
                 wrapt.wrap_function_wrapper(manager, method, wrapper)
 
 
+def install() -> None:
+    """Wrap every WebSocket connection manager of the SDK, as its module is imported.
+
+    The client imports these modules on first use (``client.realtime``), before
+    any session can open; importing them here instead would load every
+    resource module of the SDK (about 900) at start-up and tear them down at
+    exit, for apps that never open a session (seconds under zero code).
+    """
+    global _installed, _registered
+    _installed = True
+    if _registered:
+        for name in _MODULES:
+            module = sys.modules.get(name)
+            if module is not None:
+                _wrap(module)
+        return
+    _registered = True
+    for name in _MODULES:  # a module imported already is wrapped now
+        wrapt.register_post_import_hook(_wrap, name)
+
+
 def remove() -> None:
-    """Remove our wrappers."""
+    """Remove our wrappers (a module imported later is left alone)."""
+    global _installed
+    _installed = False
     for manager in managers():
         for method, wrapper in _hooks(manager):
             unwrap_ours(manager, method, wrapper)

@@ -42,6 +42,7 @@ from typing import Any
 from opentelemetry.util.types import AttributeValue
 
 from veronica_otel._agents import AgentScope
+from veronica_otel._attributes import GEN_AI_SYSTEM, GEN_AI_TOOL_CALL_ID
 from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
@@ -54,7 +55,7 @@ __all__ = ["AG2Instrumentor"]
 _logger = logging.getLogger(__name__)
 _instruments = ("ag2 >= 1.2, < 2",)
 PROVIDER = "ag2"
-_ATTRIBUTES: dict[str, AttributeValue] = {"gen_ai.system": PROVIDER}
+_ATTRIBUTES: dict[str, AttributeValue] = {GEN_AI_SYSTEM: PROVIDER}
 _active = False  # False after uninstrument: a wrapper left under another passes through
 
 
@@ -77,7 +78,7 @@ async def _call_tool(
         name,
         _arguments(event),
         breaker=endpoint_breaker(PROVIDER, name),
-        attributes={**_ATTRIBUTES, "gen_ai.tool.call.id": str(getattr(event, "id", ""))},
+        attributes={**_ATTRIBUTES, GEN_AI_TOOL_CALL_ID: str(getattr(event, "id", ""))},
         context=ctx,
     )
     async with tool:  # raises BudgetExceededError before the function runs

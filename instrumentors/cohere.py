@@ -52,6 +52,8 @@ import json
 from collections.abc import Collection
 from typing import Any, NamedTuple
 
+from veronica_otel._attributes import GEN_AI_RESPONSE_FINISH_REASONS, GEN_AI_RESPONSE_ID
+
 from ._adapter import HTTPErrorReply, ProviderAdapter, Request, wrapper
 from ._common import ContainedCall
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
@@ -248,10 +250,10 @@ def _read_usage(call: ContainedCall, holder: dict[str, Any]) -> None:
 def _attributes(attributes: dict[str, Any], data: dict[str, Any]) -> None:
     identity = data.get("id", data.get("response_id", data.get("generation_id")))
     if type(identity) is str and identity:
-        attributes["gen_ai.response.id"] = identity
+        attributes[GEN_AI_RESPONSE_ID] = identity
     reason = data.get("finish_reason")
     if type(reason) is str:
-        attributes["gen_ai.response.finish_reasons"] = [reason]
+        attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
 
 
 def _read_event(call: ContainedCall, payload: bytes) -> None:

@@ -68,6 +68,11 @@ from collections.abc import Callable, Collection
 from typing import Any
 from urllib.parse import urlsplit
 
+from veronica_otel._attributes import (
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_RESPONSE_ID,
+    GEN_AI_RESPONSE_MODEL,
+)
 from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 from veronica_otel._propagation import default_context
@@ -191,9 +196,9 @@ def _read(call: ContainedCall, data: dict[str, Any], final: bool) -> None:
     if attributes is None:
         return
     if type(value := data.get("responseId")) is str and value:
-        attributes["gen_ai.response.id"] = value
+        attributes[GEN_AI_RESPONSE_ID] = value
     if type(value := data.get("modelVersion")) is str and value:
-        attributes["gen_ai.response.model"] = value
+        attributes[GEN_AI_RESPONSE_MODEL] = value
     candidates = data.get("candidates")
     if isinstance(candidates, list):
         reasons = [
@@ -202,7 +207,7 @@ def _read(call: ContainedCall, data: dict[str, Any], final: bool) -> None:
             if isinstance(c, dict) and type(c.get("finishReason")) is str
         ]
         if reasons:
-            attributes["gen_ai.response.finish_reasons"] = reasons
+            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
 
 
 def _usage(call: ContainedCall, usage: dict[str, Any], embeddings: bool) -> None:

@@ -57,6 +57,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.pydantic import TypeBaseModel
 from wrapt import wrap_function_wrapper
 
+from veronica_otel._attributes import GEN_AI_TOOL_CALL_ID
 from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError
@@ -87,7 +88,7 @@ def _tool_call(ctx: ExecutionContext, tool: Any, args: Any, kwargs: dict[str, An
     name = str(getattr(tool, "name", "") or type(tool).__name__)
     arguments = _arguments(tool, args, kwargs) if ctx.tracks_repeats else None
     call_id = kwargs.get("tool_call_id")
-    attributes = {"gen_ai.tool.call.id": call_id} if isinstance(call_id, str) else None
+    attributes = {GEN_AI_TOOL_CALL_ID: call_id} if isinstance(call_id, str) else None
     return ToolCall(name, arguments, attributes=attributes, context=ctx)
 
 

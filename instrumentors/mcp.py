@@ -42,6 +42,7 @@ from typing import Any
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.util.types import AttributeValue
 
+from veronica_otel._attributes import GEN_AI_SYSTEM
 from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
@@ -56,7 +57,7 @@ _logger = logging.getLogger(__name__)
 _instruments = ("mcp >= 2.0, < 3",)
 PROVIDER = "mcp"
 _ATTRIBUTES: dict[str, AttributeValue] = {
-    "gen_ai.system": PROVIDER,
+    GEN_AI_SYSTEM: PROVIDER,
     "mcp.method.name": "tools/call",
 }
 _active = False  # False after uninstrument: a wrapper left under another passes through

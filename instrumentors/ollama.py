@@ -75,6 +75,17 @@ import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from veronica_otel._attributes import (
+    GEN_AI_PROVIDER_NAME,
+    GEN_AI_REQUEST_FREQUENCY_PENALTY,
+    GEN_AI_REQUEST_PRESENCE_PENALTY,
+    GEN_AI_REQUEST_SEED,
+    GEN_AI_REQUEST_TEMPERATURE,
+    GEN_AI_REQUEST_TOP_K,
+    GEN_AI_REQUEST_TOP_P,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_RESPONSE_MODEL,
+)
 from veronica_otel._pricing import DEFAULT_MAX_OUTPUT_TOKENS
 from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
@@ -118,12 +129,12 @@ _FREE = frozenset(
 )
 _TOOLS = {"/api/web_search": "web_search", "/api/web_fetch": "web_fetch"}
 _OPTIONS = {
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "top_k": "gen_ai.request.top_k",
-    "seed": "gen_ai.request.seed",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
+    "temperature": GEN_AI_REQUEST_TEMPERATURE,
+    "top_p": GEN_AI_REQUEST_TOP_P,
+    "top_k": GEN_AI_REQUEST_TOP_K,
+    "seed": GEN_AI_REQUEST_SEED,
+    "presence_penalty": GEN_AI_REQUEST_PRESENCE_PENALTY,
+    "frequency_penalty": GEN_AI_REQUEST_FREQUENCY_PENALTY,
 }
 _CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
 _MISSING = object()  # no ``options`` dict: _cap reads what there is
@@ -321,10 +332,10 @@ def _read_usage(call: ContainedCall, reply: Any) -> None:
     if attributes is not None:
         model = getattr(reply, "model", None)
         if type(model) is str:
-            attributes["gen_ai.response.model"] = model
+            attributes[GEN_AI_RESPONSE_MODEL] = model
         reason = getattr(reply, "done_reason", None)
         if type(reason) is str:
-            attributes["gen_ai.response.finish_reasons"] = [reason]
+            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
 
 
 # The reply read without a frame of its own (once per call).
@@ -346,7 +357,7 @@ def _tool(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolC
     if ctx is None:
         return None
     return ToolCall(
-        name, kwargs.get("json"), attributes={"gen_ai.provider.name": PROVIDER}, context=ctx
+        name, kwargs.get("json"), attributes={GEN_AI_PROVIDER_NAME: PROVIDER}, context=ctx
     )
 
 

@@ -8,7 +8,7 @@
 
 Exit status 1 when any run broke an invariant (the JSON names the invariants,
 example seeds, and which fault classes were active). See
-veronica_otel/testing/_sim_ledger.py for the model and the invariants.
+tests/simulation/_sim_ledger.py for the model and the invariants.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ import os
 import sys
 import time
 
+# The package, and the repository root for tests/ (where the simulator lives).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from veronica_otel.testing._sim_ledger import FAULTS, run, run_many
+from tests.simulation._sim_ledger import FAULTS, run, run_many
 
 
 def _faults(text: str) -> tuple[str, ...]:

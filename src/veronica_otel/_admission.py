@@ -144,8 +144,7 @@ class Admission(Settlement):
             ):
                 # In process, a root with no policies (so no agent lookups) and
                 # no pools: the ledger's one-level reservation.
-                ledger, level, state = fast
-                reservation = ledger.reserve_one(level, state, cost_nano, tokens)
+                reservation = fast[0].reserve(self._path, cost_nano, tokens)
             else:
                 if self._agent_lookups or _agents._limited_in_code:
                     agents = self._agent_path()
@@ -227,8 +226,8 @@ class Admission(Settlement):
             time.sleep(pause)
             if clamp is not None:
                 clamp.reset()
-                result = cast(LocalLedger, self._ledger).reserve_clamped(
-                    path, clamp, signature=signature, step=step, **self._pool_args()
+                result = cast(LocalLedger, self._ledger).reserve(
+                    path, 0, 0, step=step, signature=signature, clamp=clamp, **self._pool_args()
                 )
             else:
                 result = self._ledger.reserve(
@@ -283,8 +282,8 @@ class Admission(Settlement):
         """``begin_priced_call``'s reservation of a call the in-process ledger sizes."""
         ledger = cast(LocalLedger, self._ledger)
         path = self._path if agents is None else agents[0]
-        return ledger.reserve_clamped(
-            path, clamp, signature=signature, step=step, **self._pool_args()
+        return ledger.reserve(
+            path, 0, 0, step=step, signature=signature, clamp=clamp, **self._pool_args()
         )
 
     # Shared by begin_priced_call and abegin_priced_call.

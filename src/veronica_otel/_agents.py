@@ -30,6 +30,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from ._attributes import GEN_AI_AGENT_NAME, GEN_AI_OPERATION_NAME
 from ._cm import AsyncFromSync
 from ._config import ExecutionConfig
 from ._ledger import Limits
@@ -56,7 +57,6 @@ _SCOPES_KEY = otel_context.create_key("veronica_otel.agent_scopes")
 # across the agent's entries. A deadline, a depth or a handoff count do not.
 AGENT_FIELDS = ("max_cost_usd", "max_steps", "max_tokens", "max_retries_total", "max_repeats")
 _limited_in_code = False  # set once any agent(..., config=...) exists: the hot path looks
-_AGENT_ATTRIBUTE = "gen_ai.agent.name"
 _MAX_NAME = 256
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _MAX_PAIRS = 1024  # bounded memory: chains with many agents forget the oldest pairs
@@ -119,7 +119,7 @@ def bound_agents(
     if lookups:
         attributes: Any = getattr(trace.get_current_span(), "attributes", None)
         if attributes:
-            value = attributes.get(_AGENT_ATTRIBUTE)
+            value = attributes.get(GEN_AI_AGENT_NAME)
             if isinstance(value, str) and value and value not in named:
                 limits = _lookup(lookups, value)
                 if limits is not None:
@@ -155,7 +155,7 @@ def current_agent() -> str | None:
         return name  # type: ignore[return-value]
     attributes: Any = getattr(trace.get_current_span(), "attributes", None)
     if attributes:
-        value = attributes.get(_AGENT_ATTRIBUTE)
+        value = attributes.get(GEN_AI_AGENT_NAME)
         if isinstance(value, str) and value:
             return value
     return None
@@ -199,7 +199,7 @@ class AgentScope(AsyncFromSync):
         span = _tracer.start_span(
             f"invoke_agent {self.name}",
             kind=trace.SpanKind.INTERNAL,
-            attributes={"gen_ai.operation.name": "invoke_agent", _AGENT_ATTRIBUTE: self.name},
+            attributes={GEN_AI_OPERATION_NAME: "invoke_agent", GEN_AI_AGENT_NAME: self.name},
         )
         ctx = otel_context.set_value(_AGENT_KEY, self.name, trace.set_span_in_context(span))
         scopes: Any = otel_context.get_value(_SCOPES_KEY, ctx) or ()

@@ -9,6 +9,19 @@ from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import trace
 
+from ._attributes import (
+    CHAIN_ID,
+    COST_USD,
+    DECISION,
+    DEPTH,
+    GEN_AI_OPERATION_NAME,
+    REMAINING_COST_USD,
+    REMAINING_STEPS,
+    RETRIES,
+    STEPS,
+    TOKENS,
+    TRIP_REASON,
+)
 from ._errors import BudgetExceededError
 from ._options import ChainSnapshot
 from ._units import nano_to_usd
@@ -80,9 +93,9 @@ def open_chain_span(ctx: _Chain) -> trace.Span | None:
     return _tracer.start_span(
         f"{operation} {ctx.name}",
         attributes={
-            "gen_ai.operation.name": operation,
-            "veronica.chain.id": ctx.chain_id,
-            "veronica.depth": ctx.depth,
+            GEN_AI_OPERATION_NAME: operation,
+            CHAIN_ID: ctx.chain_id,
+            DEPTH: ctx.depth,
         },
     )
 
@@ -124,14 +137,14 @@ def _recording(span: trace.Span, exc: BaseException | None) -> bool:
 
 def _put_totals(span: trace.Span, snap: ChainSnapshot, remaining: dict[str, float | int]) -> None:
     attributes: dict[str, str | float | int] = {
-        "veronica.cost_usd": snap.cost_usd,
-        "veronica.steps": snap.steps,
-        "veronica.retries": snap.retries,
-        "veronica.tokens": snap.tokens,
-        "veronica.decision": "HALT" if snap.aborted else "ALLOW",
+        COST_USD: snap.cost_usd,
+        STEPS: snap.steps,
+        RETRIES: snap.retries,
+        TOKENS: snap.tokens,
+        DECISION: "HALT" if snap.aborted else "ALLOW",
     }
     if snap.trip is not None:
-        attributes["veronica.trip.reason"] = snap.trip.reason
+        attributes[TRIP_REASON] = snap.trip.reason
     attributes.update(remaining)
     span.set_attributes(attributes)
 
@@ -172,9 +185,9 @@ def remaining_attributes(ctx: _Budget) -> dict[str, float | int]:
 def _remaining(cost_left: int | None, steps_left: int | None) -> dict[str, float | int]:
     attributes: dict[str, float | int] = {}
     if cost_left is not None:
-        attributes["veronica.remaining.cost_usd"] = nano_to_usd(cost_left)
+        attributes[REMAINING_COST_USD] = nano_to_usd(cost_left)
     if steps_left is not None:
-        attributes["veronica.remaining.steps"] = steps_left
+        attributes[REMAINING_STEPS] = steps_left
     return attributes
 
 

@@ -2,7 +2,7 @@
 
 A leaf the ledger and the kernel both use, so the arithmetic lives once: the
 in-process ledger feeds it every level's and pool's room under its one lock
-(:meth:`~veronica_otel._ledger.LocalLedger.reserve_clamped`); a shared store's
+(:meth:`~veronica_otel._ledger.LocalLedger.reserve` with ``clamp``); a shared store's
 chain feeds it the counters it read just before reserving.
 
 Integers only (nano-USD per million tokens), as in ``UnitPrices``: the cost of

@@ -69,6 +69,7 @@ from typing import Any
 
 from opentelemetry import metrics
 
+from ._attributes import GRANT_REASON
 from ._errors import REASONS
 from ._ledger import Level, Limits, PoolLevel
 from ._limits import GRANT_MARK
@@ -640,7 +641,7 @@ _PROCESS_NONCES = NonceCache()
 def record_rejection(reason: str, chain_id: str | None = None) -> None:
     """Count a rejected grant and log it (never raises)."""
     try:
-        _rejected.add(1, {"veronica.grant.reason": reason})
+        _rejected.add(1, {GRANT_REASON: reason})
         try:
             named = f" for chain {_chain_id(chain_id)}" if chain_id is not None else ""
         except ValueError:  # never echo what an attacker wrote into the log
@@ -657,7 +658,7 @@ def record_rejection(reason: str, chain_id: str | None = None) -> None:
 def record_spent_rejection(reason: str, chain_id: str) -> None:
     """Count a spend-back the caller did not trust, and log it (never raises)."""
     try:
-        _spent_rejected.add(1, {"veronica.grant.reason": reason})
+        _spent_rejected.add(1, {GRANT_REASON: reason})
         _logger.warning(
             "veronica-otel: %s header not trusted (%s); chain %s is charged the whole carve",
             SPENT_HEADER,

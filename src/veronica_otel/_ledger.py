@@ -59,6 +59,9 @@ _SETTLE_BATCH = 64
 # forgotten when a new one is made: they are indistinguishable from new.
 _POOLS_BEFORE_SWEEP = 1024
 
+# One step, compared by identity on the hot path (any other 1 goes the general way).
+_ONE = 1
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolSnapshot:
@@ -94,8 +97,8 @@ class Reservation:
     A plain slotted class rather than a frozen dataclass: one is built per
     call, on the hot path. ``pools`` are the pools it is also held in, so
     ``commit`` and ``release`` settle them too. A value: never changed once
-    made, so one may be shared (``reserve_one`` reuses its last for the same
-    amounts).
+    made, so one may be shared (a plain one-level step reuses the last
+    one for the same amounts).
     """
 
     __slots__ = ("cost_nano", "id", "pools", "retry", "step", "tokens")
@@ -304,72 +307,105 @@ class LocalLedger:
         path: Sequence[Level],
         cost_nano: int,
         tokens: int,
-        *,
         step: bool = True,
         steps: int = 1,
         retry: bool = False,
         signature: str | None = None,
         pools: Sequence[PoolLevel] = (),
+        clamp: OutputClamp | None = None,
     ) -> Reservation | TripEvent:
-        count = step_count(steps) if step else 0
-        with self._lock:
-            return self._reserve_locked(path, cost_nano, tokens, count, retry, signature, pools)
-
-    def reserve_clamped(
-        self,
-        path: Sequence[Level],
-        clamp: OutputClamp,
-        *,
-        signature: str | None = None,
-        step: bool = True,
-        pools: Sequence[PoolLevel] = (),
-    ) -> Reservation | TripEvent:
-        """:meth:`reserve` (one step, none with ``step=False``) of an uncapped call
-        sized under the same lock.
+        """:meth:`Ledger.reserve`; with ``clamp``, of an uncapped call sized under
+        the same lock. (No keyword-only parameters: CPython 3.11 takes its
+        slow call path for such a function, and every call's hot path comes
+        here with three positions.)
 
         ``clamp`` is fed the unreserved room of every level of ``path`` with a
         cost or token ceiling, then of every pool, and sizes the call
-        (``clamp.cap``, ``clamp.pool``); that worst case is then checked and
-        charged as :meth:`reserve` does. No other call can take the room
-        between the read and the reservation.
+        (``clamp.cap``, ``clamp.pool``); that worst case (not ``cost_nano``
+        and ``tokens``) is then checked and charged. No other call can take
+        the room between the read and the reservation.
         """
-        chains = self._chains
+        if (
+            steps is _ONE
+            and step
+            and not (retry or pools)
+            and signature is None
+            and clamp is None
+            and len(path) == 1
+        ):
+            # The common call (one root level, a plain step) in a few
+            # comparisons: _check's for a step with no retry and no signature.
+            # Anything unusual (a new chain, a trip, an override, a denial)
+            # goes the general way below, which re-checks under the lock (and
+            # tells a sticky trip from a denial that only calls in flight cause).
+            level = path[0]
+            limits = level.limits
+            with self._lock:
+                state = self._chains.get(level.chain_id)
+                if state is not None and state.trip is None and state.override is None:
+                    count = state.steps + 1
+                    if (
+                        (limits.steps is None or count <= limits.steps)
+                        and (
+                            limits.tokens is None
+                            or state.tokens + state.reserved_tokens + tokens <= limits.tokens
+                        )
+                        and (
+                            limits.cost_nano is None
+                            or state.cost_nano + state.reserved_nano + cost_nano <= limits.cost_nano
+                        )
+                    ):
+                        state.steps = count
+                        state.reserved_nano += cost_nano
+                        state.reserved_tokens += tokens
+                        held = self._one
+                        if held.cost_nano != cost_nano or held.tokens != tokens:
+                            held = self._one = Reservation("", cost_nano, tokens, 1, False)
+                        return held
+        count = step_count(steps) if step else 0
         with self._lock:
-            for level in path:
-                limits = level.limits
-                if limits.cost_nano is None and limits.tokens is None:
-                    continue
-                state = chains.get(level.chain_id)
-                if state is None:
-                    clamp.room(limits.cost_nano, limits.tokens)
-                    continue
-                clamp.room(
-                    None
-                    if limits.cost_nano is None
-                    else max(0, limits.cost_nano - state.cost_nano - state.reserved_nano),
-                    None
-                    if limits.tokens is None
-                    else max(0, limits.tokens - state.tokens - state.reserved_tokens),
-                )
-            for pool in pools:
-                limits = pool.limits
-                if limits.cost_nano is None and limits.tokens is None:
-                    continue
-                account = self._pool(pool)
-                cost, _, tokens = account.totals()
-                clamp.room(
-                    None
-                    if limits.cost_nano is None
-                    else max(0, limits.cost_nano - cost - account.reserved_nano),
-                    None
-                    if limits.tokens is None
-                    else max(0, limits.tokens - tokens - account.reserved_tokens),
-                    pool.name,
-                )
-            cost_nano, tokens = clamp.size()
-            return self._reserve_locked(
-                path, cost_nano, tokens, 1 if step else 0, False, signature, pools
+            if clamp is not None:
+                cost_nano, tokens = self._size(path, pools, clamp)
+            return self._reserve_locked(path, cost_nano, tokens, count, retry, signature, pools)
+
+    def _size(
+        self, path: Sequence[Level], pools: Sequence[PoolLevel], clamp: OutputClamp
+    ) -> tuple[int, int]:
+        """Feed ``clamp`` the room of every limited level and pool, then size
+        the call (under the lock): its worst case, cost and tokens."""
+        chains = self._chains
+        for level in path:
+            limits = level.limits
+            if limits.cost_nano is None and limits.tokens is None:
+                continue
+            state = chains.get(level.chain_id)
+            if state is None:
+                clamp.room(limits.cost_nano, limits.tokens)
+                continue
+            clamp.room(
+                None
+                if limits.cost_nano is None
+                else max(0, limits.cost_nano - state.cost_nano - state.reserved_nano),
+                None
+                if limits.tokens is None
+                else max(0, limits.tokens - state.tokens - state.reserved_tokens),
             )
+        for pool in pools:
+            limits = pool.limits
+            if limits.cost_nano is None and limits.tokens is None:
+                continue
+            account = self._pool(pool)
+            cost, _, tokens = account.totals()
+            clamp.room(
+                None
+                if limits.cost_nano is None
+                else max(0, limits.cost_nano - cost - account.reserved_nano),
+                None
+                if limits.tokens is None
+                else max(0, limits.tokens - tokens - account.reserved_tokens),
+                pool.name,
+            )
+        return clamp.size()
 
     def _reserve_locked(
         self,
@@ -469,43 +505,9 @@ class LocalLedger:
             )
 
     def state_of(self, chain_id: str) -> _ChainState:
-        """The live counters of ``chain_id`` (for :meth:`reserve_one`); hold it with acquire."""
+        """The live counters of ``chain_id`` (for :meth:`commit_one`); hold it with acquire."""
         with self._lock:
             return self._state(chain_id)
-
-    def reserve_one(
-        self, level: Level, state: _ChainState, cost_nano: int, tokens: int
-    ) -> Reservation | TripEvent:
-        """:meth:`reserve` for the hot path: one root level, a plain step.
-
-        The checks are the same as ``_check``'s for a step with no retry and
-        no signature; anything unusual (a trip, an override, a denial) goes
-        the general way, which re-checks under the lock (and tells a sticky
-        trip from a denial that only in-flight reservations cause).
-        """
-        limits = level.limits
-        with self._lock:
-            if state.trip is None and state.override is None:
-                steps = state.steps + 1
-                if (
-                    (limits.steps is None or steps <= limits.steps)
-                    and (
-                        limits.tokens is None
-                        or state.tokens + state.reserved_tokens + tokens <= limits.tokens
-                    )
-                    and (
-                        limits.cost_nano is None
-                        or state.cost_nano + state.reserved_nano + cost_nano <= limits.cost_nano
-                    )
-                ):
-                    state.steps = steps
-                    state.reserved_nano += cost_nano
-                    state.reserved_tokens += tokens
-                    held = self._one
-                    if held.cost_nano != cost_nano or held.tokens != tokens:
-                        held = self._one = Reservation("", cost_nano, tokens, 1, False)
-                    return held
-        return self.reserve((level,), cost_nano, tokens)
 
     def commit_one(
         self,

@@ -21,6 +21,18 @@ from opentelemetry import _logs, metrics
 from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from ._attributes import (
+    CHAIN_ID,
+    GEN_AI_REQUEST_MODEL,
+    KIND,
+    OUTCOME,
+    POOL,
+    TRIP_EVENT,
+    TRIP_LIMIT,
+    TRIP_OBSERVED,
+    TRIP_REASON,
+    TRIP_RETRY_AFTER_S,
+)
 from ._errors import TripEvent
 from ._version import __version__
 
@@ -76,7 +88,7 @@ _pools: dict[tuple[int, str], _Pool] = {}
 def _observe_reserved(options: CallbackOptions) -> Iterable[Observation]:
     for ctx in tuple(_live):
         try:
-            yield Observation(ctx.snapshot().reserved_usd, {"veronica.chain.id": ctx.chain_id})
+            yield Observation(ctx.snapshot().reserved_usd, {CHAIN_ID: ctx.chain_id})
         except Exception:
             _logger.debug("observing reserved_usd failed", exc_info=True)
 
@@ -86,7 +98,7 @@ def _observe_remaining(options: CallbackOptions) -> Iterable[Observation]:
         try:
             remaining = ctx.remaining_cost_nano()
             if remaining is not None:
-                yield Observation(remaining / 1e9, {"veronica.chain.id": ctx.chain_id})
+                yield Observation(remaining / 1e9, {CHAIN_ID: ctx.chain_id})
         except Exception:
             _logger.debug("observing remaining_usd failed", exc_info=True)
 
@@ -98,7 +110,7 @@ def _pool_observations(spent: bool) -> Iterable[Observation]:
             if not spent and limit is None:
                 continue
             snap = pool.snapshot()
-            attributes = {"veronica.pool": pool.name}
+            attributes = {POOL: pool.name}
             if spent:
                 yield Observation(snap.cost_usd, attributes)
             else:
@@ -176,24 +188,24 @@ def track_pool(pool: _Pool) -> None:
 def record_trip(trip: TripEvent) -> None:
     """Count a trip and emit it as an OpenTelemetry log record."""
     try:
-        counted: dict[str, str] = {"veronica.trip.reason": trip.reason}
+        counted: dict[str, str] = {TRIP_REASON: trip.reason}
         attributes: dict[str, str | float] = {
-            "veronica.trip.reason": trip.reason,
-            "veronica.trip.limit": trip.limit,
-            "veronica.trip.observed": trip.observed,
-            "veronica.chain.id": trip.chain_id,
+            TRIP_REASON: trip.reason,
+            TRIP_LIMIT: trip.limit,
+            TRIP_OBSERVED: trip.observed,
+            CHAIN_ID: trip.chain_id,
         }
         if trip.pool is not None:  # pool names are bounded: fine on the counter too
-            counted["veronica.pool"] = attributes["veronica.pool"] = trip.pool
+            counted[POOL] = attributes[POOL] = trip.pool
             if trip.retry_after_s is not None:
-                attributes["veronica.trip.retry_after_s"] = trip.retry_after_s
+                attributes[TRIP_RETRY_AFTER_S] = trip.retry_after_s
         _trips.add(1, counted)
         _otel_logger.emit(
             LogRecord(
                 severity_number=SeverityNumber.WARN,
                 severity_text="WARN",
                 body=trip.message,
-                event_name="veronica.trip",
+                event_name=TRIP_EVENT,
                 attributes=attributes,
             )
         )
@@ -222,9 +234,9 @@ def record_call(kind: str, cost_usd: float, failed: bool, model: str | None) -> 
     if _idle(_calls):
         return
     try:
-        attributes = {"veronica.kind": kind, "veronica.outcome": "error" if failed else "ok"}
+        attributes = {KIND: kind, OUTCOME: "error" if failed else "ok"}
         if model is not None:
-            attributes["gen_ai.request.model"] = model
+            attributes[GEN_AI_REQUEST_MODEL] = model
         _calls.add(1, attributes)
         if cost_usd:
             _cost.add(cost_usd, attributes)

@@ -30,6 +30,16 @@ from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
+from ._attributes import (
+    CHAIN_ID,
+    DECISION,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_TOOL_NAME,
+    RESERVED_USD,
+    TRIP_EVENT,
+    TRIP_LIMIT,
+    TRIP_REASON,
+)
 from ._call import ACTIVE_CALL
 from ._cm import AsyncFromSync
 from ._errors import BudgetExceededError, TripEvent
@@ -268,9 +278,7 @@ class ToolCall(AsyncFromSync):
     ) -> ToolCall:
         call.metrics, call.kind = True, "tool"
         if span.is_recording():
-            span.set_attributes(
-                {"veronica.decision": "ALLOW", "veronica.reserved_usd": call.reserved_usd}
-            )
+            span.set_attributes({DECISION: "ALLOW", RESERVED_USD: call.reserved_usd})
         self._call, self._span, self._token, self._probe = call, span, token, probe
         self._active = ACTIVE_CALL.set(call)  # ctx.record_usage() reports into this call
         return self
@@ -306,9 +314,9 @@ class ToolCall(AsyncFromSync):
 
     def _start_span(self, ctx: ExecutionContext) -> tuple[Span, object]:
         attributes: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": self.name,
-            "veronica.chain.id": ctx.chain_id,
+            GEN_AI_OPERATION_NAME: "execute_tool",
+            GEN_AI_TOOL_NAME: self.name,
+            CHAIN_ID: ctx.chain_id,
         }
         if self._attributes:
             attributes.update(self._attributes)
@@ -357,16 +365,16 @@ def _end_denied(span: Span, error: BudgetExceededError) -> None:
         if span.is_recording():
             span.set_attributes(
                 {
-                    "veronica.decision": "HALT",
+                    DECISION: "HALT",
                     "error.type": "BudgetExceededError",
-                    "veronica.trip.reason": error.reason,
+                    TRIP_REASON: error.reason,
                 }
             )
-            if not any(e.name == "veronica.trip" for e in getattr(span, "events", ())):
+            if not any(e.name == TRIP_EVENT for e in getattr(span, "events", ())):
                 limit = error.limit if math.isfinite(error.limit) else -1.0
                 span.add_event(
-                    "veronica.trip",
-                    {"veronica.trip.reason": error.reason, "veronica.trip.limit": limit},
+                    TRIP_EVENT,
+                    {TRIP_REASON: error.reason, TRIP_LIMIT: limit},
                 )
             span.set_status(Status(StatusCode.ERROR, f"veronica trip: {error.reason}"))
     except Exception:

@@ -15,6 +15,16 @@ from collections.abc import Callable, Mapping
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
+from ._attributes import (
+    AGENT,
+    CHAIN_ID,
+    POOL,
+    TRIP_EVENT,
+    TRIP_LIMIT,
+    TRIP_OBSERVED,
+    TRIP_REASON,
+    TRIP_RETRY_AFTER_S,
+)
 from ._errors import TripEvent
 from ._telemetry import record_trip
 
@@ -41,17 +51,17 @@ def remove_trip_listener(listener: TripListener) -> None:
 def trip_attributes(trip: TripEvent) -> dict[str, str | float | int]:
     """The ``veronica.trip.*`` attributes describing ``trip``."""
     attributes: dict[str, str | float] = {
-        "veronica.trip.reason": trip.reason,
-        "veronica.trip.limit": trip.limit,
-        "veronica.trip.observed": trip.observed,
-        "veronica.chain.id": trip.chain_id,
+        TRIP_REASON: trip.reason,
+        TRIP_LIMIT: trip.limit,
+        TRIP_OBSERVED: trip.observed,
+        CHAIN_ID: trip.chain_id,
     }
     if trip.pool is not None:  # a budget pool denied it
-        attributes["veronica.pool"] = trip.pool
+        attributes[POOL] = trip.pool
         if trip.retry_after_s is not None:
-            attributes["veronica.trip.retry_after_s"] = trip.retry_after_s
+            attributes[TRIP_RETRY_AFTER_S] = trip.retry_after_s
     if trip.agent is not None:
-        attributes["veronica.agent"] = trip.agent
+        attributes[AGENT] = trip.agent
     return attributes
 
 
@@ -71,7 +81,7 @@ def emit_trip(
             attributes = trip_attributes(trip)
             if remaining:
                 attributes.update(remaining)
-            target.add_event("veronica.trip", attributes)
+            target.add_event(TRIP_EVENT, attributes)
             target.set_status(Status(StatusCode.ERROR, f"veronica trip: {trip.reason}"))
         record_trip(trip)
         trip_logger.warning(

@@ -14,6 +14,26 @@ README = ROOT / "README.md"
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 
 
+def run_first_python_block(page: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the first Python block of ``page`` as pasted, in a fresh interpreter in ``cwd``."""
+    first = re.search(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+    assert first is not None, f"{page.name} has no Python block"
+    script = cwd / "first.py"
+    script.write_text(first.group(1), encoding="utf-8")
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no network at import
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     result = subprocess.run(
         [str(MKDOCS), "build", "--strict", "--site-dir", str(tmp_path / "site")],
@@ -33,19 +53,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
 
 def test_the_readmes_first_python_block_runs_as_written(tmp_path: Path) -> None:
-    first = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
-    assert first is not None
-    script = tmp_path / "first.py"
-    script.write_text(first.group(1), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_first_python_block(README, tmp_path)
     assert "denied before sending:" in result.stdout
     assert "requests the server received: 3\n" in result.stdout
     shown = re.search(r"It prints:\n\n```text\n(.*?)```", README.read_text(encoding="utf-8"), re.S)

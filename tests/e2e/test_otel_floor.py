@@ -134,7 +134,7 @@ def test_adk_installs_beside_us_at_its_newest(adk: Path, llm: FakeLLMServer) -> 
     api = tuple(int(part) for part in found["opentelemetry-api"].split(".")[:2])
     assert (1, 41) <= api <= (1, 44), found  # within google-adk's pin and our floor
     loaded = subprocess.run(
-        [str(adk / "bin" / "python"), "-c", "import google.adk, veronica_otel.distro"],
+        [str(adk / "bin" / "python"), "-c", "import google.adk, veronica_otel.startup.distro"],
         capture_output=True,
         text=True,
         timeout=120,

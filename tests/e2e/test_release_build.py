@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -56,6 +57,20 @@ def test_the_wheel_carries_the_startup_file_the_types_and_the_license(dist: Path
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
 
 
+def test_the_sdist_and_the_wheel_carry_every_lua_script(dist: Path) -> None:
+    # The shared ledger reads its scripts from package data at import.
+    lua = sorted(p.name for p in (_venvs.ROOT / "src/veronica_otel/distributed/lua").glob("*.lua"))
+    assert "reserve.lua" in lua
+    (wheel,) = dist.glob("*.whl")
+    in_wheel = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".lua")]
+    assert sorted(n.removeprefix("veronica_otel/distributed/lua/") for n in in_wheel) == lua
+    (sdist,) = dist.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        in_sdist = [n for n in tar.getnames() if n.endswith(".lua")]
+    assert sorted(n.rsplit("/", 1)[1] for n in in_sdist) == lua
+    assert all("/src/veronica_otel/distributed/lua/" in n for n in in_sdist)
+
+
 def test_the_installed_wheel_runs_the_quickstart(dist: Path, tmp_path: Path) -> None:
     # The dependencies come from a cached venv; the wheel itself goes in fresh.
     venv = _venvs.venv("release", (("openai>=2.30", "opentelemetry-sdk>=1.41", "genai-prices"),))
@@ -84,3 +99,38 @@ def test_the_installed_wheel_runs_the_quickstart(dist: Path, tmp_path: Path) -> 
         check=True,
     )
     assert str(venv) in where.stdout
+    lua = subprocess.run(  # the scripts, read as the ledger reads them (no redis needed)
+        [
+            python,
+            "-c",
+            "from importlib.resources import files; "
+            "print(len(files('veronica_otel').joinpath('distributed', 'lua', 'reserve.lua')"
+            ".read_text()))",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(lua.stdout) > 1000
+
+
+def test_every_entry_point_and_the_startup_file_name_a_module_the_wheel_ships(
+    dist: Path,
+) -> None:
+    (wheel,) = dist.glob("*.whl")
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    (entry_points,) = (n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    targets = {
+        line.split("=", 1)[1].strip().split(":")[0]
+        for line in archive.read(entry_points).decode().splitlines()
+        if "=" in line
+    }
+    startup = archive.read("veronica_otel_zero_code.pth").decode()
+    targets.add(startup.split("__import__('", 1)[1].split("'", 1)[0])
+    assert "veronica_otel.startup.distro" in targets
+    assert "veronica_otel.startup._autostart" in targets
+    for module in targets:
+        path = module.replace(".", "/")
+        assert f"{path}.py" in names or f"{path}/__init__.py" in names, module

@@ -525,7 +525,7 @@ async def test_a_hung_store_fails_a_queue_of_async_calls_closed_within_one_timeo
         fail_open=False,
         async_connections=2,
     )
-    store._checked = True  # the persistence check would spend a timeout of its own
+    store._link.checked = True  # the persistence check would spend a timeout of its own
     try:
         async with ExecutionContext(ExecutionConfig(max_steps=100), ledger=store) as ctx:
             decisions = await asyncio.gather(*(ctx.awrap_llm_call(tool, HINT) for _ in range(20)))

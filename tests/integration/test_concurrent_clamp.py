@@ -188,7 +188,7 @@ def test_a_call_that_cannot_fit_committed_spend_still_trips(
 
 
 def test_wrapped_calls_are_denied_without_tripping(ledger: LocalLedger | RedisLedger) -> None:
-    """wrap_llm_call too (in process, its fast path: reserve_one)."""
+    """wrap_llm_call too (in process, its fast path: a one-level step)."""
     config = ExecutionConfig(max_cost_usd=1.0, reservation_wait_s=0)  # the hold is ours
     with ExecutionContext(config, chain_id="fast", ledger=ledger) as ctx:
         held = ctx.begin_call(cost_nano=6 * 10**8)

@@ -345,15 +345,15 @@ def test_the_shared_ledgers_own_locks_are_made_anew_in_the_child(
 
     ledger = RedisLedger.from_url(redis_url, key_prefix=redis_prefix)
     breaker = RedisCircuitBreaker.from_url(redis_url, "fork-breaker", key_prefix=redis_prefix)
-    held = (ledger._pending_lock, ledger._state_lock, breaker._lock)
+    held = (ledger._link.pending_lock, ledger._link.state_lock, breaker._lock)
     for lock in held:
         lock.acquire()  # as a parent thread in the middle of a commit would
     try:
 
         def child() -> list[bool]:
             return [
-                ledger._pending_lock.locked(),
-                ledger._state_lock.locked(),
+                ledger._link.pending_lock.locked(),
+                ledger._link.state_lock.locked(),
                 breaker._lock.locked(),
             ]
 

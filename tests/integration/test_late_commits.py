@@ -246,7 +246,7 @@ def test_replayed_commits_count_once_with_or_without_a_reservation(
     valkey.kill()
     ledger.commit(path, held, usd_to_nano(0.1), 0)  # queued
     ledger.commit(path, Reservation("", 0, 0), usd_to_nano(0.2), 0)  # record_usage: queued
-    queued = list(ledger._pending)
+    queued = list(ledger._link.pending)
     assert len(queued) == 2
     valkey.start()
     ledger.client.connection_pool.disconnect()
@@ -290,14 +290,14 @@ def test_a_call_in_flight_when_the_store_is_lost_stays_held(valkey: RedisServerP
 
 def test_a_reserve_delivered_twice_holds_once(valkey: RedisServerProcess) -> None:
     ledger = _ledger(valkey)
-    script, sent = ledger._reserve, []
+    script, sent = ledger._plan.scripts.reserve, []
 
     def twice(keys: list[str], args: list[str]) -> object:
         sent.append((keys, args))
         script(keys, args)  # a retried request: the store runs it twice
         return script(keys, args)
 
-    ledger._reserve = twice  # type: ignore[assignment]
+    ledger._plan.scripts.reserve = twice  # type: ignore[assignment]
     path = (Level("twice", Limits(cost_nano=NANO_PER_USD, steps=5)),)
     held = ledger.reserve(path, usd_to_nano(0.3), 5)
     assert isinstance(held, Reservation)
@@ -343,18 +343,18 @@ def test_a_charge_replaced_by_a_smaller_commit_is_not_a_loss(valkey: RedisServer
 
 def test_a_reserve_whose_reply_was_lost_is_cancelled_once(valkey: RedisServerProcess) -> None:
     ledger = _ledger(valkey)
-    script = ledger._reserve
+    script = ledger._plan.scripts.reserve
 
     def applied_then_lost(keys: list[str], args: list[str]) -> object:
         script(keys, args)  # the store applied it; the reply never came
         raise redis.ConnectionError("reply lost")
 
-    ledger._reserve = applied_then_lost  # type: ignore[assignment]
+    ledger._plan.scripts.reserve = applied_then_lost  # type: ignore[assignment]
     path = (Level("lost-reply", Limits(cost_nano=NANO_PER_USD)),)
     with pytest.raises(LedgerUnavailableError):
         ledger.reserve(path, usd_to_nano(0.6), 0)
     assert ledger.pending == 1  # its cancel, queued
-    ledger._reserve = script  # type: ignore[assignment]
+    ledger._plan.scripts.reserve = script  # type: ignore[assignment]
     state = ledger.snapshot("lost-reply")  # the cancel is replayed first
     assert (state.reserved_nano, state.steps, state.cost_nano) == (0, 0, 0)
     assert ledger.pending == 0

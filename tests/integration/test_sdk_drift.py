@@ -526,7 +526,7 @@ def test_a_re_signed_langchain_tool_hook_refuses_tool_runs_in_a_chain(
 def test_the_distro_refuses_calls_when_an_instrumentor_fails_otherwise(
     server: FakeLLMServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from veronica_otel.distro import _fail_closed
+    from veronica_otel.startup.distro import _fail_closed
 
     instrumentor = OpenAIInstrumentor()
     try:
@@ -546,7 +546,7 @@ def test_the_distro_refuses_calls_when_an_instrumentor_fails_otherwise(
 
 
 def test_the_distro_says_when_calls_are_not_contained(capsys: pytest.CaptureFixture[str]) -> None:
-    from veronica_otel.distro import _fail_closed
+    from veronica_otel.startup.distro import _fail_closed
 
     _fail_closed(None, "OpenAIInstrumentor", ImportError("no module"))
     assert "calls through it are NOT contained" in capsys.readouterr().err

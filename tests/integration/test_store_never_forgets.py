@@ -345,18 +345,18 @@ def test_a_replay_after_its_chain_expired_counts_again(valkey: RedisServerProces
     held = ledger.reserve(path, usd_to_nano(0.30), 0)
     assert isinstance(held, Reservation)
     args: list[Any] = []
-    script = ledger._commit
+    script = ledger._plan.scripts.commit
 
     def lost_reply(keys: list[str], argv: list[str]) -> Any:
         args[:] = [keys, list(argv)]
         script(keys, argv)  # applied ...
         raise redis.ConnectionError("reply lost")  # ... but its reply never came
 
-    ledger._commit = lost_reply  # type: ignore[assignment]
+    ledger._plan.scripts.commit = lost_reply  # type: ignore[assignment]
     assert ledger.commit(path, held, usd_to_nano(0.30), 0) is None
     assert ledger.pending == 1
-    ledger._commit = script  # type: ignore[assignment]
-    ledger._pending[0] = ledger._pending[0]._replace(script=script)
+    ledger._plan.scripts.commit = script  # type: ignore[assignment]
+    ledger._link.pending[0] = ledger._link.pending[0]._replace(script=script)
     ledger.client.delete(ledger.key("expired"))  # the chain expires; `ad` is still there
     assert ledger.flush() == 0  # the replay: re-seeds 0.20 from marks, applies 0.30
     assert ledger.snapshot("expired").cost_nano == usd_to_nano(0.50)

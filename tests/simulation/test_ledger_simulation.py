@@ -2,7 +2,7 @@
 
 1,000 seeded runs of real ``RedisLedger`` clients on the real Lua scripts,
 with faults injected at random; after each run the invariants of
-``veronica_otel.testing._sim_ledger`` must hold. The long run (100,000 seeds)
+``tests.simulation._sim_ledger`` must hold. The long run (100,000 seeds)
 is ``python scripts/simulate_ledger.py``; a failing seed replays exactly with
 ``python scripts/simulate_ledger.py --seed N --trace``.
 
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests.simulation._sim_ledger import FAULTS, default_ledger, run, run_many
+from tests.simulation._sim_store import SimClient
 from veronica_otel._ledger import Level, Reservation
 from veronica_otel.distributed._marks import NO_MARKS, Marks
-from veronica_otel.testing._sim_ledger import FAULTS, default_ledger, run, run_many
-from veronica_otel.testing._sim_store import SimClient
 
 SEEDS = range(1000)
 

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import redis
 
+from tests.simulation._sim_ledger import _deterministic_ids
+from tests.simulation._sim_store import NotEmulatedError, SimClient, SimStore
 from veronica_otel._errors import TripEvent
 from veronica_otel._ledger import LedgerState, Level, Limits, Reservation
 from veronica_otel.distributed import LedgerCorruptedError, RedisLedger
 from veronica_otel.testing import RedisServerProcess
-from veronica_otel.testing._sim_ledger import _deterministic_ids
-from veronica_otel.testing._sim_store import NotEmulatedError, SimClient, SimStore
 
 ROOT = Level("fid", Limits(cost_nano=6000, steps=60, retries=6, tokens=30000, repeats=3))
 CHILD = Level("fid.1", Limits(cost_nano=3500, steps=35, tokens=None, repeats=2))

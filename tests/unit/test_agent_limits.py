@@ -24,7 +24,8 @@ from veronica_otel._agent_limits import agent_level_id
 from veronica_otel._ledger import LocalLedger
 from veronica_otel._policy_schema import PolicyFileError, parse_policy
 from veronica_otel._units import usd_to_nano
-from veronica_otel.policy_file import PolicyFile, _DefaultChain
+from veronica_otel.policy_file import PolicyFile
+from veronica_otel.startup.policy_file import _DefaultChain
 
 
 def _noop() -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests._clock import FakeClock
-from veronica_otel import ExecutionConfig, _propagation, distro
+from veronica_otel import ExecutionConfig, _propagation
 from veronica_otel.instrumentors._outbound import Propagation
 from veronica_otel.policy_file import PolicyFile, PolicyFileError
+from veronica_otel.startup import distro
 
 DEEP = 100_000
 LONGEST_MESSAGE = 600  # a megabyte of bad value is not echoed back

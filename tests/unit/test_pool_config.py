@@ -25,11 +25,11 @@ from veronica_otel import (
     ExecutionConfig,
     ExecutionContext,
     _propagation,
-    distro,
 )
 from veronica_otel._ledger import LocalLedger
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.policy_file import PolicyFile, PolicyFileError, PoolRule
+from veronica_otel.startup import distro
 from veronica_otel.testing import FakeLLMServer
 
 CHAT = "/v1/chat/completions"

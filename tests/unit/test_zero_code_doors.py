@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from veronica_otel import _propagation, distro
+from veronica_otel import _propagation
+from veronica_otel.startup import distro
 
 
 @pytest.fixture

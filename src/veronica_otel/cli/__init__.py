@@ -138,7 +138,7 @@ def _status_command(args: argparse.Namespace) -> int:
 
 
 def _pools_command(args: argparse.Namespace) -> int:
-    from ._pools import show_pools
+    from ._pool_table import show_pools
 
     return show_pools(args)
 
@@ -244,11 +244,18 @@ def _parser() -> argparse.ArgumentParser:
 
     pools = sub.add_parser(
         "pools",
-        help="show every budget pool in the shared ledger: window usage, reserved, time to free",
+        help="show every budget pool in the shared ledger: spent, limits, left, time to free",
         description="Lists the budget pools found in the shared Redis/Valkey ledger "
-        "(VERONICA_REDIS_URL or --redis; key prefix VERONICA_REDIS_PREFIX).",
+        "(VERONICA_REDIS_URL or --redis; key prefix VERONICA_REDIS_PREFIX). With the policy "
+        "file that defines them, also their limits and what is left.",
     )
     _store_flag(pools)
+    pools.add_argument(
+        "--policy",
+        metavar="FILE",
+        default=None,
+        help="policy file whose [pools] give the limits (default VERONICA_POLICY_FILE)",
+    )
     pools.set_defaults(handler=_pools_command)
 
     graph = sub.add_parser(

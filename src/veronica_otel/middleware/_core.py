@@ -14,7 +14,7 @@ to this service (``audience`` / ``VERONICA_GRANT_AUDIENCE``, else the
 request's ``Host``). A trusted grant whose budget was not carved -- one meant
 for a shared Redis ledger this service does not use -- is refused with 429,
 never run on local limits. The answer to a granted request carries the
-signed ``veronica-spent`` header (:meth:`Admission.spent_header`), computed
+signed ``veronica-spent`` header (:meth:`RequestAdmission.spent_header`), computed
 when the handler is done (both middlewares hold the response until then, up
 to a size limit), so spend while the body streams is counted.
 
@@ -54,6 +54,7 @@ from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 
+from veronica_otel._attributes import BAGGAGE_CHAIN, BAGGAGE_GRANT, BAGGAGE_PREFIX
 from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent, TripReason
@@ -79,10 +80,10 @@ from veronica_otel._trips import emit_trip
 __all__ = [
     "BAGGAGE_PREFIX",
     "MAX_BAGGAGE_BYTES",
-    "Admission",
     "Gate",
     "PoolSelectionError",
     "PoolsFor",
+    "RequestAdmission",
     "budget_error",
     "denial_body",
     "parse_audience",
@@ -99,15 +100,13 @@ class PoolSelectionError(Exception):
 
 
 _logger = logging.getLogger("veronica_otel.middleware")
-BAGGAGE_PREFIX = "veronica."
-GRANT_ENTRY = "veronica.grant"
 # The W3C baggage limit; a longer header is ignored (and counted) as a whole.
 MAX_BAGGAGE_BYTES = 8192
 _BAGGAGE = W3CBaggagePropagator()
 
 
 @dataclass(slots=True)
-class Admission:
+class RequestAdmission:
     """One request's chain and what the pre-flight check said.
 
     Attributes:
@@ -219,7 +218,7 @@ class Gate:
 
     def admit(
         self, headers: Mapping[str, str], request: object = None, name: str = "request"
-    ) -> Admission:
+    ) -> RequestAdmission:
         """Build the chain for a request with these (lower-case) headers.
 
         ``request`` (the ASGI scope or WSGI environ) is what ``pools=`` is
@@ -238,7 +237,7 @@ class Gate:
 
     async def aadmit(
         self, headers: Mapping[str, str], request: object = None, name: str = "request"
-    ) -> Admission:
+    ) -> RequestAdmission:
         """:meth:`admit` for async servers: the pre-flight's store reads are awaited."""
         admission = self._join(headers, self._pools_for(request), name)
         ctx = admission.ctx
@@ -252,7 +251,7 @@ class Gate:
 
     def _join(
         self, headers: Mapping[str, str], pools: tuple[BudgetPool, ...], name: str
-    ) -> Admission:
+    ) -> RequestAdmission:
         """The request's chain (no pre-flight yet: ``denial`` None unless refused here)."""
         header = headers.get("baggage")
         if header is not None and len(header.encode("utf-8", "replace")) > self.max_baggage_bytes:
@@ -273,7 +272,7 @@ class Gate:
             denial = _deny(
                 ctx, "cost", 0, 0, f"grant of chain {grant.chain_id} is for another ledger"
             )
-            return Admission(ctx, None, denial, False, carrier_context)
+            return RequestAdmission(ctx, None, denial, False, carrier_context)
         if grant is not None:
             ctx = join_chain(
                 self.config,
@@ -286,7 +285,7 @@ class Gate:
             )
         else:
             ctx = self._request_chain(pools, name)
-        return Admission(ctx, grant, None, shared, carrier_context)
+        return RequestAdmission(ctx, grant, None, shared, carrier_context)
 
     def _request_chain(self, pools: tuple[BudgetPool, ...], name: str) -> ExecutionContext:
         """A request's own chain on this service's limits (detached: a request
@@ -317,9 +316,9 @@ class Gate:
         }
         if not entries:
             return None
-        raw = entries.get(GRANT_ENTRY)
+        raw = entries.get(BAGGAGE_GRANT)
         if raw is None:
-            record_rejection("unsigned", entries.get("veronica.chain"))
+            record_rejection("unsigned", entries.get(BAGGAGE_CHAIN))
             return None
         audience = self.audience or (host.strip().lower(),)
         return verify_grant(

@@ -31,9 +31,9 @@ from veronica_otel._propagation import CONTEXT_KEY
 
 from ._core import (
     MAX_BAGGAGE_BYTES,
-    Admission,
     Gate,
     PoolsFor,
+    RequestAdmission,
     budget_error,
     denial_body,
     refusal,
@@ -207,7 +207,7 @@ _STATUS = {429: "429 Too Many Requests", 503: "503 Service Unavailable"}
 def _deny(
     start_response: StartResponse,
     trip: TripEvent,
-    admission: Admission,
+    admission: RequestAdmission,
     key: GrantKeys | None,
     exc_info: ExcInfo | tuple[None, None, None] | None,
 ) -> list[bytes]:
@@ -248,7 +248,7 @@ class _Body:
     def __init__(
         self,
         result: Iterable[bytes],
-        admission: Admission,
+        admission: RequestAdmission,
         key: GrantKeys | None,
         start_response: StartResponse,
     ) -> None:

@@ -32,7 +32,7 @@ selected; the ``opentelemetry_pre_instrument`` hook and each of our
 configurator or exporter fails and ``opentelemetry-instrument`` loads no
 instrumentor at all, the ``veronica_otel_zero_code.pth`` start-up file, which
 runs it after OpenTelemetry's own initialisation, whatever that raised
-(:mod:`veronica_otel._autostart`). Selecting a distro is never needed.
+(:mod:`veronica_otel.startup._autostart`). Selecting a distro is never needed.
 
 ``VERONICA_POOLS=tenant:acme,user:alice`` joins the default chain to those
 budget pools, their limits read from the policy file's ``[pools]`` (and
@@ -57,13 +57,14 @@ import wrapt
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
-from ._config import ExecutionConfig, parse_env_bool
-from ._context import ExecutionContext
-from ._context import _valid_id as valid_chain_id
-from ._file_pools import pools_from_env
-from ._ledger import Ledger
-from ._notice import PRINTED
-from ._propagation import set_default_context, set_default_context_error
+from veronica_otel._config import ExecutionConfig, parse_env_bool
+from veronica_otel._context import ExecutionContext
+from veronica_otel._context import _valid_id as valid_chain_id
+from veronica_otel._file_pools import pools_from_env
+from veronica_otel._ledger import Ledger
+from veronica_otel._notice import PRINTED
+from veronica_otel._propagation import set_default_context, set_default_context_error
+
 from .policy_file import PolicyFile, install_default_chain
 
 __all__ = [
@@ -313,7 +314,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
         parse_hosts,
     )
     from veronica_otel.instrumentors._vendor_guard import guard_mode
-    from veronica_otel.policy_file import _env_unknown_price
+    from veronica_otel.startup.policy_file import _env_unknown_price
 
     parse_env_bool("VERONICA_FAIL_OPEN", environ)
     parse_env_bool("VERONICA_THREADS", environ)

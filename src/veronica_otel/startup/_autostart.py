@@ -7,7 +7,7 @@ the error and loads no instrumentor, so neither our entry points nor the
 pre-instrument hook run. Python runs ``veronica_otel_zero_code.pth`` earlier,
 at start-up; under ``opentelemetry-instrument`` only (its directory is on
 ``PYTHONPATH``) it calls :func:`register`, which makes ``initialize()`` end
-with :func:`veronica_otel.distro.ensure_installed`, whatever it raised. The
+with :func:`veronica_otel.startup.distro.ensure_installed`, whatever it raised. The
 other doors usually got there first; then this does nothing.
 """
 
@@ -28,7 +28,7 @@ def _then_install(
     try:
         return wrapped(*args, **kwargs)
     finally:
-        from veronica_otel.distro import ensure_installed
+        from veronica_otel.startup.distro import ensure_installed
 
         ensure_installed()
 

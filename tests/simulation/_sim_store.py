@@ -141,7 +141,7 @@ class SimStore:
         if handler is None:
             raise NotEmulatedError(
                 f"Redis command {name.upper()!r} is not emulated by SimStore "
-                "(add it to _COMMANDS in veronica_otel/testing/_sim_store.py)"
+                "(add it to _COMMANDS in tests/simulation/_sim_store.py)"
             )
         self.commands += 1
         return handler(self, args if isinstance(args, list) else list(args))
