@@ -348,8 +348,9 @@ class SDKHooks:
             unwrap_ours(owner, method, guard)
         self._refusals.clear()
 
-    def _refused(self, message: str) -> bool:
-        """Whether this call must be refused (raises, or says why it passes)."""
+    def refused(self, message: str) -> bool:
+        """Whether this call must be refused: a chain that limits anything, and no
+        ``VERONICA_FAIL_OPEN`` (which warns once, naming ``message``)."""
         ctx = current_context()
         if ctx is None:
             ctx = default_context()  # raises a configuration error: closed too
@@ -370,7 +371,7 @@ class SDKHooks:
             async def arefuse(
                 wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
             ) -> Any:
-                if self._refused(message):
+                if self.refused(message):
                     raise InstrumentationError(message)
                 return await wrapped(*args, **kwargs)
 
@@ -379,7 +380,7 @@ class SDKHooks:
         def refuse(
             wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
         ) -> Any:
-            if self._refused(message):
+            if self.refused(message):
                 raise InstrumentationError(message)
             return wrapped(*args, **kwargs)
 

@@ -24,15 +24,19 @@ counts as a failure). AG2 turns any exception from a tool, a denial included,
 into an error message for the model; the trip is sticky, so the model call
 that would follow is denied and ``BudgetExceededError`` leaves ``ask``.
 
-Agent identity: ``ag2.Agent.ask`` runs as :func:`veronica_otel.agent` named
-after the AG2 agent, so two AG2 agents handing a conversation back and forth
-count towards the chain's ``max_handoffs`` (reason ``loop``).
+Agent identity: every turn of an AG2 agent (``ask``, ``run``, ``resume``, a
+reply's ``ask``: all open ``ag2.Agent._turn_scope``) runs as
+:func:`veronica_otel.agent` named after the AG2 agent, so ``[agents."name"]``
+limits apply to its model calls and tool runs, and two AG2 agents handing a
+conversation back and forth count towards the chain's ``max_handoffs``
+(reason ``loop``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from opentelemetry.util.types import AttributeValue
@@ -43,6 +47,7 @@ from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
 from ._breakers import endpoint_breaker
+from ._framework import running_tool, scope_for
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
 __all__ = ["AG2Instrumentor"]
@@ -77,19 +82,26 @@ async def _call_tool(
         context=ctx,
     )
     async with tool:  # raises BudgetExceededError before the function runs
-        result = await wrapped(*args, **kwargs)
+        with running_tool(ctx):  # an MCP-backed tool counts once
+            result = await wrapped(*args, **kwargs)
         error = getattr(result, "error", None)
         if isinstance(error, BaseException):  # AG2 returns a tool's error as an event
             tool.mark_failed(f"{type(error).__name__}: {error}"[:200])
         return result
 
 
-async def _ask(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    name = getattr(instance, "name", None)
-    if not _active or not isinstance(name, str) or not name.strip() or default_context() is None:
-        return await wrapped(*args, **kwargs)
-    async with AgentScope(name[:256]):  # the agent's model and tool calls are its own
-        return await wrapped(*args, **kwargs)
+def _turn_scope(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    scope = scope_for(getattr(instance, "name", None)) if _active else None
+    inner = wrapped(*args, **kwargs)
+    return inner if scope is None else _named(scope, inner)
+
+
+@contextlib.asynccontextmanager
+async def _named(scope: AgentScope, inner: Any) -> AsyncIterator[Any]:
+    """``inner`` (a turn's scope) entered as ``scope``'s agent: the turn's task,
+    made inside it, carries the name to the agent's model and tool calls."""
+    async with scope, inner as drive:
+        yield drive
 
 
 _HOOKS = SDKHooks(
@@ -97,7 +109,7 @@ _HOOKS = SDKHooks(
     "ag2.agent",
     (
         Hook("FunctionTool", "__call__", _call_tool, ("event",), (), True),
-        Hook("Agent", "ask", _ask, (), (), True),
+        Hook("Agent", "_turn_scope", _turn_scope, ("event",), ("context",)),
     ),
     (("FunctionTool", ("__call__",)),),
 )

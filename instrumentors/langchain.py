@@ -33,6 +33,8 @@ Where it hooks:
   into a ``ToolMessage`` for the model to read, and the agent would carry on.
   A denial is not a tool error: it is raised out of the agent instead. (The
   default of ``create_agent`` already re-raises it.)
+- LangGraph's nodes, once ``langgraph.pregel._runner`` is imported: each
+  node runs under its name (:mod:`veronica_otel.instrumentors.langgraph`).
 
 Chains per run, where the user asks for it: :func:`contain` wraps any
 ``Runnable`` (an agent, a graph, a chain) so that each of its runs is a chain
@@ -44,11 +46,13 @@ contained, as with the client instrumentors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator, Collection, Iterator
 from typing import Any, Generic, TypeVar
 
+import wrapt
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.pydantic import TypeBaseModel
 from wrapt import wrap_function_wrapper
@@ -61,7 +65,8 @@ from veronica_otel._policy import PolicyPipeline
 from veronica_otel._propagation import current_context, default_context
 from veronica_otel._tools import ToolCall
 
-from ._hooks import GuardedInstrumentor, Hook, SDKHooks, function_problem
+from ._framework import running_tool
+from ._hooks import GuardedInstrumentor, Hook, InstrumentationError, SDKHooks, function_problem
 from ._unwrap import is_ours, unwrap_ours
 
 __all__ = ["ContainedRunnable", "LangChainInstrumentor", "contain"]
@@ -70,6 +75,7 @@ _logger = logging.getLogger(__name__)
 _instruments = ("langchain-core >= 1.0, < 2",)
 _TOOLS_MODULE = "langchain_core.tools.base"
 _TOOL_NODE_MODULE = "langgraph.prebuilt.tool_node"
+_RUNNER_MODULE = "langgraph.pregel._runner"
 
 Input = TypeVar("Input")
 Output = TypeVar("Output")
@@ -103,7 +109,7 @@ def _run(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         return wrapped(*args, **kwargs)
     if _tool_node_pending:
         _patch_tool_node()
-    with _tool_call(ctx, instance, args, kwargs):
+    with _tool_call(ctx, instance, args, kwargs), running_tool(ctx):
         return wrapped(*args, **kwargs)
 
 
@@ -114,7 +120,8 @@ async def _arun(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) 
     if _tool_node_pending:
         _patch_tool_node()
     async with _tool_call(ctx, instance, args, kwargs):
-        return await wrapped(*args, **kwargs)
+        with running_tool(ctx):  # an MCP-backed tool (langchain-mcp-adapters) counts once
+            return await wrapped(*args, **kwargs)
 
 
 def _handle_tool_error(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -129,6 +136,8 @@ def _handle_tool_error(wrapped: Any, instance: Any, args: Any, kwargs: dict[str,
 # Never by importing LangGraph ourselves, nor while it is half imported (the
 # zero-code hook may instrument in the middle of LangGraph's own import).
 _tool_node_pending = False
+_name_nodes = False  # instrumented: LangGraph's nodes, once imported, name agents
+_graph_ours = False  # LangGraphInstrumentor was instrumented by us: uninstrumented with us
 
 
 def _patch_tool_node() -> None:
@@ -150,6 +159,18 @@ def _patch_tool_node() -> None:
         return
     if not is_ours(module, "_handle_tool_error", _handle_tool_error):
         wrap_function_wrapper(module, "_handle_tool_error", _handle_tool_error)
+
+
+def _name_graph_nodes(module: object) -> None:
+    """LangGraph was imported: its nodes name agents (an error is logged and refused)."""
+    global _graph_ours
+    from .langgraph import LangGraphInstrumentor
+
+    graph = LangGraphInstrumentor()
+    if _name_nodes and not graph.is_instrumented_by_opentelemetry:
+        with contextlib.suppress(InstrumentationError):  # it logged it and refuses in a chain
+            graph.instrument()
+            _graph_ours = True
 
 
 _HOOKS = SDKHooks(
@@ -177,15 +198,22 @@ class LangChainInstrumentor(GuardedInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _tool_node_pending
+        global _tool_node_pending, _name_nodes
         super()._instrument(**kwargs)
         _tool_node_pending = True
         _patch_tool_node()
+        _name_nodes = True  # read by the hook, which runs now when LangGraph is imported
+        wrapt.register_post_import_hook(_name_graph_nodes, _RUNNER_MODULE)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        global _tool_node_pending
+        global _tool_node_pending, _name_nodes, _graph_ours
         super()._uninstrument(**kwargs)
-        _tool_node_pending = False
+        _tool_node_pending = _name_nodes = False
+        if _graph_ours:
+            from .langgraph import LangGraphInstrumentor
+
+            _graph_ours = False
+            LangGraphInstrumentor().uninstrument()
         tool_node = sys.modules.get(_TOOL_NODE_MODULE)
         if tool_node is not None:
             unwrap_ours(tool_node, "_handle_tool_error", _handle_tool_error)

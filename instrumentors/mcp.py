@@ -27,7 +27,10 @@ the tool's price (``cost``) and the tool's own circuit breaker
 :func:`~veronica_otel.instrumentors._breakers.configure_endpoint_breakers`).
 A result with ``is_error`` set counts as a failure of the tool, as does an
 error raised by the call. ``veronica.*`` baggage entries are kept out of the
-request's ``_meta``: an MCP server may be anyone's.
+request's ``_meta``: an MCP server may be anyone's. The first request made
+inside an agent framework's tool run (a framework tool backed by an MCP tool,
+see :mod:`veronica_otel.instrumentors._framework`) is that run, already
+counted: it is sent without a second count (DESIGN G13).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from veronica_otel._tools import ToolCall
 
 from ._breakers import endpoint_breaker
 from ._common import without_veronica_baggage
+from ._framework import joins_framework_tool
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
 
 __all__ = ["MCPInstrumentor"]
@@ -85,6 +89,9 @@ async def _call_tool(
     name, arguments = _request_of(args, kwargs) if ctx is not None else (None, None)
     if ctx is None or name is None:  # no chain, or a call the SDK itself will reject
         return await wrapped(*args, **kwargs)
+    if joins_framework_tool(ctx):  # a framework's tool run, counted there already (G13)
+        with without_veronica_baggage():
+            return await wrapped(*args, **kwargs)
     tool = ToolCall(
         name,
         arguments,

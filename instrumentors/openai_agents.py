@@ -23,16 +23,23 @@ the turn's agent. The turn runs as :func:`veronica_otel.agent` named after
 that agent (``Agent.name``), so ``[agents."Alpha"]`` limits apply to Alpha's
 calls and a handoff loop between two agents counts towards ``max_handoffs``.
 
-Configuration: none. A denial is raised from the model call as
-``BudgetExceededError`` and leaves ``Runner.run`` / ``run_sync`` as itself
-(the SDK does not wrap it); the SDK's own ``max_turns`` still applies.
+Every function-tool run (``_invoke_function_tool_with_metadata``, as bound in
+``agents.run_internal.tool_execution`` for runs and in ``agents.tool`` for
+realtime sessions) is one step of the chain, checked before the tool runs, under the name of
+the agent that asked for it (``ToolContext.agent``).
+
+Configuration: none. A denied model call leaves ``Runner.run`` /
+``run_sync`` (or ``stream_events()`` of a streamed run) as
+``BudgetExceededError`` itself (the SDK does not wrap it); a denied tool run
+as the ``__cause__`` of the SDK's ``UserError("Error running tool ...")``.
+The SDK's own ``max_turns`` still applies.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent_async
+from ._framework import FrameworkInstrumentor, argument, as_agent_async, as_tool_async
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["OpenAIAgentsInstrumentor"]
@@ -62,21 +69,43 @@ async def _streamed_turn(
     return await as_agent_async(name, lambda: wrapped(*args, **kwargs))
 
 
+async def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not OpenAIAgentsInstrumentor.active:
+        return await wrapped(*args, **kwargs)
+    name = getattr(kwargs.get("function_tool"), "name", None)
+    arguments = kwargs.get("arguments")
+    agent = getattr(getattr(kwargs.get("context"), "agent", None), "name", None)
+    return await as_agent_async(  # the run is its agent's, as its model calls are
+        agent,
+        lambda: as_tool_async("openai_agents", name, arguments, lambda: wrapped(*args, **kwargs)),
+    )
+
+
+_LOOP = "run_internal.run_loop"
+_INVOKE = "_invoke_function_tool_with_metadata"
+_TOOL_ARGS = ("function_tool", "context", "arguments")
 _HOOKS = SDKHooks(
     _instruments[0],
-    "agents.run_internal.run_loop",
+    "agents",
     (
-        Hook("", "get_new_response", _response, ("bindings",), (), True),
+        Hook(_LOOP, "get_new_response", _response, ("bindings",), (), True),
         Hook(
-            "",
+            _LOOP,
             "run_single_turn_streamed",
             _streamed_turn,
             ("streamed_result", "bindings"),
             (),
             True,
         ),
+        Hook("run_internal.tool_execution", _INVOKE, _tool, (), _TOOL_ARGS, True),
+        Hook("tool", _INVOKE, _tool, (), _TOOL_ARGS, True),
     ),
-    (("", ("get_new_response",)), ("", ("run_single_turn_streamed",))),
+    (
+        (_LOOP, ("get_new_response",)),
+        (_LOOP, ("run_single_turn_streamed",)),
+        ("run_internal.tool_execution", (_INVOKE,)),
+        ("tool", (_INVOKE,)),
+    ),
 )
 
 

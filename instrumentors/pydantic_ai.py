@@ -20,7 +20,11 @@ admit them. Where it hooks: the agent graph's model-request node,
 request each, streamed or not), whose graph context holds the agent: the
 request runs as :func:`veronica_otel.agent` named after ``Agent.name``
 (an agent without a name is not scoped), so ``[agents."name"]`` limits
-apply, also to an agent delegated to from another agent's tool.
+apply, also to an agent delegated to from another agent's tool. Every run
+of a function tool (``pydantic_ai.toolsets.function.FunctionToolset.call_tool``)
+is one step of the chain, checked before the tool runs, under the name of
+the agent whose run called it (``RunContext.agent``); MCP toolsets go
+through the ``mcp`` client, whose instrumentor counts them.
 
 A denial is not a ``ModelAPIError``: pydantic-ai neither retries it nor
 falls back on it by default, and it leaves ``run`` / ``run_sync`` as
@@ -35,7 +39,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent_async, scope_for
+from ._framework import FrameworkInstrumentor, argument, as_agent_async, as_tool_async, scope_for
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["PydanticAIInstrumentor"]
@@ -67,14 +71,29 @@ def _stream(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     return scoped()
 
 
+async def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not PydanticAIInstrumentor.active:
+        return await wrapped(*args, **kwargs)
+    name = argument(args, kwargs, 0, "name")
+    arguments = argument(args, kwargs, 1, "tool_args")
+    agent = getattr(getattr(argument(args, kwargs, 2, "ctx"), "agent", None), "name", None)
+    return await as_agent_async(  # the run is its agent's, as its model requests are
+        agent,
+        lambda: as_tool_async("pydantic_ai", name, arguments, lambda: wrapped(*args, **kwargs)),
+    )
+
+
+_GRAPH = "_agent_graph.ModelRequestNode"
+_TOOLS = "toolsets.function.FunctionToolset"
 _HOOKS = SDKHooks(
     _instruments[0],
-    "pydantic_ai._agent_graph",
+    "pydantic_ai",
     (
-        Hook("ModelRequestNode", "run", _run, ("ctx",), (), True),
-        Hook("ModelRequestNode", "stream", _stream, ("ctx",)),
+        Hook(_GRAPH, "run", _run, ("ctx",), (), True),
+        Hook(_GRAPH, "stream", _stream, ("ctx",)),
+        Hook(_TOOLS, "call_tool", _tool, ("name", "tool_args", "ctx"), (), True),
     ),
-    (("ModelRequestNode", ("run",)), ("ModelRequestNode", ("stream",))),
+    ((_GRAPH, ("run",)), (_GRAPH, ("stream",)), (_TOOLS, ("call_tool",))),
 )
 
 

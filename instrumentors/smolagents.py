@@ -14,21 +14,26 @@ Under ``opentelemetry-instrument`` the ``veronica`` distro installs it once
 the application has imported smolagents: nothing to write.
 
 Where it hooks: ``smolagents.agents.MultiStepAgent.run`` (every agent,
-managed agents included, runs through it); a run that is not streamed runs
-as :func:`veronica_otel.agent` named after the agent's ``name`` (an agent
+managed agents included, runs through it); the run runs as
+:func:`veronica_otel.agent` named after the agent's ``name`` (an agent
 without one is not scoped), so ``[agents."name"]`` limits apply. A streamed
-run (``stream=True``) returns a generator: it is not named (its calls are
-still contained by the chain).
+run (``stream=True``) returns a generator: it runs under the name from its
+first step to its last.
+
+Every tool run (``smolagents.tools.Tool.__call__``: a ``ToolCallingAgent``'s
+calls and a ``CodeAgent``'s code alike, ``final_answer`` included) is one
+step of the chain, checked before the tool runs.
 
 A denial leaves ``run`` as the ``__cause__`` of smolagents'
-``AgentGenerationError``.
+``AgentGenerationError``: a denied tool run becomes an error step the model
+reads, and the sticky trip denies the model call after it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent
+from ._framework import FrameworkInstrumentor, argument, as_agent, as_agent_iter, as_tool
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["SmolagentsInstrumentor"]
@@ -37,21 +42,34 @@ _instruments = ("smolagents >= 1.26, < 2",)
 
 
 def _run(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if not SmolagentsInstrumentor.active or argument(args, kwargs, 1, "stream"):
+    if not SmolagentsInstrumentor.active:
         return wrapped(*args, **kwargs)
-    return as_agent(getattr(instance, "name", None), lambda: wrapped(*args, **kwargs))
+    name = getattr(instance, "name", None)
+    if argument(args, kwargs, 1, "stream"):  # a generator: named while it is consumed
+        return as_agent_iter(name, wrapped(*args, **kwargs))
+    return as_agent(name, lambda: wrapped(*args, **kwargs))
+
+
+def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not SmolagentsInstrumentor.active:
+        return wrapped(*args, **kwargs)
+    name = getattr(instance, "name", None)
+    return as_tool("smolagents", name, [args, kwargs], lambda: wrapped(*args, **kwargs))
 
 
 _HOOKS = SDKHooks(
     _instruments[0],
-    "smolagents.agents",
-    (Hook("MultiStepAgent", "run", _run, ("task", "stream")),),
-    (("MultiStepAgent", ("run",)),),
+    "smolagents",
+    (
+        Hook("agents.MultiStepAgent", "run", _run, ("task", "stream")),
+        Hook("tools.Tool", "__call__", _tool),
+    ),
+    (("agents.MultiStepAgent", ("run",)), ("tools.Tool", ("__call__",))),
 )
 
 
 class SmolagentsInstrumentor(FrameworkInstrumentor):
-    """Runs each smolagents agent run under the agent's name."""
+    """Runs each smolagents agent run under the agent's name, each tool run as a step."""
 
     _hooks = _HOOKS
     _instruments = _instruments

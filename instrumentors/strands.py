@@ -15,10 +15,12 @@ the application has imported Strands: nothing to write.
 
 Strands' own spans name the agent on the invocation, not on the model call
 that happens under it, so without a hook ``[agents."name"]`` never binds.
-Where it hooks: ``strands.agent.agent.Agent.invoke_async``, which calling an
-agent (``agent("...")``) also goes through; the invocation runs as
-:func:`veronica_otel.agent` named after ``Agent.name``. ``stream_async``
-iterated directly is not named (its calls are still contained by the chain).
+Where it hooks: ``strands.agent.agent.Agent.stream_async``, which calling an
+agent (``agent("...")``) and ``invoke_async`` also go through; the stream,
+from its first event to its last, runs as :func:`veronica_otel.agent` named
+after ``Agent.name``, iterated directly or not. Every tool run
+(``strands.tools.executors._executor._run_tool``, each retry a run of its
+own) is one step of the chain, checked before the tool runs.
 
 A denial leaves the call as the ``__cause__`` of Strands' ``EventLoopException``.
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, as_agent_async
+from ._framework import FrameworkInstrumentor, argument, as_agent_stream, as_tool_stream
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["StrandsInstrumentor"]
@@ -35,24 +37,38 @@ __all__ = ["StrandsInstrumentor"]
 _instruments = ("strands-agents >= 1.62, < 2",)
 
 
-async def _invoke(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
+def _stream(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    stream = wrapped(*args, **kwargs)
     if not StrandsInstrumentor.active:
-        return await wrapped(*args, **kwargs)
-    return await as_agent_async(getattr(instance, "name", None), lambda: wrapped(*args, **kwargs))
+        return stream
+    return as_agent_stream(getattr(instance, "name", None), stream)
 
 
+def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    stream = wrapped(*args, **kwargs)
+    if not StrandsInstrumentor.active:
+        return stream
+    tool_use = getattr(argument(args, kwargs, 0, "ctx"), "tool_use", None)
+    if not isinstance(tool_use, dict):
+        return stream
+    return as_tool_stream("strands", tool_use.get("name"), tool_use.get("input"), stream)
+
+
+_AGENT = "agent.agent.Agent"
+_EXECUTOR = "tools.executors._executor"
 _HOOKS = SDKHooks(
     _instruments[0],
-    "strands.agent.agent",
-    (Hook("Agent", "invoke_async", _invoke, ("prompt",), (), True),),
-    (("Agent", ("invoke_async",)),),
+    "strands",
+    (
+        Hook(_AGENT, "stream_async", _stream, ("prompt",)),
+        Hook(_EXECUTOR, "_run_tool", _tool, ("ctx", "extra_kwargs", "tool_context")),
+    ),
+    ((_AGENT, ("stream_async",)), (_EXECUTOR, ("_run_tool",))),
 )
 
 
 class StrandsInstrumentor(FrameworkInstrumentor):
-    """Runs each Strands agent invocation under the agent's name."""
+    """Runs each Strands agent invocation (its event stream) under the agent's name."""
 
     _hooks = _HOOKS
     _instruments = _instruments

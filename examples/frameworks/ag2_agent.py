@@ -1,7 +1,7 @@
 """AG2: a runaway agent with no model-call cap of its own, then ours.
 
 ``Agent.ask`` loops while the model asks for tools; ours counts model calls
-and tool runs (``AG2Instrumentor``) of the chain, and runs ``ask`` as
+and tool runs (``AG2Instrumentor``) of the chain, and runs each turn as
 ``agent(name)``. The uncontained run below is bounded by the example's own
 ``max_steps=20`` chain, which is what stops it.
 

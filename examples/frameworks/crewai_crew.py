@@ -2,7 +2,7 @@
 
 Its own cap, ``max_iter``, counts an agent's iterations on one task and then
 asks the model for a final answer (one more call), returning whatever that
-gives; ours counts every model call of the chain, and ``CrewAIInstrumentor``
+gives; ours counts every model call and tool run of the chain, and ``CrewAIInstrumentor``
 runs each agent's tasks as ``agent(role)``, so ``[agents."Looper"]`` in a
 policy file limits this agent alone.
 

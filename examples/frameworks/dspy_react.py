@@ -1,8 +1,8 @@
 """dspy: a runaway ReAct module under its own ``max_iters``, then ours.
 
 Its own cap, ``max_iters``, counts ReAct iterations and then asks the model
-to extract an answer (one more call); ours counts every model call of the
-chain. dspy's native client speaks HTTP over its own sockets, which no hook
+to extract an answer (one more call); ours counts every model call and tool
+run of the chain. dspy's native client speaks HTTP over its own sockets, which no hook
 sees; ``DSPyInstrumentor`` sends every call in a chain through its LiteLLM
 backend instead. dspy wraps a model error: ours is the ``__cause__`` of its LM
 error (``LMUnexpectedError``, ``LMServerError``). ReAct asks for tools in

@@ -1,7 +1,7 @@
 """OpenAI Agents SDK: a runaway tool loop, and two agents handing off forever.
 
 Its own cap, ``max_turns``, counts turns of a run; ours counts model calls
-across the whole chain, and ``[agents."Alpha"]`` limits one agent by the name
+and tool runs across the whole chain, and ``[agents."Alpha"]`` limits one agent by the name
 the SDK gave it (``OpenAIAgentsInstrumentor`` runs each turn as ``agent(name)``).
 
 Needs ``pip install veronica-otel[openai] openai-agents``. Runs against the

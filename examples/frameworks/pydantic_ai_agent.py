@@ -1,7 +1,7 @@
 """pydantic-ai: a runaway tool loop under its own request limit, then under ours.
 
 Its own cap, ``UsageLimits(request_limit=...)``, counts the model requests of
-one run; ours counts every model call of the chain, across runs and agents
+one run; ours counts every model call and tool run of the chain, across runs and agents
 (``PydanticAIInstrumentor`` also runs each request as ``agent(Agent.name)``,
 so ``[agents."Looper"]`` in a policy file limits this agent alone).
 

@@ -2,7 +2,7 @@
 
 Its own cap, ``max_steps``, counts agent steps of one run and then asks the
 model for a final answer (one more call), returning it; ours counts every
-model call of the chain. smolagents wraps a model error: ours is the
+model call and tool run of the chain. smolagents wraps a model error: ours is the
 ``__cause__`` of its ``AgentGenerationError``.
 
 Needs ``pip install veronica-otel[openai] 'smolagents[openai]'``. Runs against

@@ -2,7 +2,7 @@
 
 Strands' event loop has no model-call cap of its own (it loops while the
 model asks for tools); ours counts every Bedrock call of the chain, made
-through boto3 (``converse_stream``). Strands wraps the denial: ours is the
+through boto3 (``converse_stream``), and every tool run. Strands wraps the denial: ours is the
 ``__cause__`` of its ``EventLoopException``. The uncontained run below is
 stopped by a hook after 10 model calls.
 

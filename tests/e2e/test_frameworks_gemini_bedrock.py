@@ -3,8 +3,9 @@ boto3, streamed), contained with zero code, each in its own venv
 (:data:`tests._venvs.FRAMEWORK_ADK`, :data:`tests._venvs.FRAMEWORK_STRANDS`).
 
 As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
-runaway fake server under ``VERONICA_MAX_STEPS=3``; exactly 3 model requests
-reach the server (counted after the process exited). google-adk pins
+runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
+after the process exited: Strands' tool runs are steps too (2 model requests),
+ADK's are not hooked yet (3). google-adk pins
 ``opentelemetry-api<=1.44``: it must resolve beside us (the newest ADK, not a
 fallback to 1.x).
 """
@@ -21,6 +22,7 @@ from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
+SENT = 2  # under max_steps=3: model, tool, model; the second tool run is denied
 GEMINI = "/v1beta/models/gemini-2.5-flash:generateContent"
 BEDROCK = "/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream"
 
@@ -76,11 +78,12 @@ def test_google_adk_agent_limit_by_its_own_name(
     assert result["agent"] == "Looper", result
 
 
-def _strands(venv: Path, llm: FakeLLMServer, **env: str) -> tuple[dict[str, Any], str]:
+def _strands(venv: Path, llm: FakeLLMServer, *args: str, **env: str) -> tuple[dict[str, Any], str]:
     result, done = run_app(
         venv,
         "strands_app.py",
         llm,
+        *args,
         AWS_ENDPOINT_URL_BEDROCK_RUNTIME=llm.base_url,
         AWS_ACCESS_KEY_ID="x",
         AWS_SECRET_ACCESS_KEY="x",
@@ -92,7 +95,7 @@ def _strands(venv: Path, llm: FakeLLMServer, **env: str) -> tuple[dict[str, Any]
 
 def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMServer) -> None:
     result, stderr = _strands(strands, llm, VERONICA_MAX_STEPS=str(STEPS))
-    assert llm.stats() == {"total": STEPS, "routes": {BEDROCK: STEPS}}, stderr
+    assert llm.stats() == {"total": SENT, "routes": {BEDROCK: SENT}}, stderr
     # Strands wraps any error of its event loop: ours is the __cause__ of its
     # EventLoopException.
     assert result["raised"] == "EventLoopException" and result["how"] == "cause", result
@@ -102,7 +105,15 @@ def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMS
 def test_strands_agent_limit_by_its_name(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
     # Only the agent is limited: without StrandsInstrumentor naming it, the
     # runaway loop ran until Python's recursion limit (317 requests).
-    policy = agent_policy(tmp_path, "Looper", 2)
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result, stderr = _strands(strands, llm, VERONICA_POLICY_FILE=policy)
-    assert llm.request_count == 2, stderr
+    assert llm.request_count == SENT, stderr
+    assert result["how"] == "cause" and result["agent"] == "Looper", result
+
+
+def test_strands_stream_async_is_named(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+    # stream_async iterated directly runs under the agent's name too.
+    policy = agent_policy(tmp_path, "Looper", STEPS)
+    result, stderr = _strands(strands, llm, "stream", VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == SENT, stderr
     assert result["how"] == "cause" and result["agent"] == "Looper", result

@@ -2,8 +2,9 @@
 LlamaIndex (one venv, :data:`tests._venvs.FRAMEWORKS_OPENAI_2`).
 
 As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
-runaway fake server under ``VERONICA_MAX_STEPS=3``; exactly 3 model requests
-reach the server (counted after the process exited), the run ends with ours.
+runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
+after the process exited, the run ends with ours: crewAI's tool runs are steps
+too (2 model requests), LlamaIndex's are not hooked yet (3).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
+SENT = 2  # under max_steps=3: model, tool, model; the second tool run is denied
 CHAT = "/v1/chat/completions"
 
 
@@ -39,7 +41,7 @@ def test_crewai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> No
         VERONICA_MAX_STEPS=str(STEPS),
         CREWAI_DISABLE_TELEMETRY="true",
     )
-    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr
+    assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr
     # crewAI logs the failed call and retries it; the trip is sticky, so the
     # retry is refused before it leaves, and ours leaves kickoff() as itself.
     assert result["how"] == "itself", result
@@ -55,7 +57,7 @@ def test_llama_index_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) 
 
 
 def test_crewai_agent_limit_by_its_role(venv: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
-    policy = agent_policy(tmp_path, "Looper", 2)
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = run_app(
         venv,
         "crewai_app.py",
@@ -63,5 +65,5 @@ def test_crewai_agent_limit_by_its_role(venv: Path, llm: FakeLLMServer, tmp_path
         VERONICA_POLICY_FILE=policy,
         CREWAI_DISABLE_TELEMETRY="true",
     )
-    assert llm.request_count == 2, done.stderr[-2000:]
+    assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result

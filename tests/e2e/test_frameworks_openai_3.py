@@ -3,8 +3,9 @@ pydantic-ai, LangGraph with langchain-openai (one venv, :data:`tests._venvs.FRAM
 
 Each runs a real agent with one tool against the runaway fake server (every
 reply asks for another tool call, so the loop never ends on its own) under
-``VERONICA_MAX_STEPS=3``: exactly 3 model requests reach the server, the run
-ends with our denial, and the count is taken after the process exited, so
+``VERONICA_MAX_STEPS=3``: a step is a model call or a tool run, so exactly 2
+model requests reach the server (model, tool, model; the second tool run is
+denied), the run ends with our denial, and the count is taken after the process exited, so
 nothing was sent after it.
 """
 
@@ -19,6 +20,7 @@ from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
+SENT = 2  # under max_steps=3: model, tool, model; the second tool run is denied
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +38,11 @@ def test_openai_agents_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer
     result, done = run_app(
         venv, "openai_agents_app.py", llm, "runaway", VERONICA_MAX_STEPS=str(STEPS)
     )
-    assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr
-    # openai-agents does not wrap a model error: ours reaches the caller as itself.
-    assert result["how"] == "itself", result
+    assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
+    # The denied step is the second tool run: openai-agents wraps a tool's
+    # error, so ours is the __cause__ of its UserError (a denied model call
+    # would reach the caller as itself, as in the handoff test below).
+    assert result["raised"] == "UserError" and result["how"] == "cause", result
     assert result["reason"] == "steps"
 
 
@@ -56,9 +60,22 @@ def test_openai_agents_handoff_loop_per_agent_limit(
     assert result["agent"] == "Alpha", result
 
 
+def test_openai_agents_streamed_run_is_named(
+    venv: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    policy = agent_policy(tmp_path, "Looper", STEPS)
+    result, done = run_app(
+        venv, "openai_agents_app.py", llm, "streamed", VERONICA_POLICY_FILE=policy
+    )
+    assert llm.request_count == SENT, done.stderr[-2000:]
+    # Looper's second tool run is denied; stream_events() raises the UserError.
+    assert result["raised"] == "UserError" and result["how"] == "cause", result
+    assert result["agent"] == "Looper", result
+
+
 def test_pydantic_ai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
     result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
-    assert llm.stats() == {"total": STEPS, "routes": {"/v1/responses": STEPS}}, done.stderr
+    assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
     # Not a ModelAPIError, so no retry and no FallbackModel fallback: it leaves
     # run_sync as itself (under FallbackModel(fallback_on=(Exception,)) it would
     # come inside a FallbackExceptionGroup: ``except* BudgetExceededError``).
@@ -78,7 +95,17 @@ def test_langgraph_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) ->
 def test_pydantic_ai_agent_limit_by_its_name(
     venv: Path, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
-    policy = agent_policy(tmp_path, "Looper", 2)
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == SENT, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
+
+
+def test_langgraph_node_limit_by_its_name(venv: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+    # The ReAct graph is the node "Looper" of an outer graph (a supervisor's
+    # sub-agent): its model and tool runs are Looper's. Model, tool, model,
+    # then the tool run that would be Looper's fourth step is denied.
+    policy = agent_policy(tmp_path, "Looper", 3)
+    result, done = run_app(venv, "langgraph_app.py", llm, "nested", VERONICA_POLICY_FILE=policy)
     assert llm.request_count == 2, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result

@@ -21,6 +21,7 @@ from tests.e2e._frameworks import agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer, RecordedRequest
 
 STEPS = 3
+SENT = 2  # under max_steps=3: model, tool, model; the second tool run is denied
 CHAT = "/v1/chat/completions"
 DSPY_TURN = (
     "[[ ## next_thought ## ]]\nOnce more.\n\n[[ ## next_tool_name ## ]]\nlookup\n\n"
@@ -37,7 +38,7 @@ def llm() -> Iterator[FakeLLMServer]:
 def test_smolagents_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
     venv = framework_venv("FRAMEWORK_SMOLAGENTS")
     result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
-    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr[-2000:]
+    assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr[-2000:]
     # smolagents wraps a model error: ours is the __cause__ of its AgentGenerationError.
     assert result["raised"] == "AgentGenerationError" and result["how"] == "cause", result
     assert result["reason"] == "steps"
@@ -45,9 +46,17 @@ def test_smolagents_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
 
 def test_smolagents_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) -> None:
     venv = framework_venv("FRAMEWORK_SMOLAGENTS")
-    policy = agent_policy(tmp_path, "Looper", 2)
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_POLICY_FILE=policy)
-    assert llm.request_count == 2, done.stderr[-2000:]
+    assert llm.request_count == SENT, done.stderr[-2000:]
+    assert result["how"] == "cause" and result["agent"] == "Looper", result
+
+
+def test_smolagents_streamed_run_is_named(llm: FakeLLMServer, tmp_path: Path) -> None:
+    venv = framework_venv("FRAMEWORK_SMOLAGENTS")
+    policy = agent_policy(tmp_path, "Looper", STEPS)
+    result, done = run_app(venv, "smolagents_app.py", llm, "stream", VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "cause" and result["agent"] == "Looper", result
 
 
@@ -59,6 +68,16 @@ def test_ag2_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
     assert llm.stats() == {"total": 2, "routes": {CHAT: 2}}, done.stderr[-2000:]
     assert result["how"] == "itself", result
     assert result["reason"] == "steps"
+
+
+def test_ag2_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) -> None:
+    venv = framework_venv("FRAMEWORK_AG2")
+    policy = agent_policy(tmp_path, "Looper", 3)
+    result, done = run_app(venv, "ag2_app.py", llm, VERONICA_POLICY_FILE=policy)
+    # Looper's model, tool, model; its second tool run is denied, and so is
+    # the model call AG2 makes with the error: Looper sent exactly 2.
+    assert llm.request_count == 2, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
 
 
 def test_dspy_react_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
@@ -77,10 +96,13 @@ def test_dspy_react_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
         OPENAI_BASE_URL=None,  # no environment gateway: dspy would choose its native client
         OPENAI_API_BASE=None,
     )
-    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr[-2000:]
+    assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr[-2000:]
     # Its native client (own sockets, no HTTP hook sees it) is not used in a
     # chain: DSPyInstrumentor sends the calls through LiteLLM, contained.
     assert all(r.headers.get("user-agent") != "lm15/stdlib" for r in llm.requests)
     # dspy wraps a model error: ours is the __cause__ of its LMUnexpectedError.
     assert result["raised"] == "LMUnexpectedError" and result["how"] == "cause", result
     assert result["reason"] == "steps"
+    # Then an LM pinned to the native engine, called directly: its send is
+    # refused at lm15's transport, loudly, and nothing more reached the server.
+    assert "cannot contain dspy's native lm15 transport" in str(result["native"]), result

@@ -357,3 +357,30 @@ async def test_stdio_server_subprocess_is_contained(instrumentor: MCPInstrumento
         ran = await mcp_client.call_tool("ran", {})  # outside the chain: not counted
     assert ran.structured_content == {"search": 2, "broken": 1}
     assert ctx.snapshot().steps == 2
+
+
+# -- a framework's tool run backed by an MCP tool: one step, not two (G13) -----------
+
+
+@pytest.mark.asyncio
+async def test_a_framework_tool_run_backed_by_mcp_counts_once(
+    instrumentor: MCPInstrumentor, counting: CountingServer
+) -> None:
+    from veronica_otel.instrumentors._framework import as_tool_async
+
+    async with connect(counting) as client, ExecutionContext(ExecutionConfig(max_steps=3)) as ctx:
+
+        async def run(*queries: str) -> None:  # a framework tool whose body calls MCP
+            async def body() -> None:
+                for query in queries:
+                    await search(client, query)
+
+            await as_tool_async("fw", "search", {"queries": queries}, body)
+
+        await run("a")
+        assert ctx.snapshot().steps == 1  # its MCP call joined the run
+        await run("b", "c")
+        assert ctx.snapshot().steps == 3  # a second MCP call in one run is a step of its own
+        with pytest.raises(BudgetExceededError):
+            await run("d")
+    assert counting.runs["search"] == 3

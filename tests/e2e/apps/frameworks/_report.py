@@ -9,7 +9,6 @@ the framework's own error), ``"group"`` (inside an ``ExceptionGroup``), or
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -51,10 +50,18 @@ def outcome(exc: BaseException | None) -> dict[str, Any]:
     return result
 
 
-def run(main: Callable[[], object]) -> None:
+def ended(main: Callable[[], object]) -> dict[str, Any]:
+    """How ``main()`` ended (see :func:`outcome`)."""
     try:
         main()
     except BaseException as exc:  # the test reads how it ended
-        print("RESULT " + json.dumps(outcome(exc)), flush=True)
-        sys.exit(0)
-    print("RESULT " + json.dumps(outcome(None)), flush=True)
+        return outcome(exc)
+    return outcome(None)
+
+
+def report(result: dict[str, Any]) -> None:
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run(main: Callable[[], object]) -> None:
+    report(ended(main))

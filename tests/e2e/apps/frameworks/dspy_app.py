@@ -1,11 +1,15 @@
-"""A runaway dspy ReAct agent, unchanged (no veronica-otel import)."""
+"""A runaway dspy ReAct agent, unchanged (no veronica-otel import).
+
+Then, in the same process (one dspy import, not two), a direct call of an LM
+pinned to dspy's native ``lm15`` engine: RESULT's ``native`` says how it ended.
+"""
 
 from __future__ import annotations
 
 import os
 
 import dspy
-from _report import run
+from _report import ended, report
 
 
 def lookup(city: str) -> str:
@@ -18,4 +22,6 @@ def lookup(city: str) -> str:
 url = os.environ["FAKE_LLM_URL"] + "/v1"
 dspy.configure(lm=dspy.LM("openai/gpt-4o-mini", api_base=url, api_key="k", cache=False))
 react = dspy.ReAct("question -> answer", tools=[lookup], max_iters=8)
-run(lambda: react(question="go"))
+result = ended(lambda: react(question="go"))
+native = dspy.LM("openai/gpt-4o-mini", api_base=url, api_key="k", cache=False, engine="lm15")
+report({**result, "native": ended(lambda: native("hi"))})

@@ -1,10 +1,17 @@
-"""A runaway LangGraph ReAct agent on langchain-openai, unchanged (no veronica-otel import)."""
+"""A runaway LangGraph ReAct agent on langchain-openai, unchanged (no veronica-otel import).
+
+``nested``: the ReAct graph is the node ``Looper`` of an outer graph, as a
+supervisor's sub-agent is.
+"""
 
 from __future__ import annotations
+
+import sys
 
 from _report import run
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
 
 
@@ -15,4 +22,7 @@ def lookup(city: str) -> str:
 
 
 graph = create_react_agent(ChatOpenAI(model="gpt-4o-mini"), [lookup], name="Looper")
+if sys.argv[1:] == ["nested"]:
+    outer = StateGraph(MessagesState).add_node("Looper", graph).add_edge(START, "Looper")
+    graph = outer.compile()
 run(lambda: graph.invoke({"messages": [("user", "go")]}, {"recursion_limit": 100}))

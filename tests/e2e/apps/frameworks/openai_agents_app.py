@@ -2,10 +2,12 @@
 
 ``runaway``: one agent with one tool; the model always asks for the tool.
 ``handoffs``: Alpha and Beta, each able only to hand off to the other.
+``streamed``: the runaway agent run with ``Runner.run_streamed``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 from _report import run
@@ -20,9 +22,16 @@ def lookup(city: str) -> str:
     return f"{city}: sunny"
 
 
+LOOPER = Agent(name="Looper", instructions="Use the tool.", tools=[lookup], model="gpt-4o-mini")
+
+
 def runaway() -> None:
-    agent = Agent(name="Looper", instructions="Use the tool.", tools=[lookup], model="gpt-4o-mini")
-    Runner.run_sync(agent, "go", max_turns=50)
+    Runner.run_sync(LOOPER, "go", max_turns=50)
+
+
+async def _streamed() -> None:
+    async for _ in Runner.run_streamed(LOOPER, "go", max_turns=50).stream_events():
+        pass
 
 
 def handoffs() -> None:
@@ -32,4 +41,8 @@ def handoffs() -> None:
     Runner.run_sync(alpha, "go", max_turns=50)
 
 
-run({"runaway": runaway, "handoffs": handoffs}[sys.argv[1]])
+def streamed() -> None:
+    asyncio.run(_streamed())
+
+
+run({"runaway": runaway, "handoffs": handoffs, "streamed": streamed}[sys.argv[1]])

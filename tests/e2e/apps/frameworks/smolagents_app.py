@@ -1,8 +1,12 @@
-"""A runaway smolagents ToolCallingAgent on an OpenAI-compatible server, unchanged."""
+"""A runaway smolagents ToolCallingAgent on an OpenAI-compatible server, unchanged.
+
+``stream``: the run's steps iterated (``run(stream=True)``).
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 
 from _report import run
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
@@ -20,4 +24,11 @@ def lookup(city: str) -> str:
 
 model = OpenAIServerModel(model_id="gpt-4o-mini", api_base=os.environ["OPENAI_BASE_URL"])
 agent = ToolCallingAgent(tools=[lookup], model=model, max_steps=50, name="Looper")
-run(lambda: agent.run("go"))
+
+
+def stream() -> None:
+    for _ in agent.run("go", stream=True):
+        pass
+
+
+run(stream if sys.argv[1:] == ["stream"] else lambda: agent.run("go"))

@@ -1,6 +1,12 @@
-"""A runaway Strands agent on Bedrock (boto3, streamed), unchanged (no veronica-otel import)."""
+"""A runaway Strands agent on Bedrock (boto3, streamed), unchanged (no veronica-otel import).
+
+``stream``: the agent's events iterated with ``stream_async`` instead of a call.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import sys
 
 from _report import run
 from strands import Agent, tool
@@ -15,4 +21,11 @@ def lookup(city: str) -> str:
 
 model = BedrockModel(model_id="us.anthropic.claude-sonnet-4-20250514-v1:0", region_name="us-east-1")
 agent = Agent(name="Looper", model=model, tools=[lookup], callback_handler=None)
-run(lambda: agent("go"))
+
+
+async def stream() -> None:
+    async for _ in agent.stream_async("go"):
+        pass
+
+
+run(lambda: asyncio.run(stream()) if sys.argv[1:] == ["stream"] else agent("go"))
