@@ -7,4 +7,4 @@ set -x
 .venv/bin/mypy --strict
 # Tests in parallel: most wait on subprocesses and servers, so four workers
 # help even on two cores (PYTEST_WORKERS=0 runs them in this process).
-.venv/bin/pytest -n "${PYTEST_WORKERS:-4}" "$@"
+.venv/bin/pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup "$@"
