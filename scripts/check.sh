@@ -6,5 +6,7 @@ set -x
 .venv/bin/ruff format --check .
 .venv/bin/mypy --strict
 # Tests in parallel: most wait on subprocesses and servers, so four workers
-# help even on two cores (PYTEST_WORKERS=0 runs them in this process).
+# help even on two cores (PYTEST_WORKERS=0 runs them in this process). Each
+# test is handed out on its own, longest modules first (tests/conftest.py),
+# except the modules grouped there, which run on one worker (loadgroup).
 .venv/bin/pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup "$@"
