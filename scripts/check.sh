@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # The whole check: lint, format, types (strict, whole package), tests.
 source "$(dirname "$0")/_venv.sh"
+# Bytecode, and pytest's rewritten test modules, cached outside the clone: a warm
+# run compiles nothing again (else every xdist worker and every app the tests start
+# compiles and rewrites from source), and no __pycache__ lands in the checkout,
+# which is what PYTHONDONTWRITEBYTECODE would otherwise be set for.
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/veronica-otel/pycache}"
+unset PYTHONDONTWRITEBYTECODE
 set -x
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

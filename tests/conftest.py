@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
+from hypothesis.database import DirectoryBasedExampleDatabase
 from opentelemetry import _logs, metrics, trace
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
@@ -21,6 +24,16 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+_CACHE = Path(os.environ.get("VERONICA_E2E_CACHE", Path.home() / ".cache" / "veronica-otel-e2e"))
+
+# Hypothesis keeps what it stores (failing examples, the constants it scans the
+# sources for) outside the clone, not in .hypothesis/.
+set_hypothesis_home_dir(_CACHE / "hypothesis")
+settings.register_profile(
+    "veronica", database=DirectoryBasedExampleDatabase(_CACHE / "hypothesis" / "examples")
+)
+settings.load_profile("veronica")
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -119,10 +132,7 @@ def python_sigint() -> Iterator[None]:
 # Under ``--dist loadgroup`` (scripts/check.sh) the modules below run on one worker,
 # so their module-scoped servers start once, not once per worker.
 
-_DURATIONS = (
-    Path(os.environ.get("VERONICA_E2E_CACHE", Path.home() / ".cache" / "veronica-otel-e2e"))
-    / "test-durations.json"
-)
+_DURATIONS = _CACHE / "test-durations.json"
 _ONE_WORKER = {
     "tests/e2e/test_jaeger.py": "jaeger",  # a Jaeger and a Collector
     "tests/e2e/test_grant_fanout.py": "grant_fanout",  # Valkey and two services
