@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # The whole check: lint, format, types (strict, whole package), tests.
 source "$(dirname "$0")/_venv.sh"
+# Bytecode, and pytest's rewritten test modules, cached outside the clone: a warm
+# run compiles nothing again (else every xdist worker and every app the tests start
+# compiles and rewrites from source), and no __pycache__ lands in the checkout,
+# which is what PYTHONDONTWRITEBYTECODE would otherwise be set for.
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/veronica-otel/pycache}"
+unset PYTHONDONTWRITEBYTECODE
 set -x
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy --strict
 # Tests in parallel: most wait on subprocesses and servers, so four workers
-# help even on two cores (PYTEST_WORKERS=0 runs them in this process).
-.venv/bin/pytest -n "${PYTEST_WORKERS:-4}" "$@"
+# help even on two cores (PYTEST_WORKERS=0 runs them in this process). Each
+# test is handed out on its own, longest modules first (tests/conftest.py),
+# except the modules grouped there, which run on one worker (loadgroup).
+.venv/bin/pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup "$@"

@@ -6,8 +6,11 @@ as a user would, and cached outside the clone under
 it). The hash covers what is installed (the steps and the Python version), so
 a changed recipe builds a new venv. This checkout is installed into it as a
 regular (non-editable) copy, and re-installed without dependencies whenever
-its sources change, so the cached third-party set is reused. A file lock
-keeps parallel test processes from building the same venv twice.
+its sources change, so the cached third-party set is reused. That copy is one
+wheel built per version of the sources (``<cache>/ours/<hash>``) and installed
+into every venv, as a user installs a release, instead of pip building the
+sources again in each venv. A file lock keeps parallel test processes from
+building the same venv or wheel twice.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,6 +80,32 @@ def _checkout_copy() -> Iterator[Path]:
         yield copy
 
 
+def _our_wheel(stamp: str) -> Path:
+    """This checkout built once into a wheel for sources ``stamp``, cached."""
+    out = CACHE / "ours" / stamp
+    with _locked(CACHE / "ours.lock"):
+        built = sorted(out.glob("*.whl"))
+        if built:
+            return built[0]
+        with (
+            tempfile.TemporaryDirectory(prefix="veronica-wheel-") as tmp,
+            _checkout_copy() as checkout,
+        ):
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp, str(checkout)],
+                check=True,
+                timeout=_BUILD_TIMEOUT,
+                capture_output=True,
+                text=True,
+            )
+            (wheel,) = Path(tmp).glob("*.whl")
+            for old in (CACHE / "ours").glob("*"):  # other sources' wheels, a day unused
+                if time.time() - old.stat().st_mtime > 86400:
+                    shutil.rmtree(old, ignore_errors=True)
+            out.mkdir(parents=True, exist_ok=True)
+            return Path(shutil.move(wheel, out / wheel.name))
+
+
 def _pip(venv: Path, *args: str) -> None:
     subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args],
@@ -86,7 +116,7 @@ def _pip(venv: Path, *args: str) -> None:
     )
 
 
-def _run_step(venv: Path, step: Sequence[str], checkout: Path) -> None:
+def _run_step(venv: Path, step: Sequence[str], ours: Path | None) -> None:
     if tuple(step) == BOOTSTRAP:
         subprocess.run(
             [str(venv / "bin" / "opentelemetry-bootstrap"), "-a", "install"],
@@ -96,7 +126,7 @@ def _run_step(venv: Path, step: Sequence[str], checkout: Path) -> None:
             text=True,
         )
         return
-    _pip(venv, *(arg.replace(OURS, str(checkout)) for arg in step))
+    _pip(venv, *(arg.replace(OURS, str(ours)) if ours else arg for arg in step))
 
 
 def venv(name: str, steps: Sequence[Sequence[str]]) -> Path:
@@ -113,16 +143,15 @@ def venv(name: str, steps: Sequence[Sequence[str]]) -> Path:
         if not (root / ".complete").exists():
             shutil.rmtree(root, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
-            with _checkout_copy() as checkout:
-                for step in steps:
-                    _run_step(root, step, checkout)
+            wheel = _our_wheel(stamp) if _installs_ours(steps) else None
+            for step in steps:
+                _run_step(root, step, wheel)
             ours.write_text(stamp)
             (root / ".complete").write_text("ok")
         elif not _installs_ours(steps):
             pass  # nothing of this checkout in it: nothing to refresh
         elif not ours.exists() or ours.read_text() != stamp:
-            with _checkout_copy() as checkout:
-                _pip(root, "--no-deps", "--force-reinstall", str(checkout))
+            _pip(root, "--no-deps", "--force-reinstall", str(_our_wheel(stamp)))
             ours.write_text(stamp)
     return root
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
+from hypothesis.database import DirectoryBasedExampleDatabase
 from opentelemetry import _logs, metrics, trace
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
@@ -15,6 +24,16 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+_CACHE = Path(os.environ.get("VERONICA_E2E_CACHE", Path.home() / ".cache" / "veronica-otel-e2e"))
+
+# Hypothesis keeps what it stores (failing examples, the constants it scans the
+# sources for) outside the clone, not in .hypothesis/.
+set_hypothesis_home_dir(_CACHE / "hypothesis")
+settings.register_profile(
+    "veronica", database=DirectoryBasedExampleDatabase(_CACHE / "hypothesis" / "examples")
+)
+settings.load_profile("veronica")
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -100,3 +119,76 @@ def python_sigint() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# -- Order and placement under pytest-xdist ----------------------------------------------
+#
+# The longest tests (apps in fresh venvs, servers, long property runs) start first,
+# so that none of them begins near the end and stretches the run's tail while the
+# other workers sit idle: modules run in order of the time their tests took last
+# time (recorded outside the clone), tests inside a module in their own order; with
+# nothing recorded, tests/e2e first. The controller reads the record once and hands
+# it to its workers, which must all collect in the same order.
+# Under ``--dist loadgroup`` (scripts/check.sh) the modules below run on one worker,
+# so their module-scoped servers start once, not once per worker.
+
+_DURATIONS = _CACHE / "test-durations.json"
+_ONE_WORKER = {
+    "tests/e2e/test_jaeger.py": "jaeger",  # a Jaeger and a Collector
+    "tests/e2e/test_grant_fanout.py": "grant_fanout",  # Valkey and two services
+    "tests/e2e/test_two_services.py": "two_services",
+}
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _recorded() -> dict[str, float]:
+    try:
+        record = json.loads(_DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in record.items()} if isinstance(record, dict) else {}
+
+
+_LAST = functools.cache(_recorded)  # read once per process
+_TAKEN: dict[str, float] = {}  # this run's seconds per test (the controller's, under xdist)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller hands its workers one record, so they all sort alike."""
+    node.workerinput["veronica_durations"] = _LAST()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    record: dict[str, float] = workerinput["veronica_durations"] if workerinput else _LAST()
+    per_module: dict[str, float] = {}
+    for nodeid, seconds in record.items():
+        per_module[_module(nodeid)] = per_module.get(_module(nodeid), 0.0) + seconds
+    items.sort(
+        key=lambda item: (-per_module.get(_module(item.nodeid), 0.0), "/e2e/" not in item.nodeid)
+    )
+    for item in items:
+        group = _ONE_WORKER.get(_module(item.nodeid))
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    nodeid = report.nodeid.split("@", 1)[0]  # loadgroup's suffix off
+    _TAKEN[nodeid] = _TAKEN.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Record what each test took (the controller, or a run without xdist)."""
+    if hasattr(session.config, "workerinput") or not _TAKEN:
+        return
+    record = {**_recorded(), **_TAKEN}
+    _DURATIONS.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=_DURATIONS.parent, delete=False) as out:
+        json.dump(record, out)
+    os.replace(out.name, _DURATIONS)

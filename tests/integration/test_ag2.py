@@ -8,14 +8,10 @@ really ran: nothing after the trip.
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx2
 import pytest
-
-pytest.importorskip("ag2")
-
-from ag2 import Agent
-from ag2.config.openai import OpenAIConfig
-from ag2.tools.final.function_tool import FunctionTool
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel.instrumentors.ag2 import AG2Instrumentor
@@ -25,6 +21,25 @@ CHAT = "/v1/chat/completions"
 
 
 pytestmark = pytest.mark.fake_llm(output_tokens=3)
+
+# AG2 is imported when the module's first test runs, not at collection: every
+# pytest-xdist worker collects every module, and ``import ag2`` takes seconds of CPU.
+Agent: Any = None
+OpenAIConfig: Any = None
+FunctionTool: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ag2() -> None:
+    global Agent, OpenAIConfig, FunctionTool
+    pytest.importorskip("ag2")
+    from ag2 import Agent as _Agent
+    from ag2.config.openai import OpenAIConfig as _OpenAIConfig
+    from ag2.tools.final.function_tool import FunctionTool as _FunctionTool
+
+    Agent = _Agent
+    OpenAIConfig = _OpenAIConfig
+    FunctionTool = _FunctionTool
 
 
 def counting_agent(server: FakeLLMServer, http: httpx2.AsyncClient, runs: list[int]) -> Agent:

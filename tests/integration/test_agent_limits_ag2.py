@@ -8,14 +8,10 @@ the fake server's recorded requests show what each agent really sent.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
-
-pytest.importorskip("ag2")
-
-from ag2 import Agent
-from ag2.config.openai import OpenAIConfig
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, PolicyPipeline
 from veronica_otel.policy_file import FilePolicy, PolicyFile
@@ -25,6 +21,22 @@ CHAT = "/v1/chat/completions"
 
 
 pytestmark = pytest.mark.fake_llm(output_tokens=3)
+
+# AG2 is imported when the module's first test runs, not at collection: every
+# pytest-xdist worker collects every module, and ``import ag2`` takes seconds of CPU.
+Agent: Any = None
+OpenAIConfig: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ag2() -> None:
+    global Agent, OpenAIConfig
+    pytest.importorskip("ag2")
+    from ag2 import Agent as _Agent
+    from ag2.config.openai import OpenAIConfig as _OpenAIConfig
+
+    Agent = _Agent
+    OpenAIConfig = _OpenAIConfig
 
 
 def sent_with(server: FakeLLMServer, prompt: str) -> int:

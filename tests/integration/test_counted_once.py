@@ -20,7 +20,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 import boto3
 import cohere
 import httpx
-import litellm
 import ollama
 import openai
 import pytest
@@ -139,6 +138,8 @@ def _ollama(url: str) -> Iterator[Call]:
 
 @contextlib.contextmanager
 def _litellm(url: str) -> Iterator[Call]:
+    import litellm  # here, not at collection: seconds of CPU in every xdist worker
+
     yield lambda: litellm.completion(
         model="openai/gpt-4o-mini",
         messages=[{"role": "user", "content": PROMPT}],

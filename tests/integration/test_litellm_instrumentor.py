@@ -23,8 +23,6 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm is imported
 
-import litellm
-
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd
@@ -43,6 +41,19 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
     pytest.mark.usefixtures("litellm_leaks_collected"),
 ]
+
+# Imported when the module's first test runs, not at collection: every pytest-xdist
+# worker collects every module, and litellm's import takes seconds of CPU.
+litellm: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _litellm() -> None:
+    global litellm
+    import litellm as module
+
+    litellm = module
+
 
 INPUT, OUTPUT = 10, 5
 MESSAGES = [{"role": "user", "content": "Say hello."}]
