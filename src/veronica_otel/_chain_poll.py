@@ -1,10 +1,16 @@
-"""Trips reaching work in flight: a stream's per-chunk check and its shared-store reads."""
+"""Trips reaching work in flight: a stream's per-chunk check and its shared-store reads.
+
+The part of :class:`~veronica_otel.ExecutionContext` behind ``ensure_active``:
+it reads the chain's state and denies through its trips record, and keeps its
+own store-poll counters.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 
+from ._chain_state import ChainState
 from ._chain_trips import ChainTrips
 from ._errors import BudgetExceededError, TripEvent
 
@@ -22,8 +28,37 @@ _STORE_RETRY_S = 5.0
 _monotonic = time.monotonic
 
 
-class ChainPolling(ChainTrips):
+class ChainPolling:
     """:meth:`ensure_active` and its store reads."""
+
+    __slots__ = (
+        "_aledger",
+        "_deadline",
+        "_ledger",
+        "_live",
+        "_parent",
+        "_path",
+        "_poll_ok",
+        "_polled_at",
+        "_state",
+        "_token",
+        "_trips",
+        "_unpolled",
+    )
+
+    def __init__(self, state: ChainState, trips: ChainTrips) -> None:
+        self._state = state
+        self._trips = trips
+        # Fixed when the chain is made: read here without a hop through the state.
+        self._ledger = state.ledger
+        self._aledger = state.aledger
+        self._path = state.path
+        self._deadline = state.deadline
+        self._token = state.token
+        self._live = state.live
+        self._parent = state.parent
+        # A store-backed chain polls for trips made elsewhere: chunks since, time, last ok.
+        self._unpolled, self._polled_at, self._poll_ok = 0, state.started, True
 
     def ensure_active(self, *, poll: bool = True) -> None:
         """Raise BudgetExceededError if the chain has tripped or its deadline passed.
@@ -66,28 +101,30 @@ class ChainPolling(ChainTrips):
 
     def _poll_due(self) -> bool:
         """The checks of :meth:`ensure_active`; True when the store is due a read."""
-        if self._trip is not None and not self._trip_lifted():
-            raise BudgetExceededError(self._trip)
+        state = self._state
+        trip = state.trip
+        if trip is not None and not self._trips.trip_lifted():
+            raise BudgetExceededError(trip)
         if (self._deadline is not None and _monotonic() >= self._deadline) or (
             self._token.cancelled
         ):
-            self._deny_timeout()
+            self._trips.deny_timeout()
         live = self._live
         if live is not None:
             trip = live[0].trip  # the root level: a root chain's only one, no loop
             if trip is None and self._parent is not None:
-                for state in live:
-                    trip = state.trip
+                for level in live:
+                    trip = level.trip
                     if trip is not None:
                         break
             if trip is not None:
-                self._tripped(trip)
+                self._trips.tripped(trip)
             return False
         parent = self._parent
         while parent is not None:
-            if parent._trip is not None:
-                self._tripped(parent._trip)
-            parent = parent._parent
+            if parent.trip is not None:
+                self._trips.tripped(parent.trip)
+            parent = parent.parent
         self._unpolled += 1
         polled_at = self._polled_at
         return self._unpolled >= _STORE_POLL_CHUNKS or _monotonic() - polled_at >= _STORE_POLL_S
@@ -111,7 +148,7 @@ class ChainPolling(ChainTrips):
             _logger.warning(
                 "chain %s: could not read the store for trips while a call is in "
                 "flight; the call goes on, the next one is checked when it starts",
-                self.chain_id,
+                self._state.chain_id,
                 exc_info=True,
             )
         self._poll_ok = False
@@ -122,4 +159,4 @@ class ChainPolling(ChainTrips):
         self._poll_ok = True
         for trip in trips:
             if trip is not None:
-                self._tripped(trip)
+                self._trips.tripped(trip)

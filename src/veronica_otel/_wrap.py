@@ -1,4 +1,8 @@
-"""The paper-style wrap API: ``wrap_llm_call`` and friends run a callable as one contained call."""
+"""The paper-style wrap API: ``wrap_llm_call`` and friends run a callable as one contained call.
+
+The part of :class:`~veronica_otel.ExecutionContext` behind ``wrap_*``: it admits
+through the chain's admission, runs ``fn`` and settles through its settlement.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,17 @@ from collections.abc import Awaitable, Callable
 from types import FunctionType
 from typing import Any
 
+from ._admission import Admission
 from ._call import (
     ACTIVE_CALL,
     CallHandle,
     close_awaitable,
     is_coroutine_function,
 )
+from ._chain_state import ChainState
 from ._errors import BudgetExceededError
-from ._llm_admission import LLMAdmission
 from ._options import Decision, WrapOptions
+from ._settlement import Settlement
 
 __all__ = ["WrapCalls"]
 
@@ -49,9 +55,9 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
             # The kernel entry as begin_call enters it, without its frame when
             # the options need no pricing (no model, signature or retry).
             if options is None:
-                call = self.begin_priced_call(kind, "", None, None, 0, 0)
+                call = self._begin(kind, "", None, None, 0, 0)
             elif options.plain:
-                call = self.begin_priced_call(
+                call = self._begin(
                     kind,
                     options.operation_name,
                     None,
@@ -60,7 +66,7 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
                     options.reserved_tokens,
                 )
             else:
-                call = self.begin_call(kind, options)
+                call = self._admission.begin_call(kind, options)
         except BudgetExceededError:
             _check_sync(fn, kind)
             return _HALT
@@ -84,9 +90,9 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
             close_awaitable(result)
             _check_sync(fn, kind)  # an async def: said as such
             raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
-        self._partial = result
+        self._state.partial = result
         call._done = True  # settled here, one frame less on the hot path
-        self._finish(call, None, True)
+        self._settle(call, None, True)
         return _ALLOW
 
     wrap.__name__ = wrap.__qualname__ = f"wrap_{kind}_call"
@@ -94,32 +100,21 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
     return wrap
 
 
-class WrapCalls(LLMAdmission):
+class WrapCalls:
     """``wrap_*`` / ``awrap_*``: admit, run, settle; a denial is ``Decision.HALT``."""
+
+    __slots__ = ("_admission", "_begin", "_settle", "_state")
+
+    def __init__(self, state: ChainState, admission: Admission, settlement: Settlement) -> None:
+        self._state = state  # its partial result: the last wrapped call's
+        self._admission = admission
+        # Bound once: the wrap path's two kernel calls, one attribute read each.
+        self._begin = admission.begin_priced_call
+        self._settle = settlement.settle
 
     wrap_llm_call = _sync_wrap(
         "llm",
-        """Run ``fn`` as one LLM call if the chain allows it.
-
-        Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
-        running it. Errors raised by ``fn`` propagate unchanged (a
-        ``BudgetExceededError`` from a call inside ``fn`` returns ``HALT``).
-
-        ``fn`` is committed at what it reported with ``record_usage``, else at
-        its reservation (``cost_estimate_hint`` or the priced worst case),
-        whether it returned or raised: once it ran, the provider may have
-        billed it (DESIGN G10). That holds for any exception, for
-        ``KeyboardInterrupt`` and for a ``BudgetExceededError`` raised by an
-        inner call, since ``fn`` may have sent a request before the denial.
-        Only a call that never started (denied, or interrupted during a
-        rate-limit wait) is released.
-
-        An instrumented LLM call that ``fn`` makes in this chain is the call
-        the wrap stands for (DESIGN G13): the first one counts no step of its
-        own, reserves its own worst case before it is sent and commits its
-        actual usage, and the wrap then commits no cost of its own (its hint
-        is released). Each further one takes its own step.
-        """,
+        """Run ``fn`` as one LLM call (see ``ExecutionContext.wrap_llm_call``).""",
     )
     wrap_tool_call = _sync_wrap(
         "tool", """Run ``fn`` as one tool call if the chain allows it (see wrap_llm_call)."""
@@ -143,7 +138,7 @@ class WrapCalls(LLMAdmission):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         try:
-            call = await self.abegin_call(kind, options)
+            call = await self._admission.abegin_call(kind, options)
         except BudgetExceededError:
             return Decision.HALT
         call.kind = kind
@@ -166,7 +161,7 @@ class WrapCalls(LLMAdmission):
             raise
         finally:
             ACTIVE_CALL.reset(active)
-        self._partial = result
+        self._state.partial = result
         await call.afinish()
         return Decision.ALLOW
 
