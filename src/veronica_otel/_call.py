@@ -37,7 +37,9 @@ class CallHandle:
     """One admitted call: its reservation and, after it ran, its usage.
 
     Instrumentors get one from :meth:`ExecutionContext.begin_call` and must
-    call :meth:`finish` exactly once (extra calls do nothing).
+    call :meth:`finish` exactly once (extra calls do nothing). ``context`` is
+    the chain's settlement part, which the call settles through (it keeps
+    the chain's state, and so its ledger entry, alive while the call runs).
     """
 
     # Set (True) only on a wrapped LLM call that an instrumented call joined

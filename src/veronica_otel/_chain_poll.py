@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 from ._chain_state import ChainState
 from ._chain_trips import ChainTrips
 from ._errors import BudgetExceededError, TripEvent
 
-__all__ = ["ChainPolling"]
+__all__ = ["ChainPolling", "aensure_active", "ensure_active"]
 
 _logger = logging.getLogger("veronica_otel")
 # How often ensure_active() (once per stream chunk) reads a shared store for a
@@ -28,8 +29,48 @@ _STORE_RETRY_S = 5.0
 _monotonic = time.monotonic
 
 
+class _Front(Protocol):
+    """The part of a chain these checks use (so this module does not import the context)."""
+
+    _polling: ChainPolling
+
+
+def ensure_active(self: _Front, *, poll: bool = True) -> None:
+    """Raise BudgetExceededError if the chain has tripped or its deadline passed.
+
+    Streams call this per chunk, so a trip reaches work in flight (G5, G10):
+
+    * In-process (a :class:`LocalLedger`): every chunk. A stream is cut at
+      its next chunk after the deadline, a cancellation, or a trip of this
+      chain or any ancestor, wherever in the process it happened (a few
+      attribute reads: no lock, no allocation).
+    * A shared store (Redis/Valkey): this process's own trips of the chain
+      and its ancestors every chunk as above; a trip made in another
+      process is read from the store at the first chunk after 16 chunks
+      or 250 ms since the last read (``_STORE_POLL_CHUNKS``,
+      ``_STORE_POLL_S``; one ``snapshot`` a level of the path). A store
+      that cannot be read then does not cut the stream (it is already
+      paid for; the next call fails closed on its reservation): the
+      failure is logged once, and the store is read again only every
+      5 s (``_STORE_RETRY_S``) until it answers.
+
+    ``poll=False`` leaves the store read to :func:`aensure_active` (an
+    async stream's own check, which awaits it).
+    """
+    polling = self._polling
+    if polling.due() and poll:
+        polling.read_store()
+
+
+async def aensure_active(self: _Front) -> None:
+    """:func:`ensure_active` for async streams: a due store read is awaited."""
+    polling = self._polling
+    if polling.due():
+        await polling.aread_store()
+
+
 class ChainPolling:
-    """:meth:`ensure_active` and its store reads."""
+    """What :func:`ensure_active` checks, and its store reads."""
 
     __slots__ = (
         "_aledger",
@@ -60,47 +101,21 @@ class ChainPolling:
         # A store-backed chain polls for trips made elsewhere: chunks since, time, last ok.
         self._unpolled, self._polled_at, self._poll_ok = 0, state.started, True
 
-    def ensure_active(self, *, poll: bool = True) -> None:
-        """Raise BudgetExceededError if the chain has tripped or its deadline passed.
+    async def aread_store(self) -> None:
+        """:meth:`read_store` awaiting a shared store (``aensure_active``)."""
+        if self._aledger is None:
+            self.read_store()
+            return
+        self._polled()
+        try:
+            trips = [(await self._aledger.asnapshot(lv.chain_id)).trip for lv in self._path]
+        except Exception:
+            self._poll_failed()
+            return
+        self._poll_read(trips)
 
-        Streams call this per chunk, so a trip reaches work in flight (G5, G10):
-
-        * In-process (a :class:`LocalLedger`): every chunk. A stream is cut at
-          its next chunk after the deadline, a cancellation, or a trip of this
-          chain or any ancestor, wherever in the process it happened (a few
-          attribute reads: no lock, no allocation).
-        * A shared store (Redis/Valkey): this process's own trips of the chain
-          and its ancestors every chunk as above; a trip made in another
-          process is read from the store at the first chunk after 16 chunks
-          or 250 ms since the last read (``_STORE_POLL_CHUNKS``,
-          ``_STORE_POLL_S``; one ``snapshot`` a level of the path). A store
-          that cannot be read then does not cut the stream (it is already
-          paid for; the next call fails closed on its reservation): the
-          failure is logged once, and the store is read again only every
-          5 s (``_STORE_RETRY_S``) until it answers.
-
-        ``poll=False`` leaves the store read to :meth:`aensure_active` (an
-        async stream's own check, which awaits it).
-        """
-        if self._poll_due() and poll:
-            self._poll_store()
-
-    async def aensure_active(self) -> None:
-        """:meth:`ensure_active` for async streams: a due store read is awaited."""
-        if self._poll_due():
-            if self._aledger is None:
-                self._poll_store()
-                return
-            self._polled()
-            try:
-                trips = [(await self._aledger.asnapshot(lv.chain_id)).trip for lv in self._path]
-            except Exception:
-                self._poll_failed()
-                return
-            self._poll_read(trips)
-
-    def _poll_due(self) -> bool:
-        """The checks of :meth:`ensure_active`; True when the store is due a read."""
+    def due(self) -> bool:
+        """The checks of :func:`ensure_active`; True when the store is due a read."""
         state = self._state
         trip = state.trip
         if trip is not None and not self._trips.trip_lifted():
@@ -129,8 +144,8 @@ class ChainPolling:
         polled_at = self._polled_at
         return self._unpolled >= _STORE_POLL_CHUNKS or _monotonic() - polled_at >= _STORE_POLL_S
 
-    def _poll_store(self) -> None:
-        """Read the path's trips from the shared store (see :meth:`ensure_active`)."""
+    def read_store(self) -> None:
+        """Read the path's trips from the shared store (see :func:`ensure_active`)."""
         self._polled()
         try:
             trips = [self._ledger.snapshot(level.chain_id).trip for level in self._path]

@@ -17,7 +17,8 @@ over parts it holds, each made with what it uses and readable alone:
   ``begin_priced_call``);
 * :class:`~._settlement.Settlement`: commit or release, per call (every
   :class:`CallHandle` settles there);
-* :class:`~._wrap.WrapCalls`: the ``wrap_*`` API.
+and the ``wrap_*`` API (``_wrap``) runs a callable as one call through the
+admission and settlement parts.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from . import _chain_poll, _wrap
 from ._admission import Admission
 from ._call import CallHandle
 from ._chain_poll import ChainPolling
@@ -45,14 +47,13 @@ from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent
 from ._ledger import DEFAULT_LEDGER, Ledger, LedgerState
 from ._limits import GRANT_MARK
-from ._options import ChainSnapshot, Decision, WrapOptions
+from ._options import ChainSnapshot, WrapOptions
 from ._policy import PolicyPipeline
 from ._pools import BudgetPool, PoolRoom, check_pools
 from ._pricing import PriceTable, UnitPrices
 from ._settlement import Settlement
 from ._timer import CancellationToken, schedule
 from ._units import check_count
-from ._wrap import WrapCalls
 
 if TYPE_CHECKING:
     from ._breaker import CircuitBreaker
@@ -109,7 +110,6 @@ class ExecutionContext:
     _settlement: Settlement
     _admission: Admission
     _polling: ChainPolling
-    _wraps: WrapCalls
 
     def __init__(
         self,
@@ -167,7 +167,6 @@ class ExecutionContext:
         self._settlement = settlement
         self._admission = admission
         self._polling = polling
-        self._wraps = WrapCalls(state, admission, settlement)
         max_depth = self.config.max_depth
         if max_depth is not None and self.depth > max_depth:
             # A joined chain too deep is born tripped: every call is denied.
@@ -430,16 +429,9 @@ class ExecutionContext:
 
     # -- work in flight (ChainPolling) ------------------------------------------
 
-    def ensure_active(self, *, poll: bool = True) -> None:
-        """Raise BudgetExceededError if the chain has tripped or its deadline
-        passed; streams call this per chunk (see :meth:`ChainPolling.ensure_active`
-        for when a shared store is read). ``poll=False`` leaves the store read
-        to :meth:`aensure_active`."""
-        self._polling.ensure_active(poll=poll)
-
-    async def aensure_active(self) -> None:
-        """:meth:`ensure_active` for async streams: a due store read is awaited."""
-        await self._polling.aensure_active()
+    # Module functions themselves: a stream's per-chunk check runs no frame of ours.
+    ensure_active = _chain_poll.ensure_active
+    aensure_active = _chain_poll.aensure_active
 
     # -- admission (Admission) ----------------------------------------------
 
@@ -587,47 +579,13 @@ class ExecutionContext:
             provider=provider,
         )
 
-    # -- the wrap API (WrapCalls) -----------------------------------------------
+    # -- the wrap API (_wrap): admit through the admission, run, settle -------
 
-    def wrap_llm_call(self, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
-        """Run ``fn`` as one LLM call if the chain allows it.
-
-        Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
-        running it. Errors raised by ``fn`` propagate unchanged (a
-        ``BudgetExceededError`` from a call inside ``fn`` returns ``HALT``).
-
-        ``fn`` is committed at what it reported with ``record_usage``, else at
-        its reservation (``cost_estimate_hint`` or the priced worst case),
-        whether it returned or raised: once it ran, the provider may have
-        billed it (DESIGN G10). That holds for any exception, for
-        ``KeyboardInterrupt`` and for a ``BudgetExceededError`` raised by an
-        inner call, since ``fn`` may have sent a request before the denial.
-        Only a call that never started (denied, or interrupted during a
-        rate-limit wait) is released.
-
-        An instrumented LLM call that ``fn`` makes in this chain is the call
-        the wrap stands for (DESIGN G13): the first one counts no step of its
-        own, reserves its own worst case before it is sent and commits its
-        actual usage, and the wrap then commits no cost of its own (its hint
-        is released). Each further one takes its own step.
-        """
-        return self._wraps.wrap_llm_call(fn, options)
-
-    def wrap_tool_call(self, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
-        """Run ``fn`` as one tool call if the chain allows it (see wrap_llm_call)."""
-        return self._wraps.wrap_tool_call(fn, options)
-
-    async def awrap_llm_call(
-        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
-    ) -> Decision:
-        """Coroutine version of :meth:`wrap_llm_call`; ``fn`` returns an awaitable."""
-        return await self._wraps.awrap_llm_call(fn, options)
-
-    async def awrap_tool_call(
-        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
-    ) -> Decision:
-        """Coroutine version of :meth:`wrap_tool_call`."""
-        return await self._wraps.awrap_tool_call(fn, options)
+    # The module's functions themselves, so a wrapped call runs no frame of ours.
+    wrap_llm_call = _wrap.wrap_llm_call
+    wrap_tool_call = _wrap.wrap_tool_call
+    awrap_llm_call = _wrap.awrap_llm_call
+    awrap_tool_call = _wrap.awrap_tool_call
 
 
 _Nested = tuple[

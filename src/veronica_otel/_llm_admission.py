@@ -102,11 +102,12 @@ def admit_call(
         spec.model,
         cost_nano,
         tokens,
-        signature=signature,
-        clamp=clamp,
+        False,  # retry; by position, so CPython 3.11 specialises the call
+        signature,
+        clamp,
         # No wrapped call around it (one read): nothing to join, a step of its own.
-        step=ACTIVE_CALL.get() is None or not joins_wrapped_call(self._settlement),
-        defer=defer,
+        ACTIVE_CALL.get() is None or not joins_wrapped_call(self._settlement),
+        defer,
     )
     # An instrumented call: telemetry is worth its cost here, once recorded.
     handle.metrics = metrics_live()
