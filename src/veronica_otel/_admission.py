@@ -174,8 +174,9 @@ class Admission:
         """
         if pending:
             drain()  # settle what garbage collection left, outside any lock
-        if self._state.trip is not None and not self._trips.trip_lifted():
-            raise BudgetExceededError(self._state.trip)
+        state = self._state
+        if state.trip is not None and not self._trips.trip_lifted():
+            raise BudgetExceededError(state.trip)
         if self._checked or self._token.cancelled:
             policy_context, decision = self._admit_checks(
                 kind, operation_name, provider, model, cost_nano, signature, step
@@ -198,8 +199,8 @@ class Admission:
             ):
                 # In process, a root with no policies (so no agent lookups) and
                 # no pools: the ledger's one-level reservation.
-                ledger, level, state = fast
-                reservation = ledger.reserve_one(level, state, cost_nano, tokens)
+                ledger, level, live = fast
+                reservation = ledger.reserve_one(level, live, cost_nano, tokens)
             else:
                 if self._agent_lookups or _agents._limited_in_code:
                     agents = self._trips.agent_path()
@@ -216,7 +217,7 @@ class Admission:
             if policy_context is not None:
                 self._pipeline.abandon(policy_context)
             raise
-        if type(reservation) is Reservation and agents is None and not self._state.metrics:
+        if type(reservation) is Reservation and agents is None and not state.metrics:
             return CallHandle(
                 self._settlement, reservation, policy_context, decision
             )  # the common case

@@ -216,13 +216,8 @@ class ChainTrips:
         add_usd: float = 0.0,
         add_steps: int = 0,
     ) -> TripEvent | None:
-        """Lift this chain's sticky trip for ``duration_s`` seconds: the only way past one.
-
-        Requires a reason; is logged on ``veronica_otel.overrides`` and shown
-        as a ``veronica.override`` span event; widens the cost or step ceiling
-        by ``add_usd`` / ``add_steps`` until it expires by itself.
-        Returns the trip that was lifted, if any.
-        """
+        """``ExecutionContext.override``: lift the sticky trip for ``duration_s``
+        seconds, logged and shown as a span event; returns the trip lifted."""
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("override needs a reason (a non-empty string)")
         duration = check_usd("duration_s", duration_s)  # finite, >= 0, not absurd

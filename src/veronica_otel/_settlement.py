@@ -131,14 +131,9 @@ class Settlement:
         model: str | None = None,
         provider: str | None = None,
     ) -> None:
-        """Report what the running call actually used.
-
-        ``input_tokens`` includes cached ones and ``output_tokens`` includes
-        reasoning ones (the OpenAI convention). Without ``cost_usd`` the cost
-        is priced from ``model``; a model with no known price is never free,
-        so under a cost ceiling it trips the chain. Outside a wrapped call the
-        usage is committed to the chain directly.
-        """
+        """``ExecutionContext.record_usage``: into the running call of this chain,
+        else committed to the chain directly (priced from ``model`` when no
+        ``cost_usd``; an unpriced model under a cost ceiling trips the chain)."""
         for name, value in (
             ("input_tokens", input_tokens),
             ("output_tokens", output_tokens),
