@@ -205,7 +205,7 @@ async def _room_freed(
     once they settle: asked again as the event loop runs them, until it fits,
     is refused on committed spend, or ``until``; then asked one last time,
     refused (and announced) as any call."""
-    for pause in ctx._room_polls(until):
+    for pause in ctx._admission.room_polls(until):
         breaker.release_probe(probe)  # the next ask may take it again
         await asyncio.sleep(pause)
         try:

@@ -40,8 +40,8 @@ class BoundedCall(ContainedCall):
 
 def price_table(ctx: ExecutionContext) -> PriceTable:
     """The prices ``ctx`` reserves with."""
-    table = getattr(ctx, "_prices", None)
-    return table if isinstance(table, PriceTable) else default_price_table()
+    table = ctx._state.prices
+    return table if table is not None else default_price_table()
 
 
 def bounded(ctx: ExecutionContext, provider: str, request: Any) -> Any:

@@ -20,9 +20,8 @@ class FakeClock:
         self.now += seconds
 
 
-# The kernel modules that read the monotonic clock (ExecutionContext's layers).
+# The kernel modules that read the monotonic clock (ExecutionContext's parts).
 CHAIN_CLOCK_MODULES = (
-    "veronica_otel._context",
     "veronica_otel._chain_state",
     "veronica_otel._chain_poll",
     "veronica_otel._admission",

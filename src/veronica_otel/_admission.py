@@ -1,16 +1,25 @@
-"""Admitting a call: deadline, pipeline and one atomic reservation of its worst case."""
+"""Admitting a call: deadline, pipeline and one atomic reservation of its worst case.
+
+The part of :class:`~veronica_otel.ExecutionContext` every door asks before a
+call is sent: instrumentors describe an LLM call once (``admit_call``, in
+``_llm_admission``), the wrap API, tools, middleware and remote joins reserve
+through :meth:`Admission.begin_priced_call`. It reads the chain's state, denies
+through its trips record and hands each admitted call to its settlement.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _agents
 from ._call import (
     CallHandle,
 )
+from ._chain_state import ChainState
+from ._chain_trips import ChainTrips
 from ._clamp import OutputClamp
 from ._config import DEFAULT_RESERVATION_WAIT_S
 from ._errors import BudgetExceededError, TripEvent
@@ -20,6 +29,7 @@ from ._ledger import (
     LocalLedger,
     Reservation,
 )
+from ._llm_admission import aadmit_call, admit_call
 from ._options import WrapOptions
 from ._policy import ALLOW, PolicyContext, PolicyDecision
 from ._pricing import UnitPrices, default_price_table
@@ -27,7 +37,7 @@ from ._settlement import Settlement
 from ._units import nano_to_usd
 
 if TYPE_CHECKING:
-    pass
+    from ._pricing import PriceTable
 
 __all__ = ["Admission", "RoomBusy"]
 
@@ -51,9 +61,53 @@ class RoomBusy(BudgetExceededError):
         self.until = until
 
 
-class Admission(Settlement):
+class Admission:
     """The admission half of the kernel: every door (instrumentors, the wrap API,
     tools, middleware, remote joins) asks here before a call is sent."""
+
+    __slots__ = (
+        "_agent_lookups",
+        "_aledger",
+        "_checked",
+        "_deadline",
+        "_fast",
+        "_handoffs",
+        "_has_policies",
+        "_ledger",
+        "_path",
+        "_pipeline",
+        "_priced",
+        "_prices",
+        "_repeats_limited",
+        "_settlement",
+        "_state",
+        "_token",
+        "_trips",
+    )
+
+    def __init__(self, state: ChainState, trips: ChainTrips, settlement: Settlement) -> None:
+        self._state = state
+        self._trips = trips
+        self._settlement = settlement  # every admitted call's handle settles there
+        # Fixed when the chain is made: read per call without a hop through the state.
+        self._ledger = state.ledger
+        self._aledger: Any = state.aledger
+        self._path = state.path
+        self._fast = state.fast
+        self._pipeline = state.pipeline
+        self._token = state.token
+        self._deadline = state.deadline
+        self._handoffs = state.handoffs
+        self._checked = state.checked
+        self._has_policies = state.has_policies
+        self._agent_lookups = state.agent_lookups
+        self._prices: PriceTable | None = state.prices
+        self._priced = state.priced
+        self._repeats_limited = state.repeats_limited
+
+    # The LLM door (instrumentors): described once, answered once (_llm_admission).
+    admit_call = admit_call
+    aadmit_call = aadmit_call
 
     def begin_call(
         self,
@@ -120,8 +174,9 @@ class Admission(Settlement):
         """
         if pending:
             drain()  # settle what garbage collection left, outside any lock
-        if self._trip is not None and not self._trip_lifted():
-            raise BudgetExceededError(self._trip)
+        state = self._state
+        if state.trip is not None and not self._trips.trip_lifted():
+            raise BudgetExceededError(state.trip)
         if self._checked or self._token.cancelled:
             policy_context, decision = self._admit_checks(
                 kind, operation_name, provider, model, cost_nano, signature, step
@@ -133,7 +188,7 @@ class Admission(Settlement):
         try:
             if clamp is not None:
                 if self._agent_lookups or _agents._limited_in_code:
-                    agents = self._agent_path()
+                    agents = self._trips.agent_path()
                 reservation = self._reserve_clamped(clamp, agents, signature, step)
             elif (
                 fast is not None
@@ -147,7 +202,7 @@ class Admission(Settlement):
                 reservation = fast[0].reserve(self._path, cost_nano, tokens)
             else:
                 if self._agent_lookups or _agents._limited_in_code:
-                    agents = self._agent_path()
+                    agents = self._trips.agent_path()
                 reservation = self._ledger.reserve(
                     self._path if agents is None else agents[0],
                     cost_nano,
@@ -155,20 +210,22 @@ class Admission(Settlement):
                     step=step,
                     retry=retry,
                     signature=signature,
-                    **self._pool_args(),
+                    **self._state.pool_args(),
                 )
         except BaseException:  # the store failed: give back what policies took
             if policy_context is not None:
-                self.pipeline.abandon(policy_context)
+                self._pipeline.abandon(policy_context)
             raise
-        if type(reservation) is Reservation and agents is None and not self._metrics:
-            return CallHandle(self, reservation, policy_context, decision)  # the common case
+        if type(reservation) is Reservation and agents is None and not state.metrics:
+            return CallHandle(
+                self._settlement, reservation, policy_context, decision
+            )  # the common case
         if type(reservation) is TripEvent and not reservation.sticky:
             until = self._room_wait_until(reservation)
             if until is not None:
                 if defer:
                     if policy_context is not None:
-                        self.pipeline.abandon(policy_context)
+                        self._pipeline.abandon(policy_context)
                     raise RoomBusy(reservation, until)
                 path = self._path if agents is None else agents[0]
                 reservation = self._wait_for_room(
@@ -184,14 +241,14 @@ class Admission(Settlement):
         chain cancelled)."""
         if denial.retry_after_s is not None or self._token.cancelled:
             return None  # a pool's window frees it, not a settlement: retry_after_s says when
-        wait = self.config.reservation_wait_s
+        wait = self._state.config.reservation_wait_s
         wait = DEFAULT_RESERVATION_WAIT_S if wait is None else wait
         if wait <= 0:
             return None
         until = _monotonic() + wait
         return until if self._deadline is None else min(until, self._deadline)
 
-    def _room_polls(self, until: float) -> Iterator[float]:
+    def room_polls(self, until: float) -> Iterator[float]:
         """The pauses before each new ask for room: doubling from
         :data:`ROOM_POLL_FIRST_S` to :data:`ROOM_POLL_MAX_S`, until ``until``
         or the chain is cancelled."""
@@ -222,12 +279,12 @@ class Admission(Settlement):
         if _running_loop() is not None:
             return denial
         result: Reservation | TripEvent = denial
-        for pause in self._room_polls(until):
+        for pause in self.room_polls(until):
             time.sleep(pause)
             if clamp is not None:
                 clamp.reset()
                 result = cast(LocalLedger, self._ledger).reserve(
-                    path, 0, 0, step=step, signature=signature, clamp=clamp, **self._pool_args()
+                    path, 0, 0, step=step, signature=signature, clamp=clamp, **self._state.pool_args()
                 )
             else:
                 result = self._ledger.reserve(
@@ -237,7 +294,7 @@ class Admission(Settlement):
                     step=step,
                     retry=retry,
                     signature=signature,
-                    **self._pool_args(),
+                    **self._state.pool_args(),
                 )
             if type(result) is not TripEvent or result.sticky:
                 break
@@ -257,7 +314,7 @@ class Admission(Settlement):
         """:meth:`_wait_for_room` on a shared store, awaited."""
         aledger = self._aledger
         result: Reservation | TripEvent = denial
-        for pause in self._room_polls(until):
+        for pause in self.room_polls(until):
             await asyncio.sleep(pause)
             result = await aledger.areserve(
                 path,
@@ -266,7 +323,7 @@ class Admission(Settlement):
                 step=step,
                 retry=retry,
                 signature=signature,
-                **self._pool_args(),
+                **self._state.pool_args(),
             )
             if type(result) is not TripEvent or result.sticky:
                 break
@@ -283,7 +340,7 @@ class Admission(Settlement):
         ledger = cast(LocalLedger, self._ledger)
         path = self._path if agents is None else agents[0]
         return ledger.reserve(
-            path, 0, 0, step=step, signature=signature, clamp=clamp, **self._pool_args()
+            path, 0, 0, step=step, signature=signature, clamp=clamp, **self._state.pool_args()
         )
 
     # Shared by begin_priced_call and abegin_priced_call.
@@ -300,16 +357,16 @@ class Admission(Settlement):
     ) -> tuple[PolicyContext | None, PolicyDecision]:
         """Deadline, cancellation, handoffs and the pipeline, before the reservation."""
         if self._deadline is not None and _monotonic() >= self._deadline:
-            self._deny_timeout()
+            self._trips.deny_timeout()
         if self._token.cancelled:
-            self._deny_timeout()
+            self._trips.deny_timeout()
         if self._handoffs is not None:
-            self._check_handoff(self._handoffs)
+            self._trips.check_handoff(self._handoffs)
         policy_context: PolicyContext | None = None
         decision = ALLOW
         if self._has_policies:
             policy_context = PolicyContext(
-                chain_id=self.chain_id,
+                chain_id=self._state.chain_id,
                 kind=kind,
                 operation_name=operation_name,
                 provider=provider,
@@ -319,12 +376,12 @@ class Admission(Settlement):
                 step=step,
             )
             try:
-                decision = self.pipeline.evaluate(policy_context)
+                decision = self._pipeline.evaluate(policy_context)
             except BaseException:  # a policy raised: free the probes the earlier ones took
-                self.pipeline.abandon(policy_context)
+                self._pipeline.abandon(policy_context)
                 raise
             if not decision.allowed:
-                self._deny_policy(decision)
+                self._trips.deny_policy(decision)
         return policy_context, decision
 
     def _admitted(
@@ -341,14 +398,14 @@ class Admission(Settlement):
         an agent's own level denied it: that agent's denial, the chain goes on)."""
         if type(reservation) is not Reservation:
             if policy_context is not None:
-                self.pipeline.abandon(policy_context)
+                self._pipeline.abandon(policy_context)
             if agents is not None:
-                self._agent_denied(reservation)  # type: ignore[arg-type]
-            self._tripped(reservation, stored=stored)  # type: ignore[arg-type]
-        call = CallHandle(self, reservation, policy_context, decision)  # type: ignore[arg-type]
+                self._trips.agent_denied(reservation)  # type: ignore[arg-type]
+            self._trips.tripped(reservation, stored=stored)  # type: ignore[arg-type]
+        call = CallHandle(self._settlement, reservation, policy_context, decision)  # type: ignore[arg-type]
         if agents is not None:
             call.agents = agents
-        if self._metrics:
+        if self._state.metrics:
             call.metrics = True
             call.kind = kind
             call.model = model
@@ -397,7 +454,7 @@ class Admission(Settlement):
             return ask(True)
         except RoomBusy as busy:
             until = busy.until  # the first refusal's: each ask would start its own
-        for pause in self._room_polls(until):
+        for pause in self.room_polls(until):
             await asyncio.sleep(pause)
             try:
                 return ask(True)
@@ -434,12 +491,14 @@ class Admission(Settlement):
             )
         if pending:
             drain()
-        if self._trip is not None and not await self._atrip_lifted():
-            raise BudgetExceededError(self._trip)
+        if self._state.trip is not None and not await self._trips.atrip_lifted():
+            raise BudgetExceededError(self._state.trip)
         policy_context, decision = self._admit_checks(
             kind, operation_name, provider, model, cost_nano, signature, step
         )
-        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        agents = (
+            self._trips.agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        )
         try:
             reservation = await aledger.areserve(
                 self._path if agents is None else agents[0],
@@ -448,11 +507,11 @@ class Admission(Settlement):
                 step=step,
                 retry=retry,
                 signature=signature,
-                **self._pool_args(),
+                **self._state.pool_args(),
             )
         except BaseException:  # the store failed, or we were cancelled: give back the probes
             if policy_context is not None:
-                self.pipeline.abandon(policy_context)
+                self._pipeline.abandon(policy_context)
             raise
         if type(reservation) is TripEvent and not reservation.sticky:
             until = self._room_wait_until(reservation)
@@ -461,22 +520,24 @@ class Admission(Settlement):
                 reservation = await self._await_room(
                     reservation, until, path, cost_nano, tokens, retry, signature, step
                 )
-        stored = type(reservation) is TripEvent and self._pool_trip(reservation)
+        stored = type(reservation) is TripEvent and self._trips.pool_trip(reservation)
         if stored:  # the chain's trip, stored without blocking (the first trip wins)
-            reservation = await aledger.atrip(self.chain_id, reservation)
+            reservation = await aledger.atrip(self._state.chain_id, reservation)
         return self._admitted(reservation, policy_context, decision, kind, model, agents, stored)
 
     def consume_retry(self) -> None:
         """Draw one retry from ``max_retries_total`` or raise BudgetExceededError."""
-        if self._trip is not None:
-            raise BudgetExceededError(self._trip)
-        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        if self._state.trip is not None:
+            raise BudgetExceededError(self._state.trip)
+        agents = (
+            self._trips.agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        )
         path = self._path if agents is None else agents[0]
         result = self._ledger.reserve(path, 0, 0, step=False, retry=True)
         if type(result) is not Reservation:
             if agents is not None:
-                self._agent_denied(result)  # type: ignore[arg-type]
-            self._tripped(result)  # type: ignore[arg-type]
+                self._trips.agent_denied(result)  # type: ignore[arg-type]
+            self._trips.tripped(result)  # type: ignore[arg-type]
 
     async def aconsume_retry(self) -> None:
         """:meth:`consume_retry` for async code: a shared store is awaited."""
@@ -484,15 +545,17 @@ class Admission(Settlement):
         if aledger is None:
             self.consume_retry()
             return
-        if self._trip is not None:
-            raise BudgetExceededError(self._trip)
-        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        if self._state.trip is not None:
+            raise BudgetExceededError(self._state.trip)
+        agents = (
+            self._trips.agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        )
         path = self._path if agents is None else agents[0]
         result = await aledger.areserve(path, 0, 0, step=False, retry=True)
         if not isinstance(result, Reservation):
             if agents is not None:
-                self._agent_denied(result)  # an agent's own level: that agent's denial
-            self._tripped(result)
+                self._trips.agent_denied(result)  # an agent's own level: that agent's denial
+            self._trips.tripped(result)
 
     def prices_for(self, provider: str | None, model: str) -> UnitPrices | None:
         """Unit prices for a model; denies (reason ``cost``) an unknown model under
@@ -519,9 +582,9 @@ class Admission(Settlement):
         table = self._prices if self._prices is not None else default_price_table()
         prices = table.lookup(provider, model) if model is not None else None
         if prices is None:
-            self._deny(
+            self._trips.deny(
                 "cost",
-                self.config.max_cost_usd or 0.0,
+                self._state.config.max_cost_usd or 0.0,
                 float("inf"),
                 f"no known price for model {model!r} (provider {provider!r}); a model "
                 "with no price is never free: map the name to a priced model "

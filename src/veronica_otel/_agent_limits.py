@@ -33,13 +33,13 @@ if TYPE_CHECKING:
 
 
 class _Root(Protocol):
-    """What agent levels keep of their root chain (so this module does not import the context)."""
+    """What agent levels keep of their root chain's state (so this module does not import it)."""
 
     @property
     def chain_id(self) -> str: ...
 
     @property
-    def _ledger(self) -> Ledger: ...
+    def ledger(self) -> Ledger: ...
 
 
 __all__ = ["AgentLevels", "agent_level_id", "lookups_of"]
@@ -84,7 +84,7 @@ class AgentLevels:
 
     def __init__(self, root: _Root) -> None:
         self._root = root.chain_id
-        self._ledger = root._ledger
+        self._ledger = root.ledger
         self._holder = weakref.ref(root)
         self._lock = threading.Lock()
         remake_locks_after_fork(self)  # a parent thread may hold it at fork

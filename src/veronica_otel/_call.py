@@ -22,21 +22,24 @@ __all__ = [
 
 
 class _Settles(Protocol):
-    """What a call settles through: its chain (a protocol, so this module does not import it)."""
+    """What a call settles through: its chain's settlement part (a protocol, so
+    this module does not import it)."""
 
     @property
-    def _aledger(self) -> object | None: ...
+    def aledger(self) -> object | None: ...
 
-    def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None: ...
+    def settle(self, call: CallHandle, error: BaseException | None, sent: bool) -> None: ...
 
-    async def _afinish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None: ...
+    async def asettle(self, call: CallHandle, error: BaseException | None, sent: bool) -> None: ...
 
 
 class CallHandle:
     """One admitted call: its reservation and, after it ran, its usage.
 
     Instrumentors get one from :meth:`ExecutionContext.begin_call` and must
-    call :meth:`finish` exactly once (extra calls do nothing).
+    call :meth:`finish` exactly once (extra calls do nothing). ``context`` is
+    the chain's settlement part, which the call settles through (it keeps
+    the chain's state, and so its ledger entry, alive while the call runs).
     """
 
     # Set (True) only on a wrapped LLM call that an instrumented call joined
@@ -100,7 +103,7 @@ class CallHandle:
         held = self.tokens
         self.tokens = held + tokens if held > 0 else tokens
         self._done = True
-        self.context._finish(self, error, True)
+        self.context.settle(self, error, True)
 
     async def acommit(
         self, cost_nano: int, tokens: int, error: BaseException | None = None
@@ -112,10 +115,10 @@ class CallHandle:
         self.tokens = max(self.tokens, 0) + tokens
         self._done = True
         context = self.context
-        if context._aledger is None:
-            context._finish(self, error, True)
+        if context.aledger is None:
+            context.settle(self, error, True)
         else:
-            await context._afinish(self, error, True)
+            await context.asettle(self, error, True)
 
     async def afinish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
         """:meth:`finish` for async code (same settlement; see ``abegin_call``)."""
@@ -123,10 +126,10 @@ class CallHandle:
             return
         self._done = True
         context = self.context
-        if context._aledger is None:  # in process: nothing to await
-            context._finish(self, error, sent)
+        if context.aledger is None:  # in process: nothing to await
+            context.settle(self, error, sent)
         else:
-            await context._afinish(self, error, sent)
+            await context.asettle(self, error, sent)
 
     def finish(self, error: BaseException | None = None, *, sent: bool = True) -> None:
         """Settle the call (DESIGN G10).
@@ -142,7 +145,7 @@ class CallHandle:
         if self._done:
             return
         self._done = True
-        self.context._finish(self, error, sent)
+        self.context.settle(self, error, sent)
 
 
 def settled_amounts(call: CallHandle) -> tuple[int, int]:

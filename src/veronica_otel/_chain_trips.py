@@ -1,4 +1,4 @@
-"""A chain's trips: denials, the sticky trip, deadlines, agents' own denials and overrides."""
+"""A chain's trips record: denials, the sticky trip, deadlines, agents' denials, overrides."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ._ledger import (
     Level,
 )
 from ._policy import PolicyDecision
+from ._timer import CancellationToken
 from ._trips import emit_trip
 from ._units import check_count, check_usd, nano_to_usd, usd_to_nano
 
@@ -25,39 +26,51 @@ _MAX_OVERRIDE_S = 7 * 24 * 3600.0
 _override_logger = logging.getLogger("veronica_otel.overrides")
 
 
-class ChainTrips(ChainState):
-    """Denying a call and tripping the chain (see :class:`ChainState` for the state)."""
+class ChainTrips:
+    """Denying a call and tripping the chain: every part that denies goes through
+    here, so the sticky trip (``state.trip``) is set and announced in one place."""
+
+    __slots__ = ("__weakref__", "_ledger", "chain_id", "state", "token")
+
+    def __init__(self, state: ChainState) -> None:
+        self.state = state
+        self.chain_id = state.chain_id
+        self._ledger = state.ledger
+        self.token: CancellationToken = state.token  # the chain's timers reach it (weak_cancel)
 
     def cancel(self) -> None:
         """Stop the chain now: later calls are denied with reason ``timeout``."""
-        if self._token.cancel():
-            self._trip_now("timeout", 0, self._elapsed_ms(), "chain cancelled")
+        if self.token.cancel():
+            self.trip_now("timeout", 0, self.state.elapsed_ms(), "chain cancelled")
 
-    def _deny_timeout(self) -> None:
-        if self._token.cancelled and self._trip is None:
-            trip = self.trip
+    def deny_timeout(self) -> None:
+        if self.token.cancelled and self.state.trip is None:
+            trip = self.state.current_trip()
             if trip is not None:
                 raise BudgetExceededError(trip)
-        limit = float(self.config.timeout_ms or 0)
-        self._deny("timeout", limit, self._elapsed_ms(), "wall-clock deadline passed")
+        limit = float(self.state.config.timeout_ms or 0)
+        self.deny("timeout", limit, self.state.elapsed_ms(), "wall-clock deadline passed")
 
-    def _on_deadline(self) -> None:
+    def on_deadline(self) -> None:
         try:
-            if self._trip is None:
-                self._trip_now(
-                    "timeout", float(self.config.timeout_ms or 0), self._elapsed_ms(), "deadline"
+            if self.state.trip is None:
+                self.trip_now(
+                    "timeout",
+                    float(self.state.config.timeout_ms or 0),
+                    self.state.elapsed_ms(),
+                    "deadline",
                 )
         finally:
-            self._token.cancel()  # streams are cut even if the store is unreachable
+            self.token.cancel()  # streams are cut even if the store is unreachable
 
-    def _trip_now(self, reason: TripReason, limit: float, observed: float, what: str) -> TripEvent:
+    def trip_now(self, reason: TripReason, limit: float, observed: float, what: str) -> TripEvent:
         event = TripEvent(
             reason, float(limit), float(observed), self.chain_id, f"chain {self.chain_id}: {what}"
         )
-        self._trip = self._ledger.trip(self.chain_id, event)
-        return self._trip
+        self.state.trip = self._ledger.trip(self.chain_id, event)
+        return self.state.trip
 
-    def _deny(
+    def deny(
         self,
         reason: TripReason,
         limit: float,
@@ -68,7 +81,7 @@ class ChainTrips(ChainState):
         raise_error: bool = True,
     ) -> None:
         if sticky:
-            trip = self._trip_now(reason, limit, observed, what)
+            trip = self.trip_now(reason, limit, observed, what)
         else:
             trip = TripEvent(
                 reason,
@@ -77,11 +90,11 @@ class ChainTrips(ChainState):
                 self.chain_id,
                 f"chain {self.chain_id}: {what}",
             )
-        emit_trip(trip, remaining=remaining_attributes(self))
+        emit_trip(trip, remaining=remaining_attributes(self.state))
         if raise_error:
             raise BudgetExceededError(trip)
 
-    def _deny_policy(self, decision: PolicyDecision) -> None:
+    def deny_policy(self, decision: PolicyDecision) -> None:
         trip = TripEvent(
             decision.trip_reason or "cost",
             decision.limit,
@@ -90,38 +103,38 @@ class ChainTrips(ChainState):
             f"chain {self.chain_id}: {decision.policy_type} denied: {decision.reason}",
         )
         if decision.partial_result is not None:
-            self._partial = decision.partial_result
-        emit_trip(trip, remaining=remaining_attributes(self))
+            self.state.partial = decision.partial_result
+        emit_trip(trip, remaining=remaining_attributes(self.state))
         raise BudgetExceededError(trip)
 
-    def _tripped(self, trip: TripEvent, *, raise_error: bool = True, stored: bool = False) -> None:
+    def tripped(self, trip: TripEvent, *, raise_error: bool = True, stored: bool = False) -> None:
         """Deny for ``trip``; ``stored``: a pool's trip the async path already stored."""
-        if not stored and self._pool_trip(trip):
+        if not stored and self.pool_trip(trip):
             trip = self._ledger.trip(self.chain_id, trip)
         if not trip.sticky:  # only in-flight reservations denied it: deny, remember nothing
-            emit_trip(trip, remaining=remaining_attributes(self))
-        elif trip.chain_id == self.chain_id or self._trip is None:
-            first = self._trip is None
-            self._trip = trip
+            emit_trip(trip, remaining=remaining_attributes(self.state))
+        elif trip.chain_id == self.chain_id or self.state.trip is None:
+            first = self.state.trip is None
+            self.state.trip = trip
             if first:
-                emit_trip(trip, remaining=remaining_attributes(self))
+                emit_trip(trip, remaining=remaining_attributes(self.state))
         if raise_error:
             raise BudgetExceededError(trip)
 
-    def _pool_trip(self, trip: TripEvent) -> bool:
+    def pool_trip(self, trip: TripEvent) -> bool:
         """Whether ``trip`` is a pool's sticky denial of this chain. A pool never
         trips; the chain it denied does (stored, so it is sticky for every
         context of the chain, children included)."""
         return trip.pool is not None and trip.sticky and trip.chain_id == self.chain_id
 
-    def _check_handoff(self, counter: HandoffCounter) -> None:
+    def check_handoff(self, counter: HandoffCounter) -> None:
         name = current_agent()
         if name is None:
             return
         over = counter.observe(name)
         if over is not None:
             last, now, count = over
-            self._deny(
+            self.deny(
                 "loop",
                 counter.limit,
                 count,
@@ -129,38 +142,38 @@ class ChainTrips(ChainState):
                 f"(max_handoffs={counter.limit})",
             )
 
-    def _agent_path(self) -> tuple[tuple[Level, ...], str] | None:
+    def agent_path(self) -> tuple[tuple[Level, ...], str] | None:
         """This call's path with the levels of the limited agents it is made for."""
-        tree = self._agent_tree
+        state = self.state
+        tree = state.agent_tree
         if tree is None:
-            root: ChainState = self
-            while root._parent is not None:
-                root = root._parent
+            root = state
+            while root.parent is not None:
+                root = root.parent
             # One tree per root, also when threads race here (setdefault is atomic).
-            tree = root.__dict__.get("_agent_tree") or root.__dict__.setdefault(
-                "_agent_tree", AgentLevels(root)
-            )
-            self._agent_tree = tree
-        return tree.path(self._path, self._agent_lookups)
+            held = vars(root)
+            tree = held.get("agent_tree") or held.setdefault("agent_tree", AgentLevels(root))
+            state.agent_tree = tree
+        return tree.path(state.path, state.agent_lookups)
 
-    def _agent_denied(self, trip: TripEvent, *, raise_error: bool = True) -> bool:
+    def agent_denied(self, trip: TripEvent, *, raise_error: bool = True) -> bool:
         """Deny for an agent whose own level made ``trip``; the chain goes on.
 
         Returns False (nothing done) when ``trip`` is not an agent's."""
-        tree = self._agent_tree
+        tree = self.state.agent_tree
         mapped = tree.denial(trip, self.chain_id) if tree is not None else None
         if mapped is None:
             return False
         event, news = mapped
         if news:
-            emit_trip(event, remaining=remaining_attributes(self))
+            emit_trip(event, remaining=remaining_attributes(self.state))
         if raise_error:
             raise BudgetExceededError(event)
         return True
 
-    def _trip_lifted(self) -> bool:
+    def trip_lifted(self) -> bool:
         """Whether a logged override (maybe from another process) lifted our trip."""
-        trip = self._trip
+        trip = self.state.trip
         if trip is None or trip.reason == "timeout":
             return trip is None  # a deadline is not lifted by a budget override
         # Only an explicit override lifts a trip: a store that lost the chain
@@ -171,19 +184,19 @@ class ChainTrips(ChainState):
                 return False
         elif self._ledger.snapshot(trip.chain_id).trip is not None:
             return False  # an in-process ledger removes a trip only by override
-        return self._lift(trip)
+        return self.lift(trip)
 
-    async def _atrip_lifted(self) -> bool:
+    async def atrip_lifted(self) -> bool:
         """:meth:`_trip_lifted` reading the store without blocking."""
-        trip = self._trip
-        if trip is None or trip.reason == "timeout" or self._aledger is None:
-            return self._trip_lifted()
-        if not await self._aledger.atrip_lifted(trip.chain_id):
+        trip = self.state.trip
+        if trip is None or trip.reason == "timeout" or self.state.aledger is None:
+            return self.trip_lifted()
+        if not await self.state.aledger.atrip_lifted(trip.chain_id):
             return False
-        return self._lift(trip)
+        return self.lift(trip)
 
-    def _lift(self, trip: TripEvent) -> bool:
-        self._trip = None
+    def lift(self, trip: TripEvent) -> bool:
+        self.state.trip = None
         try:
             span = trace.get_current_span()
             if span.is_recording():
@@ -203,13 +216,8 @@ class ChainTrips(ChainState):
         add_usd: float = 0.0,
         add_steps: int = 0,
     ) -> TripEvent | None:
-        """Lift this chain's sticky trip for ``duration_s`` seconds: the only way past one.
-
-        Requires a reason; is logged on ``veronica_otel.overrides`` and shown
-        as a ``veronica.override`` span event; widens the cost or step ceiling
-        by ``add_usd`` / ``add_steps`` until it expires by itself.
-        Returns the trip that was lifted, if any.
-        """
+        """``ExecutionContext.override``: lift the sticky trip for ``duration_s``
+        seconds, logged and shown as a span event; returns the trip lifted."""
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("override needs a reason (a non-empty string)")
         duration = check_usd("duration_s", duration_s)  # finite, >= 0, not absurd
@@ -226,7 +234,7 @@ class ChainTrips(ChainState):
         lifted: TripEvent | None = apply(
             self.chain_id, expires_at=expires_at, add_cost_nano=extra_cost, add_steps=extra_steps
         )
-        self._trip = None
+        self.state.trip = None
         attributes: dict[str, str | float | int] = {
             "veronica.chain.id": self.chain_id,
             "veronica.override.reason": reason,

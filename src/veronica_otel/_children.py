@@ -55,9 +55,9 @@ def carve(child: ExecutionConfig, parent: ExecutionConfig, state: LedgerState) -
 class _Timed(Protocol):
     """What a chain's timers reach (so this module does not import the context)."""
 
-    _token: CancellationToken
+    token: CancellationToken
 
-    def _on_deadline(self) -> None: ...
+    def on_deadline(self) -> None: ...
 
 
 def weak_deadline(ctx: _Timed) -> Callable[[], None]:
@@ -66,7 +66,7 @@ def weak_deadline(ctx: _Timed) -> Callable[[], None]:
     def fire() -> None:
         target = ref()
         if target is not None:
-            target._on_deadline()
+            target.on_deadline()
 
     return fire
 
@@ -77,6 +77,6 @@ def weak_cancel(ctx: _Timed) -> Callable[[], None]:
     def fire() -> None:
         target = ref()
         if target is not None:
-            target._token.cancel()
+            target.token.cancel()
 
     return fire

@@ -1,51 +1,64 @@
 """ExecutionContext: the chain-scoped containment boundary.
 
-Every call made through a context goes through :meth:`ExecutionContext.begin_call`:
-deadline and cancellation first, then the policy pipeline, then one atomic
-ledger reservation of the call's worst case. Only then does the call run. When
-it ends, :meth:`CallHandle.finish` commits what it actually cost (reported with
+Every call made through a context goes through its admission: deadline and
+cancellation first, then the policy pipeline, then one atomic ledger
+reservation of the call's worst case. Only then does the call run. When it
+ends, :meth:`CallHandle.finish` commits what it actually cost (reported with
 ``record_usage``, else what it reserved, whether it returned or raised) and
 releases the rest; a call never sent is released whole (DESIGN G10).
+
+:class:`ExecutionContext` is a front (lifecycle, children, the public methods)
+over parts it holds, each made with what it uses and readable alone:
+
+* :class:`~._chain_state.ChainState`: limits, the path of ledger levels, snapshots;
+* :class:`~._chain_trips.ChainTrips`: denials, the sticky trip, overrides;
+* :class:`~._chain_poll.ChainPolling`: ``ensure_active``, trips reaching work in flight;
+* :class:`~._admission.Admission`: one answer per call (``admit_call``,
+  ``begin_priced_call``);
+* :class:`~._settlement.Settlement`: commit or release, per call (every
+  :class:`CallHandle` settles there);
+and the ``wrap_*`` API (``_wrap``) runs a callable as one call through the
+admission and settlement parts.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import time
 import uuid
-import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from ._agent_limits import lookups_of
-from ._agents import HandoffCounter
+from . import _chain_poll, _wrap
+from ._admission import Admission
 from ._call import CallHandle
+from ._chain_poll import ChainPolling
 from ._chain_span import aend_chain_span, end_chain_span, open_chain_span
+from ._chain_state import ChainState
+from ._chain_trips import ChainTrips
 from ._children import carve, min_limit, weak_cancel, weak_deadline
 from ._cm import Entries
 from ._config import ExecutionConfig
 from ._errors import BudgetExceededError, TripEvent
-from ._ledger import (
-    DEFAULT_LEDGER,
-    Ledger,
-    Level,
-    Limits,
-    LocalLedger,
-)
+from ._ledger import DEFAULT_LEDGER, Ledger, LedgerState
 from ._limits import GRANT_MARK
+from ._options import ChainSnapshot, WrapOptions
 from ._policy import PolicyPipeline
-from ._pools import BudgetPool, check_pools
-from ._pricing import PriceTable
-from ._telemetry import track_chain
+from ._pools import BudgetPool, PoolRoom, check_pools
+from ._pricing import PriceTable, UnitPrices
+from ._settlement import Settlement
 from ._timer import CancellationToken, schedule
-from ._units import check_count, usd_to_nano
-from ._wrap import WrapCalls
+from ._units import check_count
+
+if TYPE_CHECKING:
+    from ._breaker import CircuitBreaker
+    from ._call_spec import Admitted, CallSpec
+    from ._clamp import OutputClamp
 
 __all__ = ["CONTEXT_KEY", "CallHandle", "ExecutionContext"]
 
@@ -56,10 +69,9 @@ _DEFAULT_LEDGER = DEFAULT_LEDGER
 
 
 _logger = logging.getLogger("veronica_otel")
-_monotonic = time.monotonic
 
 
-class ExecutionContext(WrapCalls):
+class ExecutionContext:
     """The chain's limits, ledger entry, pipeline and deadline.
 
     Args:
@@ -92,6 +104,12 @@ class ExecutionContext(WrapCalls):
     """
 
     _detached = False
+    # The parts (set in __init__): see the module docstring.
+    _state: ChainState
+    _trips: ChainTrips
+    _settlement: Settlement
+    _admission: Admission
+    _polling: ChainPolling
 
     def __init__(
         self,
@@ -117,94 +135,44 @@ class ExecutionContext(WrapCalls):
             )
         self.config = config if config is not None else ExecutionConfig()
         self.pipeline = pipeline if pipeline is not None else PolicyPipeline()
-        self._has_policies = bool(self.pipeline)  # pipelines are immutable
-        # Policies that know agents' limits by name (a policy file's [agents]).
-        self._agent_lookups = lookups_of(self.pipeline)
         self.chain_id = chain_id if chain_id is not None else uuid.uuid4().hex
         self.name = name
         self.depth = check_count("depth", _depth)
-        self._ledger: Ledger = ledger if ledger is not None else _DEFAULT_LEDGER
-        # A ledger with coroutine operations (a shared store): async calls await it.
-        self._aledger: Any = self._ledger if hasattr(self._ledger, "areserve") else None
-        self._pools = check_pools(pools, self._ledger)
-        self._prices = price_table
         self._parent = _parent
         self._children = itertools.count(1)
-        self._started = _monotonic()
-        self._trip: TripEvent | None = None
-        self._partial: Any = None
-        self._token = CancellationToken()
         self._entries = Entries()  # one otel token per entering thread or task
         self._span: trace.Span | None = None
-        self._metrics = False
-        limits = self.config
-        self._path: tuple[Level, ...] = (
-            *(_parent._path if _parent is not None else ()),
-            Level(
-                self.chain_id,
-                Limits(
-                    cost_nano=None
-                    if limits.max_cost_usd is None
-                    else usd_to_nano(limits.max_cost_usd),
-                    steps=limits.max_steps,
-                    retries=limits.max_retries_total,
-                    tokens=limits.max_tokens,
-                    repeats=limits.max_repeats,
-                ),
-            ),
+        chain_ledger = ledger if ledger is not None else _DEFAULT_LEDGER
+        state = ChainState(
+            self.config,
+            self.pipeline,
+            self.chain_id,
+            name,
+            self.depth,
+            chain_ledger,
+            check_pools(pools, chain_ledger),
+            price_table,
+            None if _parent is None else _parent._state,
         )
-        self._priced = any(level.limits.cost_nano is not None for level in self._path) or any(
-            pool.max_cost_usd is not None for pool in self._pools
-        )
-        self._repeats_limited = any(level.limits.repeats is not None for level in self._path)
-        self._deadline = self._first_deadline(_parent)
-        if self._deadline is not None:  # else the class default: no timer
-            self._timer = schedule(self._deadline, weak_deadline(self))
+        trips = ChainTrips(state)
+        if state.deadline is not None:  # else the class default: no timer
+            state.timer = schedule(state.deadline, weak_deadline(trips))
         if _parent is not None:
-            _parent._token.add_callback(weak_cancel(self))
-        if self._priced:
-            track_chain(self)
-        self._handoffs = (
-            HandoffCounter(limits.max_handoffs) if limits.max_handoffs is not None else None
-        )
-        self._checked = (
-            self._deadline is not None or self._handoffs is not None or self._has_policies
-        )
-        self._fast: tuple[LocalLedger, Level, Any] | None = None
-        self._live: tuple[Any, ...] | None = None
-        if isinstance(self._ledger, LocalLedger):
-            self._hold(self._ledger)
-        else:  # store polls for trips made elsewhere (ensure_active): chunks since, time, last ok
-            self._unpolled, self._polled_at, self._poll_ok = 0, self._started, True
-        if limits.max_depth is not None and self.depth > limits.max_depth:
+            _parent._state.token.add_callback(weak_cancel(trips))
+        settlement = Settlement(state, trips)
+        admission = Admission(state, trips, settlement)
+        polling = ChainPolling(state, trips)
+        self._state = state
+        self._trips = trips
+        self._settlement = settlement
+        self._admission = admission
+        self._polling = polling
+        max_depth = self.config.max_depth
+        if max_depth is not None and self.depth > max_depth:
             # A joined chain too deep is born tripped: every call is denied.
-            self._deny(
-                "depth", limits.max_depth, self.depth, "hop depth over max_depth", raise_error=False
+            trips.deny(
+                "depth", max_depth, self.depth, "hop depth over max_depth", raise_error=False
             )
-
-    def _first_deadline(self, parent: ExecutionContext | None) -> float | None:
-        """The earlier of this chain's own ``timeout_ms`` and its parent's deadline."""
-        timeout_ms = self.config.timeout_ms
-        deadline = None if timeout_ms is None else self._started + timeout_ms / 1000
-        inherited = None if parent is None else parent._deadline
-        if inherited is not None and (deadline is None or inherited < deadline):
-            deadline = inherited
-        return deadline
-
-    def _hold(self, ledger: LocalLedger) -> None:
-        ledger.acquire(self.chain_id)
-        weakref.finalize(self, ledger.discard, self.chain_id)
-        # The live counters of every level of the path (this chain and its
-        # ancestors, each held by its own context): ensure_active reads them.
-        self._live = tuple(ledger.state_of(level.chain_id) for level in self._path)
-        if (
-            self._parent is None
-            and not self._has_policies
-            and self._handoffs is None
-            and not self._pools
-        ):
-            # Held by acquire(): the live counters outlast nothing we use.
-            self._fast = (ledger, self._path[0], self._live[0])
 
     # -- context manager -------------------------------------------------
 
@@ -214,7 +182,7 @@ class ExecutionContext(WrapCalls):
         span = open_chain_span(self)
         self._span = span
         if span is not None and span.is_recording():
-            self._metrics = True
+            self._state.metrics = True
         ctx = otel_context.set_value(CONTEXT_KEY, self)
         if span is not None:
             ctx = trace.set_span_in_context(span, ctx)
@@ -230,6 +198,10 @@ class ExecutionContext(WrapCalls):
         span = self._leave()
         if span is not None:
             end_chain_span(self, span, exc)
+
+    async def __aenter__(self) -> ExecutionContext:
+        """``async with``: entering never blocks, so it is :meth:`__enter__`."""
+        return self.__enter__()
 
     async def __aexit__(
         self,
@@ -254,8 +226,9 @@ class ExecutionContext(WrapCalls):
                 "OpenTelemetry context stays attached where it was made",
                 self,
             )
-        if last and self._timer is not None:
-            self._timer.cancel()
+        timer = self._state.timer
+        if last and timer is not None:
+            timer.cancel()
         opened: trace.Span | None = span
         return opened
 
@@ -265,7 +238,7 @@ class ExecutionContext(WrapCalls):
         its ancestors (entered again), or was made detached."""
         enclosing = otel_context.get_value(CONTEXT_KEY)
         if isinstance(enclosing, ExecutionContext) and all(
-            level.chain_id != self.chain_id for level in enclosing._path
+            level.chain_id != self.chain_id for level in enclosing._state.path
         ):
             raise RuntimeError(
                 f"{self!r} was made outside any chain and is entered inside chain "
@@ -290,14 +263,15 @@ class ExecutionContext(WrapCalls):
         Raises BudgetExceededError (reason ``depth``) past ``max_depth``.
         """
         carved, depth = self._child_terms(config)
+        state = self._state
         return ExecutionContext(
             carved,
             pipeline if pipeline is not None else self.pipeline,
             chain_id=self._child_id(),
-            ledger=self._ledger,
-            price_table=self._prices,
+            ledger=state.ledger,
+            price_table=state.prices,
             name=name,
-            pools=self._pools,
+            pools=state.pools,
             _parent=self,
             _depth=depth,
         )
@@ -312,9 +286,9 @@ class ExecutionContext(WrapCalls):
         depth = self.depth + 1
         max_depth = min_limit(self.config.max_depth, config.max_depth if config else None)
         if max_depth is not None and depth > max_depth:
-            self._deny("depth", max_depth, depth, f"sub-agent depth {depth} over max_depth")
+            self._trips.deny("depth", max_depth, depth, f"sub-agent depth {depth} over max_depth")
         carved = carve(
-            config or ExecutionConfig(), self.config, self._ledger.snapshot(self.chain_id)
+            config or ExecutionConfig(), self.config, self._state.ledger.snapshot(self.chain_id)
         )
         return replace(carved, max_depth=max_depth), depth
 
@@ -323,10 +297,295 @@ class ExecutionContext(WrapCalls):
 
     @property
     def parent(self) -> ExecutionContext | None:
-        return cast("ExecutionContext | None", self._parent)  # only contexts make children
+        return self._parent
 
     def __repr__(self) -> str:
         return f"ExecutionContext(chain_id={self.chain_id!r}, depth={self.depth})"
+
+    # -- reading the chain (ChainState) --------------------------------------
+
+    @property
+    def trip(self) -> TripEvent | None:
+        """The sticky trip of this chain or the nearest tripped ancestor."""
+        return self._state.current_trip()
+
+    async def atrip(self) -> TripEvent | None:
+        """:attr:`trip` for async code: a shared store is read without blocking."""
+        return await self._state.atrip()
+
+    @property
+    def aborted(self) -> bool:
+        return self._state.current_trip() is not None
+
+    def snapshot(self) -> ChainSnapshot:
+        """A frozen view of this chain's counters."""
+        return self._state.snapshot()
+
+    async def asnapshot(self) -> ChainSnapshot:
+        """:meth:`snapshot` for async code: a shared store is read without blocking."""
+        return await self._state.asnapshot()
+
+    async def asnapshots(self) -> dict[str, LedgerState] | None:
+        """The counters of every level with a cost, step or token ceiling, read
+        without blocking; None with an in-process ledger (read it directly)."""
+        return await self._state.asnapshots()
+
+    def remaining_cost_and_steps(
+        self, states: Mapping[str, LedgerState] | None = None, room: PoolRoom | None = None
+    ) -> tuple[int | None, int | None]:
+        """What the tightest cost and step ceilings have left (one ledger read a
+        level, or ``states`` from :meth:`asnapshots`; the pools' ``room`` from
+        :meth:`apool_room`, else read here)."""
+        return self._state.remaining_cost_and_steps(states, room)
+
+    def remaining_cost_nano(
+        self, states: Mapping[str, LedgerState] | None = None, *, pools: bool = True
+    ) -> int | None:
+        """What the tightest cost ceiling on the path (and, with ``pools``, in the
+        chain's pools) has left unreserved, or None (the path's counters from
+        ``states``, :meth:`asnapshots`, when given)."""
+        return self._state.remaining_cost_nano(states, pools=pools)
+
+    def remaining_tokens(
+        self, states: Mapping[str, LedgerState] | None = None, *, pools: bool = True
+    ) -> int | None:
+        """What the tightest token ceiling on the path (and, with ``pools``, in the
+        chain's pools) has left unreserved, or None (the path's counters from
+        ``states``, :meth:`asnapshots`, when given)."""
+        return self._state.remaining_tokens(states, pools=pools)
+
+    def pool_room(self) -> PoolRoom | None:
+        """What the chain's pools have left unreserved; None for a chain with no pools."""
+        return self._state.pool_room()
+
+    async def apool_room(self) -> PoolRoom | None:
+        """:meth:`pool_room` for async code: a shared store is read without blocking."""
+        return await self._state.apool_room()
+
+    @property
+    def pools(self) -> tuple[BudgetPool, ...]:
+        """The budget pools every call of the chain is also reserved in."""
+        return self._state.pools
+
+    @property
+    def tracks_handoffs(self) -> bool:
+        """Whether the chain limits handoffs between agents (``max_handoffs``)."""
+        return self._state.handoffs is not None
+
+    @property
+    def names_agents(self) -> bool:
+        """Whether a call's span should name its agent (``gen_ai.agent.name``):
+        the chain counts handoffs or some agent has limits of its own."""
+        return self._state.names_agents
+
+    @property
+    def tracks_repeats(self) -> bool:
+        """Whether any level of the chain limits repeated call signatures."""
+        return self._state.repeats_limited
+
+    @property
+    def awaits_store(self) -> bool:
+        """Whether async calls await the ledger (a shared store; in process, never)."""
+        return self._state.aledger is not None
+
+    @property
+    def has_cost_ceiling(self) -> bool:
+        return self._state.priced
+
+    def get_partial_result(self) -> Any:
+        """The last result of a wrapped call, or text received before a cut."""
+        return self._state.partial
+
+    def set_partial_result(self, value: Any) -> None:
+        """Keep ``value`` as the partial result (streams call this as they go)."""
+        self._state.partial = value
+
+    @property
+    def cancellation(self) -> CancellationToken:
+        return self._state.token
+
+    # -- trips and overrides (ChainTrips) --------------------------------------
+
+    def cancel(self) -> None:
+        """Stop the chain now: later calls are denied with reason ``timeout``."""
+        self._trips.cancel()
+
+    def override(
+        self,
+        reason: str,
+        duration_s: float,
+        *,
+        add_usd: float = 0.0,
+        add_steps: int = 0,
+    ) -> TripEvent | None:
+        """Lift this chain's sticky trip for ``duration_s`` seconds: the only way past one.
+
+        Requires a reason; is logged on ``veronica_otel.overrides`` and shown
+        as a ``veronica.override`` span event; widens the cost or step ceiling
+        by ``add_usd`` / ``add_steps`` until it expires by itself.
+        Returns the trip that was lifted, if any.
+        """
+        return self._trips.override(reason, duration_s, add_usd=add_usd, add_steps=add_steps)
+
+    # -- work in flight (ChainPolling) ------------------------------------------
+
+    # Module functions themselves: a stream's per-chunk check runs no frame of ours.
+    ensure_active = _chain_poll.ensure_active
+    aensure_active = _chain_poll.aensure_active
+
+    # -- admission (Admission) ----------------------------------------------
+
+    def admit_call(
+        self,
+        spec: CallSpec,
+        breaker: CircuitBreaker | None = None,
+        probe: object = None,
+        defer: bool = False,
+    ) -> Admitted:
+        """Admit one described LLM call, or raise :class:`BudgetExceededError`
+        (see :func:`~._llm_admission.admit_call`): breaker, prices, the output
+        clamp, deadline, policies and agents, one reservation of its worst
+        case, then a policy's degradation."""
+        return self._admission.admit_call(spec, breaker, probe, defer)
+
+    async def aadmit_call(
+        self, spec: CallSpec, breaker: CircuitBreaker | None = None, probe: object = None
+    ) -> Admitted:
+        """:meth:`admit_call` for async code: a shared store is awaited, never
+        blocked on. Settle with ``afinish``/``acommit``."""
+        return await self._admission.aadmit_call(spec, breaker, probe)
+
+    def begin_call(
+        self,
+        kind: str = "llm",
+        options: WrapOptions | None = None,
+        *,
+        cost_nano: int | None = None,
+    ) -> CallHandle:
+        """Admit one call or raise :class:`BudgetExceededError`.
+
+        Runs the deadline, the pipeline and one atomic ledger reservation.
+        ``cost_nano`` overrides the reservation computed from ``options``
+        (instrumentors pass their own worst case). The caller must call
+        ``finish()`` on the returned handle.
+        """
+        return self._admission.begin_call(kind, options, cost_nano=cost_nano)
+
+    def begin_priced_call(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        tokens: int,
+        retry: bool = False,
+        signature: str | None = None,
+        clamp: OutputClamp | None = None,
+        step: bool = True,
+        defer: bool = False,
+    ) -> CallHandle:
+        """:meth:`begin_call` for instrumentors that already priced the call
+        (see :meth:`Admission.begin_priced_call`)."""
+        return self._admission.begin_priced_call(
+            kind,
+            operation_name,
+            provider,
+            model,
+            cost_nano,
+            tokens,
+            retry,
+            signature,
+            clamp,
+            step,
+            defer,
+        )
+
+    async def abegin_call(
+        self, kind: str = "llm", options: WrapOptions | None = None, *, cost_nano: int | None = None
+    ) -> CallHandle:
+        """:meth:`begin_call` for async code: the reservation never blocks the
+        event loop. Settle the handle with ``await handle.afinish(...)``."""
+        return await self._admission.abegin_call(kind, options, cost_nano=cost_nano)
+
+    async def abegin_priced_call(
+        self,
+        kind: str,
+        operation_name: str,
+        provider: str | None,
+        model: str | None,
+        cost_nano: int,
+        tokens: int,
+        *,
+        retry: bool = False,
+        signature: str | None = None,
+        step: bool = True,
+    ) -> CallHandle:
+        """:meth:`begin_priced_call` for async code (same checks, same denials)."""
+        return await self._admission.abegin_priced_call(
+            kind,
+            operation_name,
+            provider,
+            model,
+            cost_nano,
+            tokens,
+            retry=retry,
+            signature=signature,
+            step=step,
+        )
+
+    def consume_retry(self) -> None:
+        """Draw one retry from ``max_retries_total`` or raise BudgetExceededError."""
+        self._admission.consume_retry()
+
+    async def aconsume_retry(self) -> None:
+        """:meth:`consume_retry` for async code: a shared store is awaited."""
+        await self._admission.aconsume_retry()
+
+    def prices_for(self, provider: str | None, model: str) -> UnitPrices | None:
+        """Unit prices for a model; denies (reason ``cost``) an unknown model under
+        a cost ceiling. Returns None when the chain has no cost ceiling and the
+        model has no price (usage is then counted in tokens only)."""
+        return self._admission.prices_for(provider, model)
+
+    # -- settlement (Settlement) ----------------------------------------------
+
+    def record_usage(
+        self,
+        *,
+        cost_usd: float | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cached_input_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        model: str | None = None,
+        provider: str | None = None,
+    ) -> None:
+        """Report what the running call actually used.
+
+        ``input_tokens`` includes cached ones and ``output_tokens`` includes
+        reasoning ones (the OpenAI convention). Without ``cost_usd`` the cost
+        is priced from ``model``; a model with no known price is never free,
+        so under a cost ceiling it trips the chain. Outside a wrapped call the
+        usage is committed to the chain directly.
+        """
+        self._settlement.record_usage(
+            cost_usd=cost_usd,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached_input_tokens,
+            reasoning_tokens=reasoning_tokens,
+            model=model,
+            provider=provider,
+        )
+
+    # -- the wrap API (_wrap): admit through the admission, run, settle -------
+
+    # The module's functions themselves, so a wrapped call runs no frame of ours.
+    wrap_llm_call = _wrap.wrap_llm_call
+    wrap_tool_call = _wrap.wrap_tool_call
+    awrap_llm_call = _wrap.awrap_llm_call
+    awrap_tool_call = _wrap.awrap_tool_call
 
 
 _Nested = tuple[
@@ -374,10 +633,10 @@ def _nested(
     chain on the enclosing path (that chain itself)."""
     enclosing = otel_context.get_value(CONTEXT_KEY)
     if not isinstance(enclosing, ExecutionContext) or (
-        chain_id is not None and any(level.chain_id == chain_id for level in enclosing._path)
+        chain_id is not None and any(level.chain_id == chain_id for level in enclosing._state.path)
     ):
         return None, config, depth, chain_id, ledger, pipeline, price_table, pools
-    if ledger is not None and ledger is not enclosing._ledger:
+    if ledger is not None and ledger is not enclosing._state.ledger:
         raise ValueError(
             f"ledger={ledger!r} is not the ledger of the enclosing chain "
             f"{enclosing.chain_id!r}: a nested context is its child and shares it; "
@@ -389,10 +648,10 @@ def _nested(
         carved,
         child_depth,
         chain_id if chain_id is not None else enclosing._child_id(),
-        enclosing._ledger,
+        enclosing._state.ledger,
         pipeline if pipeline is not None else enclosing.pipeline,
-        price_table if price_table is not None else enclosing._prices,
-        _joined(enclosing._pools, pools),
+        price_table if price_table is not None else enclosing._state.prices,
+        _joined(enclosing._state.pools, pools),
     )
 
 

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from . import _pricing
-from ._admission import Admission
 from ._breaker import CircuitState
 from ._call import ACTIVE_CALL, CallHandle, joins_wrapped_call
 from ._call_spec import Admitted, CallSpec, call_signature
@@ -26,218 +25,224 @@ from ._pricing import DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices, default_price_table
 from ._telemetry import metrics_live
 
 if TYPE_CHECKING:
+    from ._admission import Admission
     from ._breaker import CircuitBreaker
 
-__all__ = ["LLMAdmission"]
+__all__ = ["aadmit_call", "admit_call"]
 
 _answer = tuple.__new__  # an Admitted without a Python-level __new__ (once per call)
 _CLOSED = CircuitState.CLOSED
 
 
-class LLMAdmission(Admission):
-    """:meth:`admit_call` / :meth:`aadmit_call`, on top of the shared admission."""
+def admit_call(
+    self: Admission,
+    spec: CallSpec,
+    breaker: CircuitBreaker | None = None,
+    probe: object = None,
+    defer: bool = False,
+) -> Admitted:
+    """Admit one described LLM call, or raise :class:`BudgetExceededError`.
 
-    def admit_call(
-        self,
-        spec: CallSpec,
-        breaker: CircuitBreaker | None = None,
-        probe: object = None,
-        defer: bool = False,
-    ) -> Admitted:
-        """Admit one described LLM call, or raise :class:`BudgetExceededError`.
+    The whole pre-call check, in order: the endpoint's ``breaker``
+    (``probe`` names this call if it becomes the half-open probe; the
+    caller frees it on any failure), the model's prices, the output clamp
+    of an uncapped call, the deadline, policies and agents, one
+    reservation of the call's worst case, then a policy's degradation (a
+    lower cap; a fallback model, priced: one with no price denies and the
+    reservation is released). In process the room the clamp reads and the
+    reservation are one step under the ledger's lock; on a shared store
+    the room is read just before the reservation script runs.
 
-        The whole pre-call check, in order: the endpoint's ``breaker``
-        (``probe`` names this call if it becomes the half-open probe; the
-        caller frees it on any failure), the model's prices, the output clamp
-        of an uncapped call, the deadline, policies and agents, one
-        reservation of the call's worst case, then a policy's degradation (a
-        lower cap; a fallback model, priced: one with no price denies and the
-        reservation is released). In process the room the clamp reads and the
-        reservation are one step under the ledger's lock; on a shared store
-        the room is read just before the reservation script runs.
+    Inside a ``wrap_llm_call`` of this chain, the first such call is the
+    wrapped call and counts no step of its own (the wrap holds it); its
+    worst case is reserved all the same (DESIGN G13,
+    :func:`~._call.joins_wrapped_call`).
 
-        Inside a ``wrap_llm_call`` of this chain, the first such call is the
-        wrapped call and counts no step of its own (the wrap holds it); its
-        worst case is reserved all the same (DESIGN G13,
-        :func:`~._call.joins_wrapped_call`).
-
-        A call refused only by other calls' in-flight reservations waits for
-        them to settle; with ``defer`` it raises
-        :class:`~._admission.RoomBusy` instead (an async caller awaits the
-        room, then asks again).
-        """
-        # _endpoint_prices without its three frames in the common case: a closed
-        # breaker (check()'s own first test) and a model the table has priced
-        # (its lookup cache, read as lookup reads it). Anything else goes there.
-        table = self._prices
-        if table is None:
-            table = _pricing._default_table or default_price_table()
-        prices = table._cache.get((spec.provider, spec.model))
-        if prices is None or (
-            breaker is not None and getattr(breaker, "_state", None) is not _CLOSED
-        ):  # a shared (Redis) breaker, or a local one not closed: the full path
-            prices = self._endpoint_prices(spec, breaker, probe)
-        signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
-        cap = spec.requested_cap
-        clamp: OutputClamp | None = None
-        pool: str | None = None
-        clamped = False
-        if cap is None and spec.clampable:
-            clamp, clamped = self._output_clamp(spec, prices), True
-            if type(self._ledger) is LocalLedger and not self._has_policies:
-                cost_nano = tokens = 0  # sized by the ledger, under its lock
-            else:  # a store, or policies that judge the cost before it is reserved
-                self._read_room(clamp, None)
-                cost_nano, tokens = clamp.size()
-                cap, pool, clamp = clamp.cap, clamp.pool, None
-        else:
-            output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
-            cost_nano = (
-                0
-                if prices is None
-                else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
-            )
-            tokens = spec.input_bound + output
-        handle = self.begin_priced_call(
-            "llm",
-            spec.operation,
-            spec.provider,
-            spec.model,
-            cost_nano,
-            tokens,
-            signature=signature,
-            clamp=clamp,
-            # No wrapped call around it (one read): nothing to join, a step of its own.
-            step=ACTIVE_CALL.get() is None or not joins_wrapped_call(self),
-            defer=defer,
-        )
-        # An instrumented call: telemetry is worth its cost here, once recorded.
-        handle.metrics = metrics_live()
-        handle.model = spec.model
-        if clamp is not None:
-            cap, pool = clamp.cap, clamp.pool
-        if handle.decision is ALLOW:  # no policy degraded it (the common case)
-            return _answer(Admitted, (handle, cap, cap if clamped else None, pool, None, prices))
-        try:
-            return self._degraded(spec, handle, prices, cap, pool, clamped)
-        except BaseException as exc:  # a fallback with no price: denied, nothing sent
-            handle.finish(exc, sent=False)
-            raise
-
-    async def aadmit_call(
-        self, spec: CallSpec, breaker: CircuitBreaker | None = None, probe: object = None
-    ) -> Admitted:
-        """:meth:`admit_call` for async code: a shared store is awaited (the room
-        read for a clamp too), never blocked on. Settle with ``afinish``/``acommit``."""
-        if self._aledger is None:  # in process: nothing to await
-            return self.admit_call(spec, breaker, probe)
-        prices = self._endpoint_prices(spec, breaker, probe)
-        signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
-        cap = spec.requested_cap
-        clamped = False
-        pool: str | None = None
-        if cap is None and spec.clampable:
-            clamp = self._output_clamp(spec, prices)
-            self._read_room(clamp, await self.asnapshots(), await self.apool_room())
+    A call refused only by other calls' in-flight reservations waits for
+    them to settle; with ``defer`` it raises
+    :class:`~._admission.RoomBusy` instead (an async caller awaits the
+    room, then asks again).
+    """
+    # _endpoint_prices without its three frames in the common case: a closed
+    # breaker (check()'s own first test) and a model the table has priced
+    # (its lookup cache, read as lookup reads it). Anything else goes there.
+    table = self._prices
+    if table is None:
+        table = _pricing._default_table or default_price_table()
+    prices = table._cache.get((spec.provider, spec.model))
+    if prices is None or (
+        breaker is not None and getattr(breaker, "_state", None) is not _CLOSED
+    ):  # a shared (Redis) breaker, or a local one not closed: the full path
+        prices = _endpoint_prices(self, spec, breaker, probe)
+    signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
+    cap = spec.requested_cap
+    clamp: OutputClamp | None = None
+    pool: str | None = None
+    clamped = False
+    if cap is None and spec.clampable:
+        clamp, clamped = _output_clamp(spec, prices), True
+        if type(self._ledger) is LocalLedger and not self._has_policies:
+            cost_nano = tokens = 0  # sized by the ledger, under its lock
+        else:  # a store, or policies that judge the cost before it is reserved
+            _read_room(self, clamp, None)
             cost_nano, tokens = clamp.size()
-            cap, pool, clamped = clamp.cap, clamp.pool, True
-        else:
-            output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
-            cost_nano = (
-                0
-                if prices is None
-                else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
+            cap, pool, clamp = clamp.cap, clamp.pool, None
+    else:
+        output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
+        cost_nano = (
+            0
+            if prices is None
+            else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
+        )
+        tokens = spec.input_bound + output
+    handle = self.begin_priced_call(
+        "llm",
+        spec.operation,
+        spec.provider,
+        spec.model,
+        cost_nano,
+        tokens,
+        False,  # retry; by position, so CPython 3.11 specialises the call
+        signature,
+        clamp,
+        # No wrapped call around it (one read): nothing to join, a step of its own.
+        ACTIVE_CALL.get() is None or not joins_wrapped_call(self._settlement),
+        defer,
+    )
+    # An instrumented call: telemetry is worth its cost here, once recorded.
+    handle.metrics = metrics_live()
+    handle.model = spec.model
+    if clamp is not None:
+        cap, pool = clamp.cap, clamp.pool
+    if handle.decision is ALLOW:  # no policy degraded it (the common case)
+        return _answer(Admitted, (handle, cap, cap if clamped else None, pool, None, prices))
+    try:
+        return _degraded(self, spec, handle, prices, cap, pool, clamped)
+    except BaseException as exc:  # a fallback with no price: denied, nothing sent
+        handle.finish(exc, sent=False)
+        raise
+
+
+async def aadmit_call(
+    self: Admission, spec: CallSpec, breaker: CircuitBreaker | None = None, probe: object = None
+) -> Admitted:
+    """:meth:`admit_call` for async code: a shared store is awaited (the room
+    read for a clamp too), never blocked on. Settle with ``afinish``/``acommit``."""
+    if self._aledger is None:  # in process: nothing to await
+        return self.admit_call(spec, breaker, probe)
+    prices = _endpoint_prices(self, spec, breaker, probe)
+    signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
+    cap = spec.requested_cap
+    clamped = False
+    pool: str | None = None
+    if cap is None and spec.clampable:
+        clamp = _output_clamp(spec, prices)
+        _read_room(self, clamp, await self._state.asnapshots(), await self._state.apool_room())
+        cost_nano, tokens = clamp.size()
+        cap, pool, clamped = clamp.cap, clamp.pool, True
+    else:
+        output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
+        cost_nano = (
+            0
+            if prices is None
+            else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
+        )
+        tokens = spec.input_bound + output
+    handle = await self.abegin_priced_call(
+        "llm",
+        spec.operation,
+        spec.provider,
+        spec.model,
+        cost_nano,
+        tokens,
+        signature=signature,
+        step=not joins_wrapped_call(self._settlement),
+    )
+    handle.metrics = metrics_live()
+    handle.model = spec.model
+    try:
+        return _degraded(self, spec, handle, prices, cap, pool, clamped)
+    except BaseException as exc:
+        await handle.afinish(exc, sent=False)
+        raise
+
+
+def _endpoint_prices(
+    self: Admission, spec: CallSpec, breaker: CircuitBreaker | None, probe: object
+) -> UnitPrices | None:
+    """The endpoint's breaker, then the model's prices (either may deny)."""
+    if breaker is not None:
+        verdict = breaker.check(probe)
+        if not verdict.allowed:
+            self._trips.deny(
+                "circuit_open",
+                0.0,
+                0.0,
+                f"endpoint {spec.provider}/{spec.model} is failing; {verdict.reason}",
+                sticky=False,
             )
-            tokens = spec.input_bound + output
-        handle = await self.abegin_priced_call(
-            "llm",
-            spec.operation,
-            spec.provider,
-            spec.model,
-            cost_nano,
-            tokens,
-            signature=signature,
-            step=not joins_wrapped_call(self),
-        )
-        handle.metrics = metrics_live()
-        handle.model = spec.model
-        try:
-            return self._degraded(spec, handle, prices, cap, pool, clamped)
-        except BaseException as exc:
-            await handle.afinish(exc, sent=False)
-            raise
+    table = self._prices if self._prices is not None else default_price_table()
+    prices = table.lookup(spec.provider, spec.model)
+    if prices is None and self._priced:
+        self._lookup(spec.provider, spec.model)  # denies: no price under a cost ceiling
+    return prices
 
-    def _endpoint_prices(
-        self, spec: CallSpec, breaker: CircuitBreaker | None, probe: object
-    ) -> UnitPrices | None:
-        """The endpoint's breaker, then the model's prices (either may deny)."""
-        if breaker is not None:
-            verdict = breaker.check(probe)
-            if not verdict.allowed:
-                self._deny(
-                    "circuit_open",
-                    0.0,
-                    0.0,
-                    f"endpoint {spec.provider}/{spec.model} is failing; {verdict.reason}",
-                    sticky=False,
-                )
-        table = self._prices if self._prices is not None else default_price_table()
-        prices = table.lookup(spec.provider, spec.model)
-        if prices is None and self._priced:
-            self._lookup(spec.provider, spec.model)  # denies: no price under a cost ceiling
-        return prices
 
-    @staticmethod
-    def _output_clamp(spec: CallSpec, prices: UnitPrices | None) -> OutputClamp:
-        bound = spec.input_bound
-        if prices is None:  # no cost ceiling and no price: only tokens bound it
-            return OutputClamp(bound, 0, 0, False, spec.choices, DEFAULT_MAX_OUTPUT_TOKENS)
-        input_price, output_price = prices._worst_prices(bound, spec.cache_writes)
-        return OutputClamp(
-            bound, input_price, output_price, True, spec.choices, prices.output_limit(bound)
-        )
+def _output_clamp(spec: CallSpec, prices: UnitPrices | None) -> OutputClamp:
+    bound = spec.input_bound
+    if prices is None:  # no cost ceiling and no price: only tokens bound it
+        return OutputClamp(bound, 0, 0, False, spec.choices, DEFAULT_MAX_OUTPUT_TOKENS)
+    input_price, output_price = prices._worst_prices(bound, spec.cache_writes)
+    return OutputClamp(
+        bound, input_price, output_price, True, spec.choices, prices.output_limit(bound)
+    )
 
-    def _read_room(
-        self,
-        clamp: OutputClamp,
-        states: Mapping[str, LedgerState] | None,
-        room: PoolRoom | None = None,
-    ) -> None:
-        """Feed ``clamp`` the room the chain's levels and pools have (a shared
-        store: read, one snapshot a level and a pool; ``states`` from
-        :meth:`asnapshots` and ``room`` from :meth:`apool_room` when given)."""
-        if states is None:  # one read a limited level, shared by both measures
-            states = {
-                level.chain_id: self._ledger.snapshot(level.chain_id)
-                for level in self._path
-                if level.limits.cost_nano is not None or level.limits.tokens is not None
-            }
-        clamp.room(self._path_left(states, tokens=False), self._path_left(states, tokens=True))
-        if self._pools:
-            if room is None:
-                room = pool_room(self._pools)
-            clamp.room(room.cost_nano, None, room.cost_pool)
-            clamp.room(None, room.tokens, room.tokens_pool)
 
-    def _degraded(
-        self,
-        spec: CallSpec,
-        handle: CallHandle,
-        prices: UnitPrices | None,
-        cap: int | None,
-        pool: str | None,
-        clamped: bool,
-    ) -> Admitted:
-        """The answer to an admitted call, with its policy's degradation applied
-        (a lower cap; a fallback model and its prices: none denies)."""
-        decision = handle.decision
-        if decision.max_tokens is not None and spec.clampable:
-            cap = decision.max_tokens if cap is None else min(cap, decision.max_tokens)
-            clamped = True
-        fallback = decision.fallback_model
-        call_prices = prices
-        if fallback is None or fallback == spec.model:
-            fallback = None
-        else:
-            call_prices = self.prices_for(spec.provider, fallback) or prices  # None: denied
-        return Admitted(handle, cap, cap if clamped else None, pool, fallback, call_prices)
+def _read_room(
+    self: Admission,
+    clamp: OutputClamp,
+    states: Mapping[str, LedgerState] | None,
+    room: PoolRoom | None = None,
+) -> None:
+    """Feed ``clamp`` the room the chain's levels and pools have (a shared
+    store: read, one snapshot a level and a pool; ``states`` from
+    :meth:`asnapshots` and ``room`` from :meth:`apool_room` when given)."""
+    if states is None:  # one read a limited level, shared by both measures
+        states = {
+            level.chain_id: self._ledger.snapshot(level.chain_id)
+            for level in self._path
+            if level.limits.cost_nano is not None or level.limits.tokens is not None
+        }
+    clamp.room(
+        self._state.path_left(states, tokens=False), self._state.path_left(states, tokens=True)
+    )
+    pools = self._state.pools
+    if pools:
+        if room is None:
+            room = pool_room(pools)
+        clamp.room(room.cost_nano, None, room.cost_pool)
+        clamp.room(None, room.tokens, room.tokens_pool)
+
+
+def _degraded(
+    self: Admission,
+    spec: CallSpec,
+    handle: CallHandle,
+    prices: UnitPrices | None,
+    cap: int | None,
+    pool: str | None,
+    clamped: bool,
+) -> Admitted:
+    """The answer to an admitted call, with its policy's degradation applied
+    (a lower cap; a fallback model and its prices: none denies)."""
+    decision = handle.decision
+    if decision.max_tokens is not None and spec.clampable:
+        cap = decision.max_tokens if cap is None else min(cap, decision.max_tokens)
+        clamped = True
+    fallback = decision.fallback_model
+    call_prices = prices
+    if fallback is None or fallback == spec.model:
+        fallback = None
+    else:
+        call_prices = self.prices_for(spec.provider, fallback) or prices  # None: denied
+    return Admitted(handle, cap, cap if clamped else None, pool, fallback, call_prices)

@@ -88,15 +88,15 @@ def default_context(context: otel_context.Context | None = None) -> ExecutionCon
 def _renew_default_chain() -> None:
     """The child's own default chain, when the parent's lives on an in-process ledger."""
     old = _default
-    if old is None or not isinstance(old._ledger, LocalLedger):
+    if old is None or not isinstance(old._state.ledger, LocalLedger):
         return  # none, or on the shared ledger: the store counts every process
     renew = _default_renew
     if renew is None:
         new = ExecutionContext(
             old.config,
             old.pipeline,
-            ledger=old._ledger,
-            price_table=old._prices,
+            ledger=old._state.ledger,
+            price_table=old._state.prices,
             name=old.name,
             detached=True,
         )

@@ -103,7 +103,7 @@ def ledger_shared_id(ledger: object) -> str | None:
 
 
 def _ledger(ctx: ExecutionContext) -> Ledger:
-    return ctx._ledger
+    return ctx._state.ledger
 
 
 def issue_grant(
@@ -124,8 +124,8 @@ def issue_grant(
     wall = time.time() if now is None else now
     ledger = _ledger(ctx)
     deadline_ms: int | None = None
-    if ctx._deadline is not None:
-        left_s = ctx._deadline - time.monotonic()
+    if ctx._state.deadline is not None:
+        left_s = ctx._state.deadline - time.monotonic()
         deadline_ms = max(0, int((wall + left_s) * 1000))
     nonce = secrets.token_urlsafe(12)
     base = {
@@ -157,7 +157,7 @@ def issue_grant(
 
 
 def _shared_path(ctx: ExecutionContext) -> tuple[Level, ...]:
-    path = ctx._path
+    path = ctx._state.path
     if len(path) > MAX_ANCESTORS:
         path = (path[0], *path[-(MAX_ANCESTORS - 1) :])
     return tuple(path)
@@ -165,7 +165,7 @@ def _shared_path(ctx: ExecutionContext) -> tuple[Level, ...]:
 
 def _retries_left(ctx: ExecutionContext, ledger: Ledger) -> int | None:
     left: int | None = None
-    for level in ctx._path:
+    for level in ctx._state.path:
         if level.limits.retries is not None:
             used = ledger.snapshot(level.chain_id).retries
             left = min_limit(left, max(0, level.limits.retries - used))
@@ -173,7 +173,7 @@ def _retries_left(ctx: ExecutionContext, ledger: Ledger) -> int | None:
 
 
 def _carve(ctx: ExecutionContext, ledger: Ledger, caps: GrantLimits) -> Carve:
-    path = ctx._path
+    path = ctx._state.path
     with _carving:
         cost_left, steps_left = ctx.remaining_cost_and_steps()
         cost = min_limit(cost_left, caps.cost_nano)
@@ -192,10 +192,10 @@ def _carve(ctx: ExecutionContext, ledger: Ledger, caps: GrantLimits) -> Carve:
             tokens or 0,
             step=steps is not None,
             steps=steps or 1,
-            **ctx._pool_args(),  # a grant spends the chain's pools too
+            **ctx._state.pool_args(),  # a grant spends the chain's pools too
         )
         if type(main) is not Reservation:
-            ctx._tripped(main)  # type: ignore[arg-type]
+            ctx._trips.tripped(main)  # type: ignore[arg-type]
         return Carve(ctx, path, main, cost, tokens, steps)  # type: ignore[arg-type]
 
 
@@ -256,7 +256,7 @@ def _capped(value: int, carved: int | None) -> tuple[int, bool]:
 
 def _trip_on(ctx: ExecutionContext, overrun: TripEvent | None) -> None:
     if overrun is not None:
-        ctx._tripped(overrun, raise_error=False)
+        ctx._trips.tripped(overrun, raise_error=False)
 
 
 def effective_config(local: ExecutionConfig, grant: Grant, now: float) -> ExecutionConfig:
@@ -379,7 +379,7 @@ def spent(ctx: ExecutionContext) -> Spent:
 
 async def aspent(ctx: ExecutionContext) -> Spent:
     """:func:`spent` for async code: a shared store is read without blocking."""
-    aledger = ctx._aledger
+    aledger = ctx._state.aledger
     if aledger is None:
         return spent(ctx)
     return _spent(await aledger.asnapshot(ctx.chain_id))

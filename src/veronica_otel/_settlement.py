@@ -1,4 +1,9 @@
-"""Settling a call: commit what it used (or release what it never sent), and usage reports."""
+"""Settling a call: commit what it used (or release what it never sent), and usage reports.
+
+The part of :class:`~veronica_otel.ExecutionContext` every
+:class:`~._call.CallHandle` settles through (its ``context``): one commit or
+release per call, per the G10 table.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ from ._call import (
     CallHandle,
     settled_amounts,
 )
-from ._chain_poll import ChainPolling
 from ._chain_span import remaining_attributes
+from ._chain_state import ChainState
+from ._chain_trips import ChainTrips
 from ._errors import BudgetExceededError, TripEvent
 from ._ledger import (
     Reservation,
@@ -24,10 +30,23 @@ __all__ = ["Settlement"]
 _NO_RESERVATION = Reservation("", 0, 0)
 
 
-class Settlement(ChainPolling):
+class Settlement:
     """The settlement half of the kernel: one commit or release per call (DESIGN G10)."""
 
-    def _finish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
+    __slots__ = ("_fast", "_ledger", "_path", "_pipeline", "_state", "_trips", "aledger")
+
+    def __init__(self, state: ChainState, trips: ChainTrips) -> None:
+        self._state = state
+        self._trips = trips
+        # Fixed when the chain is made: read per call without a hop through the state.
+        self._ledger = state.ledger
+        self._path = state.path
+        self._fast = state.fast
+        self._pipeline = state.pipeline
+        # A shared store's coroutine ledger (CallHandle.afinish awaits it), or None.
+        self.aledger = state.aledger
+
+    def settle(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
         reservation = call.reservation
         if not sent:
             agents = call.agents
@@ -54,11 +73,11 @@ class Settlement(ChainPolling):
         if overrun is not None or call.metrics or call.policy_context is not None:
             self._finished(call, error, cost, overrun)
 
-    async def _afinish(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
-        """:meth:`_finish` awaiting a shared store (``CallHandle.afinish``)."""
-        aledger = self._aledger
+    async def asettle(self, call: CallHandle, error: BaseException | None, sent: bool) -> None:
+        """:meth:`settle` awaiting a shared store (``CallHandle.afinish``)."""
+        aledger = self.aledger
         if aledger is None:
-            self._finish(call, error, sent)
+            self.settle(call, error, sent)
             return
         path = self._path if call.agents is None else call.agents[0]
         if not sent:
@@ -76,7 +95,7 @@ class Settlement(ChainPolling):
 
     def _released(self, call: CallHandle) -> None:
         if call.policy_context is not None:
-            self.pipeline.abandon(call.policy_context)
+            self._pipeline.abandon(call.policy_context)
 
     def _finished(
         self, call: CallHandle, error: BaseException | None, cost: int, overrun: TripEvent | None
@@ -88,18 +107,18 @@ class Settlement(ChainPolling):
         if call.policy_context is not None:
             call.policy_context.actual_cost_usd = nano_to_usd(cost)
             if error is None:
-                self.pipeline.record_success(call.policy_context)
+                self._pipeline.record_success(call.policy_context)
             elif isinstance(error, BudgetExceededError) or not isinstance(error, Exception):
                 # Our own denial, a cancellation or KeyboardInterrupt says nothing
                 # about the endpoint's health: free the probe, count no failure.
-                self.pipeline.abandon(call.policy_context)
+                self._pipeline.abandon(call.policy_context)
             else:
-                self.pipeline.record_failure(call.policy_context, error)
+                self._pipeline.record_failure(call.policy_context, error)
         if overrun is not None and not (
-            call.agents is not None and self._agent_denied(overrun, raise_error=False)
+            call.agents is not None and self._trips.agent_denied(overrun, raise_error=False)
         ):
-            self._trip = overrun
-            emit_trip(overrun, remaining=remaining_attributes(self))
+            self._state.trip = overrun
+            emit_trip(overrun, remaining=remaining_attributes(self._state))
 
     def record_usage(
         self,
@@ -112,14 +131,9 @@ class Settlement(ChainPolling):
         model: str | None = None,
         provider: str | None = None,
     ) -> None:
-        """Report what the running call actually used.
-
-        ``input_tokens`` includes cached ones and ``output_tokens`` includes
-        reasoning ones (the OpenAI convention). Without ``cost_usd`` the cost
-        is priced from ``model``; a model with no known price is never free,
-        so under a cost ceiling it trips the chain. Outside a wrapped call the
-        usage is committed to the chain directly.
-        """
+        """``ExecutionContext.record_usage``: into the running call of this chain,
+        else committed to the chain directly (priced from ``model`` when no
+        ``cost_usd``; an unpriced model under a cost ceiling trips the chain)."""
         for name, value in (
             ("input_tokens", input_tokens),
             ("output_tokens", output_tokens),
@@ -151,15 +165,18 @@ class Settlement(ChainPolling):
             call.add_usage(cost_nano, tokens)
             return
         held = _NO_RESERVATION
-        if self._pools:  # the chain's pools count it too
-            held = Reservation("", 0, 0, pools=self._pool_args()["pools"])
-        agents = self._agent_path() if self._agent_lookups or _agents._limited_in_code else None
+        state = self._state
+        if state.pools:  # the chain's pools count it too
+            held = Reservation("", 0, 0, pools=state.pool_args()["pools"])
+        agents = (
+            self._trips.agent_path() if state.agent_lookups or _agents._limited_in_code else None
+        )
         path = self._path if agents is None else agents[0]
         overrun = self._ledger.commit(path, held, cost_nano, tokens)
         if overrun is not None and not (
-            agents is not None and self._agent_denied(overrun, raise_error=False)
+            agents is not None and self._trips.agent_denied(overrun, raise_error=False)
         ):
-            self._tripped(overrun, raise_error=False)
+            self._trips.tripped(overrun, raise_error=False)
 
     def _price_usage(
         self,
@@ -170,14 +187,15 @@ class Settlement(ChainPolling):
         cached: int,
         reasoning: int,
     ) -> int:
-        table = self._prices if self._prices is not None else default_price_table()
+        state = self._state
+        table = state.prices if state.prices is not None else default_price_table()
         prices = table.lookup(provider, model)
         if prices is not None:
             return prices.cost_nano(input_tokens, output_tokens, cached, reasoning)
-        if self._priced:
-            self._deny(
+        if state.priced:
+            self._trips.deny(
                 "cost",
-                self.config.max_cost_usd or 0.0,
+                state.config.max_cost_usd or 0.0,
                 float("inf"),
                 f"usage reported for model {model!r} with no known price; the chain is "
                 "stopped because its spend can no longer be counted",

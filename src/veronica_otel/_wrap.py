@@ -1,4 +1,9 @@
-"""The paper-style wrap API: ``wrap_llm_call`` and friends run a callable as one contained call."""
+"""The paper-style wrap API: ``wrap_llm_call`` and friends run a callable as one contained call.
+
+Methods of :class:`~veronica_otel.ExecutionContext` (assigned in its class
+body, so a wrapped call runs no frame of the front's): each admits through the
+chain's admission part, runs ``fn`` and settles through its settlement part.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,21 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 from types import FunctionType
-from typing import Any
+from typing import Any, Protocol
 
+from ._admission import Admission
 from ._call import (
     ACTIVE_CALL,
     CallHandle,
     close_awaitable,
     is_coroutine_function,
 )
+from ._chain_state import ChainState
 from ._errors import BudgetExceededError
-from ._llm_admission import LLMAdmission
 from ._options import Decision, WrapOptions
+from ._settlement import Settlement
 
-__all__ = ["WrapCalls"]
+__all__ = ["awrap_llm_call", "awrap_tool_call", "wrap_llm_call", "wrap_tool_call"]
 
 _ALLOW = Decision.ALLOW
 _HALT = Decision.HALT
@@ -27,7 +34,16 @@ _HALT = Decision.HALT
 _set_active = ACTIVE_CALL.set
 _reset_active = ACTIVE_CALL.reset
 
-_SyncWrap = Callable[["WrapCalls", Callable[[], Any], "WrapOptions | None"], Decision]
+
+class _Front(Protocol):
+    """The parts of a chain the wrap API uses (so this module does not import the context)."""
+
+    _state: ChainState
+    _admission: Admission
+    _settlement: Settlement
+
+
+_SyncWrap = Callable[[Any, Callable[[], Any], "WrapOptions | None"], Decision]
 
 
 def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
@@ -36,9 +52,7 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
 
     tool = kind == "tool"  # its handle says so: no LLM call inside joins it
 
-    def wrap(
-        self: WrapCalls, fn: Callable[[], Any], options: WrapOptions | None = None
-    ) -> Decision:
+    def wrap(self: _Front, fn: Callable[[], Any], options: WrapOptions | None = None) -> Decision:
         # Methods, partials, callable objects are checked before admission. A
         # plain function is not checked per call: an ``async def`` one returns
         # a coroutine, refused below with its reservation released (and a
@@ -49,9 +63,9 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
             # The kernel entry as begin_call enters it, without its frame when
             # the options need no pricing (no model, signature or retry).
             if options is None:
-                call = self.begin_priced_call(kind, "", None, None, 0, 0)
+                call = self._admission.begin_priced_call(kind, "", None, None, 0, 0)
             elif options.plain:
-                call = self.begin_priced_call(
+                call = self._admission.begin_priced_call(
                     kind,
                     options.operation_name,
                     None,
@@ -60,7 +74,7 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
                     options.reserved_tokens,
                 )
             else:
-                call = self.begin_call(kind, options)
+                call = self._admission.begin_call(kind, options)
         except BudgetExceededError:
             _check_sync(fn, kind)
             return _HALT
@@ -84,9 +98,9 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
             close_awaitable(result)
             _check_sync(fn, kind)  # an async def: said as such
             raise TypeError(f"wrap_{kind}_call got an awaitable from {fn!r}; use awrap_{kind}_call")
-        self._partial = result
+        self._state.partial = result
         call._done = True  # settled here, one frame less on the hot path
-        self._finish(call, None, True)
+        self._settlement.settle(call, None, True)
         return _ALLOW
 
     wrap.__name__ = wrap.__qualname__ = f"wrap_{kind}_call"
@@ -94,81 +108,81 @@ def _sync_wrap(kind: str, doc: str) -> _SyncWrap:
     return wrap
 
 
-class WrapCalls(LLMAdmission):
-    """``wrap_*`` / ``awrap_*``: admit, run, settle; a denial is ``Decision.HALT``."""
+wrap_llm_call = _sync_wrap(
+    "llm",
+    """Run ``fn`` as one LLM call if the chain allows it.
 
-    wrap_llm_call = _sync_wrap(
-        "llm",
-        """Run ``fn`` as one LLM call if the chain allows it.
+    Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
+    running it. Errors raised by ``fn`` propagate unchanged (a
+    ``BudgetExceededError`` from a call inside ``fn`` returns ``HALT``).
 
-        Returns ``Decision.ALLOW`` after running it, ``Decision.HALT`` without
-        running it. Errors raised by ``fn`` propagate unchanged (a
-        ``BudgetExceededError`` from a call inside ``fn`` returns ``HALT``).
+    ``fn`` is committed at what it reported with ``record_usage``, else at
+    its reservation (``cost_estimate_hint`` or the priced worst case),
+    whether it returned or raised: once it ran, the provider may have
+    billed it (DESIGN G10). That holds for any exception, for
+    ``KeyboardInterrupt`` and for a ``BudgetExceededError`` raised by an
+    inner call, since ``fn`` may have sent a request before the denial.
+    Only a call that never started (denied, or interrupted during a
+    rate-limit wait) is released.
 
-        ``fn`` is committed at what it reported with ``record_usage``, else at
-        its reservation (``cost_estimate_hint`` or the priced worst case),
-        whether it returned or raised: once it ran, the provider may have
-        billed it (DESIGN G10). That holds for any exception, for
-        ``KeyboardInterrupt`` and for a ``BudgetExceededError`` raised by an
-        inner call, since ``fn`` may have sent a request before the denial.
-        Only a call that never started (denied, or interrupted during a
-        rate-limit wait) is released.
+    An instrumented LLM call that ``fn`` makes in this chain is the call
+    the wrap stands for (DESIGN G13): the first one counts no step of its
+    own, reserves its own worst case before it is sent and commits its
+    actual usage, and the wrap then commits no cost of its own (its hint
+    is released). Each further one takes its own step.
+    """,
+)
+wrap_tool_call = _sync_wrap(
+    "tool", """Run ``fn`` as one tool call if the chain allows it (see wrap_llm_call)."""
+)
 
-        An instrumented LLM call that ``fn`` makes in this chain is the call
-        the wrap stands for (DESIGN G13): the first one counts no step of its
-        own, reserves its own worst case before it is sent and commits its
-        actual usage, and the wrap then commits no cost of its own (its hint
-        is released). Each further one takes its own step.
-        """,
-    )
-    wrap_tool_call = _sync_wrap(
-        "tool", """Run ``fn`` as one tool call if the chain allows it (see wrap_llm_call)."""
-    )
 
-    async def awrap_llm_call(
-        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
-    ) -> Decision:
-        """Coroutine version of :meth:`wrap_llm_call`; ``fn`` returns an awaitable."""
-        return await self._awrap(fn, options, "llm")
+async def awrap_llm_call(
+    self: _Front, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
+) -> Decision:
+    """Coroutine version of :meth:`wrap_llm_call`; ``fn`` returns an awaitable."""
+    return await _awrap(self, fn, options, "llm")
 
-    async def awrap_tool_call(
-        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
-    ) -> Decision:
-        """Coroutine version of :meth:`wrap_tool_call`."""
-        return await self._awrap(fn, options, "tool")
 
-    async def _awrap(
-        self, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None, kind: str
-    ) -> Decision:
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r}")
+async def awrap_tool_call(
+    self: _Front, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None = None
+) -> Decision:
+    """Coroutine version of :meth:`wrap_tool_call`."""
+    return await _awrap(self, fn, options, "tool")
+
+
+async def _awrap(
+    self: _Front, fn: Callable[[], Awaitable[Any]], options: WrapOptions | None, kind: str
+) -> Decision:
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {fn!r}")
+    try:
+        call = await self._admission.abegin_call(kind, options)
+    except BudgetExceededError:
+        return Decision.HALT
+    call.kind = kind
+    if call.decision.rate_limit_ms:
+        import asyncio  # only rate-limited async calls need it; it is slow to import
+
         try:
-            call = await self.abegin_call(kind, options)
-        except BudgetExceededError:
-            return Decision.HALT
-        call.kind = kind
-        if call.decision.rate_limit_ms:
-            import asyncio  # only rate-limited async calls need it; it is slow to import
-
-            try:
-                await asyncio.sleep(call.decision.rate_limit_ms / 1000)
-            except BaseException:  # cancelled while waiting: nothing was sent
-                await call.afinish(sent=False)
-                raise
-        active = ACTIVE_CALL.set(call)
-        try:
-            result = await fn()
-        except BudgetExceededError as exc:
-            await call.afinish(exc)
-            return Decision.HALT
-        except BaseException as exc:
-            await call.afinish(exc)
+            await asyncio.sleep(call.decision.rate_limit_ms / 1000)
+        except BaseException:  # cancelled while waiting: nothing was sent
+            await call.afinish(sent=False)
             raise
-        finally:
-            ACTIVE_CALL.reset(active)
-        self._partial = result
-        await call.afinish()
-        return Decision.ALLOW
+    active = ACTIVE_CALL.set(call)
+    try:
+        result = await fn()
+    except BudgetExceededError as exc:
+        await call.afinish(exc)
+        return Decision.HALT
+    except BaseException as exc:
+        await call.afinish(exc)
+        raise
+    finally:
+        ACTIVE_CALL.reset(active)
+    self._state.partial = result
+    await call.afinish()
+    return Decision.ALLOW
 
 
 def _check_sync(fn: object, kind: str) -> None:

@@ -130,7 +130,9 @@ def test_threads_hand_off_through_one_chain_exactly(
         sent = sum(pool.map(worker, ["left", "right"]))
     assert ctx.trip is not None and ctx.trip.reason == "loop"
     assert sent == server.count(CHAT)
-    assert ctx._handoffs is not None and ctx._handoffs.handoffs("left", "right") == limit
+    assert (
+        ctx._state.handoffs is not None and ctx._state.handoffs.handoffs("left", "right") == limit
+    )
 
 
 def test_async_agents_in_tasks_are_told_apart() -> None:

@@ -333,7 +333,7 @@ def test_the_childs_default_chain_deadline_is_on_the_childs_timer(default_chain:
         assert mine is not None
         # The timer thread of the parent is gone; the new chain's deadline must be
         # on the child's own timer, or a stream would never be cut at it.
-        return any(handle is mine._timer for _, _, handle in _timer._TIMER._heap)
+        return any(handle is mine._state.timer for _, _, handle in _timer._TIMER._heap)
 
     assert in_child(child) is True
 

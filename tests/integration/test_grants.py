@@ -510,7 +510,7 @@ def test_an_inflated_spend_back_is_capped_at_the_carve_in_two_ledger_operations(
     metric_reader: InMemoryMetricReader,
 ) -> None:
     ctx = caller(max_steps=100, max_cost_usd=1.0)
-    ledger = ctx._ledger
+    ledger = ctx._state.ledger
     assert isinstance(ledger, CountingLedger)
     caps = GrantLimits(steps=MAX_CARVE_STEPS, cost_nano=2 * 10**8)
     grant, carve = issue_grant(ctx, audience=AUD, limits=caps)
@@ -528,7 +528,7 @@ def test_settling_gives_back_the_unused_carved_steps_in_one_operation(
     used: int, counted: int
 ) -> None:
     ctx = caller(max_steps=40)
-    ledger = ctx._ledger
+    ledger = ctx._state.ledger
     assert isinstance(ledger, CountingLedger)
     _, carve = issue_grant(ctx, audience=AUD, limits=GrantLimits(steps=MAX_CARVE_STEPS))
     assert carve is not None and ctx.snapshot().steps == MAX_CARVE_STEPS

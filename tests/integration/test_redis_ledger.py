@@ -686,7 +686,7 @@ def test_unreachable_store_fails_closed_naming_it(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(LedgerUnavailableError):
         ledger.trip("down", TripEvent("depth", 1.0, 2.0, "down", "x"))
     # Never sticky: the ledger raised instead of returning a trip.
-    assert ctx._trip is None
+    assert ctx._state.trip is None
 
 
 def test_server_killed_then_restarted(restartable_redis: RedisServerProcess) -> None:

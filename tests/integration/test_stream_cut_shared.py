@@ -122,7 +122,7 @@ def test_a_grandchild_stream_is_cut_when_a_sibling_trips_the_root(
     with streaming:
         stream = _stream(client)
         _, after = _read_until_cut(stream, 3, _in_thread(lambda: sibling.record_usage(cost_usd=2)))
-    assert root._trip is None  # the trip lives in the ledger, not in the root object
+    assert root._state.trip is None  # the trip lives in the ledger, not in the root object
     assert after == 0
     assert stream.response.is_closed
     assert streaming.trip is not None and streaming.trip.chain_id == "root"

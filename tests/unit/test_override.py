@@ -25,7 +25,7 @@ def test_override_lifts_the_trip_for_its_duration_only(
 ) -> None:
     clock = WallClock(1_000_000.0)
     monkeypatch.setattr(ledger_module.time, "time", clock)
-    monkeypatch.setattr("veronica_otel._context.time.time", clock)
+    monkeypatch.setattr("veronica_otel._chain_trips.time.time", clock)
     ctx = ExecutionContext(ExecutionConfig(max_steps=2), ledger=LocalLedger())
     for _ in range(3):
         ctx.wrap_llm_call(lambda: None)

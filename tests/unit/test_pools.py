@@ -338,7 +338,7 @@ def test_retry_after_covers_every_measure_that_denied(
         assert spend(ctx) is Decision.ALLOW
         clock.advance(3.0)
         assert spend(ctx) is Decision.ALLOW
-        denied = ledger.reserve(ctx._path, usd_to_nano(0.02), 0, pools=(pool.level,))
+        denied = ledger.reserve(ctx._state.path, usd_to_nano(0.02), 0, pools=(pool.level,))
     assert isinstance(denied, TripEvent) and denied.pool == "p"
     assert denied.reason == "steps"
     # One step frees at 1010 (7 s), but the cost needs both cents gone: 1013.

@@ -120,7 +120,7 @@ def test_async_wrapped_calls_settle_exactly(
     decisions = asyncio.run(run())
     spent, admitted = _expected(ops, pipeline)
     assert [d is Decision.ALLOW for d in decisions] == admitted
-    state = ctx._ledger.snapshot(ctx.chain_id)
+    state = ctx._state.ledger.snapshot(ctx.chain_id)
     assert state.reserved_nano == 0
     assert state.cost_nano == usd_to_nano(spent / 100)
 
@@ -159,6 +159,6 @@ def test_sync_wrapped_calls_settle_exactly(
             decisions.append(Decision.ALLOW)
     spent, admitted = _expected(ops, pipeline)
     assert [d is Decision.ALLOW for d in decisions] == admitted
-    state = ctx._ledger.snapshot(ctx.chain_id)
+    state = ctx._state.ledger.snapshot(ctx.chain_id)
     assert state.reserved_nano == 0
     assert state.cost_nano == usd_to_nano(spent / 100)

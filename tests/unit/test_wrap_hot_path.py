@@ -87,8 +87,8 @@ def test_the_commit_queue_stays_short_without_reads() -> None:
     ctx = ExecutionContext(ExecutionConfig(max_cost_usd=100.0), ledger=LocalLedger())
     for _ in range(5 * _SETTLE_BATCH + 3):
         ctx.wrap_llm_call(_noop, CENT)
-    assert ctx._live is not None
-    assert len(ctx._live[0].settled) < _SETTLE_BATCH
+    assert ctx._state.live is not None
+    assert len(ctx._state.live[0].settled) < _SETTLE_BATCH
 
 
 @pytest.mark.parametrize("wrapper", ["wrap_llm_call", "wrap_tool_call"])

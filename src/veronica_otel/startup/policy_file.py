@@ -500,8 +500,9 @@ class _DefaultChain(PolicyFileListener):
                 pools=self._pools,
                 detached=True,
             )
-            if old._agent_tree is not None:  # its agents' counts carry over too
-                self.context._agent_tree = old._agent_tree.adopt(self.context)
+            tree = old._state.agent_tree
+            if tree is not None:  # its agents' counts carry over too
+                self.context._state.agent_tree = tree.adopt(self.context._state)
             self._config = config
             if _propagation._default is old:  # unless someone else replaced it since
                 _propagation.set_default_context(self.context, renew=self.renew)
