@@ -284,7 +284,13 @@ class Admission:
             if clamp is not None:
                 clamp.reset()
                 result = cast(LocalLedger, self._ledger).reserve(
-                    path, 0, 0, step=step, signature=signature, clamp=clamp, **self._state.pool_args()
+                    path,
+                    0,
+                    0,
+                    step=step,
+                    signature=signature,
+                    clamp=clamp,
+                    **self._state.pool_args(),
                 )
             else:
                 result = self._ledger.reserve(
