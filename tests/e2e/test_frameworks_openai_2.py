@@ -3,8 +3,8 @@ LlamaIndex (one venv, :data:`tests._venvs.FRAMEWORKS_OPENAI_2`).
 
 As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
 runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
-after the process exited, the run ends with ours: crewAI's tool runs are steps
-too (2 model requests), LlamaIndex's are not hooked yet (3).
+after the process exited, the run ends with ours and nothing is sent after it:
+crewAI's and LlamaIndex's tool runs are steps too (2 model requests).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_crewai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> No
 
 def test_llama_index_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
     result, done = run_app(venv, "llama_index_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
-    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr
+    assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr
     assert all(r.body.get("stream") is True for r in llm.requests)  # it streams by default
     assert result["how"] == "itself", result
     assert result["reason"] == "steps"
