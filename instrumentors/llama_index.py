@@ -1,4 +1,4 @@
-"""Tool runs of LlamaIndex agents (``llama-index-core`` >= 0.14) as steps.
+"""Agent names and tool runs for LlamaIndex agents (``llama-index-core`` >= 0.14).
 
 Usage::
 
@@ -6,7 +6,7 @@ Usage::
     from veronica_otel.instrumentors.llama_index import LlamaIndexInstrumentor
 
     OpenAIInstrumentor().instrument()      # llama-index-llms-openai: the openai SDK
-    LlamaIndexInstrumentor().instrument()  # ... each tool run a step, under its agent's name
+    LlamaIndexInstrumentor().instrument()  # ... under the agent's name, each tool run a step
     with ExecutionContext(ExecutionConfig(max_steps=20)):
         await agent.run("...")
 
@@ -14,13 +14,18 @@ Under ``opentelemetry-instrument`` the ``veronica`` distro installs it once
 the application has imported LlamaIndex's agent workflows: nothing to write.
 
 LlamaIndex sends model requests through each provider's SDK, whose adapter
-admits them. Where it hooks: every tool run of an agent workflow goes through
+admits them. Where it hooks: each model call of an agent is made (and its
+stream read) in its ``take_step`` (``FunctionAgent``, ``ReActAgent``,
+``CodeActAgent``; an agent class of your own is not named), which runs as
+:func:`veronica_otel.agent` named after the agent's ``name`` (``"Agent"`` by
+default), alone or in a multi-agent ``AgentWorkflow``. Every tool run of an
+agent workflow goes through
 ``BaseWorkflowAgent._call_tool`` (``FunctionAgent``, ``ReActAgent``,
 ``CodeActAgent``) or, in a multi-agent ``AgentWorkflow``,
 ``AgentWorkflow._call_tool``; the run is one step of the chain, checked
-before the tool runs, under the name of the agent that called it
-(``name=``, ``"Agent"`` by default; in an ``AgentWorkflow`` the agent it
-handed off to), so ``[agents."name"]`` limits count its tool runs.
+before the tool runs, under the name of the agent that called it (in an
+``AgentWorkflow``, the agent it handed off to), so ``[agents."name"]`` limits
+and ``max_handoffs`` apply.
 
 A denied tool run becomes an error tool output that the model would read
 (LlamaIndex turns a tool's exception into one); the trip is sticky, so the
@@ -47,6 +52,12 @@ async def _run(agent: object, args: tuple[Any, ...], kwargs: dict[str, Any], cal
     return await as_agent_async(agent, lambda: as_tool_async("llama_index", name, arguments, call))
 
 
+async def _step(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not LlamaIndexInstrumentor.active:
+        return await wrapped(*args, **kwargs)
+    return await as_agent_async(getattr(instance, "name", None), lambda: wrapped(*args, **kwargs))
+
+
 async def _agent_tool(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -69,19 +80,31 @@ async def _workflow_tool(
 _AGENT = "base_agent.BaseWorkflowAgent"
 _WORKFLOW = "multi_agent_workflow.AgentWorkflow"
 _SIGNATURE = ("ctx", "tool", "tool_input")
+_STEP = ("ctx", "llm_input", "tools", "memory")
+# Each agent class makes its model calls in a take_step of its own.
+_AGENTS = (
+    "function_agent.FunctionAgent",
+    "react_agent.ReActAgent",
+    "codeact_agent.CodeActAgent",
+)
 _HOOKS = SDKHooks(
     _instruments[0],
     "llama_index.core.agent.workflow",
     (
+        *(Hook(owner, "take_step", _step, _STEP, (), True) for owner in _AGENTS),
         Hook(_AGENT, "_call_tool", _agent_tool, _SIGNATURE, (), True),
         Hook(_WORKFLOW, "_call_tool", _workflow_tool, _SIGNATURE, (), True),
     ),
-    ((_AGENT, ("_call_tool",)), (_WORKFLOW, ("_call_tool",))),
+    (
+        *((owner, ("take_step",)) for owner in _AGENTS),
+        (_AGENT, ("_call_tool",)),
+        (_WORKFLOW, ("_call_tool",)),
+    ),
 )
 
 
 class LlamaIndexInstrumentor(FrameworkInstrumentor):
-    """Runs each LlamaIndex agent tool run as a step, under the name of its agent."""
+    """Runs each LlamaIndex agent step under the agent's name, each tool run as a step."""
 
     _hooks = _HOOKS
     _instruments = _instruments

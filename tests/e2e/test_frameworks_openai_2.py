@@ -67,3 +67,13 @@ def test_crewai_agent_limit_by_its_role(venv: Path, llm: FakeLLMServer, tmp_path
     )
     assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result
+
+
+def test_llama_index_agent_limit_by_its_name(
+    venv: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    # FunctionAgent(name="Looper"): its model calls and its tool runs are Looper's.
+    policy = agent_policy(tmp_path, "Looper", STEPS)
+    result, done = run_app(venv, "llama_index_app.py", llm, VERONICA_POLICY_FILE=policy)
+    assert llm.request_count == SENT, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
