@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent_async, as_tool_async
+from ._framework import FrameworkInstrumentor, argument, as_agent_tool_async
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["GoogleADKInstrumentor"]
@@ -46,9 +46,12 @@ async def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
     name = getattr(argument(args, kwargs, 0, "tool"), "name", None)
     arguments = argument(args, kwargs, 1, "args")
     agent = getattr(argument(args, kwargs, 2, "tool_context"), "agent_name", None)
-    return await as_agent_async(  # "unknown": ADK's name for a context without an agent
+    return await as_agent_tool_async(  # "unknown": ADK's name for a context without an agent
         None if agent == "unknown" else agent,
-        lambda: as_tool_async("google_adk", name, arguments, lambda: wrapped(*args, **kwargs)),
+        "google_adk",
+        name,
+        arguments,
+        lambda: wrapped(*args, **kwargs),
     )
 
 

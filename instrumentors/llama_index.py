@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent_async, as_tool_async
+from ._framework import FrameworkInstrumentor, argument, as_agent_async, as_agent_tool_async
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["LlamaIndexInstrumentor"]
@@ -49,7 +49,7 @@ async def _run(agent: object, args: tuple[Any, ...], kwargs: dict[str, Any], cal
     tool = argument(args, kwargs, 1, "tool")
     name = getattr(getattr(tool, "metadata", None), "name", None)
     arguments = argument(args, kwargs, 2, "tool_input")
-    return await as_agent_async(agent, lambda: as_tool_async("llama_index", name, arguments, call))
+    return await as_agent_tool_async(agent, "llama_index", name, arguments, call)
 
 
 async def _step(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
