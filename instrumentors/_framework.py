@@ -38,6 +38,7 @@ __all__ = [
     "as_agent_async",
     "as_agent_iter",
     "as_agent_stream",
+    "as_agent_tool_async",
     "as_tool",
     "as_tool_async",
     "as_tool_stream",
@@ -173,6 +174,14 @@ async def as_tool_async(
     async with tool:
         with running_tool(ctx):
             return await call()
+
+
+async def as_agent_tool_async(
+    agent: object, framework: str, name: object, arguments: object, call: Callable[[], Any]
+) -> Any:
+    """``await call()`` as one contained run of ``framework``'s tool ``name``,
+    for agent ``agent``: the run is its agent's, as its model calls are."""
+    return await as_agent_async(agent, lambda: as_tool_async(framework, name, arguments, call))
 
 
 def as_tool_stream(

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent_async, as_tool_async
+from ._framework import FrameworkInstrumentor, argument, as_agent_async, as_agent_tool_async
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["OpenAIAgentsInstrumentor"]
@@ -75,9 +75,8 @@ async def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
     name = getattr(kwargs.get("function_tool"), "name", None)
     arguments = kwargs.get("arguments")
     agent = getattr(getattr(kwargs.get("context"), "agent", None), "name", None)
-    return await as_agent_async(  # the run is its agent's, as its model calls are
-        agent,
-        lambda: as_tool_async("openai_agents", name, arguments, lambda: wrapped(*args, **kwargs)),
+    return await as_agent_tool_async(
+        agent, "openai_agents", name, arguments, lambda: wrapped(*args, **kwargs)
     )
 
 

@@ -39,7 +39,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent_async, as_tool_async, scope_for
+from ._framework import (
+    FrameworkInstrumentor,
+    argument,
+    as_agent_async,
+    as_agent_tool_async,
+    scope_for,
+)
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["PydanticAIInstrumentor"]
@@ -77,9 +83,8 @@ async def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
     name = argument(args, kwargs, 0, "name")
     arguments = argument(args, kwargs, 1, "tool_args")
     agent = getattr(getattr(argument(args, kwargs, 2, "ctx"), "agent", None), "name", None)
-    return await as_agent_async(  # the run is its agent's, as its model requests are
-        agent,
-        lambda: as_tool_async("pydantic_ai", name, arguments, lambda: wrapped(*args, **kwargs)),
+    return await as_agent_tool_async(
+        agent, "pydantic_ai", name, arguments, lambda: wrapped(*args, **kwargs)
     )
 
 

@@ -1,10 +1,11 @@
 """Google ADK: a runaway agent under its own ``max_llm_calls``, then under ours.
 
 Its own cap, ``RunConfig(max_llm_calls=...)``, counts the model calls of one
-run; ours counts every model call of the chain. ADK's own spans name the agent
-(``gen_ai.agent.name``), so ``[agents."Looper"]`` in a policy file limits this
-agent alone with no hook of ours. google-adk pins ``opentelemetry-api<=1.44``;
-veronica-otel needs >= 1.41, so both install together.
+run; ours counts every model call and tool run of the chain. ADK's own spans
+name the agent of a model call (``gen_ai.agent.name``), our hook that of a tool
+run, so ``[agents."Looper"]`` in a policy file limits this agent alone.
+google-adk pins ``opentelemetry-api<=1.44``; veronica-otel needs >= 1.41, so
+both install together.
 
 Needs ``pip install veronica-otel[google-genai] google-adk``. Runs against the
 in-process runaway fake server: python examples/frameworks/google_adk_agent.py
@@ -20,6 +21,7 @@ from google.adk.agents.run_config import RunConfig
 from google.adk.runners import InMemoryRunner
 from google.genai import types
 
+from veronica_otel.instrumentors.google_adk import GoogleADKInstrumentor
 from veronica_otel.instrumentors.google_genai import GoogleGenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
@@ -31,6 +33,7 @@ def lookup(city: str) -> str:
 
 def main() -> None:
     GoogleGenAIInstrumentor().instrument()
+    GoogleADKInstrumentor().instrument()  # each tool run a step, under the agent's name
     with FakeLLMServer(output_tokens=5, runaway=True) as server:
         os.environ.update(GOOGLE_GEMINI_BASE_URL=server.base_url, GOOGLE_API_KEY="fake")
         agent = Agent(name="Looper", model="gemini-2.5-flash", tools=[lookup])

@@ -4,8 +4,8 @@ boto3, streamed), contained with zero code, each in its own venv
 
 As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
 runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
-after the process exited: Strands' tool runs are steps too (2 model requests),
-ADK's are not hooked yet (3). google-adk pins
+after the process exited: Strands' and ADK's tool runs are steps too (2 model
+requests), and nothing is sent after the denial. google-adk pins
 ``opentelemetry-api<=1.44``: it must resolve beside us (the newest ADK, not a
 fallback to 1.x).
 """
@@ -64,17 +64,18 @@ def test_google_adk_resolves_beside_us(adk: Path) -> None:
 
 def test_google_adk_runaway_stops_at_max_steps(adk: Path, llm: FakeLLMServer) -> None:
     result = _adk(adk, llm, VERONICA_MAX_STEPS=str(STEPS))
-    assert llm.stats() == {"total": STEPS, "routes": {GEMINI: STEPS}}
+    assert llm.stats() == {"total": SENT, "routes": {GEMINI: SENT}}
     assert result["reason"] == "steps" and result["agent"] is None
 
 
 def test_google_adk_agent_limit_by_its_own_name(
     adk: Path, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
-    # ADK's spans carry gen_ai.agent.name: [agents."Looper"] applies with no hook.
-    policy = agent_policy(tmp_path, "Looper", 2)
+    # ADK's spans carry gen_ai.agent.name (its model requests), and its tool
+    # runs are Looper's steps (tool_context.agent_name): [agents."Looper"] applies.
+    policy = agent_policy(tmp_path, "Looper", STEPS)
     result = _adk(adk, llm, VERONICA_POLICY_FILE=policy)
-    assert llm.request_count == 2
+    assert llm.request_count == SENT
     assert result["agent"] == "Looper", result
 
 

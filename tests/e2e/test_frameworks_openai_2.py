@@ -3,8 +3,8 @@ LlamaIndex (one venv, :data:`tests._venvs.FRAMEWORKS_OPENAI_2`).
 
 As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
 runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
-after the process exited, the run ends with ours: crewAI's tool runs are steps
-too (2 model requests), LlamaIndex's are not hooked yet (3).
+after the process exited, the run ends with ours and nothing is sent after it:
+crewAI's and LlamaIndex's tool runs are steps too (2 model requests).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_crewai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> No
 
 def test_llama_index_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
     result, done = run_app(venv, "llama_index_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
-    assert llm.stats() == {"total": STEPS, "routes": {CHAT: STEPS}}, done.stderr
+    assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr
     assert all(r.body.get("stream") is True for r in llm.requests)  # it streams by default
     assert result["how"] == "itself", result
     assert result["reason"] == "steps"
@@ -65,5 +65,15 @@ def test_crewai_agent_limit_by_its_role(venv: Path, llm: FakeLLMServer, tmp_path
         VERONICA_POLICY_FILE=policy,
         CREWAI_DISABLE_TELEMETRY="true",
     )
+    assert llm.request_count == SENT, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["agent"] == "Looper", result
+
+
+def test_llama_index_agent_limit_by_its_name(
+    venv: Path, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    # FunctionAgent(name="Looper"): its model calls and its tool runs are Looper's.
+    policy = agent_policy(tmp_path, "Looper", STEPS)
+    result, done = run_app(venv, "llama_index_app.py", llm, VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result
