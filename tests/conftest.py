@@ -137,6 +137,10 @@ _ONE_WORKER = {
     "tests/e2e/test_jaeger.py": "jaeger",  # a Jaeger and a Collector
     "tests/e2e/test_grant_fanout.py": "grant_fanout",  # Valkey and two services
     "tests/e2e/test_two_services.py": "two_services",
+    # module fixtures that run subprocesses, their tests only read the result:
+    "tests/e2e/test_stainless_majors.py": "stainless_majors",  # one run per older SDK
+    "tests/e2e/test_release_build.py": "release_build",  # sdist and wheel built once
+    "tests/e2e/test_cli_errors.py": "cli_errors",  # one demo run
 }
 
 
