@@ -37,7 +37,7 @@ def messages_body(options: Any) -> Mapping[str, Any] | None:
     except Exception:
         _logger.exception("classifying an anthropic request failed; it is not contained")
         return None
-    return body if isinstance(body, Mapping) else None
+    return body if type(body) is dict or isinstance(body, Mapping) else None
 
 
 # A Request from its fields without NamedTuple's Python-level __new__ (once per call).

@@ -76,7 +76,7 @@ def hold(call: ContainedCall, result: Any) -> Any:
 
 def account(call: ContainedCall, data: Any) -> None:
     """Read one payload (a whole message, or a stream event) into ``call``."""
-    if not isinstance(data, Mapping):
+    if type(data) is not dict and not isinstance(data, Mapping):  # no ABC frame for a dict
         return
     kind = data.get("type")
     if call.pending_attributes is not None and kind != "content_block_delta":
