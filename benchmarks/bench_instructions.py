@@ -765,6 +765,12 @@ def main() -> int:
         "--skip", default="", help="comma-separated variants not to run (openai_floor,...)"
     )
     parser.add_argument(
+        "--only",
+        choices=("sdk", "no-sdk"),
+        help="only the pass with a TracerProvider, or only the one without (to run both "
+        "side by side)",
+    )
+    parser.add_argument(
         "--libraries", help="comma-separated subset of openai,anthropic (default: both)"
     )
     parser.add_argument(
@@ -824,14 +830,15 @@ def main() -> int:
         return emit(report)
     skip = frozenset(filter(None, args.skip.split(",")))
     python, peers = sys.executable, {}
-    if libraries and not args.no_peers and (args.peers or not args.quick):
+    with_peers = not args.no_peers and args.only != "no-sdk" and (args.peers or not args.quick)
+    if libraries and with_peers:
         chosen = (args.peers or ",".join(PEERS)).split(",")
         if not set(chosen) <= set(PEERS):
             parser.error(f"--peers: choose from {', '.join(PEERS)}, got {args.peers}")
         wanted = tuple(p for p in chosen if p.split("_", 1)[0] in libraries and p not in skip)
         python, peers, missing = _peers(python, wanted)
         report["peers"] = {"python": peers, "measured": list(peers), "missing": missing}
-    if libraries:
+    if libraries and args.only != "no-sdk":
         report.update(
             _measure(libraries, low, high, sdk=True, peers=peers, python=python, skip=skip)
         )
@@ -839,7 +846,7 @@ def main() -> int:
     # No SDK: the peers observe nothing; enforce over bare is what containment costs.
     # The other adapters run only here: their target is a share of the bare call.
     no_sdk = (*(() if args.quick else libraries), *adapters)
-    if no_sdk:
+    if no_sdk and args.only != "sdk":
         report["no_sdk"] = _measure(no_sdk, low, high, sdk=False, python=python, skip=skip)
         report["no_sdk_shares"] = _shares(report["no_sdk"])
     return emit(report)
