@@ -640,6 +640,8 @@ def _measure(
             for v in variants[library]
             if (v, high, sdk) in totals
         }
+        if "bare" not in per_call or "enforce" not in per_call:
+            continue  # left out (--skip)
         report[library] = _ratios(
             per_call, sdk, TARGETS_OVER_BARE.get(library, TARGET_OVER_BARE), library
         )
