@@ -11,22 +11,31 @@ are imported from it, so both measure the same thing):
 * ``openai_bare`` / ``openai_observe`` / ``openai_enforce``;
 * ``anthropic_bare`` (its tracing off) / ``anthropic_observe`` (its own
   CLIENT span) / ``anthropic_enforce`` (our instrumentor on top of it);
-* peers, each alone on a bare client (observe only, unless noted):
-  ``openai_contrib`` (the official ``opentelemetry-instrumentation-openai-v2``,
-  the instrumentor ours replaces, so the reference of the targets),
-  ``openai_openllmetry`` (OpenLLMetry's ``opentelemetry-instrumentation-openai``),
-  ``openai_openlit`` (``openlit.init``) and ``openai_litellm``
-  (``litellm.completion`` to the same server, with its in-process
-  ``max_budget``). They run from fresh venvs this script builds with
-  :mod:`tests._venvs` (cached between runs: the e2e tests' ``PEERS`` set, and
-  the same plus ``litellm``); when one is there, every openai variant runs in
-  it, so all share one set of package versions. A peer that could not be
-  installed or loaded is listed under ``missing`` with the reason. Peers run
-  in full runs, and with ``--quick`` only when ``--peers`` is given;
+* peers, each alone on a bare client (observe only, unless noted): the
+  official instrumentors, the reference of the targets: ``openai_contrib``
+  (``opentelemetry-instrumentation-openai-v2`` 2.4b0, the one ours replaces),
+  ``openai_genai`` and ``anthropic_genai`` (their successors,
+  ``opentelemetry-instrumentation-genai-openai`` and ``-genai-anthropic``
+  1.3b0; anthropic's on the client with the SDK's own tracing off, one span
+  a call); and ``openai_openllmetry`` (OpenLLMetry's
+  ``opentelemetry-instrumentation-openai``), ``openai_openlit``
+  (``openlit.init``) and ``openai_litellm`` (``litellm.completion`` to the
+  same server, with its in-process ``max_budget``). They run from fresh venvs
+  this script builds with :mod:`tests._venvs` (cached between runs: the e2e
+  tests' ``PEERS`` set, the same plus ``litellm``, and ``GENAI_PEERS``: the
+  successors need a newer ``opentelemetry-util-genai`` than openai-v2
+  allows); every other openai variant runs in the classic peers' venv when
+  there is one, so they share one set of package versions (the genai venv
+  has the same openai, anthropic and OpenTelemetry releases). A peer that
+  could not be installed or loaded is listed under ``missing`` with the
+  reason. Peers run in full runs, and with ``--quick`` only when ``--peers``
+  is given; ``--peers LIST`` picks some;
 * ``openai_span``: a bare SDK span around the call with the same sixteen
-  attributes as our openai call span (constant values), started, made current,
-  set in one call and ended by hand: what any instrumentor setting them pays
-  the SDK, the floor of the 0.6x target;
+  attributes as our openai call span (constant values), made the cheapest
+  public way (its first attributes given to ``start_span``, made current, the
+  rest set in one ``set_attributes``, ended by hand): what any instrumentor
+  making that span pays the SDK, the span floor of the targets (anthropic's
+  floor is ``anthropic_observe``, the SDK's own span that ours reuses);
 * ``openai_floor``: the observe-only wrapper that also sets, with constant
   values and in one call, the ``veronica.*`` attributes DESIGN.md requires
   on every call span (chain id, decision, cost).
@@ -66,11 +75,17 @@ containment itself costs.
 Reported per variant: instructions per call; ``added`` over ``bare``; and
 each variant's added instructions over the contrib instrumentor's added
 (``added_over_contrib_added``) and its instructions over a bare call's
-(``over_bare``); the targets: ``enforce`` adds at most 0.6x what ``contrib``
-adds (with an SDK), and with no SDK at most 1.0 % of a bare openai call
-and 2 % of every other library's and adapter's (issue 26): ``no_sdk_shares``
-has each share, its target and whether it is met, and the same table is
-printed on stderr.
+(``over_bare``). The targets (issue 26), with an SDK, against each official
+instrumentor (``ratios.over_official``, also a table on stderr): ours
+(observe + enforce: ``enforce`` over ``bare``) adds at most 0.8x what the
+official adds, and enforcement over the span floor (``enforce`` minus the
+floor) at most 0.2x; with no SDK, enforcing adds at most 1.0 % of a bare
+openai call and 2 % of every other library's and adapter's:
+``no_sdk_shares`` has each share, its target and whether it is met (for
+anthropic also over the SDK's default client, its own tracing on, which is
+the client ``enforce`` runs on), and the same table is printed on stderr.
+``--skip`` leaves variants out (``openai_observe,openai_floor``: the targets
+do not read them).
 Instructions are a proxy for CPU time, not a measurement of it: an
 instruction that misses the cache costs more than one that hits.
 
@@ -109,7 +124,10 @@ ROOT = HERE.parent.parent
 WARMUP_CALLS = 20
 DEFAULT_LOW, DEFAULT_HIGH = 20, 220
 QUICK_LOW, QUICK_HIGH = 1, 6
-TARGET_OVER_CONTRIB = 0.6
+# With an SDK (issue 26), against each official instrumentor's added instructions:
+# ours (observe + enforce) at most 0.8x; enforcement over the span floor at most 0.2x.
+TARGET_OURS_OVER_OFFICIAL = 0.8
+TARGET_ENFORCEMENT_OVER_OFFICIAL = 0.2
 TARGET_OVER_BARE = 0.02
 # No TracerProvider: what enforcing may add, as a share of the bare call (issue 26):
 # openai 1.0 %, every other library and adapter TARGET_OVER_BARE.
@@ -120,7 +138,19 @@ VARIANTS = {
     "anthropic": ("anthropic_bare", "anthropic_observe", "anthropic_enforce"),
 }
 SDK_LIBRARIES = ("openai", "anthropic")
-PEERS = ("openai_contrib", "openai_openllmetry", "openai_openlit", "openai_litellm")
+PEERS = (
+    "openai_contrib",
+    "openai_genai",
+    "openai_openllmetry",
+    "openai_openlit",
+    "openai_litellm",
+    "anthropic_genai",
+)
+# The official instrumentors of each library (their kinds): the targets' reference.
+OFFICIAL = {"openai": ("contrib", "genai"), "anthropic": ("genai",)}
+# What our call span rides on, per library: the span floor of the targets (anthropic:
+# the SDK's own span, which ours reuses; openai: the cheapest SDK span like ours).
+FLOOR = {"openai": "span", "anthropic": "observe"}
 PROMPT = "Say hello in five words."
 _I_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
@@ -200,7 +230,7 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: b
         return _adapter_child(library, kind, calls, anthropic_url)  # the server's root
     server = SimpleNamespace(openai_base_url=openai_url, anthropic_base_url=anthropic_url)
     if variant in PEERS:
-        return _peer_child(bench, kind, calls, server)
+        return _peer_child(bench, variant, calls, server)
     # The floors wrap a bare client themselves.
     client_kind = "bare" if kind in ("floor", "span") else kind
     anthropic_instrumentor = None
@@ -238,9 +268,9 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: b
     return 0
 
 
-def _peer_child(bench: Any, kind: str, calls: int, server: Any) -> int:
-    """One peer on a bare openai client (litellm: its own ``completion``)."""
-    call = _peer_call(bench, kind, server)
+def _peer_child(bench: Any, variant: str, calls: int, server: Any) -> int:
+    """One peer on a bare client (litellm: its own ``completion``)."""
+    call = _peer_call(bench, variant, server)
     with bench._make_context() as ctx:  # our instrumentor is off: the chain sees nothing
         for _ in range(WARMUP_CALLS):
             call()
@@ -251,11 +281,22 @@ def _peer_child(bench: Any, kind: str, calls: int, server: Any) -> int:
             call()
         gc.enable()
         if ctx.snapshot().steps != 0:
-            raise SystemExit(f"{kind}: our instrumentor was active")
+            raise SystemExit(f"{variant}: our instrumentor was active")
     return 0
 
 
-def _peer_call(bench: Any, kind: str, server: Any) -> Any:
+def _peer_call(bench: Any, variant: str, server: Any) -> Any:
+    kind = variant.split("_", 1)[1]
+    if variant == "anthropic_genai":
+        # The official one (opentelemetry-python-genai), on the client with the
+        # SDK's own tracing off: one span per call, as ours makes one.
+        from opentelemetry.instrumentation.genai.anthropic import (
+            AnthropicInstrumentor as GenAIAnthropic,
+        )
+
+        GenAIAnthropic().instrument()
+        (anthropic_bare,) = bench._anthropic_variants(server, ("bare",))
+        return anthropic_bare.call
     if kind == "litellm":
         os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # no fetch of its price map
         import litellm
@@ -277,6 +318,10 @@ def _peer_call(bench: Any, kind: str, server: Any) -> Any:
         from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
 
         OpenAIInstrumentor().instrument()
+    elif kind == "genai":  # contrib openai-v2's successor
+        from opentelemetry.instrumentation.genai.openai import OpenAIInstrumentor as GenAIOpenAI
+
+        GenAIOpenAI().instrument()
     elif kind == "openllmetry":
         from opentelemetry.instrumentation.openai import OpenAIInstrumentor as OpenLLMetry
 
@@ -466,35 +511,43 @@ def _peer_venvs() -> list[tuple[str, tuple[tuple[str, ...], ...], tuple[str, ...
     sys.path.insert(0, str(ROOT))
     from tests import _venvs
 
+    classic = ("openai_contrib", "openai_openllmetry", "openai_openlit")
     return [
-        ("bench-litellm", (*_venvs.PEERS, ("litellm!=1.107.0",)), PEERS),
-        ("peers", _venvs.PEERS, PEERS[:3]),
+        ("genai", _venvs.GENAI_PEERS, ("openai_genai", "anthropic_genai")),
+        ("bench-litellm", (*_venvs.PEERS, ("litellm!=1.107.0",)), (*classic, "openai_litellm")),
+        ("peers", _venvs.PEERS, classic),
     ]
 
 
-def _peer_python() -> tuple[str | None, tuple[str, ...], dict[str, str]]:
-    """The Python every openai variant runs with, the peers it has, and what is missing."""
+def _peer_pythons(wanted: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
+    """The Python each wanted peer runs with (the first venv holding it that
+    builds), and the peers with none, with the reason."""
     recipes = _peer_venvs()  # puts the checkout on the path
     from tests import _venvs
 
+    found: dict[str, str] = {}
     missing: dict[str, str] = {}
     for name, recipe, holds in recipes:
+        needed = [p for p in holds if p in wanted and p not in found]
+        if not needed:
+            continue
         try:
             venv = _venvs.venv(name, recipe)
         except subprocess.CalledProcessError as exc:
             reason = _venvs.build_error(exc)
-            for peer in holds:
+            for peer in needed:
                 missing.setdefault(peer, f"venv {name!r} did not build: {reason}")
             continue
         except subprocess.TimeoutExpired:
-            for peer in holds:
+            for peer in needed:
                 missing.setdefault(peer, f"venv {name!r} took too long to build")
             continue
-        for peer in PEERS:
-            if peer not in holds:
-                missing.setdefault(peer, "not in any venv that built")
-        return str(venv / "bin" / "python"), holds, {p: missing[p] for p in PEERS if p not in holds}
-    return None, (), missing
+        for peer in needed:
+            found[peer] = str(venv / "bin" / "python")
+    for peer in wanted:
+        if peer not in found:
+            missing.setdefault(peer, "not in any venv that built")
+    return found, {p: missing[p] for p in wanted if p in missing}
 
 
 def _loads(python: str, variant: str, server: FakeLLMServer) -> str | None:
@@ -550,20 +603,28 @@ def _measure(
     low: int,
     high: int,
     sdk: bool,
-    peers: tuple[str, ...] = (),
+    peers: dict[str, str] | None = None,
     python: str = sys.executable,
+    skip: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    # No SDK: every span is a no-op, so there is no telemetry floor to measure.
-    variants = {lib: (*VARIANTS[lib], *(peers if lib == "openai" else ())) for lib in libraries}
+    peers = peers or {}
+    variants = {
+        lib: (*VARIANTS[lib], *(p for p in peers if p.startswith(f"{lib}_"))) for lib in libraries
+    }
     jobs = [
         (v, n, sdk)
         for lib in libraries
         for v in variants[lib]
-        if sdk or not v.endswith(("_floor", "_span"))
+        # No SDK: every span is a no-op, so there is no telemetry floor to measure.
+        if (sdk or not v.endswith(("_floor", "_span"))) and v not in skip
         for n in (low, high)
     ]
-    # Every openai variant in one environment (the peers' venv when there is one).
-    pythons = {v: python if v.startswith("openai_") else sys.executable for v, _, _ in jobs}
+    # Every openai variant but a peer of its own venv in one environment (the
+    # classic peers' venv when there is one); each peer in the venv that holds it.
+    pythons = {
+        v: peers.get(v) or (python if v.startswith("openai_") else sys.executable)
+        for v, _, _ in jobs
+    }
     with FakeLLMServer(output_tokens=OUTPUT_TOKENS) as server:
         with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
             counts = pool.map(lambda job: _count(*job, server, pythons[job[0]]), jobs)
@@ -579,7 +640,11 @@ def _measure(
             for v in variants[library]
             if (v, high, sdk) in totals
         }
-        report[library] = _ratios(per_call, sdk, TARGETS_OVER_BARE.get(library, TARGET_OVER_BARE))
+        if "bare" not in per_call or "enforce" not in per_call:
+            continue  # left out (--skip)
+        report[library] = _ratios(
+            per_call, sdk, TARGETS_OVER_BARE.get(library, TARGET_OVER_BARE), library
+        )
     return report
 
 
@@ -602,7 +667,10 @@ def _dry_run(libraries: tuple[str, ...]) -> dict[str, str]:
 
 
 def _ratios(
-    per_call: dict[str, float], sdk: bool, target_over_bare: float = TARGET_OVER_BARE
+    per_call: dict[str, float],
+    sdk: bool,
+    target_over_bare: float = TARGET_OVER_BARE,
+    library: str = "openai",
 ) -> dict[str, Any]:
     bare = per_call["bare"]
     added = {k: v - bare for k, v in per_call.items() if k != "bare"}
@@ -621,18 +689,17 @@ def _ratios(
         ratios["floor_added_over_observe_added"] = _round(added["floor"] / observe_added)
         ratios["enforce_minus_floor"] = round(enforce_added - added["floor"])
     contrib_added = added.get("contrib")
-    over_contrib = None
     if contrib_added is not None and contrib_added > 0:
         ratios["added_over_contrib_added"] = {
             k: _round(v / contrib_added) for k, v in added.items()
         }
-        over_contrib = enforce_added / contrib_added
     targets: dict[str, Any] = {}
     if sdk:
-        targets["enforce_added_over_contrib_added_max"] = TARGET_OVER_CONTRIB
-        targets["met_over_contrib"] = (
-            None if over_contrib is None else over_contrib <= TARGET_OVER_CONTRIB
-        )
+        floor = per_call.get(FLOOR.get(library, "span"))
+        ratios["over_official"] = over = _over_official(per_call, added, floor, library)
+        targets["ours_added_over_official_added_max"] = TARGET_OURS_OVER_OFFICIAL
+        targets["enforcement_over_floor_over_official_added_max"] = TARGET_ENFORCEMENT_OVER_OFFICIAL
+        targets["met"] = {name: row["met"] for name, row in over.items()}
     else:
         targets["enforce_added_over_bare_max"] = target_over_bare
         targets["met_over_bare"] = enforce_added / bare <= target_over_bare
@@ -642,6 +709,33 @@ def _ratios(
         "ratios": ratios,
         "targets": targets,
     }
+
+
+def _over_official(
+    per_call: dict[str, float], added: dict[str, float], floor: float | None, library: str
+) -> dict[str, Any]:
+    """Ours against each official instrumentor of ``library`` (issue 26): what
+    ours adds in all (observe + enforce) over what the official adds, and what
+    enforcement adds over the span floor (the span ours rides on) over the same."""
+    rows: dict[str, Any] = {}
+    for name in OFFICIAL.get(library, ()):
+        official = added.get(name)
+        if official is None or official <= 0:
+            continue
+        ours = added["enforce"] / official
+        enforcement = None if floor is None else per_call["enforce"] - floor
+        over_floor = None if enforcement is None else enforcement / official
+        rows[name] = {
+            "official_added": round(official),
+            "ours_added": round(added["enforce"]),
+            "enforcement_over_floor": None if enforcement is None else round(enforcement),
+            "ours_added_over_official_added": _round(ours),
+            "enforcement_over_floor_over_official_added": _round(over_floor),
+            "met": ours <= TARGET_OURS_OVER_OFFICIAL
+            and over_floor is not None
+            and over_floor <= TARGET_ENFORCEMENT_OVER_OFFICIAL,
+        }
+    return rows
 
 
 def _round(value: float | None) -> float | None:
@@ -663,9 +757,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="openai only, a few calls")
     parser.add_argument(
-        "--peers", action="store_true", help="with --quick: the peer instrumentors too"
+        "--peers",
+        nargs="?",
+        const=",".join(PEERS),
+        help=f"only these peers (default: all of {','.join(PEERS)}); with --quick: the peers too",
     )
     parser.add_argument("--no-peers", action="store_true", help="no peer instrumentors")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated variants not to run (openai_floor,...)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("sdk", "no-sdk"),
+        help="only the pass with a TracerProvider, or only the one without (to run both "
+        "side by side)",
+    )
     parser.add_argument(
         "--libraries", help="comma-separated subset of openai,anthropic (default: both)"
     )
@@ -724,17 +830,26 @@ def main() -> int:
     if shutil.which("valgrind") is None:
         report["skipped"] = "valgrind is not installed (Debian: apt-get install valgrind)"
         return emit(report)
-    python, peers = sys.executable, ()
-    if "openai" in libraries and not args.no_peers and (args.peers or not args.quick):
-        python, peers, missing = _peers(python)
-        report["peers"] = {"python": python, "measured": list(peers), "missing": missing}
-    if libraries:
-        report.update(_measure(libraries, low, high, sdk=True, peers=peers, python=python))
+    skip = frozenset(filter(None, args.skip.split(",")))
+    python, peers = sys.executable, {}
+    with_peers = not args.no_peers and args.only != "no-sdk" and (args.peers or not args.quick)
+    if libraries and with_peers:
+        chosen = (args.peers or ",".join(PEERS)).split(",")
+        if not set(chosen) <= set(PEERS):
+            parser.error(f"--peers: choose from {', '.join(PEERS)}, got {args.peers}")
+        wanted = tuple(p for p in chosen if p.split("_", 1)[0] in libraries and p not in skip)
+        python, peers, missing = _peers(python, wanted)
+        report["peers"] = {"python": peers, "measured": list(peers), "missing": missing}
+    if libraries and args.only != "no-sdk":
+        report.update(
+            _measure(libraries, low, high, sdk=True, peers=peers, python=python, skip=skip)
+        )
+        _print_officials(report)
     # No SDK: the peers observe nothing; enforce over bare is what containment costs.
     # The other adapters run only here: their target is a share of the bare call.
     no_sdk = (*(() if args.quick else libraries), *adapters)
-    if no_sdk:
-        report["no_sdk"] = _measure(no_sdk, low, high, sdk=False, python=python)
+    if no_sdk and args.only != "sdk":
+        report["no_sdk"] = _measure(no_sdk, low, high, sdk=False, python=python, skip=skip)
         report["no_sdk_shares"] = _shares(report["no_sdk"])
     return emit(report)
 
@@ -753,6 +868,18 @@ def _shares(no_sdk: dict[str, Any]) -> dict[str, Any]:
             "target_pct": round(100 * target, 2),
             "met": row["targets"]["met_over_bare"],
         }
+        default = row["instructions_per_call"].get("observe")
+        if library == "anthropic" and default:
+            # Its bare variant has the SDK's own tracing off; enforce runs on the
+            # default client (tracing on: a no-op span with no TracerProvider),
+            # so this is what enforcing adds to the call a user makes by default.
+            over_default = row["instructions_per_call"]["enforce"] - default
+            shares[library]["default_client"] = {
+                "added": round(over_default),
+                "bare": round(default),
+                "share_pct": round(100 * over_default / default, 2),
+                "met": over_default / default <= target,
+            }
     lines = ["no TracerProvider: enforce added / bare call"]
     for library, share in shares.items():
         verdict = "met" if share["met"] else "NOT met"
@@ -760,21 +887,44 @@ def _shares(no_sdk: dict[str, Any]) -> dict[str, Any]:
             f"  {library:<10} {share['added']:>9,} / {share['bare']:>11,} = "
             f"{share['share_pct']:5.2f} %  (target <= {share['target_pct']:.1f} %: {verdict})"
         )
+        default = share.get("default_client")
+        if default is not None:
+            lines.append(
+                f"  {'  default':<10} {default['added']:>9,} / {default['bare']:>11,} = "
+                f"{default['share_pct']:5.2f} %  (over the SDK's default client, its "
+                "own tracing on)"
+            )
     print("\n".join(lines), file=sys.stderr)
     return shares
 
 
-def _peers(python: str) -> tuple[str, tuple[str, ...], dict[str, str]]:
-    """The venv's Python and the peers that load in it; the rest with the reason."""
-    venv_python, holds, missing = _peer_python()
-    if venv_python is None:
-        return python, (), missing
+def _print_officials(report: dict[str, Any]) -> None:
+    """The with-SDK targets as a table on stderr (stdout: JSON)."""
+    lines = ["with a TracerProvider: ours against each official instrumentor"]
+    for library in SDK_LIBRARIES:
+        for name, row in report.get(library, {}).get("ratios", {}).get("over_official", {}).items():
+            lines.append(
+                f"  {library}/{name:<8} official adds {row['official_added']:>9,}; ours "
+                f"{row['ours_added']:>9,} = {row['ours_added_over_official_added']:.2f}x "
+                f"(<= {TARGET_OURS_OVER_OFFICIAL}x); enforcement over the floor "
+                f"{row['enforcement_over_floor']:>9,} = "
+                f"{row['enforcement_over_floor_over_official_added']:.2f}x "
+                f"(<= {TARGET_ENFORCEMENT_OVER_OFFICIAL}x)"
+            )
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _peers(python: str, wanted: tuple[str, ...]) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The Python the openai variants run with (the classic peers' venv when it
+    built), each peer that loads with its venv's Python, and the rest with the reason."""
+    found, missing = _peer_pythons(wanted)
     with FakeLLMServer(output_tokens=OUTPUT_TOKENS) as server:
-        for peer in holds:
+        for peer, venv_python in found.items():
             reason = _loads(venv_python, peer, server)
             if reason is not None:
                 missing[peer] = f"did not run: {reason}"
-    return venv_python, tuple(p for p in holds if p not in missing), missing
+    peers = {p: found[p] for p in wanted if p in found and p not in missing}
+    return peers.get("openai_contrib", python), peers, missing
 
 
 if __name__ == "__main__":

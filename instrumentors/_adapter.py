@@ -556,22 +556,44 @@ def _settle(adapter: ProviderAdapter, call: ContainedCall, reply: Any, is_async:
     return reply
 
 
-def wrapper(adapter: ProviderAdapter, method: str, is_async: bool = False) -> Callable[..., Any]:
+def wrapper(
+    adapter: ProviderAdapter,
+    method: str,
+    is_async: bool = False,
+    otherwise: Callable[..., Any] | None = None,
+) -> Callable[..., Any]:
     """The ``wrapt`` wrapper that contains one SDK method through ``adapter``.
 
     ``method`` names the hooked method to :meth:`ProviderAdapter.read_request`
     (one adapter reads several). ``is_async``: the method returns an awaitable.
+    ``otherwise``: a ``wrapt`` wrapper for the calls ``adapter`` does not admit
+    (another endpoint of the SDK, no chain), unless one of ``adapter``'s own
+    calls is running (it sends them as part of itself); None: sent as they are.
     """
-    return _async_wrapper(adapter, method) if is_async else _sync_wrapper(adapter, method)
+    if is_async:
+        return _async_wrapper(adapter, method, otherwise)
+    return _sync_wrapper(adapter, method, otherwise)
 
 
-def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
+def _passes(adapter: ProviderAdapter, otherwise: Callable[..., Any] | None) -> bool:
+    """Whether a call ``adapter`` did not admit is sent as it is (not to ``otherwise``)."""
+    if otherwise is None:
+        return True
+    call = ADMITTED.get()
+    return call is not None and call.adapter is adapter
+
+
+def _async_wrapper(
+    adapter: ProviderAdapter, method: str, otherwise: Callable[..., Any] | None
+) -> Callable[..., Any]:
     async def acontained(
         wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         described = _describe(adapter, instance, args, kwargs, method)
         if described is None:
-            return await wrapped(*args, **kwargs)
+            if _passes(adapter, otherwise):
+                return await wrapped(*args, **kwargs)
+            return await otherwise(wrapped, instance, args, kwargs)  # type: ignore[misc]
         ctx, request, spec, span, owns, current = described
         span_token = _attach(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
@@ -615,13 +637,17 @@ def _async_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
     return acontained
 
 
-def _sync_wrapper(adapter: ProviderAdapter, method: str) -> Callable[..., Any]:
+def _sync_wrapper(
+    adapter: ProviderAdapter, method: str, otherwise: Callable[..., Any] | None
+) -> Callable[..., Any]:
     def contained(
         wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         described = _describe(adapter, instance, args, kwargs, method)
         if described is None:
-            return wrapped(*args, **kwargs)
+            if _passes(adapter, otherwise):
+                return wrapped(*args, **kwargs)
+            return otherwise(wrapped, instance, args, kwargs)  # type: ignore[misc]
         ctx, request, spec, span, owns, current = described
         # Current from admission until the SDK returns: a denial's trip event
         # lands on this span, and HTTP spans nest under it (a span not ours

@@ -37,7 +37,11 @@ def messages_body(options: Any) -> Mapping[str, Any] | None:
     except Exception:
         _logger.exception("classifying an anthropic request failed; it is not contained")
         return None
-    return body if isinstance(body, Mapping) else None
+    return body if type(body) is dict or isinstance(body, Mapping) else None
+
+
+# A Request from its fields without NamedTuple's Python-level __new__ (once per call).
+_request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
 
 def read_request(body: Mapping[str, Any]) -> Request:
@@ -55,17 +59,23 @@ def read_request(body: Mapping[str, Any]) -> Request:
         hidden = hidden_input_tokens(
             PROVIDER, model, input_bound(parts, n_messages), extra, server_side
         )
-    return Request(
-        "chat",
-        model,
-        parts,
-        n_messages,
-        cap if isinstance(cap, int) and not isinstance(cap, bool) else None,
-        True,
-        1,
-        body.get("stream") is True,
-        hidden,
-        cache_writes=cache_writes,
+    return _request_of(
+        Request,
+        (
+            "chat",
+            model,
+            parts,
+            n_messages,
+            cap if type(cap) is int or (isinstance(cap, int) and type(cap) is not bool) else None,
+            True,
+            1,
+            body.get("stream") is True,
+            hidden,
+            None,  # attributes
+            None,  # provider: the adapter's
+            True,  # priced
+            cache_writes,
+        ),
     )
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from veronica_otel._gc_safe import defer
+from veronica_otel._units import MAX_COUNT
 
 from ._anthropic_attributes import response_attributes
 from ._common import (
@@ -20,6 +21,7 @@ from ._common import (
     token_count,
 )
 from ._http_libs import bind
+from ._openai_response import _result_types
 
 # The logger users filter on, as before this module was split out of anthropic.py.
 _logger = logging.getLogger(__name__.rpartition(".")[0] + ".anthropic")
@@ -47,9 +49,7 @@ def _usage_of(call: ContainedCall) -> _Usage:
 
 def hold(call: ContainedCall, result: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
-    from anthropic import AsyncStream, Stream
-    from pydantic import BaseModel
-
+    Stream, AsyncStream, BaseModel = _result_types("anthropic")
     if isinstance(result, Stream):
         bind(call, result.response)
         return ContainedStream(result, call, no_item)
@@ -76,7 +76,7 @@ def hold(call: ContainedCall, result: Any) -> Any:
 
 def account(call: ContainedCall, data: Any) -> None:
     """Read one payload (a whole message, or a stream event) into ``call``."""
-    if not isinstance(data, Mapping):
+    if type(data) is not dict and not isinstance(data, Mapping):  # no ABC frame for a dict
         return
     kind = data.get("type")
     if call.pending_attributes is not None and kind != "content_block_delta":
@@ -93,8 +93,7 @@ def account(call: ContainedCall, data: Any) -> None:
         _apply(call)
     elif kind in ("message_stop", "message"):
         if kind == "message":  # a whole message (not streamed)
-            _read_usage(call, data.get("usage"))
-            _apply(call)
+            _whole_usage(call, data.get("usage"))
         # Settle now: the SDK ends its span when the body ends, right after.
         call.finish()
         return
@@ -104,6 +103,29 @@ def account(call: ContainedCall, data: Any) -> None:
 def _delta(call: ContainedCall, delta: Any) -> None:
     if isinstance(delta, Mapping) and delta.get("type") == "text_delta":
         call.add_text(str(delta.get("text") or ""))
+
+
+def _whole_usage(call: ContainedCall, usage: Any) -> None:
+    """A whole message's usage, read and applied at once (:func:`_read_usage`
+    then :func:`_apply`, without their frames when every count is a plain one)."""
+    if type(usage) is dict and call.reading is None and not usage.get("output_tokens_details"):
+        get = usage.get
+        inp, out = get("input_tokens"), get("output_tokens")
+        read, write = get("cache_read_input_tokens") or 0, get("cache_creation_input_tokens") or 0
+        if (
+            type(inp) is int
+            and type(out) is int
+            and type(read) is int
+            and type(write) is int
+            and 0 <= inp <= MAX_COUNT
+            and 0 <= out <= MAX_COUNT
+            and 0 <= read <= MAX_COUNT
+            and 0 <= write <= MAX_COUNT
+        ):
+            call.set_usage(inp + read + write, out, read, 0, write)
+            return
+    _read_usage(call, usage)
+    _apply(call)
 
 
 def _read_usage(call: ContainedCall, usage: Any) -> None:

@@ -88,14 +88,25 @@ def _status(response: Any) -> object:
 
 
 def _report(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call.note_send()  # a retry over the chain's limits raises here, before the send
+    # Every sync attempt of every adapter passes here: the first attempt's
+    # note_send and each reply's note_reply(_status(...)) are inline.
+    if call.sends:
+        call.note_send()  # a retry over the chain's limits raises here, before the send
+    else:  # the first attempt: nothing to draw or re-check
+        call.attempts += 1
+        call.sends = 1
     try:
         response = wrapped(*args, **kwargs)
     except BaseException as exc:
         if never_sent(exc):
             call.note_unsent()
         raise
-    call.note_reply(_status(response))
+    call.replies += 1
+    status = getattr(response, "status_code", None)
+    if status is None:
+        status = getattr(response, "status", None)
+    if type(status) is int and 200 <= status < 300:
+        call.billed_replies += 1
     return response
 
 

@@ -48,7 +48,7 @@ from veronica_otel._pricing import PriceTable
 from veronica_otel._propagation import default_context
 from veronica_otel._unit_prices import request_bound_cents
 
-from ._adapter import ADMITTED, ProviderAdapter, Request, wrapper
+from ._adapter import ProviderAdapter, Request, wrapper
 from ._admit import input_bound
 from ._batch_file import BATCH_DISCOUNT, batch_cents, read_upload, remember
 from ._bounds import how_to_bound, price_table
@@ -521,35 +521,8 @@ def routed(adapter: ProviderAdapter, table: _Table, is_async: bool = False) -> C
     it passes through: every other billable endpoint, or a free one.
 
     A call the adapter admitted is a token call: it goes out with no second
-    look at the table (the request's route is read once before each LLM call).
+    look at the table (the request's route is read once before each LLM call),
+    and no frame of the router's own stands between it and the SDK.
     """
-    token = wrapper(adapter, "request", is_async)
     endpoint, aendpoint = endpoint_call(table, adapter.provider)
-
-    def _admitted_here() -> bool:
-        call = ADMITTED.get()
-        return call is not None and call.adapter is adapter
-
-    if is_async:
-
-        async def arequest(
-            wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-        ) -> Any:
-            async def through(*a: Any, **k: Any) -> Any:
-                if _admitted_here():
-                    return await wrapped(*a, **k)
-                return await aendpoint(wrapped, instance, a, k)
-
-            return await token(through, instance, args, kwargs)
-
-        return arequest
-
-    def request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        def through(*a: Any, **k: Any) -> Any:
-            if _admitted_here():
-                return wrapped(*a, **k)
-            return endpoint(wrapped, instance, a, k)
-
-        return token(through, instance, args, kwargs)
-
-    return request
+    return wrapper(adapter, "request", is_async, aendpoint if is_async else endpoint)

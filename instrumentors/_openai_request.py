@@ -116,6 +116,10 @@ def _prompts(prompt: object) -> int:
     return len(prompt)
 
 
+# A Request from its fields without NamedTuple's Python-level __new__ (once per call).
+_request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
+
+
 def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> Request | None:
     """The call ``options`` describes (the SDK's ``FinalRequestOptions``); None
     when it is not a billable call of a route we know (passed through)."""
@@ -139,16 +143,23 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
             hidden = hidden_input_tokens(provider, model, bound, extra, server_side)
         if operation == "text_completion":  # each prompt of a list is a completion of its own
             choices *= _prompts(body.get("prompt"))
-    return Request(
-        operation,
-        model,
-        parts,
-        n_messages,
-        _requested_cap(body, cap_keys)[0],
-        bool(cap_keys),
-        choices,
-        stream_kwarg or body.get("stream") is True,
-        hidden,
+    return _request_of(
+        Request,
+        (
+            operation,
+            model,
+            parts,
+            n_messages,
+            _requested_cap(body, cap_keys)[0],
+            bool(cap_keys),
+            choices,
+            stream_kwarg or body.get("stream") is True,
+            hidden,
+            None,  # attributes
+            None,  # provider: the adapter's
+            True,  # priced
+            True,  # cache_writes
+        ),
     )
 
 

@@ -57,10 +57,13 @@ def is_parsed(reply: Any) -> bool:
 
 def hold(package: str, call: ContainedCall, result: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
+    Stream, AsyncStream, BaseModel = _result_types(package)
     if call.usage_seen:
+        known = type(result) in _MODEL_TYPES
+        if not known and len(_MODEL_TYPES) < 256 and isinstance(result, BaseModel):
+            _MODEL_TYPES.add(type(result))  # then is_parsed: settled without this frame
         call.finish()
         return result
-    Stream, AsyncStream, BaseModel = _result_types(package)
     if isinstance(result, BaseModel):
         if len(_MODEL_TYPES) < 256:  # pydantic isinstance is a Python-level ABC check
             _MODEL_TYPES.add(type(result))

@@ -82,7 +82,7 @@ from typing import Any
 
 from veronica_otel._errors import BudgetExceededError
 
-from ._adapter import Request
+from ._adapter import ADMITTED, Request
 from ._anthropic_attributes import request_attributes
 from ._anthropic_request import PROVIDER, messages_body, read_request, rewritten
 from ._anthropic_response import account, hold
@@ -182,10 +182,11 @@ def _retries_taken(kwargs: dict[str, Any]) -> int:
 
 
 def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = in_flight(_ADAPTER)
-    if call is not None:
+    call = ADMITTED.get()  # in_flight(_ADAPTER), inline: every attempt passes here
+    if call is not None and call.adapter is _ADAPTER:
         # Raised without a __cause__: the SDK does not retry it; nothing is sent.
-        retry = call.begin_try(_retries_taken(kwargs))
+        taken = kwargs.get("retries_taken", 0)
+        retry = call.begin_try(taken if type(taken) is int else 0)
         try:
             call.check_alive()
         except BudgetExceededError as exc:

@@ -205,6 +205,17 @@ PEERS: tuple[tuple[str, ...], ...] = (
     ("--no-deps", "openlit==1.45.0"),
 )
 
+# The official GenAI instrumentors' successors (opentelemetry-python-genai),
+# beside ours: they need a newer opentelemetry-util-genai than openai-v2 2.4b0
+# allows, so they get a venv of their own (bench_instructions' genai peers).
+GENAI_PEERS: tuple[tuple[str, ...], ...] = (
+    (
+        f"{OURS}[openai,anthropic]",
+        "opentelemetry-instrumentation-genai-openai==1.3b0",
+        "opentelemetry-instrumentation-genai-anthropic==1.3b0",
+    ),
+)
+
 # The official contrib instrumentor alone (no veronica-otel), at the SDK and
 # OpenTelemetry versions of the project's own environment: what its spans
 # carry for a call is the reference our call spans are checked against.
