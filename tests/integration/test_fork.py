@@ -258,6 +258,7 @@ LOCK_USERS: dict[str, tuple[Callable[[], Any], Callable[[], object]]] = {
 @pytest.mark.parametrize("which", sorted(LOCK_USERS))
 def test_module_locks_held_at_fork_are_made_anew_in_the_child(which: str) -> None:
     lock_of, use = LOCK_USERS[which]
+    use()  # imports and loads done here: the child's only wait is the lock
     lock = lock_of()
     holding, release = threading.Event(), threading.Event()
 
