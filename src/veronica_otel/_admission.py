@@ -199,7 +199,10 @@ class Admission:
             ):
                 # In process, a root with no policies (so no agent lookups) and
                 # no pools: the ledger's one-level reservation.
-                reservation = fast[0].reserve(self._path, cost_nano, tokens)
+                level = fast[1]
+                reservation = fast[0].plain_step(
+                    level.chain_id, level.limits, cost_nano, tokens
+                ) or fast[0].reserve(self._path, cost_nano, tokens)
             else:
                 if self._agent_lookups or _agents._limited_in_code:
                     agents = self._trips.agent_path()

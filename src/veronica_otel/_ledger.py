@@ -333,40 +333,51 @@ class LocalLedger:
             and clamp is None
             and len(path) == 1
         ):
-            # The common call (one root level, a plain step) in a few
-            # comparisons: _check's for a step with no retry and no signature.
-            # Anything unusual (a new chain, a trip, an override, a denial)
-            # goes the general way below, which re-checks under the lock (and
-            # tells a sticky trip from a denial that only calls in flight cause).
             level = path[0]
-            limits = level.limits
-            with self._lock:
-                state = self._chains.get(level.chain_id)
-                if state is not None and state.trip is None and state.override is None:
-                    count = state.steps + 1
-                    if (
-                        (limits.steps is None or count <= limits.steps)
-                        and (
-                            limits.tokens is None
-                            or state.tokens + state.reserved_tokens + tokens <= limits.tokens
-                        )
-                        and (
-                            limits.cost_nano is None
-                            or state.cost_nano + state.reserved_nano + cost_nano <= limits.cost_nano
-                        )
-                    ):
-                        state.steps = count
-                        state.reserved_nano += cost_nano
-                        state.reserved_tokens += tokens
-                        held = self._one
-                        if held.cost_nano != cost_nano or held.tokens != tokens:
-                            held = self._one = Reservation("", cost_nano, tokens, 1, False)
-                        return held
+            held = self.plain_step(level.chain_id, level.limits, cost_nano, tokens)
+            if held is not None:
+                return held
         count = step_count(steps) if step else 0
         with self._lock:
             if clamp is not None:
                 cost_nano, tokens = self._size(path, pools, clamp)
             return self._reserve_locked(path, cost_nano, tokens, count, retry, signature, pools)
+
+    def plain_step(
+        self, chain_id: str, limits: Limits, cost_nano: int, tokens: int
+    ) -> Reservation | None:
+        """The common call of :meth:`reserve` (one root level, a plain step, no
+        retry, signature, pools or clamp) in a few comparisons, or ``None``:
+        anything unusual (a new chain, a trip, an override, a denial) goes
+        :meth:`reserve`'s general way, which re-checks under the lock (and
+        tells a sticky trip from a denial that only calls in flight cause).
+        The kernel's hot path calls it directly, then :meth:`reserve` on
+        ``None``; the checks are ``_check``'s for such a step.
+        """
+        with self._lock:
+            state = self._chains.get(chain_id)
+            if state is None or state.trip is not None or state.override is not None:
+                return None
+            count = state.steps + 1
+            if (
+                (limits.steps is None or count <= limits.steps)
+                and (
+                    limits.tokens is None
+                    or state.tokens + state.reserved_tokens + tokens <= limits.tokens
+                )
+                and (
+                    limits.cost_nano is None
+                    or state.cost_nano + state.reserved_nano + cost_nano <= limits.cost_nano
+                )
+            ):
+                state.steps = count
+                state.reserved_nano += cost_nano
+                state.reserved_tokens += tokens
+                held = self._one
+                if held.cost_nano != cost_nano or held.tokens != tokens:
+                    held = self._one = Reservation("", cost_nano, tokens, 1, False)
+                return held
+        return None
 
     def _size(
         self, path: Sequence[Level], pools: Sequence[PoolLevel], clamp: OutputClamp
