@@ -427,9 +427,14 @@ class ContainedCall:
         breaker = self.breaker
         if breaker is not None:
             if error is None and sent:  # the common case, without _feed_breaker's frame
-                # A closed breaker with no failures has nothing to reset:
-                # record_success's own first test, without its frame.
-                if breaker._state is not _CLOSED or breaker._failures:
+                # A closed in-process breaker with no failures has nothing to
+                # reset: record_success's own first test, without its frame. A
+                # store-backed breaker (Redis) keeps its state in the store.
+                if (
+                    type(breaker) is not CircuitBreaker
+                    or breaker._state is not _CLOSED
+                    or breaker._failures
+                ):
                     try:
                         breaker.record_success(self.probe)  # lock-free while closed
                     except Exception:
