@@ -31,8 +31,8 @@ MARKER = re.compile(r"<!--n:([\w.-]+)-->(.*?)<!--/n-->")
 TEXTS = ("README.md", "docs/**/*.md", "examples/**/README.md", "benchmarks/README.md")
 
 
-def numbers() -> dict[str, int]:
-    loaded: dict[str, int] = json.loads(NUMBERS.read_text(encoding="utf-8"))
+def numbers() -> dict[str, float]:
+    loaded: dict[str, float] = json.loads(NUMBERS.read_text(encoding="utf-8"))
     return loaded
 
 
@@ -41,13 +41,13 @@ def marked(text: str) -> list[tuple[str, str]]:
     return MARKER.findall(text)
 
 
-def render_numbers(text: str, table: dict[str, int] | None = None) -> str:
+def render_numbers(text: str, table: dict[str, float] | None = None) -> str:
     """``text`` with each marked number taken from the table, markers dropped (the site)."""
     values = numbers() if table is None else table
     return MARKER.sub(lambda m: str(values[m.group(1)]), text)
 
 
-def _refresh(text: str, values: dict[str, int]) -> str:
+def _refresh(text: str, values: dict[str, float]) -> str:
     return MARKER.sub(lambda m: f"<!--n:{m.group(1)}-->{values[m.group(1)]}<!--/n-->", text)
 
 
@@ -86,8 +86,47 @@ def measure_paper() -> dict[str, int]:
     return found
 
 
-def measure() -> dict[str, int]:
-    return {"quickstart.requests": 3, **measure_demo(), **measure_paper()}
+RESULTS = ROOT / "benchmarks" / "results" / "instructions"
+
+
+def recorded_overhead() -> dict[str, float]:
+    """The instruction ratios the docs quote, read from the recorded runs in
+    ``benchmarks/results/instructions/`` (cachegrind takes most of an hour
+    here, so the tests read its output rather than run it)."""
+
+    def load(name: str) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads((RESULTS / name).read_text(encoding="utf-8"))
+        return loaded
+
+    found: dict[str, float] = {}
+    sdk = load("sdk.json")
+    for library in ("openai", "anthropic"):
+        for official, row in sdk[library]["ratios"]["over_official"].items():
+            key = f"overhead.{library}.{official}"
+            found[f"{key}.ours"] = round(row["ours_added_over_official_added"], 2)
+            found[f"{key}.enforcement"] = round(
+                row["enforcement_over_floor_over_official_added"], 2
+            )
+    for name in (
+        "no_sdk_openai_anthropic.json",
+        "no_sdk_adapters_1.json",
+        "no_sdk_adapters_2.json",
+    ):
+        for library, row in load(name)["no_sdk_shares"].items():
+            found[f"overhead.no_sdk.{library}"] = row["share_pct"]
+    wrap = load("wrap.json")["ratios"]
+    found["overhead.wrap.plain"] = round(wrap["plain"], 3)
+    found["overhead.wrap.hint"] = round(wrap["hint"], 3)
+    return found
+
+
+def measure() -> dict[str, float]:
+    return {
+        "quickstart.requests": 3,
+        **measure_demo(),
+        **measure_paper(),
+        **recorded_overhead(),
+    }
 
 
 def main(argv: list[str]) -> int:
