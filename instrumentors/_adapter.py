@@ -75,6 +75,7 @@ from typing import Any, ClassVar, NamedTuple
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.baggage import _BAGGAGE_KEY
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 
 from veronica_otel import _agents
 from veronica_otel._agents import current_agent
@@ -90,7 +91,6 @@ from ._admit import CallSpec, _list_bytes, _mark_denied, _utf8_bytes, aadmit, ad
 from ._bounds import BOUND_USD, BoundedCall, bounded, how_to_bound
 from ._breakers import never_connected
 from ._common import (
-    _SUPPRESS_KEY,
     _SUPPRESS_KEY_PLAIN,
     UNTRACED_SPAN,
     AsyncContainedStream,
