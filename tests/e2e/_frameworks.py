@@ -76,6 +76,7 @@ class FrameworkApp:
         self._environ = _environment(server, {**env, "FRAMEWORK_SCENARIOS": "1"})
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr: IO[bytes] | None = None
+        self._stderr_read = 0  # what earlier scenarios' results already carried
         self._process: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> FrameworkApp:
@@ -101,7 +102,6 @@ class FrameworkApp:
         """Scenario ``args[0]`` (the app's default without one) under ``env``, once."""
         assert self._process is not None and self._process.stdin is not None
         assert self._stderr is not None
-        stderr_from = self._stderr.seek(0, os.SEEK_END)
         scenario = {"scenario": args[0] if args else "", "env": env}
         try:
             self._process.stdin.write(json.dumps(scenario) + "\n")
@@ -115,14 +115,19 @@ class FrameworkApp:
                 line = self._lines.get(timeout=TIMEOUT)
             except queue.Empty:
                 line = None
-            if line is None:
-                break  # the app ended or hung: the RESULT check below says so
+            if line is None:  # the app ended or hung: the RESULT check below says so
+                self._lines.put(None)  # and the next scenario finds it ended too
+                break
             if line.startswith("DONE "):
                 status = os.waitstatus_to_exitcode(int(line.split()[1]))
             else:
                 out.append(line)
-        self._stderr.seek(stderr_from)
-        stderr = self._stderr.read().decode(errors="replace")
+        # This scenario's stderr (the app's start-up's too, the first time); pread
+        # leaves the offset the app writes at (it shares the open file) alone.
+        fd = self._stderr.fileno()
+        end = os.fstat(fd).st_size
+        stderr = os.pread(fd, end - self._stderr_read, self._stderr_read).decode(errors="replace")
+        self._stderr_read = end
         done = CompletedProcess(self._command + list(args), status, "".join(out), stderr)
         return _result(done), done
 
