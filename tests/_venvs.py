@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -264,6 +265,17 @@ OPENAI_2_LOW: tuple[tuple[str, ...], ...] = (
     (f"{OURS}[openai,anthropic]", "openai==2.30.0", "anthropic==0.125.0"),
 )
 ANTHROPIC_1: tuple[tuple[str, ...], ...] = ((f"{OURS}[anthropic]", "anthropic==1.17.0"),)
+
+# `python -m build`'s front end and the backend pyproject.toml names, installed
+# once: the release test builds with --no-isolation here, where build would
+# otherwise pip install the backend into two fresh environments (the sdist's,
+# then the wheel's) on every run. build still checks the requirements are met.
+BUILD: tuple[tuple[str, ...], ...] = (
+    (
+        "build",
+        *tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"],
+    ),
+)
 
 # examples/jaeger's install line, exactly as its README gives it: the OTLP/HTTP
 # exporter and OpenTelemetry's httpx instrumentation (the POST under each call).

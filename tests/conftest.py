@@ -130,7 +130,12 @@ def python_sigint() -> Iterator[None]:
 # nothing recorded, tests/e2e first. The controller reads the record once and hands
 # it to its workers, which must all collect in the same order.
 # Under ``--dist loadgroup`` (scripts/check.sh) the modules below run on one worker,
-# so their module-scoped servers start once, not once per worker.
+# so their module-scoped servers and runs happen once, not once per worker that
+# draws one of their tests. The scheduler groups them by module itself
+# (``pytest_xdist_make_scheduler``): xdist 3.8 tells its scheduler a test's
+# ``xdist_group`` by appending it to the test's id, which pytest 9.2's structured
+# ids silently drop (pytest-dev/pytest-xdist#1386), and every group was spread over
+# the workers, its module fixtures run again on each.
 
 _DURATIONS = _CACHE / "test-durations.json"
 _ONE_WORKER = {
@@ -141,6 +146,11 @@ _ONE_WORKER = {
     "tests/e2e/test_stainless_majors.py": "stainless_majors",  # one run per older SDK
     "tests/e2e/test_release_build.py": "release_build",  # sdist and wheel built once
     "tests/e2e/test_cli_errors.py": "cli_errors",  # one demo run
+    # one app process per framework serves all its tests (tests/e2e/_frameworks.py):
+    "tests/e2e/test_frameworks_openai_2.py": "frameworks_openai_2",
+    "tests/e2e/test_frameworks_openai_3.py": "frameworks_openai_3",
+    "tests/e2e/test_frameworks_text_and_ag2.py": "frameworks_text_and_ag2",
+    "tests/e2e/test_frameworks_gemini_bedrock.py": "frameworks_gemini_bedrock",
 }
 
 
@@ -180,6 +190,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _ONE_WORKER.get(_module(item.nodeid))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own scheduler factory
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """loadgroup, with ``_ONE_WORKER``'s modules grouped by their module path."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class _ModuleGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = _ONE_WORKER.get(_module(nodeid))
+            return group if group is not None else super()._split_scope(nodeid)
+
+    return _ModuleGroups(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
