@@ -180,6 +180,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _ONE_WORKER.get(_module(item.nodeid))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    _suffix_xdist_groups(config, items)
+
+
+def _suffix_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each grouped test the ``@group`` suffix loadgroup schedules by.
+
+    pytest 9.2 keeps a node's id in a structured ``item._id``; pytest-xdist
+    3.8 still writes the suffix into the old ``item._nodeid``, so every
+    ``xdist_group`` (and the groups above) was silently ignored and a module
+    fixture ran once per worker (pytest-dev/pytest-xdist#1386). Where xdist's
+    own suffix still takes (older pytest), ``_id`` is not there to set.
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest before structured ids: xdist's suffix works
+        return
+    for item in items:
+        names = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        if names and isinstance(getattr(item, "_id", None), NodeId):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
