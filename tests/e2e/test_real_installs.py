@@ -287,6 +287,7 @@ def peer_runs(peers: Path) -> Iterator[PeerRuns]:
         yield outputs, [r.headers.get("x-limit", "") for r in llm.requests if r.path == CHAT]
 
 
+@pytest.mark.xdist_group("real_installs_peers")  # the runs above once, on one worker
 @pytest.mark.parametrize("limit", ["steps", "cost"])
 def test_each_peer_in_either_order_leaves_every_limit_exact(
     peer_runs: PeerRuns, limit: str
