@@ -213,7 +213,7 @@ def serve(recipe: Path, llm: FakeLLMServer, server: str, *args: str) -> tuple[li
     try:
         answers = []
         for _ in range(10):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=TIMEOUT) as reply:
                 answers.append(reply.read().decode())
     finally:
         proc.terminate()
