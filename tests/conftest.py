@@ -190,7 +190,8 @@ def _suffix_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> Non
     3.8 still writes the suffix into the old ``item._nodeid``, so every
     ``xdist_group`` (and the groups above) was silently ignored and a module
     fixture ran once per worker (pytest-dev/pytest-xdist#1386). Where xdist's
-    own suffix still takes (older pytest), ``_id`` is not there to set.
+    own suffix still takes (older pytest), ``_id`` is not there to set; once
+    xdist writes ``_id`` itself (its pull request #1388), this can go.
     """
     if not getattr(config.option, "loadgroup", False):
         return
