@@ -151,11 +151,24 @@ _ONE_WORKER = {
     "tests/e2e/test_frameworks_openai_3.py": "frameworks_openai_3",
     "tests/e2e/test_frameworks_text_and_ag2.py": "frameworks_text_and_ag2",
     "tests/e2e/test_frameworks_gemini_bedrock.py": "frameworks_gemini_bedrock",
+    "tests/e2e/test_examples.py": "examples",  # each example run once, read by many tests
+    # one worker imports ag2 (about 6 CPU-seconds each) or litellm:
+    "tests/integration/test_agent_limits_ag2.py": "ag2",
+    "tests/integration/test_ag2.py": "ag2",
+    # a single test (every parametrisation of it) sharing its module fixture's runs:
+    "tests/e2e/test_real_installs.py::test_each_peer_in_either_order_leaves_every_limit_exact": (
+        "real_installs_peers"
+    ),
 }
 
 
 def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def _group(nodeid: str) -> str | None:
+    """The one-worker group of a test: its own (any parametrisation), else its module's."""
+    return _ONE_WORKER.get(nodeid.split("[", 1)[0]) or _ONE_WORKER.get(_module(nodeid))
 
 
 def _recorded() -> dict[str, float]:
@@ -187,21 +200,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         key=lambda item: (-per_module.get(_module(item.nodeid), 0.0), "/e2e/" not in item.nodeid)
     )
     for item in items:
-        group = _ONE_WORKER.get(_module(item.nodeid))
+        group = _group(item.nodeid)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own scheduler factory
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """loadgroup, with ``_ONE_WORKER``'s modules grouped by their module path."""
+    """loadgroup, with ``_ONE_WORKER``'s modules and tests grouped by their ids."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
     class _ModuleGroups(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            group = _ONE_WORKER.get(_module(nodeid))
+            group = _group(nodeid)
             return group if group is not None else super()._split_scope(nodeid)
 
     return _ModuleGroups(config, log)
