@@ -305,3 +305,12 @@ FRAMEWORK_STRANDS: tuple[tuple[str, ...], ...] = ((f"{OURS}[bedrock]", "strands-
 FRAMEWORK_SMOLAGENTS: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "smolagents[openai]"),)
 FRAMEWORK_AG2: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "ag2[openai]"),)
 FRAMEWORK_DSPY: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "dspy"),)
+
+
+def environ_without(*prefixes: str) -> dict[str, str]:
+    """This process's environment minus every variable starting with one of
+    ``prefixes``, for a child in a fresh venv; the bytecode cache's location
+    (``PYTHONPYCACHEPREFIX``, set by scripts/check.sh) stays, so an app the
+    child imports from the checkout writes no ``__pycache__`` into it."""
+    kept = {"PYTHONPYCACHEPREFIX"}
+    return {k: v for k, v in os.environ.items() if k in kept or not k.startswith(prefixes)}

@@ -157,11 +157,7 @@ def _command(venv: Path, app: str, *args: str) -> list[str]:
 
 
 def _environment(server: FakeLLMServer, env: dict[str, str | None]) -> dict[str, str]:
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON"))
-    }
+    environ = _venvs.environ_without("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON")
     environ.update(
         OPENAI_BASE_URL=server.openai_base_url,
         OPENAI_API_BASE=server.openai_base_url,  # llama-index-llms-openai reads this one

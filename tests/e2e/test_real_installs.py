@@ -16,7 +16,6 @@ whose request counts are the truth of what was sent.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import urllib.request
@@ -61,11 +60,7 @@ def llm() -> Iterator[FakeLLMServer]:
 
 def environment(llm: FakeLLMServer, **env: str) -> dict[str, str]:
     """This process's environment minus any VERONICA_/OTEL_/OPENAI_ setting and PYTHONPATH."""
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON"))
-    }
+    environ = _venvs.environ_without("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON")
     environ.update(
         OPENAI_BASE_URL=llm.openai_base_url,
         OPENAI_API_KEY="test-key",

@@ -12,7 +12,6 @@ outside the checkout.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tarfile
@@ -26,7 +25,7 @@ from tests import _venvs
 QUICKSTART = _venvs.ROOT / "examples" / "quickstart.py"
 TIMEOUT = 600
 # What the venvs run with: not this checkout's sources on the path.
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+ENV = _venvs.environ_without("PYTHON")
 
 
 def _venv(name: str, steps: tuple[tuple[str, ...], ...]) -> Path:
