@@ -2,11 +2,12 @@
 
 ``python real_install_agent.py`` (under ``opentelemetry-instrument``): six
 calls in the process default chain. ``... threads``: an explicit chain of 2
-steps, its four calls made in a thread pool. ``... peer NAME ORDER``:
-programmatic, with a peer GenAI instrumentor (``openai-v2``, ``openllmetry``,
-``openlit`` or ``none``) instrumented before or after ours (``peer-first`` /
-``ours-first``), then six calls in a chain limited by steps (3), then six in
-one limited by cost: one process serves both limits (importing openai and a
+steps, its four calls made in a thread pool. ``... peer NAME ORDER
+[LIMIT...]``: programmatic, with a peer GenAI instrumentor (``openai-v2``,
+``openllmetry``, ``openlit`` or ``none``) instrumented before or after ours
+(``peer-first`` / ``ours-first``), then six calls in a chain limited by steps
+(3), then six in one limited by cost (or only the LIMITs named): one process
+serves both limits (importing openai and a
 peer costs more than the calls), each limit's requests marked with an
 ``x-limit`` header so the server counts them apart.
 Each call prints ``step N ok`` or ``step N refused: <error>`` (in the peer
@@ -67,7 +68,7 @@ def instrument_peer(name: str) -> None:
         raise SystemExit(f"unknown peer {name!r}")
 
 
-def peer(name: str, order: str) -> None:
+def peer(name: str, order: str, *only: str) -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -88,6 +89,8 @@ def peer(name: str, order: str) -> None:
         instrument_peer(name)
     limits = {"steps": ExecutionConfig(max_steps=3), "cost": ExecutionConfig(max_cost_usd=6.5e-5)}
     for limit, config in limits.items():
+        if only and limit not in only:
+            continue
         exporter.clear()
         client = openai.OpenAI(max_retries=0, default_headers={"x-limit": limit})
         with ExecutionContext(config):
@@ -105,6 +108,6 @@ if __name__ == "__main__":
     if mode == "threads":
         threads()
     elif mode == "peer":
-        peer(*sys.argv[2:4])
+        peer(*sys.argv[2:])
     else:
         plain()
