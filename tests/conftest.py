@@ -130,7 +130,9 @@ def python_sigint() -> Iterator[None]:
 # nothing recorded, tests/e2e first. The controller reads the record once and hands
 # it to its workers, which must all collect in the same order.
 # Under ``--dist loadgroup`` (scripts/check.sh) the modules below run on one worker,
-# so their module-scoped servers start once, not once per worker.
+# so their module-scoped servers start once, not once per worker, and a library
+# they import is imported by one worker, not by each. A group runs where its
+# first module sits in the order above.
 
 _DURATIONS = _CACHE / "test-durations.json"
 _ONE_WORKER = {
@@ -141,6 +143,9 @@ _ONE_WORKER = {
     "tests/e2e/test_stainless_majors.py": "stainless_majors",  # one run per older SDK
     "tests/e2e/test_release_build.py": "release_build",  # sdist and wheel built once
     "tests/e2e/test_cli_errors.py": "cli_errors",  # one demo run
+    # modules that import a heavy library in the worker (litellm: ~4 CPU-s a worker):
+    "tests/integration/test_litellm_instrumentor.py": "litellm",
+    "tests/integration/test_counted_once.py": "litellm",
 }
 
 
