@@ -171,7 +171,6 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput["veronica_durations"] = _LAST()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     workerinput = getattr(config, "workerinput", None)
     record: dict[str, float] = workerinput["veronica_durations"] if workerinput else _LAST()
@@ -181,10 +180,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(
         key=lambda item: (-per_module.get(_module(item.nodeid), 0.0), "/e2e/" not in item.nodeid)
     )
-    for item in items:
-        group = _ONE_WORKER.get(_module(item.nodeid))
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, run by the controller
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups of ``_ONE_WORKER``, read from each test's module.
+
+    Not through ``xdist_group`` marks: pytest-xdist 3.8 appends their ``@group``
+    to ``item._nodeid``, which pytest 9.2 no longer reads (``nodeid`` comes from
+    a structured id), so every marked test was handed out on its own.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class _ByModule(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = _ONE_WORKER.get(_module(nodeid))
+            return f"@{group}" if group is not None else super()._split_scope(nodeid)
+
+    return _ByModule(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
