@@ -135,7 +135,8 @@ def python_sigint() -> Iterator[None]:
 # (``pytest_xdist_make_scheduler``): xdist 3.8 tells its scheduler a test's
 # ``xdist_group`` by appending it to the test's id, which pytest 9.2's structured
 # ids silently drop (pytest-dev/pytest-xdist#1386), and every group was spread over
-# the workers, its module fixtures run again on each.
+# the workers, its module fixtures run again on each. A library those modules
+# import is then imported by one worker, not by each.
 
 _DURATIONS = _CACHE / "test-durations.json"
 _ONE_WORKER = {
@@ -159,6 +160,9 @@ _ONE_WORKER = {
     "tests/e2e/test_real_installs.py::test_each_peer_in_either_order_leaves_every_limit_exact": (
         "real_installs_peers"
     ),
+    # modules that import a heavy library in the worker (litellm: ~4 CPU-s a worker):
+    "tests/integration/test_litellm_instrumentor.py": "litellm",
+    "tests/integration/test_counted_once.py": "litellm",
 }
 
 
@@ -189,7 +193,6 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput["veronica_durations"] = _LAST()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     workerinput = getattr(config, "workerinput", None)
     record: dict[str, float] = workerinput["veronica_durations"] if workerinput else _LAST()
@@ -199,10 +202,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(
         key=lambda item: (-per_module.get(_module(item.nodeid), 0.0), "/e2e/" not in item.nodeid)
     )
-    for item in items:
-        group = _group(item.nodeid)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own scheduler factory
