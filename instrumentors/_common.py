@@ -43,7 +43,7 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._pricing import UnitPrices
 from veronica_otel._trips import trip_attributes
-from veronica_otel._units import MAX_COUNT, nano_to_usd
+from veronica_otel._units import MAX_COUNT, NANO_PER_USD
 from veronica_otel._version import __version__
 
 from ._breakers import classify_outcome
@@ -485,9 +485,12 @@ class ContainedCall:
     def _end_span(self, error: BaseException | None) -> None:
         span = self.span
         try:
-            if span.is_recording():
-                attributes: dict[str, Any] = self.pending_attributes or {}
-                attributes[COST_USD] = nano_to_usd(max(self.handle.cost_nano, 0))
+            attributes = self.pending_attributes  # set: our span, recording
+            if attributes is not None or span.is_recording():
+                if attributes is None:
+                    attributes = {}
+                cost = self.handle.cost_nano
+                attributes[COST_USD] = cost / NANO_PER_USD if cost > 0 else 0.0
                 if self.usage_seen:
                     attributes[GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
                     attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
@@ -582,7 +585,7 @@ def make_current(
 
 def start_span(
     operation: str,
-    provider: str,
+    provider_name: str,
     model: str,
     agent: str | None = None,
     context: otel_context.Context | None = None,
@@ -602,18 +605,36 @@ def start_span(
             return trace.INVALID_SPAN
     elif context.get(_SUPPRESS_KEY) or context.get(_SUPPRESS_KEY_PLAIN):
         return trace.INVALID_SPAN
-    if getattr(trace, "_TRACER_PROVIDER", True) is None:  # _untraced(), inline
+    provider = getattr(trace, "_TRACER_PROVIDER", True)
+    if provider is None:  # _untraced(), inline
         return UNTRACED_SPAN
     attributes = {
         GEN_AI_OPERATION_NAME: operation,
-        GEN_AI_PROVIDER_NAME: provider,
+        GEN_AI_PROVIDER_NAME: provider_name,
         GEN_AI_REQUEST_MODEL: model,
     }
     if agent is not None:
         attributes[GEN_AI_AGENT_NAME] = agent
-    return tracer.start_span(
+    known = _REAL_TRACER[0]
+    real = known[1] if known[0] is provider else _real_tracer(provider)
+    return real.start_span(
         f"{operation} {model}", context, kind=SpanKind.CLIENT, attributes=attributes
     )
+
+
+# The global provider's own tracer, and the provider it came from: the API's
+# ProxyTracer would look it up in two Python frames on every span. The global
+# is set once, so the tracer is fetched again only when the provider differs.
+_REAL_TRACER: list[tuple[object, Any]] = [(None, tracer)]
+
+
+def _real_tracer(provider: object) -> Any:
+    get_tracer = getattr(provider, "get_tracer", None)
+    if get_tracer is None:  # an API without the global (True): its proxy
+        return tracer
+    real = get_tracer("veronica_otel.instrumentors", __version__)
+    _REAL_TRACER[0] = (provider, real)
+    return real
 
 
 def _note_trip(span: Span, error: BaseException | None, ctx: ExecutionContext) -> None:

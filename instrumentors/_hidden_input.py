@@ -122,10 +122,11 @@ def openai_image_tokens(model: str, detail: object) -> int:
 def openai_hidden(body: Mapping[str, Any], model: str) -> tuple[int, bool]:
     """Images and server-side input of a chat, Responses or completions body."""
     get = body.get
+    prompt = get("prompt")  # a legacy completion's text, or a Responses prompt template
     server_side = (
         get("previous_response_id") is not None
         or get("conversation") is not None
-        or _is_mapping(get("prompt"))
+        or (prompt is not None and type(prompt) is not str and _is_mapping(prompt))
     )
     tools = get("tools")
     if tools and type(tools) is list and not server_side:

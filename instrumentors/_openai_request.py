@@ -6,11 +6,14 @@ fallback written into a copy of it, and a peer instrumentor's span for it."""
 from __future__ import annotations
 
 import copy
+import functools
+import operator
 from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from veronica_otel._attributes import (
     CHAIN_ID,
@@ -116,6 +119,7 @@ def _prompts(prompt: object) -> int:
     return len(prompt)
 
 
+_NOT_NONE = functools.partial(operator.is_not, None)  # a C-level "is not None" test
 # A Request from its fields without NamedTuple's Python-level __new__ (once per call).
 _request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
@@ -131,10 +135,10 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
     model = body.get("model")
     if type(model) is not str or not model:
         model = str(model or "unknown")
-    parts = [part for part in map(body.get, input_keys) if part is not None]
+    parts = list(filter(_NOT_NONE, map(body.get, input_keys)))  # no comprehension frame
     messages = body.get("messages")
     n_messages = len(messages) if type(messages) is list else 1
-    choices = _choices(body, operation)
+    choices = _choices(body, operation) if "n" in body or "best_of" in body else 1
     hidden = 0
     if operation != "embeddings":  # what the bytes do not show: images, server-side input
         extra, server_side = openai_hidden(body, model)
@@ -143,6 +147,13 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
             hidden = hidden_input_tokens(provider, model, bound, extra, server_side)
         if operation == "text_completion":  # each prompt of a list is a completion of its own
             choices *= _prompts(body.get("prompt"))
+    cap = None
+    if cap_keys:  # a plain int under one key, the first set: the common case
+        cap = body.get(cap_keys[0])
+        if cap is None and len(cap_keys) > 1:
+            cap = body.get(cap_keys[1])
+        if cap is not None and type(cap) is not int:
+            cap = _requested_cap(body, cap_keys)[0]
     return _request_of(
         Request,
         (
@@ -150,7 +161,7 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
             model,
             parts,
             n_messages,
-            _requested_cap(body, cap_keys)[0],
+            cap,
             bool(cap_keys),
             choices,
             stream_kwarg or body.get("stream") is True,
@@ -185,8 +196,13 @@ def _peer_span(operation: str, agent: str | None, current: otel_context.Context)
     to end, so the call is described once. Anything else (no span, another
     operation, a span already used for one of our calls): None, our own span.
     """
-    span = trace.get_current_span(current)
-    if not span.is_recording() or getattr(span, "kind", None) is not trace.SpanKind.CLIENT:
+    span = current.get(_SPAN_KEY)  # trace.get_current_span(current), without its frames
+    if span is None or span is _NOT_PEER[0]:
+        return None
+    if getattr(span, "kind", None) is not trace.SpanKind.CLIENT:
+        _NOT_PEER[0] = span  # a span's kind never changes (a chain's span: every call)
+        return None
+    if not span.is_recording():
         return None
     attributes = getattr(span, "attributes", None) or {}
     if CHAIN_ID in attributes:
@@ -199,6 +215,11 @@ def _peer_span(operation: str, agent: str | None, current: otel_context.Context)
     if agent is not None:
         span.set_attribute(GEN_AI_AGENT_NAME, agent)
     return span
+
+
+# The last current span found not to be a CLIENT span: never a peer's (held, so
+# its identity is not reused while it is remembered).
+_NOT_PEER: list[object] = [None]
 
 
 def _is_mapping(value: object) -> bool:

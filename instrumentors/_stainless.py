@@ -127,7 +127,8 @@ class OpenAIWireAdapter(StainlessAdapter):
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
     ) -> dict[str, Any] | None:
         attributes: dict[str, Any] = {}
-        request_attributes(attributes, _body(_options(args, kwargs)), instance)
+        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
+        request_attributes(attributes, _body(options), instance)
         return attributes
 
     def rewrite(
