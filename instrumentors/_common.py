@@ -23,6 +23,7 @@ from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from veronica_otel._attributes import (
     BAGGAGE_PREFIX,
@@ -560,26 +561,38 @@ def _untraced() -> bool:
     return getattr(trace, "_TRACER_PROVIDER", True) is None
 
 
-def _context_reader() -> Callable[[], otel_context.Context]:
-    """``opentelemetry.context.get_current`` as one C call where the runtime is the
-    API's default (a context variable): the same read, without its two frames."""
+def _context_variable() -> ContextVar[otel_context.Context] | None:
+    """The context variable behind ``opentelemetry.context`` where the runtime is
+    the API's default; None for another runtime (then the API's functions)."""
     runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
     variable = getattr(runtime, "_current_context", None)
     if type(runtime) is ContextVarsRuntimeContext and isinstance(variable, ContextVar):
-        return variable.get
-    return otel_context.get_current
+        return variable
+    return None
 
 
-#: The current OpenTelemetry context (read once per call by the adapters).
-otel_current = _context_reader()
+_CURRENT = _context_variable()
+#: The current OpenTelemetry context (read once per call by the adapters):
+#: ``opentelemetry.context.get_current`` as one C call where the runtime allows.
+otel_current: Callable[[], otel_context.Context] = (
+    otel_context.get_current if _CURRENT is None else _CURRENT.get
+)
+_set_current = None if _CURRENT is None else _CURRENT.set
 
 
 def make_current(
     span: Span, context: otel_context.Context | None
 ) -> Token[otel_context.Context] | None:
-    """Make ``span`` current in ``context``; the detach token (None: nothing attached)."""
+    """Make ``span`` current in ``context``; the detach token (None: nothing attached).
+
+    Where the runtime is the API's default, ``attach(set_span_in_context(span,
+    context))`` in one context built and one variable set, without their five
+    frames; ``opentelemetry.context.detach`` takes the token either way.
+    """
     if span is UNTRACED_SPAN:
         return None
+    if _set_current is not None and context is not None:
+        return _set_current(otel_context.Context({**context, _SPAN_KEY: span}))
     return otel_context.attach(trace.set_span_in_context(span, context))
 
 
