@@ -6,8 +6,6 @@ fallback written into a copy of it, and a peer instrumentor's span for it."""
 from __future__ import annotations
 
 import copy
-import functools
-import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +22,7 @@ from veronica_otel._attributes import (
 
 from ._adapter import Request
 from ._admit import input_bound
+from ._common import not_none
 from ._hidden_input import hidden_input_tokens, openai_hidden
 
 # path suffix -> (GenAI operation, input keys, output-cap keys, the first is the one we
@@ -119,7 +118,6 @@ def _prompts(prompt: object) -> int:
     return len(prompt)
 
 
-_NOT_NONE = functools.partial(operator.is_not, None)  # a C-level "is not None" test
 # A Request from its fields without NamedTuple's Python-level __new__ (once per call).
 _request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
@@ -135,7 +133,7 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
     model = body.get("model")
     if type(model) is not str or not model:
         model = str(model or "unknown")
-    parts = list(filter(_NOT_NONE, map(body.get, input_keys)))  # no comprehension frame
+    parts = list(filter(not_none, map(body.get, input_keys)))  # no comprehension frame
     messages = body.get("messages")
     n_messages = len(messages) if type(messages) is list else 1
     choices = _choices(body, operation) if "n" in body or "best_of" in body else 1
