@@ -971,13 +971,17 @@ def _print_officials(report: dict[str, Any]) -> None:
     for library in SDK_LIBRARIES:
         for name, row in report.get(library, {}).get("ratios", {}).get("over_official", {}).items():
             what = f"{row['ours']} over {row['floor']}" + ("" if row["target"] else ", info")
+            over_floor = row["enforcement_over_floor"]  # None: its floor was skipped
+            enforcement = (
+                "no floor measured"
+                if over_floor is None
+                else f"{over_floor:>9,} = {row['enforcement_over_floor_over_official_added']:.2f}x"
+            )
             lines.append(
                 f"  {library}/{name:<15} ({what}) official adds {row['official_added']:>9,}; ours "
                 f"{row['ours_added']:>9,} = {row['ours_added_over_official_added']:.2f}x "
                 f"(<= {TARGET_OURS_OVER_OFFICIAL}x); enforcement over the floor "
-                f"{row['enforcement_over_floor']:>9,} = "
-                f"{row['enforcement_over_floor_over_official_added']:.2f}x "
-                f"(<= {TARGET_ENFORCEMENT_OVER_OFFICIAL}x)"
+                f"{enforcement} (<= {TARGET_ENFORCEMENT_OVER_OFFICIAL}x)"
             )
     print("\n".join(lines), file=sys.stderr)
 
