@@ -38,7 +38,7 @@ from ._endpoints import routed
 from ._hooks import Hook
 from ._http_libs import bound_call
 from ._openai_attributes import request_attributes
-from ._openai_request import _body, _peer_span, read_request, rewritten
+from ._openai_request import _NOT_PEER, _SPAN_KEY, _body, _peer_span, read_request, rewritten
 from ._openai_response import _MODEL_TYPES, account, hold
 
 __all__ = [
@@ -122,6 +122,9 @@ class OpenAIWireAdapter(StainlessAdapter):
         agent: str | None,
         current: Any,
     ) -> Any:
+        span = current.get(_SPAN_KEY)  # _peer_span's first test, without its frame
+        if span is None or span is _NOT_PEER[0]:
+            return None
         return _peer_span(request.operation, agent, current)
 
     def request_attributes(
