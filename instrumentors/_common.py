@@ -637,9 +637,10 @@ def start_span(
         attributes[GEN_AI_AGENT_NAME] = agent
     known = _REAL_TRACER[0]
     real = known[1] if known[0] is provider else _real_tracer(provider)
-    return real.start_span(
+    span: Span = real.start_span(
         f"{operation} {model}", context, kind=SpanKind.CLIENT, attributes=attributes
     )
+    return span
 
 
 # The global provider's own tracer, and the provider it came from: the API's

@@ -194,7 +194,7 @@ def _peer_span(operation: str, agent: str | None, current: otel_context.Context)
     to end, so the call is described once. Anything else (no span, another
     operation, a span already used for one of our calls): None, our own span.
     """
-    span = current.get(_SPAN_KEY)  # trace.get_current_span(current), without its frames
+    span: Any = current.get(_SPAN_KEY)  # trace.get_current_span(current), without its frames
     if span is None or span is _NOT_PEER[0]:
         return None
     if getattr(span, "kind", None) is not trace.SpanKind.CLIENT:

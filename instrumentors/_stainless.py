@@ -28,6 +28,8 @@ import logging
 import sys
 from typing import Any, ClassVar
 
+from opentelemetry.trace.propagation import _SPAN_KEY
+
 from veronica_otel._errors import BudgetExceededError
 
 from ._adapter import ADMITTED, ProviderAdapter, Request
@@ -38,7 +40,7 @@ from ._endpoints import routed
 from ._hooks import Hook
 from ._http_libs import bound_call
 from ._openai_attributes import request_attributes
-from ._openai_request import _NOT_PEER, _SPAN_KEY, _body, _peer_span, read_request, rewritten
+from ._openai_request import _NOT_PEER, _body, _peer_span, read_request, rewritten
 from ._openai_response import _MODEL_TYPES, account, hold
 
 __all__ = [

@@ -115,7 +115,7 @@ class _AnthropicAdapter(StainlessAdapter):
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
-        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
+        options: Any = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
         body = messages_body(options)
         return None if body is None else read_request(body)
 
@@ -135,7 +135,7 @@ class _AnthropicAdapter(StainlessAdapter):
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
     ) -> dict[str, Any] | None:
         attributes: dict[str, Any] = {}
-        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
+        options: Any = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
         request_attributes(attributes, options.json_data, instance)
         return attributes
 
