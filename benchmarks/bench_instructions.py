@@ -10,7 +10,10 @@ are imported from it, so both measure the same thing):
 
 * ``openai_bare`` / ``openai_observe`` / ``openai_enforce``;
 * ``anthropic_bare`` (its tracing off) / ``anthropic_observe`` (its own
-  CLIENT span) / ``anthropic_enforce`` (our instrumentor on top of it);
+  CLIENT span) / ``anthropic_enforce`` (our instrumentor on top of it) /
+  ``anthropic_enforce_off`` (our instrumentor on the client with its tracing
+  off: we open our own GenAI span, as ``genai-anthropic`` does; the one the
+  anthropic targets read, apples to apples);
 * peers, each alone on a bare client (observe only, unless noted): the
   official instrumentors, the reference of the targets: ``openai_contrib``
   (``opentelemetry-instrumentation-openai-v2`` 2.4b0, the one ours replaces),
@@ -34,8 +37,12 @@ are imported from it, so both measure the same thing):
   attributes as our openai call span (constant values), made the cheapest
   public way (its first attributes given to ``start_span``, made current, the
   rest set in one ``set_attributes``, ended by hand): what any instrumentor
-  making that span pays the SDK, the span floor of the targets (anthropic's
-  floor is ``anthropic_observe``, the SDK's own span that ours reuses);
+  making that span pays the SDK, the span floor of the targets;
+  ``anthropic_span`` is the same for our anthropic span (fourteen
+  attributes) on the client with its tracing off, the floor of
+  ``anthropic_enforce_off``. ``anthropic_enforce`` is read over
+  ``anthropic_observe`` (the SDK's own span, which ours reuses), reported
+  for information (``genai_sdk_span``);
 * ``openai_floor``: the observe-only wrapper that also sets, with constant
   values and in one call, the ``veronica.*`` attributes DESIGN.md requires
   on every call span (chain id, decision, cost).
@@ -66,7 +73,7 @@ output tokens. They run with no ``TracerProvider`` only (their target is a
 share of the bare call), under ``no_sdk``; ``--adapters`` runs them alone
 (all, or a comma-separated subset).
 
-Unless ``--quick``, every variant but ``floor`` runs again with no
+Unless ``--quick``, every variant but ``floor`` and ``span`` runs again with no
 ``TracerProvider`` at all (every span a no-op, as in a process with no
 OpenTelemetry SDK configured), reported under ``no_sdk``: there ``observe``
 costs next to nothing, so read ``enforce`` over ``bare``, which is what
@@ -77,13 +84,16 @@ each variant's added instructions over the contrib instrumentor's added
 (``added_over_contrib_added``) and its instructions over a bare call's
 (``over_bare``). The targets (issue 26), with an SDK, against each official
 instrumentor (``ratios.over_official``, also a table on stderr): ours
-(observe + enforce: ``enforce`` over ``bare``) adds at most 0.8x what the
-official adds, and enforcement over the span floor (``enforce`` minus the
-floor) at most 0.2x; with no SDK, enforcing adds at most 1.0 % of a bare
-openai call and 2 % of every other library's and adapter's:
+(observe + enforce: ``enforce`` over ``bare``; anthropic: ``enforce_off``) adds
+at most 0.8x what the official adds, and enforcement over the span floor
+(ours minus its ``span``) at most 0.2x (:data:`OURS`: each row says which of
+ours over which floor, and whether the targets read it); with no SDK,
+enforcing adds at most 1.0 % of a bare openai call and 2 % of every other
+library's and adapter's:
 ``no_sdk_shares`` has each share, its target and whether it is met (for
 anthropic also over the SDK's default client, its own tracing on, which is
-the client ``enforce`` runs on), and the same table is printed on stderr.
+the client ``enforce`` runs on, and ``tracing_off``: ``enforce_off``), and
+the same table is printed on stderr.
 ``--skip`` leaves variants out (``openai_observe,openai_floor``: the targets
 do not read them).
 Instructions are a proxy for CPU time, not a measurement of it: an
@@ -135,7 +145,13 @@ TARGETS_OVER_BARE = {"openai": 0.01}
 OUTPUT_TOKENS = 5
 VARIANTS = {
     "openai": ("openai_bare", "openai_observe", "openai_floor", "openai_span", "openai_enforce"),
-    "anthropic": ("anthropic_bare", "anthropic_observe", "anthropic_enforce"),
+    "anthropic": (
+        "anthropic_bare",
+        "anthropic_observe",
+        "anthropic_enforce",
+        "anthropic_span",
+        "anthropic_enforce_off",
+    ),
 }
 SDK_LIBRARIES = ("openai", "anthropic")
 PEERS = (
@@ -148,9 +164,19 @@ PEERS = (
 )
 # The official instrumentors of each library (their kinds): the targets' reference.
 OFFICIAL = {"openai": ("contrib", "genai"), "anthropic": ("genai",)}
-# What our call span rides on, per library: the span floor of the targets (anthropic:
-# the SDK's own span, which ours reuses; openai: the cheapest SDK span like ours).
-FLOOR = {"openai": "span", "anthropic": "observe"}
+# Per library, ours against each official instrumentor: (row, our variant, its span
+# floor, whether the targets read it). openai: ours and the cheapest SDK span like
+# ours. anthropic: ours on a client with the SDK's tracing off (we open our own span,
+# as genai-anthropic does) over the cheapest SDK span like it, the one the targets
+# read; and, for information, ours on the SDK's default client (its own span on,
+# which ours reuses) over that client.
+OURS = {
+    "openai": (("", "enforce", "span", True),),
+    "anthropic": (
+        ("", "enforce_off", "span", True),
+        ("sdk_span", "enforce", "observe", False),
+    ),
+}
 PROMPT = "Say hello in five words."
 _I_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
@@ -179,30 +205,50 @@ _SPAN_ATTRIBUTES = {
     "gen_ai.usage.input_tokens": 26,
     "gen_ai.usage.output_tokens": 5,
 }
+# The same for our anthropic call span on a client with the SDK's tracing off
+# (eleven after the three it starts with): ``anthropic_span``.
+_ANTHROPIC_SPAN_ATTRIBUTES = {
+    **_REQUIRED_ATTRIBUTES,
+    "gen_ai.request.max_tokens": 5,
+    "server.address": "127.0.0.1",
+    "server.port": 8000,
+    "gen_ai.response.id": "msg_fake000000000000000000000001",
+    "gen_ai.response.model": "claude-3-5-haiku-latest",
+    "gen_ai.response.finish_reasons": ["end_turn"],
+    "gen_ai.usage.input_tokens": 29,
+    "gen_ai.usage.output_tokens": 5,
+}
+# Per library: where the span floor wraps the SDK, its model, and the rest of its attributes.
+_SPAN_FLOORS = {
+    "openai": ("openai._base_client", "gpt-4o-mini", _SPAN_ATTRIBUTES),
+    "anthropic": ("anthropic._base_client", "claude-3-5-haiku-latest", _ANTHROPIC_SPAN_ATTRIBUTES),
+}
 
 
-def _span_wrapper() -> Any:
+def _span_wrapper(library: str = "openai") -> Any:
     """The least any instrumentor pays for our call span through the SDK: start it
-    with three attributes, make it current, set the other thirteen in one call, end
-    it; no context manager, no check, nothing read from the call (``openai_span``)."""
+    with three attributes, make it current, set the others in one call, end it; no
+    context manager, no check, nothing read from the call (``<library>_span``)."""
     from opentelemetry import context, trace
     from opentelemetry.trace import SpanKind
 
     tracer = trace.get_tracer("bench.span_floor", "0")
+    _, model, rest = _SPAN_FLOORS[library]
     start = {
         "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": "openai",
-        "gen_ai.request.model": "gpt-4o-mini",
+        "gen_ai.provider.name": library,
+        "gen_ai.request.model": model,
     }
+    name = f"chat {model}"
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, attributes=start)
+        span = tracer.start_span(name, kind=SpanKind.CLIENT, attributes=start)
         token = context.attach(trace.set_span_in_context(span))
         try:
             return wrapped(*args, **kwargs)
         finally:
             context.detach(token)
-            span.set_attributes(dict(_SPAN_ATTRIBUTES))
+            span.set_attributes(dict(rest))
             span.end()
 
     return wrapper
@@ -231,8 +277,9 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: b
     server = SimpleNamespace(openai_base_url=openai_url, anthropic_base_url=anthropic_url)
     if variant in PEERS:
         return _peer_child(bench, variant, calls, server)
-    # The floors wrap a bare client themselves.
-    client_kind = "bare" if kind in ("floor", "span") else kind
+    # The floors wrap a bare client themselves; enforce_off is ours on a bare client
+    # (anthropic: the SDK's own tracing off, so we open our own span).
+    client_kind = "bare" if kind in ("floor", "span", "enforce_off") else kind
     anthropic_instrumentor = None
     if library == "anthropic":
         anthropic_instrumentor, reason = bench._load_anthropic_instrumentor()
@@ -242,10 +289,14 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: b
     else:
         (chosen,) = bench._openai_variants(server, (client_kind,))  # type: ignore[arg-type]
     patches = bench.Patches(anthropic_instrumentor)
-    patches.activate(chosen.patch)
+    patches.activate(bench.ANTHROPIC_OURS if kind == "enforce_off" else chosen.patch)
     if kind in ("floor", "span"):
-        floor = bench.observe_wrapper(_REQUIRED_ATTRIBUTES) if kind == "floor" else _span_wrapper()
-        wrap_function_wrapper("openai._base_client", "SyncAPIClient.request", floor)
+        floor = (
+            bench.observe_wrapper(_REQUIRED_ATTRIBUTES)
+            if kind == "floor"
+            else _span_wrapper(library)
+        )
+        wrap_function_wrapper(_SPAN_FLOORS[library][0], "SyncAPIClient.request", floor)
     with bench._make_context() as ctx:
         for _ in range(WARMUP_CALLS):
             chosen.call()
@@ -256,14 +307,15 @@ def _child(variant: str, calls: int, openai_url: str, anthropic_url: str, sdk: b
             chosen.call()
         gc.enable()
         steps = ctx.snapshot().steps
-    expected = WARMUP_CALLS + calls if kind == "enforce" else 0
+    expected = WARMUP_CALLS + calls if kind.startswith("enforce") else 0
     if steps != expected:
         raise SystemExit(f"{variant}: the chain counted {steps} steps, expected {expected}")
     if kind in ("floor", "span"):
-        import openai._base_client as openai_base
+        import importlib
+
         from opentelemetry.instrumentation.utils import unwrap
 
-        unwrap(openai_base.SyncAPIClient, "request")
+        unwrap(importlib.import_module(_SPAN_FLOORS[library][0]).SyncAPIClient, "request")
     patches.close()
     return 0
 
@@ -695,11 +747,10 @@ def _ratios(
         }
     targets: dict[str, Any] = {}
     if sdk:
-        floor = per_call.get(FLOOR.get(library, "span"))
-        ratios["over_official"] = over = _over_official(per_call, added, floor, library)
+        ratios["over_official"] = over = _over_official(per_call, added, library)
         targets["ours_added_over_official_added_max"] = TARGET_OURS_OVER_OFFICIAL
         targets["enforcement_over_floor_over_official_added_max"] = TARGET_ENFORCEMENT_OVER_OFFICIAL
-        targets["met"] = {name: row["met"] for name, row in over.items()}
+        targets["met"] = {name: row["met"] for name, row in over.items() if row["target"]}
     else:
         targets["enforce_added_over_bare_max"] = target_over_bare
         targets["met_over_bare"] = enforce_added / bare <= target_over_bare
@@ -712,29 +763,38 @@ def _ratios(
 
 
 def _over_official(
-    per_call: dict[str, float], added: dict[str, float], floor: float | None, library: str
+    per_call: dict[str, float], added: dict[str, float], library: str
 ) -> dict[str, Any]:
     """Ours against each official instrumentor of ``library`` (issue 26): what
     ours adds in all (observe + enforce) over what the official adds, and what
-    enforcement adds over the span floor (the span ours rides on) over the same."""
+    enforcement adds over the span floor (the span ours rides on) over the same.
+    One row per official and per way ours runs (:data:`OURS`): ``<official>`` is
+    the one the targets read, ``<official>_<label>`` one for information."""
     rows: dict[str, Any] = {}
     for name in OFFICIAL.get(library, ()):
         official = added.get(name)
         if official is None or official <= 0:
             continue
-        ours = added["enforce"] / official
-        enforcement = None if floor is None else per_call["enforce"] - floor
-        over_floor = None if enforcement is None else enforcement / official
-        rows[name] = {
-            "official_added": round(official),
-            "ours_added": round(added["enforce"]),
-            "enforcement_over_floor": None if enforcement is None else round(enforcement),
-            "ours_added_over_official_added": _round(ours),
-            "enforcement_over_floor_over_official_added": _round(over_floor),
-            "met": ours <= TARGET_OURS_OVER_OFFICIAL
-            and over_floor is not None
-            and over_floor <= TARGET_ENFORCEMENT_OVER_OFFICIAL,
-        }
+        for label, kind, floor_kind, target in OURS.get(library, ()):
+            if kind not in added:
+                continue  # left out (--skip)
+            ours = added[kind] / official
+            floor = per_call.get(floor_kind)
+            enforcement = None if floor is None else per_call[kind] - floor
+            over_floor = None if enforcement is None else enforcement / official
+            rows[f"{name}_{label}" if label else name] = {
+                "ours": kind,
+                "floor": floor_kind,
+                "target": target,
+                "official_added": round(official),
+                "ours_added": round(added[kind]),
+                "enforcement_over_floor": None if enforcement is None else round(enforcement),
+                "ours_added_over_official_added": _round(ours),
+                "enforcement_over_floor_over_official_added": _round(over_floor),
+                "met": ours <= TARGET_OURS_OVER_OFFICIAL
+                and over_floor is not None
+                and over_floor <= TARGET_ENFORCEMENT_OVER_OFFICIAL,
+            }
     return rows
 
 
@@ -868,6 +928,13 @@ def _shares(no_sdk: dict[str, Any]) -> dict[str, Any]:
             "target_pct": round(100 * target, 2),
             "met": row["targets"]["met_over_bare"],
         }
+        tracing_off = row["added_over_bare"].get("enforce_off")
+        if tracing_off is not None:  # ours on the bare client: our own (no-op) span
+            shares[library]["tracing_off"] = {
+                "added": tracing_off,
+                "share_pct": round(100 * tracing_off / bare, 2),
+                "met": tracing_off / bare <= target,
+            }
         default = row["instructions_per_call"].get("observe")
         if library == "anthropic" and default:
             # Its bare variant has the SDK's own tracing off; enforce runs on the
@@ -903,13 +970,18 @@ def _print_officials(report: dict[str, Any]) -> None:
     lines = ["with a TracerProvider: ours against each official instrumentor"]
     for library in SDK_LIBRARIES:
         for name, row in report.get(library, {}).get("ratios", {}).get("over_official", {}).items():
+            what = f"{row['ours']} over {row['floor']}" + ("" if row["target"] else ", info")
+            over_floor = row["enforcement_over_floor"]  # None: its floor was skipped
+            enforcement = (
+                "no floor measured"
+                if over_floor is None
+                else f"{over_floor:>9,} = {row['enforcement_over_floor_over_official_added']:.2f}x"
+            )
             lines.append(
-                f"  {library}/{name:<8} official adds {row['official_added']:>9,}; ours "
+                f"  {library}/{name:<15} ({what}) official adds {row['official_added']:>9,}; ours "
                 f"{row['ours_added']:>9,} = {row['ours_added_over_official_added']:.2f}x "
                 f"(<= {TARGET_OURS_OVER_OFFICIAL}x); enforcement over the floor "
-                f"{row['enforcement_over_floor']:>9,} = "
-                f"{row['enforcement_over_floor_over_official_added']:.2f}x "
-                f"(<= {TARGET_ENFORCEMENT_OVER_OFFICIAL}x)"
+                f"{enforcement} (<= {TARGET_ENFORCEMENT_OVER_OFFICIAL}x)"
             )
     print("\n".join(lines), file=sys.stderr)
 

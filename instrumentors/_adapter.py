@@ -97,6 +97,7 @@ from ._common import (
     ContainedCall,
     ContainedStream,
     _aclose,
+    make_current,
     otel_current,
     start_span,
     strip_veronica_baggage,
@@ -500,11 +501,6 @@ def _describe(
     return ctx, request, spec, span, True, current
 
 
-def _attach(span: Any, current: otel_context.Context) -> contextvars.Token[otel_context.Context]:
-    """Make our span current (a span of ours: not :data:`~._common.UNTRACED_SPAN`)."""
-    return otel_context.attach(trace.set_span_in_context(span, current))
-
-
 def _prepared(
     adapter: ProviderAdapter,
     instance: Any,
@@ -605,7 +601,7 @@ def _async_wrapper(
                 return await wrapped(*args, **kwargs)
             return await otherwise(wrapped, instance, args, kwargs)  # type: ignore[misc]
         ctx, request, spec, span, owns, current = described
-        span_token = _attach(span, current) if owns and span is not UNTRACED_SPAN else None
+        span_token = make_current(span, current) if owns else None
         admitted = None
         try:
             if not request.priced and ctx.has_cost_ceiling:
@@ -662,7 +658,7 @@ def _sync_wrapper(
         # Current from admission until the SDK returns: a denial's trip event
         # lands on this span, and HTTP spans nest under it (a span not ours
         # is current already).
-        span_token = _attach(span, current) if owns and span is not UNTRACED_SPAN else None
+        span_token = make_current(span, current) if owns else None
         admitted = None
         try:
             if not request.priced and ctx.has_cost_ceiling:

@@ -55,7 +55,7 @@ def response_attributes(attributes: dict[str, Any], kind: object, data: Mapping[
         message = data.get("message")
     elif kind == "message_delta":
         message = data.get("delta")
-    if not isinstance(message, Mapping):
+    if type(message) is not dict and not isinstance(message, Mapping):  # no ABC frame
         return
     if type(value := message.get("id")) is str and value:
         attributes[GEN_AI_RESPONSE_ID] = value

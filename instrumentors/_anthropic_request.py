@@ -11,6 +11,7 @@ from typing import Any
 
 from ._adapter import Request
 from ._admit import input_bound
+from ._common import not_none
 from ._hidden_input import anthropic_hidden, hidden_input_tokens
 
 # The logger users filter on, as before this module was split out of anthropic.py.
@@ -48,7 +49,7 @@ def read_request(body: Mapping[str, Any]) -> Request:
     """The call a ``messages.create`` body describes."""
     model = str(body.get("model") or "unknown")
     messages = body.get("messages")
-    parts = [body[key] for key in _INPUT_KEYS if body.get(key) is not None]
+    parts = list(filter(not_none, map(body.get, _INPUT_KEYS)))  # no comprehension frame
     n_messages = len(messages) if isinstance(messages, list) else 1
     cap = body.get("max_tokens")
     # What the bytes do not show (images, server-side input); cache-write prices

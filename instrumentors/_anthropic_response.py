@@ -21,7 +21,7 @@ from ._common import (
     token_count,
 )
 from ._http_libs import bind
-from ._openai_response import _result_types
+from ._openai_response import _MODEL_TYPES, _result_types
 
 # The logger users filter on, as before this module was split out of anthropic.py.
 _logger = logging.getLogger(__name__.rpartition(".")[0] + ".anthropic")
@@ -49,6 +49,8 @@ def _usage_of(call: ContainedCall) -> _Usage:
 
 def hold(call: ContainedCall, result: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
+    if call.done and type(result) in _MODEL_TYPES:  # a message its payload settled
+        return result
     Stream, AsyncStream, BaseModel = _result_types("anthropic")
     if isinstance(result, Stream):
         bind(call, result.response)
@@ -57,6 +59,8 @@ def hold(call: ContainedCall, result: Any) -> Any:
         bind(call, result.response)
         return AsyncContainedStream(result, call, no_item)
     if call.done or result is None or isinstance(result, BaseModel):
+        if len(_MODEL_TYPES) < 256 and isinstance(result, BaseModel):
+            _MODEL_TYPES.add(type(result))  # then known: settled without the checks above
         if not call.done and getattr(result, "type", None) == "message":
             # The payload hook never saw this body (it was not parsed through
             # the hooked method): read the usage of the parsed message itself.

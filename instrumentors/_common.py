@@ -10,8 +10,10 @@ the call on exhaustion, error, close or garbage collection.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
+import operator
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
@@ -23,6 +25,7 @@ from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from veronica_otel._attributes import (
     BAGGAGE_PREFIX,
@@ -43,7 +46,7 @@ from veronica_otel._errors import BudgetExceededError
 from veronica_otel._gc_safe import defer
 from veronica_otel._pricing import UnitPrices
 from veronica_otel._trips import trip_attributes
-from veronica_otel._units import MAX_COUNT, nano_to_usd
+from veronica_otel._units import MAX_COUNT, NANO_PER_USD
 from veronica_otel._version import __version__
 
 from ._breakers import classify_outcome
@@ -60,6 +63,7 @@ __all__ = [
     "UNTRACED_SPAN",
     "make_current",
     "no_item",
+    "not_none",
     "settle_failed",
     "without_veronica_baggage",
 ]
@@ -71,6 +75,10 @@ _SUPPRESS_KEY_PLAIN = "suppress_instrumentation"  # the older key is_instrumenta
 
 # Usage handler: (call, payload) -> None; reads usage and text from one payload.
 PayloadHandler = Callable[["ContainedCall", Any], None]
+
+
+#: ``value is not None`` as one C call (``filter(not_none, ...)``: no comprehension frame).
+not_none: Callable[[object], bool] = functools.partial(operator.is_not, None)
 
 
 def token_count(value: object) -> int | None:
@@ -490,9 +498,12 @@ class ContainedCall:
     def _end_span(self, error: BaseException | None) -> None:
         span = self.span
         try:
-            if span.is_recording():
-                attributes: dict[str, Any] = self.pending_attributes or {}
-                attributes[COST_USD] = nano_to_usd(max(self.handle.cost_nano, 0))
+            attributes = self.pending_attributes  # set: our span, recording
+            if attributes is not None or span.is_recording():
+                if attributes is None:
+                    attributes = {}
+                cost = self.handle.cost_nano
+                attributes[COST_USD] = cost / NANO_PER_USD if cost > 0 else 0.0
                 if self.usage_seen:
                     attributes[GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
                     attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
@@ -562,32 +573,44 @@ def _untraced() -> bool:
     return getattr(trace, "_TRACER_PROVIDER", True) is None
 
 
-def _context_reader() -> Callable[[], otel_context.Context]:
-    """``opentelemetry.context.get_current`` as one C call where the runtime is the
-    API's default (a context variable): the same read, without its two frames."""
+def _context_variable() -> ContextVar[otel_context.Context] | None:
+    """The context variable behind ``opentelemetry.context`` where the runtime is
+    the API's default; None for another runtime (then the API's functions)."""
     runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
     variable = getattr(runtime, "_current_context", None)
     if type(runtime) is ContextVarsRuntimeContext and isinstance(variable, ContextVar):
-        return variable.get
-    return otel_context.get_current
+        return variable
+    return None
 
 
-#: The current OpenTelemetry context (read once per call by the adapters).
-otel_current = _context_reader()
+_CURRENT = _context_variable()
+#: The current OpenTelemetry context (read once per call by the adapters):
+#: ``opentelemetry.context.get_current`` as one C call where the runtime allows.
+otel_current: Callable[[], otel_context.Context] = (
+    otel_context.get_current if _CURRENT is None else _CURRENT.get
+)
+_set_current = None if _CURRENT is None else _CURRENT.set
 
 
 def make_current(
     span: Span, context: otel_context.Context | None
 ) -> Token[otel_context.Context] | None:
-    """Make ``span`` current in ``context``; the detach token (None: nothing attached)."""
+    """Make ``span`` current in ``context``; the detach token (None: nothing attached).
+
+    Where the runtime is the API's default, ``attach(set_span_in_context(span,
+    context))`` in one context built and one variable set, without their five
+    frames; ``opentelemetry.context.detach`` takes the token either way.
+    """
     if span is UNTRACED_SPAN:
         return None
+    if _set_current is not None and context is not None:
+        return _set_current(otel_context.Context({**context, _SPAN_KEY: span}))
     return otel_context.attach(trace.set_span_in_context(span, context))
 
 
 def start_span(
     operation: str,
-    provider: str,
+    provider_name: str,
     model: str,
     agent: str | None = None,
     context: otel_context.Context | None = None,
@@ -607,18 +630,37 @@ def start_span(
             return trace.INVALID_SPAN
     elif context.get(_SUPPRESS_KEY) or context.get(_SUPPRESS_KEY_PLAIN):
         return trace.INVALID_SPAN
-    if getattr(trace, "_TRACER_PROVIDER", True) is None:  # _untraced(), inline
+    provider = getattr(trace, "_TRACER_PROVIDER", True)
+    if provider is None:  # _untraced(), inline
         return UNTRACED_SPAN
     attributes = {
         GEN_AI_OPERATION_NAME: operation,
-        GEN_AI_PROVIDER_NAME: provider,
+        GEN_AI_PROVIDER_NAME: provider_name,
         GEN_AI_REQUEST_MODEL: model,
     }
     if agent is not None:
         attributes[GEN_AI_AGENT_NAME] = agent
-    return tracer.start_span(
+    known = _REAL_TRACER[0]
+    real = known[1] if known[0] is provider else _real_tracer(provider)
+    span: Span = real.start_span(
         f"{operation} {model}", context, kind=SpanKind.CLIENT, attributes=attributes
     )
+    return span
+
+
+# The global provider's own tracer, and the provider it came from: the API's
+# ProxyTracer would look it up in two Python frames on every span. The global
+# is set once, so the tracer is fetched again only when the provider differs.
+_REAL_TRACER: list[tuple[object, Any]] = [(None, tracer)]
+
+
+def _real_tracer(provider: object) -> Any:
+    get_tracer = getattr(provider, "get_tracer", None)
+    if get_tracer is None:  # an API without the global (True): its proxy
+        return tracer
+    real = get_tracer("veronica_otel.instrumentors", __version__)
+    _REAL_TRACER[0] = (provider, real)
+    return real
 
 
 def _note_trip(span: Span, error: BaseException | None, ctx: ExecutionContext) -> None:

@@ -122,10 +122,11 @@ def openai_image_tokens(model: str, detail: object) -> int:
 def openai_hidden(body: Mapping[str, Any], model: str) -> tuple[int, bool]:
     """Images and server-side input of a chat, Responses or completions body."""
     get = body.get
+    prompt = get("prompt")  # a legacy completion's text, or a Responses prompt template
     server_side = (
         get("previous_response_id") is not None
         or get("conversation") is not None
-        or _is_mapping(get("prompt"))
+        or (prompt is not None and type(prompt) is not str and _is_mapping(prompt))
     )
     tools = get("tools")
     if tools and type(tools) is list and not server_side:
@@ -163,8 +164,7 @@ def anthropic_hidden(body: Mapping[str, Any]) -> tuple[int, bool, bool]:
     """Images, server-side input and cache marks of a Messages body:
     ``(extra_tokens, server_side, cache_writes)``."""
     server_side = body.get("container") is not None or body.get("mcp_servers") is not None
-    found = _Found()
-    found.cache = "cache_control" in body  # automatic caching of the whole prompt
+    cache = "cache_control" in body  # automatic caching of the whole prompt
     tools = body.get("tools")
     if tools and type(tools) is list:
         for tool in tools:
@@ -174,9 +174,11 @@ def anthropic_hidden(body: Mapping[str, Any]) -> tuple[int, bool, bool]:
             if type(kind) is str and kind.startswith(_ANTHROPIC_SERVER_TOOLS):
                 server_side = True
             if "cache_control" in tool:
-                found.cache = True
+                cache = True
+    found = None  # made for the first list of blocks (text-only messages have none)
     system = body.get("system")
     if type(system) is list:
+        found = _Found()
         _anthropic_blocks(system, found)
     messages = body.get("messages")
     if type(messages) is list:
@@ -184,8 +186,12 @@ def anthropic_hidden(body: Mapping[str, Any]) -> tuple[int, bool, bool]:
             if type(message) is dict or _is_mapping(message):
                 content = message.get("content")
                 if type(content) is list:  # else a string: text only
+                    if found is None:
+                        found = _Found()
                     _anthropic_blocks(content, found)
-    return found.images * ANTHROPIC_IMAGE_TOKENS, server_side or found.server, found.cache
+    if found is None:
+        return 0, server_side, cache
+    return found.images * ANTHROPIC_IMAGE_TOKENS, server_side or found.server, cache or found.cache
 
 
 class _Found:

@@ -48,7 +48,20 @@ _KEYS = frozenset(_PLAIN) | _SPECIAL
 
 def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], client: Any) -> None:
     """Add what the request says: its parameters and the server it goes to."""
-    for key in _KEYS.intersection(body):  # usually few or none of them
+    if not _KEYS.isdisjoint(body):  # usually none of them
+        _parameters(attributes, body)
+    # The SDK's own attribute: openai 3's ``base_url`` property imports a module per read.
+    base_url = getattr(client, "_base_url", None)
+    if base_url is None:
+        try:
+            base_url = client.base_url
+        except Exception:  # a client we do not know the shape of: no server attributes
+            return
+    server_attributes(attributes, base_url)
+
+
+def _parameters(attributes: dict[str, Any], body: Mapping[str, Any]) -> None:
+    for key in _KEYS.intersection(body):
         value = body[key]
         if value is None:
             continue
@@ -72,17 +85,13 @@ def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], clie
                 attributes["openai.request.service_tier"] = value
         elif type(value) is str:  # encoding_format
             attributes[GEN_AI_REQUEST_ENCODING_FORMATS] = [value]
-    try:
-        base_url = client.base_url
-    except Exception:  # a client we do not know the shape of: no server attributes
-        return
-    server_attributes(attributes, base_url)
 
 
 def response_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> None:
     """Add what a whole reply says (chat, completions, embeddings, responses)."""
     _identity(attributes, data)
-    choices = data.get("choices")
+    get = data.get
+    choices = get("choices")
     if type(choices) is list and choices:
         if len(choices) == 1:  # the common case, without a comprehension's frame
             choice = choices[0]
@@ -92,9 +101,9 @@ def response_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> 
             reasons = _reasons(choices)
         if reasons:
             attributes[GEN_AI_RESPONSE_FINISH_REASONS] = reasons
-    elif type(status := data.get("status")) is str and "output" in data:  # the Responses API
+    elif type(status := get("status")) is str and "output" in data:  # the Responses API
         attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [status]
-    elif type(items := data.get("data")) is list and items:  # embeddings
+    elif type(items := get("data")) is list and items:  # embeddings
         dimensions = _dimensions(items[0])
         if dimensions:
             attributes[GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = dimensions

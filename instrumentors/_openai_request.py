@@ -11,6 +11,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from veronica_otel._attributes import (
     CHAIN_ID,
@@ -21,6 +22,7 @@ from veronica_otel._attributes import (
 
 from ._adapter import Request
 from ._admit import input_bound
+from ._common import not_none
 from ._hidden_input import hidden_input_tokens, openai_hidden
 
 # path suffix -> (GenAI operation, input keys, output-cap keys, the first is the one we
@@ -131,10 +133,10 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
     model = body.get("model")
     if type(model) is not str or not model:
         model = str(model or "unknown")
-    parts = [part for part in map(body.get, input_keys) if part is not None]
+    parts = list(filter(not_none, map(body.get, input_keys)))  # no comprehension frame
     messages = body.get("messages")
     n_messages = len(messages) if type(messages) is list else 1
-    choices = _choices(body, operation)
+    choices = _choices(body, operation) if "n" in body or "best_of" in body else 1
     hidden = 0
     if operation != "embeddings":  # what the bytes do not show: images, server-side input
         extra, server_side = openai_hidden(body, model)
@@ -143,6 +145,13 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
             hidden = hidden_input_tokens(provider, model, bound, extra, server_side)
         if operation == "text_completion":  # each prompt of a list is a completion of its own
             choices *= _prompts(body.get("prompt"))
+    cap = None
+    if cap_keys:  # a plain int under one key, the first set: the common case
+        cap = body.get(cap_keys[0])
+        if cap is None and len(cap_keys) > 1:
+            cap = body.get(cap_keys[1])
+        if cap is not None and type(cap) is not int:
+            cap = _requested_cap(body, cap_keys)[0]
     return _request_of(
         Request,
         (
@@ -150,7 +159,7 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
             model,
             parts,
             n_messages,
-            _requested_cap(body, cap_keys)[0],
+            cap,
             bool(cap_keys),
             choices,
             stream_kwarg or body.get("stream") is True,
@@ -185,8 +194,13 @@ def _peer_span(operation: str, agent: str | None, current: otel_context.Context)
     to end, so the call is described once. Anything else (no span, another
     operation, a span already used for one of our calls): None, our own span.
     """
-    span = trace.get_current_span(current)
-    if not span.is_recording() or getattr(span, "kind", None) is not trace.SpanKind.CLIENT:
+    span: Any = current.get(_SPAN_KEY)  # trace.get_current_span(current), without its frames
+    if span is None or span is _NOT_PEER[0]:
+        return None
+    if getattr(span, "kind", None) is not trace.SpanKind.CLIENT:
+        _NOT_PEER[0] = span  # a span's kind never changes (a chain's span: every call)
+        return None
+    if not span.is_recording():
         return None
     attributes = getattr(span, "attributes", None) or {}
     if CHAIN_ID in attributes:
@@ -199,6 +213,11 @@ def _peer_span(operation: str, agent: str | None, current: otel_context.Context)
     if agent is not None:
         span.set_attribute(GEN_AI_AGENT_NAME, agent)
     return span
+
+
+# The last current span found not to be a CLIENT span: never a peer's (held, so
+# its identity is not reused while it is remembered).
+_NOT_PEER: list[object] = [None]
 
 
 def _is_mapping(value: object) -> bool:

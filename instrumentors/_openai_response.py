@@ -46,13 +46,9 @@ def _result_types(package: str) -> tuple[Any, Any, Any]:
         return found
 
 
-_MODEL_TYPES: set[type] = set()  # response model classes seen (a few per process)
-
-
-def is_parsed(reply: Any) -> bool:
-    """Whether ``reply`` is a parsed model (or None): settled as it returns, its
-    usage read by the payload hook inside ``request()``."""
-    return reply is None or type(reply) in _MODEL_TYPES
+# Response model classes seen (a few per process): a reply of one (or None) is
+# parsed, settled as it returns, its usage read by the payload hook inside request().
+_MODEL_TYPES: set[type] = set()
 
 
 def hold(package: str, call: ContainedCall, result: Any) -> Any:
@@ -61,7 +57,7 @@ def hold(package: str, call: ContainedCall, result: Any) -> Any:
     if call.usage_seen:
         known = type(result) in _MODEL_TYPES
         if not known and len(_MODEL_TYPES) < 256 and isinstance(result, BaseModel):
-            _MODEL_TYPES.add(type(result))  # then is_parsed: settled without this frame
+            _MODEL_TYPES.add(type(result))  # then known parsed: settled without this frame
         call.finish()
         return result
     if isinstance(result, BaseModel):

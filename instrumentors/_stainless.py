@@ -28,6 +28,8 @@ import logging
 import sys
 from typing import Any, ClassVar
 
+from opentelemetry.trace.propagation import _SPAN_KEY
+
 from veronica_otel._errors import BudgetExceededError
 
 from ._adapter import ADMITTED, ProviderAdapter, Request
@@ -38,8 +40,8 @@ from ._endpoints import routed
 from ._hooks import Hook
 from ._http_libs import bound_call
 from ._openai_attributes import request_attributes
-from ._openai_request import _body, _peer_span, read_request, rewritten
-from ._openai_response import account, hold, is_parsed
+from ._openai_request import _NOT_PEER, _body, _peer_span, read_request, rewritten
+from ._openai_response import _MODEL_TYPES, account, hold
 
 __all__ = [
     "GUARDS",
@@ -110,7 +112,8 @@ class OpenAIWireAdapter(StainlessAdapter):
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
-        return read_request(_options(args, kwargs), bool(kwargs.get("stream")), self.provider)
+        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
+        return read_request(options, bool(kwargs.get("stream")), self.provider)
 
     def call_span(
         self,
@@ -121,13 +124,17 @@ class OpenAIWireAdapter(StainlessAdapter):
         agent: str | None,
         current: Any,
     ) -> Any:
+        span = current.get(_SPAN_KEY)  # _peer_span's first test, without its frame
+        if span is None or span is _NOT_PEER[0]:
+            return None
         return _peer_span(request.operation, agent, current)
 
     def request_attributes(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
     ) -> dict[str, Any] | None:
         attributes: dict[str, Any] = {}
-        request_attributes(attributes, _body(_options(args, kwargs)), instance)
+        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
+        request_attributes(attributes, _body(options), instance)
         return attributes
 
     def rewrite(
@@ -141,7 +148,8 @@ class OpenAIWireAdapter(StainlessAdapter):
         return with_options(args, kwargs, rewritten(_options(args, kwargs), cap, model))
 
     def is_stream(self, reply: Any, request: Request) -> bool:
-        return not is_parsed(reply)  # a stream or a raw response: read later
+        # not is_parsed(reply), inline: a stream or a raw response, read later
+        return reply is not None and type(reply) not in _MODEL_TYPES
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         return hold(self.package, call, reply)
@@ -256,8 +264,10 @@ def _payload_wrapper(adapter: OpenAIWireAdapter) -> _Wrapper:
     ) -> Any:
         call = bound_call(kwargs.get("response"))  # read after request() returned
         later = call is not None
-        if not later:
-            call = in_flight(adapter)  # parsed inside request(): the call in flight
+        if not later:  # parsed inside request(): the call in flight (in_flight, inline)
+            call = ADMITTED.get()
+            if call is not None and call.adapter is not adapter:
+                call = None
         if call is not None and not call.done:
             try:
                 account(call, kwargs.get("data"))

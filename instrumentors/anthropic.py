@@ -115,7 +115,8 @@ class _AnthropicAdapter(StainlessAdapter):
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
-        body = messages_body(_options(args, kwargs))
+        options: Any = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
+        body = messages_body(options)
         return None if body is None else read_request(body)
 
     def call_span(
@@ -134,7 +135,8 @@ class _AnthropicAdapter(StainlessAdapter):
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
     ) -> dict[str, Any] | None:
         attributes: dict[str, Any] = {}
-        request_attributes(attributes, _options(args, kwargs).json_data, instance)
+        options: Any = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
+        request_attributes(attributes, options.json_data, instance)
         return attributes
 
     def rewrite(

@@ -7,6 +7,11 @@ source "$(dirname "$0")/_venv.sh"
 # which is what PYTHONDONTWRITEBYTECODE would otherwise be set for.
 export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/veronica-otel/pycache}"
 unset PYTHONDONTWRITEBYTECODE
+# mypy's cache too: a fresh clone re-checks from scratch otherwise (about 40
+# CPU-seconds here, against 2 when warm); mypy revalidates it by content hash.
+export MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/veronica-otel/mypy}"
+# ruff's and pytest's caches likewise, so the run leaves the checkout as it found it.
+export RUFF_CACHE_DIR="${RUFF_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/veronica-otel/ruff}"
 set -x
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
@@ -15,4 +20,5 @@ set -x
 # help even on two cores (PYTEST_WORKERS=0 runs them in this process). Each
 # test is handed out on its own, longest modules first (tests/conftest.py),
 # except the modules grouped there, which run on one worker (loadgroup).
-.venv/bin/pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup "$@"
+.venv/bin/pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup \
+    -o cache_dir="${XDG_CACHE_HOME:-$HOME/.cache}/veronica-otel/pytest" "$@"

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -265,6 +266,17 @@ OPENAI_2_LOW: tuple[tuple[str, ...], ...] = (
 )
 ANTHROPIC_1: tuple[tuple[str, ...], ...] = ((f"{OURS}[anthropic]", "anthropic==1.17.0"),)
 
+# `python -m build`'s front end and the backend pyproject.toml names, installed
+# once: the release test builds with --no-isolation here, where build would
+# otherwise pip install the backend into two fresh environments (the sdist's,
+# then the wheel's) on every run. build still checks the requirements are met.
+BUILD: tuple[tuple[str, ...], ...] = (
+    (
+        "build",
+        *tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"],
+    ),
+)
+
 # examples/jaeger's install line, exactly as its README gives it: the OTLP/HTTP
 # exporter and OpenTelemetry's httpx instrumentation (the POST under each call).
 JAEGER_EXAMPLE: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai,otlp,propagation]",),)
@@ -293,3 +305,12 @@ FRAMEWORK_STRANDS: tuple[tuple[str, ...], ...] = ((f"{OURS}[bedrock]", "strands-
 FRAMEWORK_SMOLAGENTS: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "smolagents[openai]"),)
 FRAMEWORK_AG2: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "ag2[openai]"),)
 FRAMEWORK_DSPY: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "dspy"),)
+
+
+def environ_without(*prefixes: str) -> dict[str, str]:
+    """This process's environment minus every variable starting with one of
+    ``prefixes``, for a child in a fresh venv; the bytecode cache's location
+    (``PYTHONPYCACHEPREFIX``, set by scripts/check.sh) stays, so an app the
+    child imports from the checkout writes no ``__pycache__`` into it."""
+    kept = {"PYTHONPYCACHEPREFIX"}
+    return {k: v for k, v in os.environ.items() if k in kept or not k.startswith(prefixes)}

@@ -130,7 +130,13 @@ def python_sigint() -> Iterator[None]:
 # nothing recorded, tests/e2e first. The controller reads the record once and hands
 # it to its workers, which must all collect in the same order.
 # Under ``--dist loadgroup`` (scripts/check.sh) the modules below run on one worker,
-# so their module-scoped servers start once, not once per worker.
+# so their module-scoped servers and runs happen once, not once per worker that
+# draws one of their tests. The scheduler groups them by module itself
+# (``pytest_xdist_make_scheduler``): xdist 3.8 tells its scheduler a test's
+# ``xdist_group`` by appending it to the test's id, which pytest 9.2's structured
+# ids silently drop (pytest-dev/pytest-xdist#1386), and every group was spread over
+# the workers, its module fixtures run again on each. A library those modules
+# import is then imported by one worker, not by each.
 
 _DURATIONS = _CACHE / "test-durations.json"
 _ONE_WORKER = {
@@ -141,11 +147,32 @@ _ONE_WORKER = {
     "tests/e2e/test_stainless_majors.py": "stainless_majors",  # one run per older SDK
     "tests/e2e/test_release_build.py": "release_build",  # sdist and wheel built once
     "tests/e2e/test_cli_errors.py": "cli_errors",  # one demo run
+    # one app process per framework serves all its tests (tests/e2e/_frameworks.py):
+    "tests/e2e/test_frameworks_openai_2.py": "frameworks_openai_2",
+    "tests/e2e/test_frameworks_openai_3.py": "frameworks_openai_3",
+    "tests/e2e/test_frameworks_text_and_ag2.py": "frameworks_text_and_ag2",
+    "tests/e2e/test_frameworks_gemini_bedrock.py": "frameworks_gemini_bedrock",
+    "tests/e2e/test_examples.py": "examples",  # each example run once, read by many tests
+    # one worker imports ag2 (about 6 CPU-seconds each) or litellm:
+    "tests/integration/test_agent_limits_ag2.py": "ag2",
+    "tests/integration/test_ag2.py": "ag2",
+    # a single test (every parametrisation of it) sharing its module fixture's runs:
+    "tests/e2e/test_real_installs.py::test_each_peer_in_either_order_leaves_every_limit_exact": (
+        "real_installs_peers"
+    ),
+    # modules that import a heavy library in the worker (litellm: ~4 CPU-s a worker):
+    "tests/integration/test_litellm_instrumentor.py": "litellm",
+    "tests/integration/test_counted_once.py": "litellm",
 }
 
 
 def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def _group(nodeid: str) -> str | None:
+    """The one-worker group of a test: its own (any parametrisation), else its module's."""
+    return _ONE_WORKER.get(nodeid.split("[", 1)[0]) or _ONE_WORKER.get(_module(nodeid))
 
 
 def _recorded() -> dict[str, float]:
@@ -166,7 +193,6 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput["veronica_durations"] = _LAST()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     workerinput = getattr(config, "workerinput", None)
     record: dict[str, float] = workerinput["veronica_durations"] if workerinput else _LAST()
@@ -176,10 +202,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(
         key=lambda item: (-per_module.get(_module(item.nodeid), 0.0), "/e2e/" not in item.nodeid)
     )
-    for item in items:
-        group = _ONE_WORKER.get(_module(item.nodeid))
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own scheduler factory
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """loadgroup, with ``_ONE_WORKER``'s modules and tests grouped by their ids."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class _ModuleGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = _group(nodeid)
+            return group if group is not None else super()._split_scope(nodeid)
+
+    return _ModuleGroups(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -4,15 +4,27 @@ The app is an unchanged script (``apps/frameworks/*_app.py``) run with the
 venv's ``opentelemetry-instrument``; the model is the runaway fake server in
 the test process, whose counts are the truth of what was sent. The app ends
 with one ``RESULT {json}`` line (``apps/frameworks/_report.py``).
+
+Importing a framework is most of what such a run costs (crewAI alone takes
+about 4 CPU-seconds), and a framework's tests differ only in their limits and
+scenario: :class:`FrameworkApp` starts the app once for a module and runs each
+test's scenario in a process forked from it after the import, with that
+test's ``VERONICA_*`` variables and a default chain built from them
+(``apps/frameworks/_report.py``). Each scenario still ends with its process,
+and the server is counted after that, as with :func:`run_app`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
+import tempfile
+import threading
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import IO, Any
 
 import pytest
 
@@ -21,6 +33,7 @@ from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps" / "frameworks"
 TIMEOUT = 300  # generous: a loaded CI machine; a run takes a few CPU seconds
+CompletedProcess = subprocess.CompletedProcess[str]
 
 
 def framework_venv(name: str) -> Path:
@@ -38,11 +51,113 @@ def run_app(
 
     ``env`` overrides the defaults; a ``None`` value removes the variable.
     """
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON"))
-    }
+    done = subprocess.run(
+        _command(venv, app, *args),
+        cwd=APPS,
+        env=_environment(server, env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    return _result(done), done
+
+
+class FrameworkApp:
+    """``apps/frameworks/<app>`` started once under zero code, serving scenarios.
+
+    ``env`` is the whole process's (a ``None`` value removes a variable).
+    Use as a context manager; :meth:`run` is :func:`run_app` for one
+    scenario, in a process forked from this one after its imports.
+    """
+
+    def __init__(self, venv: Path, app: str, server: FakeLLMServer, **env: str | None) -> None:
+        self._command = _command(venv, app)
+        self._environ = _environment(server, {**env, "FRAMEWORK_SCENARIOS": "1"})
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: IO[bytes] | None = None
+        self._stderr_read = 0  # what earlier scenarios' results already carried
+        self._process: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> FrameworkApp:
+        self._stderr = tempfile.TemporaryFile()
+        self._process = subprocess.Popen(
+            self._command,
+            cwd=APPS,
+            env=self._environ,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+        threading.Thread(target=self._read, args=(self._process.stdout,), daemon=True).start()
+        return self
+
+    def _read(self, stdout: IO[str]) -> None:
+        for line in stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def run(self, *args: str, **env: str | None) -> tuple[dict[str, Any], CompletedProcess]:
+        """Scenario ``args[0]`` (the app's default without one) under ``env``, once."""
+        assert self._process is not None and self._process.stdin is not None
+        assert self._stderr is not None
+        scenario = {"scenario": args[0] if args else "", "env": env}
+        try:
+            self._process.stdin.write(json.dumps(scenario) + "\n")
+            self._process.stdin.flush()
+        except BrokenPipeError:
+            pass  # the app is gone: said below, with its stderr
+        out: list[str] = []
+        status: int | None = None
+        while status is None:
+            try:
+                line = self._lines.get(timeout=TIMEOUT)
+            except queue.Empty:
+                line = None
+            if line is None:  # the app ended or hung: the RESULT check below says so
+                self._lines.put(None)  # and the next scenario finds it ended too
+                break
+            if line.startswith("DONE "):
+                status = os.waitstatus_to_exitcode(int(line.split()[1]))
+            else:
+                out.append(line)
+        # This scenario's stderr (the app's start-up's too, the first time); pread
+        # leaves the offset the app writes at (it shares the open file) alone.
+        fd = self._stderr.fileno()
+        end = os.fstat(fd).st_size
+        stderr = os.pread(fd, end - self._stderr_read, self._stderr_read).decode(errors="replace")
+        self._stderr_read = end
+        done = CompletedProcess(self._command + list(args), status, "".join(out), stderr)
+        return _result(done), done
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._process is not None:
+            if self._process.stdin is not None:
+                self._process.stdin.close()  # the app's loop ends at EOF
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            if self._process.stdout is not None:
+                self._process.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+
+
+def _command(venv: Path, app: str, *args: str) -> list[str]:
+    bin_ = venv / "bin"
+    return [str(bin_ / "opentelemetry-instrument"), str(bin_ / "python"), app, *args]
+
+
+def _environment(server: FakeLLMServer, env: dict[str, str | None]) -> dict[str, str]:
+    environ = _venvs.environ_without("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON")
     environ.update(
         OPENAI_BASE_URL=server.openai_base_url,
         OPENAI_API_BASE=server.openai_base_url,  # llama-index-llms-openai reads this one
@@ -57,18 +172,14 @@ def run_app(
             environ.pop(name, None)
         else:
             environ[name] = value
-    done = subprocess.run(
-        [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), app, *args],
-        cwd=APPS,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    return environ
+
+
+def _result(done: CompletedProcess) -> dict[str, Any]:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"no RESULT line; exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-    return json.loads(lines[-1].removeprefix("RESULT ")), done
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    return result
 
 
 def agent_policy(folder: Path, name: str, max_steps: int) -> str:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,8 +144,10 @@ def test_demo_into_an_unwritable_folder_fails_before_running(
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """One demo run, in a shell whose PATH does not have the venv's scripts."""
+def demo_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One demo run for the module, in a shell whose PATH does not have the venv's scripts."""
     cwd = tmp_path_factory.mktemp("demo")
     result = subprocess.run(
         [PYTHON, "-m", "veronica_otel.cli", "demo", "--out", "graphs"],
@@ -157,9 +159,38 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    return cwd, result
+
+
+@pytest.fixture
+def demo(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> tuple[Path, str]:
+    """The demo's folder and the command it printed to look at its graphs."""
+    cwd, result = demo_run
     hint = re.search(r"^in a terminal: (.+)$", result.stdout, re.MULTILINE)
     assert hint is not None, result.stdout
-    yield cwd, hint.group(1)
+    return cwd, hint.group(1)
+
+
+def test_demo_prints_the_table_with_honest_counts(
+    demo_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    result = demo_run[1]
+    lines = result.stdout.splitlines()
+    rows = [line for line in lines if "contained" in line]
+    assert len(rows) >= 8
+    retry = [line for line in rows if line.startswith("Retry amplification")]
+    calls = [int(re.search(r"contained\s+(\d+)", line).group(1)) for line in retry]  # type: ignore[union-attr]
+    assert calls == [64, 6]  # (1+3)^3 requests reached the server; contained: 1 + 5 retries
+    assert "retries" in retry[1]
+    for line in rows:
+        if " contained " in line:
+            assert "fewer calls" in line
+    websocket = [line for line in rows if line.startswith("WebSocket")]
+    assert "ws 1008" in websocket[1]
+    # The session cut mid-stream leaves nothing for the event loop to complain
+    # about at shutdown (an abandoned async stream did, on about half the runs).
+    assert "asynchronous generator" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
 
 
 def test_the_demo_hint_runs_as_printed_without_the_script_on_path(

@@ -1,7 +1,12 @@
-"""The example scripts run as their docstrings say, and show containment working."""
+"""The example scripts run as their docstrings say, and show containment working.
+
+Each script runs once (its output cached) however many tests read it, and the
+module's tests run on one pytest-xdist worker so that once holds there too.
+"""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +16,7 @@ import pytest
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
+@functools.cache
 def run(script: str) -> str:
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / script)],

@@ -7,7 +7,8 @@ runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
 after the process exited: Strands' and ADK's tool runs are steps too (2 model
 requests), and nothing is sent after the denial. google-adk pins
 ``opentelemetry-api<=1.44``: it must resolve beside us (the newest ADK, not a
-fallback to 1.x).
+fallback to 1.x). Each framework is imported once for its tests
+(:class:`FrameworkApp`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e._frameworks import agent_policy, framework_venv, run_app
+from tests.e2e._frameworks import FrameworkApp, agent_policy, framework_venv
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
@@ -37,21 +38,46 @@ def strands() -> Path:
     return framework_venv("FRAMEWORK_STRANDS")
 
 
-@pytest.fixture
-def llm() -> Iterator[FakeLLMServer]:
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeLLMServer]:
     with FakeLLMServer(output_tokens=5, runaway=True) as server:
         yield server
 
 
-def _adk(venv: Path, llm: FakeLLMServer, **env: str) -> dict[str, object]:
-    result, done = run_app(
-        venv,
+@pytest.fixture
+def llm(server: FakeLLMServer) -> FakeLLMServer:
+    server.reset()  # counts from this test's run alone
+    return server
+
+
+@pytest.fixture(scope="module")
+def adk_app(adk: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp(
+        adk,
         "google_adk_app.py",
-        llm,
-        GOOGLE_GEMINI_BASE_URL=llm.base_url,
+        server,
+        GOOGLE_GEMINI_BASE_URL=server.base_url,
         GOOGLE_API_KEY="test-key",
-        **env,
-    )
+    ) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def strands_app(strands: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp(
+        strands,
+        "strands_app.py",
+        server,
+        AWS_ENDPOINT_URL_BEDROCK_RUNTIME=server.base_url,
+        AWS_ACCESS_KEY_ID="x",
+        AWS_SECRET_ACCESS_KEY="x",
+        AWS_REGION="us-east-1",
+    ) as app:
+        yield app
+
+
+def _adk(app: FrameworkApp, **env: str) -> dict[str, object]:
+    result, done = app.run(**env)
     assert result["how"] == "itself", (result, done.stderr[-2000:])  # ADK does not wrap it
     return result
 
@@ -62,40 +88,32 @@ def test_google_adk_resolves_beside_us(adk: Path) -> None:
     assert adk_versions and not adk_versions[0].startswith("google_adk-1."), adk_versions
 
 
-def test_google_adk_runaway_stops_at_max_steps(adk: Path, llm: FakeLLMServer) -> None:
-    result = _adk(adk, llm, VERONICA_MAX_STEPS=str(STEPS))
+def test_google_adk_runaway_stops_at_max_steps(adk_app: FrameworkApp, llm: FakeLLMServer) -> None:
+    result = _adk(adk_app, VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {GEMINI: SENT}}
     assert result["reason"] == "steps" and result["agent"] is None
 
 
 def test_google_adk_agent_limit_by_its_own_name(
-    adk: Path, llm: FakeLLMServer, tmp_path: Path
+    adk_app: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     # ADK's spans carry gen_ai.agent.name (its model requests), and its tool
     # runs are Looper's steps (tool_context.agent_name): [agents."Looper"] applies.
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result = _adk(adk, llm, VERONICA_POLICY_FILE=policy)
+    result = _adk(adk_app, VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT
     assert result["agent"] == "Looper", result
 
 
-def _strands(venv: Path, llm: FakeLLMServer, *args: str, **env: str) -> tuple[dict[str, Any], str]:
-    result, done = run_app(
-        venv,
-        "strands_app.py",
-        llm,
-        *args,
-        AWS_ENDPOINT_URL_BEDROCK_RUNTIME=llm.base_url,
-        AWS_ACCESS_KEY_ID="x",
-        AWS_SECRET_ACCESS_KEY="x",
-        AWS_REGION="us-east-1",
-        **env,
-    )
+def _strands(app: FrameworkApp, *args: str, **env: str) -> tuple[dict[str, Any], str]:
+    result, done = app.run(*args, **env)
     return result, done.stderr[-2000:]
 
 
-def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMServer) -> None:
-    result, stderr = _strands(strands, llm, VERONICA_MAX_STEPS=str(STEPS))
+def test_strands_bedrock_runaway_stops_at_max_steps(
+    strands_app: FrameworkApp, llm: FakeLLMServer
+) -> None:
+    result, stderr = _strands(strands_app, VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {BEDROCK: SENT}}, stderr
     # Strands wraps any error of its event loop: ours is the __cause__ of its
     # EventLoopException.
@@ -103,18 +121,22 @@ def test_strands_bedrock_runaway_stops_at_max_steps(strands: Path, llm: FakeLLMS
     assert result["reason"] == "steps"
 
 
-def test_strands_agent_limit_by_its_name(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+def test_strands_agent_limit_by_its_name(
+    strands_app: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+) -> None:
     # Only the agent is limited: without StrandsInstrumentor naming it, the
     # runaway loop ran until Python's recursion limit (317 requests).
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result, stderr = _strands(strands, llm, VERONICA_POLICY_FILE=policy)
+    result, stderr = _strands(strands_app, VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, stderr
     assert result["how"] == "cause" and result["agent"] == "Looper", result
 
 
-def test_strands_stream_async_is_named(strands: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+def test_strands_stream_async_is_named(
+    strands_app: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+) -> None:
     # stream_async iterated directly runs under the agent's name too.
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result, stderr = _strands(strands, llm, "stream", VERONICA_POLICY_FILE=policy)
+    result, stderr = _strands(strands_app, "stream", VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, stderr
     assert result["how"] == "cause" and result["agent"] == "Looper", result

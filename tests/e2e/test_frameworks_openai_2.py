@@ -4,7 +4,8 @@ LlamaIndex (one venv, :data:`tests._venvs.FRAMEWORKS_OPENAI_2`).
 As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
 runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
 after the process exited, the run ends with ours and nothing is sent after it:
-crewAI's and LlamaIndex's tool runs are steps too (2 model requests).
+crewAI's and LlamaIndex's tool runs are steps too (2 model requests). Each
+framework is imported once for its tests (:class:`FrameworkApp`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import agent_policy, framework_venv, run_app
+from tests.e2e._frameworks import FrameworkApp, agent_policy, framework_venv
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
@@ -27,20 +28,32 @@ def venv() -> Path:
     return framework_venv("FRAMEWORKS_OPENAI_2")
 
 
-@pytest.fixture
-def llm() -> Iterator[FakeLLMServer]:
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeLLMServer]:
     with FakeLLMServer(output_tokens=5, runaway=True) as server:
         yield server
 
 
-def test_crewai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
-    result, done = run_app(
-        venv,
-        "crewai_app.py",
-        llm,
-        VERONICA_MAX_STEPS=str(STEPS),
-        CREWAI_DISABLE_TELEMETRY="true",
-    )
+@pytest.fixture
+def llm(server: FakeLLMServer) -> FakeLLMServer:
+    server.reset()  # counts from this test's run alone
+    return server
+
+
+@pytest.fixture(scope="module")
+def crewai(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp(venv, "crewai_app.py", server, CREWAI_DISABLE_TELEMETRY="true") as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def llama_index(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp(venv, "llama_index_app.py", server) as app:
+        yield app
+
+
+def test_crewai_runaway_stops_at_max_steps(crewai: FrameworkApp, llm: FakeLLMServer) -> None:
+    result, done = crewai.run(VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr
     # crewAI logs the failed call and retries it; the trip is sticky, so the
     # retry is refused before it leaves, and ours leaves kickoff() as itself.
@@ -48,32 +61,30 @@ def test_crewai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> No
     assert result["reason"] == "steps"
 
 
-def test_llama_index_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
-    result, done = run_app(venv, "llama_index_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+def test_llama_index_runaway_stops_at_max_steps(
+    llama_index: FrameworkApp, llm: FakeLLMServer
+) -> None:
+    result, done = llama_index.run(VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr
     assert all(r.body.get("stream") is True for r in llm.requests)  # it streams by default
     assert result["how"] == "itself", result
     assert result["reason"] == "steps"
 
 
-def test_crewai_agent_limit_by_its_role(venv: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+def test_crewai_agent_limit_by_its_role(
+    crewai: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result, done = run_app(
-        venv,
-        "crewai_app.py",
-        llm,
-        VERONICA_POLICY_FILE=policy,
-        CREWAI_DISABLE_TELEMETRY="true",
-    )
+    result, done = crewai.run(VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result
 
 
 def test_llama_index_agent_limit_by_its_name(
-    venv: Path, llm: FakeLLMServer, tmp_path: Path
+    llama_index: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     # FunctionAgent(name="Looper"): its model calls and its tool runs are Looper's.
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result, done = run_app(venv, "llama_index_app.py", llm, VERONICA_POLICY_FILE=policy)
+    result, done = llama_index.run(VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result

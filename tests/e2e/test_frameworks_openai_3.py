@@ -6,7 +6,8 @@ reply asks for another tool call, so the loop never ends on its own) under
 ``VERONICA_MAX_STEPS=3``: a step is a model call or a tool run, so exactly 2
 model requests reach the server (model, tool, model; the second tool run is
 denied), the run ends with our denial, and the count is taken after the process exited, so
-nothing was sent after it.
+nothing was sent after it. Each framework is imported once for its tests
+(:class:`FrameworkApp`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import agent_policy, framework_venv, run_app
+from tests.e2e._frameworks import FrameworkApp, agent_policy, framework_venv
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
@@ -28,16 +29,40 @@ def venv() -> Path:
     return framework_venv("FRAMEWORKS_OPENAI_3")
 
 
-@pytest.fixture
-def llm() -> Iterator[FakeLLMServer]:
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeLLMServer]:
     with FakeLLMServer(output_tokens=5, runaway=True) as server:
         yield server
 
 
-def test_openai_agents_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
-    result, done = run_app(
-        venv, "openai_agents_app.py", llm, "runaway", VERONICA_MAX_STEPS=str(STEPS)
-    )
+@pytest.fixture
+def llm(server: FakeLLMServer) -> FakeLLMServer:
+    server.reset()  # counts from this test's run alone
+    return server
+
+
+@pytest.fixture(scope="module")
+def openai_agents(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp(venv, "openai_agents_app.py", server) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def pydantic_ai(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp(venv, "pydantic_ai_app.py", server) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def langgraph(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp(venv, "langgraph_app.py", server) as app:
+        yield app
+
+
+def test_openai_agents_runaway_stops_at_max_steps(
+    openai_agents: FrameworkApp, llm: FakeLLMServer
+) -> None:
+    result, done = openai_agents.run("runaway", VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
     # The denied step is the second tool run: openai-agents wraps a tool's
     # error, so ours is the __cause__ of its UserError (a denied model call
@@ -47,12 +72,10 @@ def test_openai_agents_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer
 
 
 def test_openai_agents_handoff_loop_per_agent_limit(
-    venv: Path, llm: FakeLLMServer, tmp_path: Path
+    openai_agents: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Alpha", 2)
-    result, done = run_app(
-        venv, "openai_agents_app.py", llm, "handoffs", VERONICA_POLICY_FILE=policy
-    )
+    result, done = openai_agents.run("handoffs", VERONICA_POLICY_FILE=policy)
     models = [r.body.get("instructions") for r in llm.requests]
     # Alpha, Beta, Alpha, Beta, then Alpha's third call is denied: Alpha sent exactly 2.
     assert llm.request_count == 4, (models, done.stderr)
@@ -61,20 +84,20 @@ def test_openai_agents_handoff_loop_per_agent_limit(
 
 
 def test_openai_agents_streamed_run_is_named(
-    venv: Path, llm: FakeLLMServer, tmp_path: Path
+    openai_agents: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result, done = run_app(
-        venv, "openai_agents_app.py", llm, "streamed", VERONICA_POLICY_FILE=policy
-    )
+    result, done = openai_agents.run("streamed", VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, done.stderr[-2000:]
     # Looper's second tool run is denied; stream_events() raises the UserError.
     assert result["raised"] == "UserError" and result["how"] == "cause", result
     assert result["agent"] == "Looper", result
 
 
-def test_pydantic_ai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
-    result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+def test_pydantic_ai_runaway_stops_at_max_steps(
+    pydantic_ai: FrameworkApp, llm: FakeLLMServer
+) -> None:
+    result, done = pydantic_ai.run(VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
     # Not a ModelAPIError, so no retry and no FallbackModel fallback: it leaves
     # run_sync as itself (under FallbackModel(fallback_on=(Exception,)) it would
@@ -83,8 +106,8 @@ def test_pydantic_ai_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) 
     assert result["reason"] == "steps"
 
 
-def test_langgraph_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) -> None:
-    result, done = run_app(venv, "langgraph_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+def test_langgraph_runaway_stops_at_max_steps(langgraph: FrameworkApp, llm: FakeLLMServer) -> None:
+    result, done = langgraph.run(VERONICA_MAX_STEPS=str(STEPS))
     # LangChain tool runs are steps too (LangChainInstrumentor): model, tool,
     # model, then the second tool run is denied; 2 model requests were sent.
     assert llm.stats() == {"total": 2, "routes": {"/v1/chat/completions": 2}}, done.stderr
@@ -93,19 +116,21 @@ def test_langgraph_runaway_stops_at_max_steps(venv: Path, llm: FakeLLMServer) ->
 
 
 def test_pydantic_ai_agent_limit_by_its_name(
-    venv: Path, llm: FakeLLMServer, tmp_path: Path
+    pydantic_ai: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result, done = run_app(venv, "pydantic_ai_app.py", llm, VERONICA_POLICY_FILE=policy)
+    result, done = pydantic_ai.run(VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result
 
 
-def test_langgraph_node_limit_by_its_name(venv: Path, llm: FakeLLMServer, tmp_path: Path) -> None:
+def test_langgraph_node_limit_by_its_name(
+    langgraph: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+) -> None:
     # The ReAct graph is the node "Looper" of an outer graph (a supervisor's
     # sub-agent): its model and tool runs are Looper's. Model, tool, model,
     # then the tool run that would be Looper's fourth step is denied.
     policy = agent_policy(tmp_path, "Looper", 3)
-    result, done = run_app(venv, "langgraph_app.py", llm, "nested", VERONICA_POLICY_FILE=policy)
+    result, done = langgraph.run("nested", VERONICA_POLICY_FILE=policy)
     assert llm.request_count == 2, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result

@@ -7,7 +7,8 @@ after the process exited. dspy's ReAct asks for tools in its own text fields,
 not the API's tool calls, so its runaway model is a responder answering in
 dspy's chat format with another ``lookup`` every turn; and dspy sends through
 its own raw-socket client unless the call goes through LiteLLM, which
-``DSPyInstrumentor`` makes every call in a chain do.
+``DSPyInstrumentor`` makes every call in a chain do. smolagents and AG2 are
+imported once for their tests (:class:`FrameworkApp`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import agent_policy, framework_venv, run_app
+from tests.e2e._frameworks import FrameworkApp, agent_policy, framework_venv, run_app
 from veronica_otel.testing import FakeLLMServer, RecordedRequest
 
 STEPS = 3
@@ -29,40 +30,61 @@ DSPY_TURN = (
 )
 
 
-@pytest.fixture
-def llm() -> Iterator[FakeLLMServer]:
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeLLMServer]:
     with FakeLLMServer(output_tokens=5, runaway=True) as server:
         yield server
 
 
-def test_smolagents_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
+@pytest.fixture
+def llm(server: FakeLLMServer) -> FakeLLMServer:
+    server.reset()  # counts from this test's run alone
+    return server
+
+
+@pytest.fixture(scope="module")
+def smolagents(server: FakeLLMServer) -> Iterator[FrameworkApp]:
     venv = framework_venv("FRAMEWORK_SMOLAGENTS")
-    result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+    with FrameworkApp(venv, "smolagents_app.py", server) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def ag2(server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp(framework_venv("FRAMEWORK_AG2"), "ag2_app.py", server) as app:
+        yield app
+
+
+def test_smolagents_runaway_stops_at_max_steps(
+    smolagents: FrameworkApp, llm: FakeLLMServer
+) -> None:
+    result, done = smolagents.run(VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr[-2000:]
     # smolagents wraps a model error: ours is the __cause__ of its AgentGenerationError.
     assert result["raised"] == "AgentGenerationError" and result["how"] == "cause", result
     assert result["reason"] == "steps"
 
 
-def test_smolagents_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) -> None:
-    venv = framework_venv("FRAMEWORK_SMOLAGENTS")
+def test_smolagents_agent_limit_by_its_name(
+    smolagents: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result, done = run_app(venv, "smolagents_app.py", llm, VERONICA_POLICY_FILE=policy)
+    result, done = smolagents.run(VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "cause" and result["agent"] == "Looper", result
 
 
-def test_smolagents_streamed_run_is_named(llm: FakeLLMServer, tmp_path: Path) -> None:
-    venv = framework_venv("FRAMEWORK_SMOLAGENTS")
+def test_smolagents_streamed_run_is_named(
+    smolagents: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
-    result, done = run_app(venv, "smolagents_app.py", llm, "stream", VERONICA_POLICY_FILE=policy)
+    result, done = smolagents.run("stream", VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, done.stderr[-2000:]
     assert result["how"] == "cause" and result["agent"] == "Looper", result
 
 
-def test_ag2_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
-    venv = framework_venv("FRAMEWORK_AG2")
-    result, done = run_app(venv, "ag2_app.py", llm, VERONICA_MAX_STEPS=str(STEPS))
+def test_ag2_runaway_stops_at_max_steps(ag2: FrameworkApp, llm: FakeLLMServer) -> None:
+    result, done = ag2.run(VERONICA_MAX_STEPS=str(STEPS))
     # AG2 tool runs are steps too (AG2Instrumentor): model, tool, model, then
     # the second tool run is denied; 2 model requests were sent.
     assert llm.stats() == {"total": 2, "routes": {CHAT: 2}}, done.stderr[-2000:]
@@ -70,10 +92,9 @@ def test_ag2_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
     assert result["reason"] == "steps"
 
 
-def test_ag2_agent_limit_by_its_name(llm: FakeLLMServer, tmp_path: Path) -> None:
-    venv = framework_venv("FRAMEWORK_AG2")
+def test_ag2_agent_limit_by_its_name(ag2: FrameworkApp, llm: FakeLLMServer, tmp_path: Path) -> None:
     policy = agent_policy(tmp_path, "Looper", 3)
-    result, done = run_app(venv, "ag2_app.py", llm, VERONICA_POLICY_FILE=policy)
+    result, done = ag2.run(VERONICA_POLICY_FILE=policy)
     # Looper's model, tool, model; its second tool run is denied, and so is
     # the model call AG2 makes with the error: Looper sent exactly 2.
     assert llm.request_count == 2, done.stderr[-2000:]

@@ -87,6 +87,14 @@ def demo_runs(recipe: Path, jaeger: JaegerProcess) -> dict[str, dict[str, Any]]:
     return {protocol: run_planner_critic(recipe, jaeger, protocol) for protocol in PROTOCOLS}
 
 
+@pytest.fixture(scope="module")
+def forwarded_runs(
+    recipe: Path, jaeger: JaegerProcess, collector: JaegerProcess
+) -> dict[str, dict[str, Any]]:
+    """The demo chain sent through the Collector once per protocol (its report)."""
+    return {protocol: run_planner_critic(recipe, collector, protocol) for protocol in PROTOCOLS}
+
+
 @pytest.fixture
 def llm() -> Iterator[FakeLLMServer]:
     with FakeLLMServer(output_tokens=20) as server:
@@ -379,14 +387,13 @@ def test_two_services_are_one_trace_in_jaeger(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_through_a_collector_nothing_is_lost(
-    recipe: Path,
     demo_runs: dict[str, dict[str, Any]],
+    forwarded_runs: dict[str, dict[str, Any]],
     jaeger: JaegerProcess,
-    collector: JaegerProcess,
     protocol: str,
 ) -> None:
     direct = demo_runs[protocol]
-    forwarded = run_planner_critic(recipe, collector, protocol)
+    forwarded = forwarded_runs[protocol]
     assert direct["sent"] == forwarded["sent"]
     expected = settled(lambda: jaeger.query.trace(direct["trace_id"]))
     arrived = settled(lambda: jaeger.query.trace(forwarded["trace_id"]), at_least=len(expected))
@@ -395,7 +402,10 @@ def test_through_a_collector_nothing_is_lost(
 
 
 def test_graph_reads_chains_from_jaeger(
-    recipe: Path, demo_runs: dict[str, dict[str, Any]], jaeger: JaegerProcess, tmp_path: Path
+    demo_runs: dict[str, dict[str, Any]],
+    forwarded_runs: dict[str, dict[str, Any]],
+    jaeger: JaegerProcess,
+    tmp_path: Path,
 ) -> None:
     report = demo_runs["http/protobuf"]
     spans = settled(lambda: jaeger.query.trace(report["trace_id"]))
@@ -413,8 +423,9 @@ def test_graph_reads_chains_from_jaeger(
     (graph,) = graphs_from_spans(spans)
     assert graph["totals"]["llm_sent"] == 9
 
-    # The service's latest traces: a new one and the one before it.
-    latest = run_planner_critic(recipe, jaeger, "http/protobuf")
+    # The service's latest traces: the one sent through the Collector, and the
+    # one sent straight before it.
+    latest = forwarded_runs["http/protobuf"]
     settled(lambda: jaeger.query.trace(latest["trace_id"]))
     result = cli(
         "graph",

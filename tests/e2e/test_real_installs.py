@@ -16,7 +16,6 @@ whose request counts are the truth of what was sent.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import urllib.request
@@ -61,11 +60,7 @@ def llm() -> Iterator[FakeLLMServer]:
 
 def environment(llm: FakeLLMServer, **env: str) -> dict[str, str]:
     """This process's environment minus any VERONICA_/OTEL_/OPENAI_ setting and PYTHONPATH."""
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON"))
-    }
+    environ = _venvs.environ_without("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON")
     environ.update(
         OPENAI_BASE_URL=llm.openai_base_url,
         OPENAI_API_KEY="test-key",
@@ -213,7 +208,7 @@ def serve(recipe: Path, llm: FakeLLMServer, server: str, *args: str) -> tuple[li
     try:
         answers = []
         for _ in range(10):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=TIMEOUT) as reply:
                 answers.append(reply.read().decode())
     finally:
         proc.terminate()
@@ -253,40 +248,53 @@ def test_peers_under_zero_code_send_exactly_max_steps(peers: Path, llm: FakeLLMS
     assert oks(result) == 3
 
 
-def run_peer(
-    peers: Path, llm: FakeLLMServer, name: str, order: str, limit: str
-) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [str(peers / "bin" / "python"), str(AGENT), "peer", name, order, limit],
-        env=environment(llm, OTEL_SDK_DISABLED="false"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+# Each run's (stdout, stderr) by (peer, order), and every chat request's x-limit header.
+PeerRuns = tuple[dict[tuple[str, str], tuple[str, str]], list[str]]
+PEER_RUNS = [
+    ("none", "ours-first"),  # with no peer, either order is the same run
+    *(
+        (name, order)
+        for name in ("openai-v2", "openllmetry", "openlit")
+        for order in ("peer-first", "ours-first")
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def peer_runs(peers: Path) -> Iterator[PeerRuns]:
+    """Each peer in each order: one process each, serving both limits one after the other."""
+    with FakeLLMServer(output_tokens=10) as llm:
+        runs = {
+            key: subprocess.Popen(
+                [str(peers / "bin" / "python"), str(AGENT), "peer", *key],
+                env=environment(llm, OTEL_SDK_DISABLED="false"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for key in PEER_RUNS
+        }
+        outputs = {}
+        try:
+            for key, proc in runs.items():
+                outputs[key] = proc.communicate(timeout=TIMEOUT)
+        finally:
+            for proc in runs.values():
+                proc.kill()
+                proc.communicate()
+        yield outputs, [r.headers.get("x-limit", "") for r in llm.requests if r.path == CHAT]
 
 
 @pytest.mark.parametrize("limit", ["steps", "cost"])
 def test_each_peer_in_either_order_leaves_every_limit_exact(
-    peers: Path, llm: FakeLLMServer, limit: str
+    peer_runs: PeerRuns, limit: str
 ) -> None:
-    runs = {
-        (name, order): run_peer(peers, llm, name, order, limit)
-        for name in ("none", "openai-v2", "openllmetry", "openlit")
-        for order in ("peer-first", "ours-first")
-    }
-    outputs = {}
-    try:
-        for key, proc in runs.items():
-            outputs[key] = proc.communicate(timeout=TIMEOUT)
-    finally:
-        for proc in runs.values():
-            proc.kill()
-            proc.communicate()
+    outputs, sent_with = peer_runs
     outcomes = {}
     for key, (stdout, stderr) in outputs.items():
-        lines = stdout.splitlines()
+        lines = [line.removeprefix(f"{limit}: ") for line in stdout.splitlines()]
         outcomes[key] = [line for line in lines if line.startswith("step ")]
-        assert len(outcomes[key]) == 6, (key, stderr[-3000:])
+        assert len(outcomes[key]) == 6, (key, stdout, stderr[-3000:])
         spans = next(json.loads(line[7:]) for line in lines if line.startswith("spans: "))
         # One CLIENT span per call, sent or refused: a peer's, with our
         # attributes on it, or ours when no peer describes the call.
@@ -296,5 +304,5 @@ def test_each_peer_in_either_order_leaves_every_limit_exact(
     # server saw exactly the calls the apps saw succeed.
     expected = 3 if limit == "steps" else sent[0]
     assert 0 < expected < 6
-    assert sent == [expected] * len(runs), dict(zip(runs, sent, strict=True))
-    assert llm.count(CHAT) == expected * len(runs)
+    assert sent == [expected] * len(outputs), dict(zip(outputs, sent, strict=True))
+    assert sent_with.count(limit) == expected * len(outputs)

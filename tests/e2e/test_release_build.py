@@ -2,8 +2,12 @@
 
 ``python -m build`` builds the sdist, then the wheel *from the sdist*, as a
 release does: a file the wheel needs but the sdist lacks (the zero-code
-start-up file once was) fails here. The wheel is then installed into a fresh
-venv and the quick-start example runs from it, outside the checkout.
+start-up file once was) fails here. It builds without isolation in a cached
+venv holding exactly the build requirements pyproject.toml declares
+(:data:`tests._venvs.BUILD`), which build checks before it starts. The wheel
+is then installed into a venv holding its dependencies only, pip checks they
+satisfy what the wheel declares, and the quick-start example runs from it,
+outside the checkout.
 """
 
 from __future__ import annotations
@@ -20,17 +24,28 @@ from tests import _venvs
 
 QUICKSTART = _venvs.ROOT / "examples" / "quickstart.py"
 TIMEOUT = 600
+# What the venvs run with: not this checkout's sources on the path.
+ENV = _venvs.environ_without("PYTHON")
+
+
+def _venv(name: str, steps: tuple[tuple[str, ...], ...]) -> Path:
+    try:
+        return _venvs.venv(name, steps)
+    except subprocess.CalledProcessError as exc:  # say what pip said, do not hide it
+        pytest.fail(f"building the {name} venv: {_venvs.build_error(exc)}")
 
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
+    python = str(_venv("build", _venvs.BUILD) / "bin" / "python")
     with _venvs._checkout_copy() as checkout:
         built = subprocess.run(  # noqa: PLW1510 (the returncode is asserted with pip's output)
-            [sys.executable, "-m", "build", "--outdir", str(out), str(checkout)],
+            [python, "-m", "build", "--no-isolation", "--outdir", str(out), str(checkout)],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
+            env=ENV,
         )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     return out
@@ -72,38 +87,33 @@ def test_the_sdist_and_the_wheel_carry_every_lua_script(dist: Path) -> None:
 
 
 def test_the_installed_wheel_runs_the_quickstart(dist: Path, tmp_path: Path) -> None:
-    # The dependencies come from a cached venv; the wheel itself goes in fresh.
-    venv = _venvs.venv("release", (("openai>=2.30", "opentelemetry-sdk>=1.41", "genai-prices"),))
+    # The dependencies come from a cached venv; the wheel itself goes in fresh
+    # (the cached third-party set is not reinstalled), and pip checks that the
+    # venv satisfies every requirement the wheel declares.
+    venv = _venv("release", (("openai>=2.30", "opentelemetry-sdk>=1.41", "genai-prices"),))
     python = str(venv / "bin" / "python")
     (wheel,) = dist.glob("*.whl")
-    subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--force-reinstall", str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=TIMEOUT,
-    )
+    for pip in (["install", "-q", "--force-reinstall", "--no-deps", str(wheel)], ["check"]):
+        done = subprocess.run(  # noqa: PLW1510
+            [python, "-m", "pip", *pip], capture_output=True, text=True, timeout=TIMEOUT, env=ENV
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = subprocess.run(  # noqa: PLW1510
         [python, str(QUICKSTART)],
         cwd=tmp_path,  # not the checkout: the wheel is what is imported
         capture_output=True,
         text=True,
         timeout=120,
+        env=ENV,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "requests the server received: 3\n" in out.stdout
-    where = subprocess.run(
-        [python, "-c", "import veronica_otel; print(veronica_otel.__file__)"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert str(venv) in where.stdout
-    lua = subprocess.run(  # the scripts, read as the ledger reads them (no redis needed)
+    installed = subprocess.run(  # where it came from, and the scripts read as the ledger reads them
         [
             python,
             "-c",
-            "from importlib.resources import files; "
+            "import veronica_otel; from importlib.resources import files; "
+            "print(veronica_otel.__file__); "
             "print(len(files('veronica_otel').joinpath('distributed', 'lua', 'reserve.lua')"
             ".read_text()))",
         ],
@@ -111,8 +121,11 @@ def test_the_installed_wheel_runs_the_quickstart(dist: Path, tmp_path: Path) -> 
         capture_output=True,
         text=True,
         check=True,
+        env=ENV,
     )
-    assert int(lua.stdout) > 1000
+    where, lua = installed.stdout.splitlines()
+    assert str(venv) in where
+    assert int(lua) > 1000
 
 
 def test_every_entry_point_and_the_startup_file_name_a_module_the_wheel_ships(

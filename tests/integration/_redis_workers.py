@@ -1,4 +1,5 @@
-"""Process bodies for the multi-process Redis tests (spawned, so importable and light).
+"""Process bodies for the multi-process Redis tests (importable and light), and
+the start method of their processes.
 
 Each body takes a results queue and an index first and puts ``(index, result)``
 on the queue when done; exceptions are put as text, so the parent can fail
@@ -7,8 +8,10 @@ with the worker's own traceback instead of waiting out a timeout.
 
 from __future__ import annotations
 
+import multiprocessing
 import traceback
 from collections.abc import Callable
+from multiprocessing.context import ForkServerContext
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
@@ -21,6 +24,26 @@ from veronica_otel import (
     WrapOptions,
 )
 from veronica_otel.distributed import LedgerUnavailableError, RedisCircuitBreaker, RedisLedger
+
+# Imported once by the fork server, not by each process it starts.
+_PRELOAD = [
+    "tests.integration._redis_workers",
+    "tests.integration._pool_workers",
+    "tests.integration._agent_workers",
+]
+
+
+def process_context() -> ForkServerContext:
+    """How the tests start their worker processes: forked from a fork server.
+
+    Each is a process of its own, as a spawned one is, but the server (one per
+    pytest process, single-threaded, never pytest itself) imported the bodies
+    and the package once, where a spawned interpreter imports them again each
+    time (~0.4 CPU-s, eight processes at a time in some tests).
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    return context
 
 
 def _stub() -> None:

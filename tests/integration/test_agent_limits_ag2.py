@@ -20,10 +20,10 @@ from veronica_otel.testing import FakeLLMServer
 CHAT = "/v1/chat/completions"
 
 
-pytestmark = pytest.mark.fake_llm(output_tokens=3)
-
 # AG2 is imported when the module's first test runs, not at collection: every
-# pytest-xdist worker collects every module, and ``import ag2`` takes seconds of CPU.
+# pytest-xdist worker collects every module, and ``import ag2`` takes seconds of
+# CPU (about 6 here), so the modules that import it share one worker ("ag2").
+pytestmark = pytest.mark.fake_llm(output_tokens=3)
 Agent: Any = None
 OpenAIConfig: Any = None
 

@@ -7,7 +7,6 @@ single server or a cluster, and processes sharing a chain share its agents.
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +17,7 @@ from redis.crc import key_slot
 
 from tests.integration import _agent_workers as workers
 from tests.integration._agent_calls import ask, sent_by
+from tests.integration._redis_workers import process_context
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, agent
 from veronica_otel._agent_limits import agent_level_id
 from veronica_otel.distributed import RedisLedger
@@ -114,7 +114,7 @@ def test_processes_share_an_agents_budget_exactly(
     redis_url: str, redis_prefix: str, open_ledger: Callable[..., RedisLedger]
 ) -> None:
     """3 processes x 6 rounds: the researcher gets exactly 5 steps in all, the critic 18."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     results: Any = ctx.Queue()
     start = ctx.Barrier(3)
     processes = [

@@ -3,8 +3,10 @@
 The issue's repro: 4,096 denied calls naming made-up models emptied the
 breaker table (``_breakers.clear()`` at 4,096 entries, breakers made before
 pricing), and the failing endpoint then got 3 requests inside its recovery
-window. What reached the fake server, read from its ``GET /stats``, is the
-truth.
+window. The table is shrunk here to ``TABLE`` entries (the sweep reads the
+module's limits on each new endpoint), so a flood past it takes a few hundred
+calls through the SDK, not four thousand. What reached the fake server, read
+from its ``GET /stats``, is the truth.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from veronica_otel.instrumentors._breakers import configure_endpoint_breakers
 from veronica_otel.testing import FakeLLMServer
 
 THRESHOLD = 2
-FLOOD = _breakers._MAX_ENDPOINTS + 100
+TABLE = 64  # the table's size in these tests (4,096 in the package)
+FLOOD = TABLE + 100
 
 
 class _Clock:
@@ -33,7 +36,9 @@ class _Clock:
 
 
 @pytest.fixture
-def clock() -> Iterator[_Clock]:
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Clock]:
+    monkeypatch.setattr(_breakers, "_MAX_ENDPOINTS", TABLE)
+    monkeypatch.setattr(_breakers, "_SWEEP_TO", TABLE * 3 // 4)
     fake = _Clock()
     configure_endpoint_breakers(
         lambda provider, model: CircuitBreaker(THRESHOLD, recovery_timeout=30.0, clock=fake)
@@ -88,7 +93,7 @@ def test_a_full_table_of_live_endpoints_keeps_the_open_one(
     # Sent calls (no cost ceiling: unpriced models go out) do make breakers; a
     # full table drops those that remember nothing, never the open one.
     monkeypatch.setattr(_breakers, "_MAX_ENDPOINTS", 16)
-    monkeypatch.setattr(_breakers, "_SWEEP_TO", 12)
+    monkeypatch.setattr(_breakers, "_SWEEP_TO", 12)  # over the clock fixture's table
     with ExecutionContext(ExecutionConfig(max_steps=1000)):
         _open_the_endpoint(server, client)
         assert {_call(client, f"live-{i}") for i in range(40)} == {"sent"}

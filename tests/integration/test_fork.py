@@ -8,6 +8,7 @@ result back through a pipe; the parent waits for it with ``os.waitpid``.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -44,7 +45,18 @@ CHILD_ALARM_S = 20
 def in_child(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` in a forked child; return its result or raise what it raised (as text)."""
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    # The pytest process's objects frozen out of the garbage collector first: a
+    # full collection in the child would walk (and copy, page by page) the whole
+    # heap of a worker that ran hundreds of tests: seconds of CPU, past the alarm
+    # under load.
+    gc.freeze()
+    try:
+        pid = os.fork()
+    except BaseException:
+        gc.unfreeze()
+        raise
+    if pid != 0:
+        gc.unfreeze()
     if pid == 0:  # the child: never return into pytest
         status = 0
         try:
@@ -258,7 +270,7 @@ LOCK_USERS: dict[str, tuple[Callable[[], Any], Callable[[], object]]] = {
 @pytest.mark.parametrize("which", sorted(LOCK_USERS))
 def test_module_locks_held_at_fork_are_made_anew_in_the_child(which: str) -> None:
     lock_of, use = LOCK_USERS[which]
-    use()  # imports and loads done here: the child's only wait is the lock
+    made = type(use()).__name__  # imports and loads done here: the child's only wait is the lock
     lock = lock_of()
     holding, release = threading.Event(), threading.Event()
 
@@ -271,7 +283,7 @@ def test_module_locks_held_at_fork_are_made_anew_in_the_child(which: str) -> Non
     thread.start()
     holding.wait()
     try:
-        assert in_child(lambda: repr(use())) is not None
+        assert in_child(lambda: type(use()).__name__) == made
     finally:
         release.set()
         thread.join()

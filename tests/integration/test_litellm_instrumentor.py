@@ -10,10 +10,10 @@ nothing (checked in a subprocess below).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -47,12 +47,47 @@ pytestmark = [
 litellm: Any = None
 
 
+class _Outside:
+    """What this process sends off the loopback, from litellm's import on (an
+    audit hook cannot be removed, so it records only while ``on``)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.seen: list[tuple[str, Any]] = []
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if not self.on:
+            return
+        if event == "socket.connect":
+            address = args[1]
+            host = address[0] if isinstance(address, tuple) else str(address)
+            try:
+                loopback = ipaddress.ip_address(host).is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                self.seen.append((event, address))
+        elif event == "socket.getaddrinfo" and args[0] not in ("127.0.0.1", "localhost"):
+            self.seen.append((event, args[0]))
+
+
+_OUTSIDE = _Outside()
+_IMPORTED_HERE = False  # litellm's import watched in this process (not imported before)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _litellm() -> None:
-    global litellm
+def _litellm() -> Iterator[None]:
+    global litellm, _IMPORTED_HERE
+    if "litellm" not in sys.modules:
+        sys.addaudithook(_OUTSIDE)
+        _OUTSIDE.on = _IMPORTED_HERE = True
     import litellm as module
 
     litellm = module
+    try:
+        yield
+    finally:
+        _OUTSIDE.on = False
 
 
 INPUT, OUTPUT = 10, 5
@@ -385,45 +420,46 @@ def test_uninstrument_restores_every_public_function(instrumented: LiteLLMInstru
 # -- importing and calling litellm sends nothing but the calls ----------------------
 
 
-def test_litellm_sends_nothing_but_the_calls(tmp_path: Path) -> None:
-    script = textwrap.dedent(
-        """
-        import ipaddress, socket, sys
-        outside = []
+def test_litellm_sends_nothing_but_the_calls(instrumented: LiteLLMInstrumentor) -> None:
+    """Nothing leaves the loopback from litellm's import to the end of one more
+    call (this module's calls included when watched here): watched in this
+    process when this module's fixture imported litellm, else in a fresh one."""
+    if not _IMPORTED_HERE:
+        _in_a_fresh_process()
+        return
+    _one_call()
+    assert _OUTSIDE.on  # watching since the import
+    assert _OUTSIDE.seen == []
 
-        def audit(event, args):
-            if event == "socket.connect":
-                address = args[1]
-                host = address[0] if isinstance(address, tuple) else str(address)
-                try:
-                    loopback = ipaddress.ip_address(host).is_loopback
-                except ValueError:
-                    loopback = False
-                if not loopback:
-                    outside.append((event, address))
-            elif event == "socket.getaddrinfo" and args[0] not in ("127.0.0.1", "localhost"):
-                outside.append((event, args[0]))
 
-        sys.addaudithook(audit)
-        import litellm
-        from veronica_otel import ExecutionConfig, ExecutionContext
-        from veronica_otel.instrumentors.litellm import LiteLLMInstrumentor
-        from veronica_otel.testing import FakeLLMServer
+def _one_call() -> None:
+    with FakeLLMServer() as server, ExecutionContext(ExecutionConfig(max_cost_usd=1.0)):
+        litellm.completion(**_args(server, "anthropic"))
+        assert server.count("/v1/messages") == 1
 
-        LiteLLMInstrumentor().instrument()
-        with FakeLLMServer() as server, ExecutionContext(ExecutionConfig(max_cost_usd=1.0)):
-            litellm.completion(model="anthropic/claude-3-5-haiku-latest",
-                               messages=[{"role": "user", "content": "hi"}],
-                               api_base=server.anthropic_base_url, api_key="k")
-        print("OUTSIDE", outside)
-        """
-    )
+
+_FRESH = """
+import sys
+from tests.integration import test_litellm_instrumentor as here
+sys.addaudithook(here._OUTSIDE)
+here._OUTSIDE.on = True
+import litellm
+from veronica_otel.instrumentors.litellm import LiteLLMInstrumentor
+here.litellm = litellm
+LiteLLMInstrumentor().instrument()
+here._one_call()
+print("OUTSIDE", here._OUTSIDE.seen)
+"""
+
+
+def _in_a_fresh_process() -> None:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     done = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", _FRESH],
         capture_output=True,
         text=True,
         env=env,
+        cwd=Path(__file__).parents[2],  # the checkout: ``tests`` importable
         timeout=180,
         check=False,
     )

@@ -15,7 +15,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import ForkServerContext
 from typing import Any
 
 import pytest
@@ -247,7 +247,7 @@ def test_half_open_probe_slot_across_processes(redis_url: str, redis_prefix: str
     setup.record_failure()
     assert setup.state is CircuitState.HALF_OPEN
 
-    def make_args(ctx: SpawnContext) -> list[tuple[Any, ...]]:
+    def make_args(ctx: ForkServerContext) -> list[tuple[Any, ...]]:
         start = ctx.Barrier(8)
         return [(redis_url, redis_prefix, "race", start)] * 8
 

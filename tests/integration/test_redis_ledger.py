@@ -18,13 +18,12 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import queue
 import random
 import socket
 import uuid
 from collections.abc import Callable, Iterator
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import ForkServerContext
 from typing import Any
 
 import pytest
@@ -56,7 +55,7 @@ from veronica_otel import (
 from veronica_otel._ledger import SIGNATURE_MEMORY, LedgerState, Level, Limits, Reservation
 from veronica_otel._units import NANO_PER_USD, usd_to_nano
 from veronica_otel.distributed import LedgerCorruptedError, LedgerUnavailableError, RedisLedger
-from veronica_otel.distributed._connect import ClusterClient
+from veronica_otel.distributed._connect import ClusterClient, connect
 from veronica_otel.testing import RedisClusterProcess, RedisServerProcess
 
 STATE_FIELDS = ("cost_nano", "reserved_nano", "steps", "retries", "tokens", "reserved_tokens")
@@ -91,11 +90,11 @@ def _closed_port() -> int:
 
 def _spawn(
     body: Callable[..., Any],
-    make_args: Callable[[SpawnContext], list[tuple[Any, ...]]],
+    make_args: Callable[[ForkServerContext], list[tuple[Any, ...]]],
     timeout: float = 120.0,
 ) -> list[Any]:
     """Run ``body`` in spawned processes, one per argument tuple; their results."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = workers.process_context()
     results_queue: Any = ctx.Queue()
     # Held until the end: Process.start() drops its args, and a barrier or event
     # collected in the parent is unlinked before a slow child has unpickled it.
@@ -428,14 +427,18 @@ def test_pool_state_machine_matches_the_model_on_a_cluster(
     redis_cluster: RedisClusterProcess,
 ) -> None:
     """The pooled machine on Redis Cluster: the two-phase protocol (pools and
-    chains on different nodes) reports and counts as the in-process ledger."""
+    chains on different nodes) reports and counts as the in-process ledger.
+    One cluster client for every example, as the single-node test shares one
+    client: redis-py's cluster client asks each node for its whole command
+    table when it is built (a tenth of a CPU-second each)."""
     made: list[RedisLedger] = []
+    shared = connect(redis_cluster.url)
+    assert isinstance(shared, ClusterClient)
 
     class ClusterMachine(LedgerMachineWithPool):
         def __init__(self) -> None:
             super().__init__()
-            prefix = f"m{uuid.uuid4().hex[:12]}:"
-            self.ledger = RedisLedger.from_url(redis_cluster.url, key_prefix=prefix)
+            self.ledger = RedisLedger(shared, key_prefix=f"m{uuid.uuid4().hex[:12]}:")
             made.append(self.ledger)
 
     try:
@@ -450,7 +453,8 @@ def test_pool_state_machine_matches_the_model_on_a_cluster(
         )
     finally:
         for ledger in made:
-            close_ledger(ledger)
+            ledger.close()  # its heartbeat (the client is not its own)
+        shared.close()  # every node's connections
 
 
 def close_ledger(ledger: RedisLedger) -> None:
@@ -580,7 +584,7 @@ def test_own_traffic_is_not_instrumented_or_traced(
 def test_processes_share_one_cost_ceiling_exactly(redis_url: str, redis_prefix: str) -> None:
     """4 processes x 50 calls at $0.03 under $1.00: exactly 33 run, in total."""
 
-    def make_args(ctx: SpawnContext) -> list[tuple[Any, ...]]:
+    def make_args(ctx: ForkServerContext) -> list[tuple[Any, ...]]:
         start = ctx.Barrier(4)
         return [(redis_url, redis_prefix, "shared", 50, 0.03, 1.0, None, start)] * 4
 
@@ -596,7 +600,7 @@ def test_processes_share_one_cost_ceiling_exactly(redis_url: str, redis_prefix: 
 def test_processes_share_one_step_ceiling_exactly(redis_url: str, redis_prefix: str) -> None:
     """4 processes x 30 calls under max_steps=50: exactly 50 run."""
 
-    def make_args(ctx: SpawnContext) -> list[tuple[Any, ...]]:
+    def make_args(ctx: ForkServerContext) -> list[tuple[Any, ...]]:
         start = ctx.Barrier(4)
         return [(redis_url, redis_prefix, "steps", 30, 0.0001, None, 50, start)] * 4
 
@@ -730,7 +734,7 @@ def test_server_killed_mid_run_under_four_processes(restartable_redis: RedisServ
     events: dict[str, list[Any]] = {}
     stop: list[Any] = []
 
-    def make_args(ctx: SpawnContext) -> list[tuple[Any, ...]]:
+    def make_args(ctx: ForkServerContext) -> list[tuple[Any, ...]]:
         for name in ("ready", "down", "up"):
             events[name] = [ctx.Event() for _ in range(4)]
         stop.append(ctx.Event())
@@ -750,7 +754,7 @@ def test_server_killed_mid_run_under_four_processes(restartable_redis: RedisServ
             for i in range(4)
         ]
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = workers.process_context()
     results_queue: Any = ctx.Queue()
     processes = [
         ctx.Process(target=workers.run_body, args=(results_queue, i, workers.outage_calls, *a))

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import ForkServerContext
 from typing import Any
 
 import pytest
@@ -496,8 +495,8 @@ def test_one_round_trip_to_reserve_and_one_to_commit(redis_url: str, redis_prefi
     counting.close()
 
 
-def _spawn(make_args: Callable[[SpawnContext], list[tuple[Any, ...]]]) -> list[int]:
-    ctx = multiprocessing.get_context("spawn")
+def _spawn(make_args: Callable[[ForkServerContext], list[tuple[Any, ...]]]) -> list[int]:
+    ctx = workers.process_context()
     results: Any = ctx.Queue()
     arguments = make_args(ctx)
     processes = [
@@ -532,7 +531,7 @@ def test_four_processes_share_one_pool_exactly(
     """4 processes, each its own chain, 20 calls of $0.003 under a $0.05 pool: 16 run."""
     pool = PoolLevel("tenant:shared", Limits(cost_nano=50 * U), window_s=3600.0)
 
-    def make_args(ctx: SpawnContext) -> list[tuple[Any, ...]]:
+    def make_args(ctx: ForkServerContext) -> list[tuple[Any, ...]]:
         start = ctx.Barrier(4)
         return [(redis_url, redis_prefix, f"proc{i}", 20, 3 * U, pool, start) for i in range(4)]
 

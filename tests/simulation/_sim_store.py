@@ -22,6 +22,7 @@ client decodes replies to ``str`` (as ``decode_responses=True``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -812,13 +813,19 @@ def direct(client: SimClient, label: str, apply: Callable[[], Any]) -> Any:
     return apply()
 
 
+@functools.cache
+def _sha1(source: str) -> str:
+    # Each RedisLedger registers its sixteen scripts: a run makes dozens of ledgers.
+    return hashlib.sha1(source.encode()).hexdigest()
+
+
 class SimScript:
     """What ``register_script`` returns: ``script(keys, args)`` runs it (EVALSHA)."""
 
     def __init__(self, client: SimClient, source: str) -> None:
         self.registered_client = client
         self.script = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self.sha = _sha1(source)
 
     def __call__(
         self,

@@ -75,7 +75,7 @@ def runnable_cli() -> str:
     return f"{shlex.quote(sys.executable)} -m veronica_otel.cli"
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo_command(args: argparse.Namespace) -> int:
     problem = _openai_problem() or _unwritable(args.out)
     if problem is not None:
         return _fail("demo", problem)
@@ -143,7 +143,7 @@ def _pools_command(args: argparse.Namespace) -> int:
     return show_pools(args)
 
 
-def _graph(args: argparse.Namespace) -> int:
+def _graph_command(args: argparse.Namespace) -> int:
     from ._graph import show_graph
 
     return show_graph(args)
@@ -195,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--out", default="veronica-demo", help="where to write the graph files (veronica-demo)"
     )
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(handler=_demo_command)
 
     run = sub.add_parser(
         "run",
@@ -292,7 +292,7 @@ def _parser() -> argparse.ArgumentParser:
         default=7 * 86400.0,
         help="with --service: how far back to look (7d)",
     )
-    graph.set_defaults(handler=_graph)
+    graph.set_defaults(handler=_graph_command)
     return parser
 
 

@@ -2,12 +2,17 @@
 
 ``python real_install_agent.py`` (under ``opentelemetry-instrument``): six
 calls in the process default chain. ``... threads``: an explicit chain of 2
-steps, its four calls made in a thread pool. ``... peer NAME ORDER LIMIT``:
-programmatic, with a peer GenAI instrumentor (``openai-v2``, ``openllmetry``,
-``openlit`` or ``none``) instrumented before or after ours (``peer-first`` /
-``ours-first``), six calls in a chain limited by ``steps`` (3) or ``cost``.
-Each call prints ``step N ok`` or ``step N refused: <error>``; the peer mode
-also prints ``spans: {"ours": N, "theirs": M}``, the CLIENT spans made.
+steps, its four calls made in a thread pool. ``... peer NAME ORDER
+[LIMIT...]``: programmatic, with a peer GenAI instrumentor (``openai-v2``,
+``openllmetry``, ``openlit`` or ``none``) instrumented before or after ours
+(``peer-first`` / ``ours-first``), then six calls in a chain limited by steps
+(3), then six in one limited by cost (or only the LIMITs named): one process
+serves both limits (importing openai and a
+peer costs more than the calls), each limit's requests marked with an
+``x-limit`` header so the server counts them apart.
+Each call prints ``step N ok`` or ``step N refused: <error>`` (in the peer
+mode after ``steps: `` or ``cost: ``, which then also prints
+``<limit>: spans: {"ours": N, "theirs": M}``, the CLIENT spans made).
 """
 
 import json
@@ -63,7 +68,7 @@ def instrument_peer(name: str) -> None:
         raise SystemExit(f"unknown peer {name!r}")
 
 
-def peer(name: str, order: str, limit: str) -> None:
+def peer(name: str, order: str, *only: str) -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -82,15 +87,20 @@ def peer(name: str, order: str, limit: str) -> None:
     else:
         Ours().instrument()
         instrument_peer(name)
-    steps_limit = ExecutionConfig(max_steps=3)
-    config = steps_limit if limit == "steps" else ExecutionConfig(max_cost_usd=6.5e-5)
-    client = openai.OpenAI(max_retries=0)
-    with ExecutionContext(config):
-        for step in range(6):
-            print(call(client, step), flush=True)
-    spans = [span for span in exporter.get_finished_spans() if span.kind == trace.SpanKind.CLIENT]
-    ours = [s.name for s in spans if any(k.startswith("veronica.") for k in s.attributes or {})]
-    print("spans:", json.dumps({"ours": len(ours), "theirs": len(spans) - len(ours)}), flush=True)
+    limits = {"steps": ExecutionConfig(max_steps=3), "cost": ExecutionConfig(max_cost_usd=6.5e-5)}
+    for limit, config in limits.items():
+        if only and limit not in only:
+            continue
+        exporter.clear()
+        client = openai.OpenAI(max_retries=0, default_headers={"x-limit": limit})
+        with ExecutionContext(config):
+            for step in range(6):
+                print(f"{limit}:", call(client, step), flush=True)
+        client.close()
+        spans = [s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.CLIENT]
+        ours = [s for s in spans if any(k.startswith("veronica.") for k in s.attributes or {})]
+        theirs = len(spans) - len(ours)
+        print(f"{limit}: spans:", json.dumps({"ours": len(ours), "theirs": theirs}), flush=True)
 
 
 if __name__ == "__main__":
@@ -98,6 +108,6 @@ if __name__ == "__main__":
     if mode == "threads":
         threads()
     elif mode == "peer":
-        peer(*sys.argv[2:5])
+        peer(*sys.argv[2:])
     else:
         plain()

@@ -4,12 +4,25 @@
 the caller unchanged), ``"cause"`` (the ``__cause__`` / ``__context__`` of
 the framework's own error), ``"group"`` (inside an ``ExceptionGroup``), or
 ``None`` (the run ended some other way).
+
+An app hands :func:`run` its scenarios by name (``""`` the default). Run
+with arguments, it runs the one named by ``argv[1]``; run with
+``FRAMEWORK_SCENARIOS=1`` (:class:`tests.e2e._frameworks.FrameworkApp`), it
+imports the framework once and serves scenarios: for each line on stdin
+(``{"scenario": name, "env": {...}}``) a forked child takes that environment,
+builds the default chain from it as zero code's start-up does
+(``install_zero_code``), runs the scenario, prints its RESULT and exits the
+normal way; once it is gone the parent prints ``DONE <wait status>``. The
+parent makes no call of its own, so what the server counted when DONE comes
+is what that one process sent.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -63,5 +76,31 @@ def report(result: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run(main: Callable[[], object]) -> None:
+def run(main: Callable[[], object] | Mapping[str, Callable[[], object]]) -> None:
+    """Run ``main``, or the scenario named by ``argv[1]``; or serve scenarios (see above)."""
+    mains = main if isinstance(main, Mapping) else {"": main}
+    if os.environ.get("FRAMEWORK_SCENARIOS") != "1":
+        report(ended(mains[sys.argv[1] if len(sys.argv) > 1 else ""]))
+        return
+    for line in sys.stdin:
+        scenario = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _in_child(mains[scenario["scenario"]], scenario["env"])  # never returns
+        _, status = os.waitpid(pid, 0)
+        print(f"DONE {status}", flush=True)
+
+
+def _in_child(main: Callable[[], object], env: Mapping[str, str | None]) -> None:
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    from veronica_otel.startup.distro import install_zero_code  # the test's harness, not the app
+
+    install_zero_code()  # the default chain from this scenario's VERONICA_* variables
     report(ended(main))
+    raise SystemExit(0)  # the interpreter's own exit: what it does at exit is counted too

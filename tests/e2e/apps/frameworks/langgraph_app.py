@@ -6,7 +6,7 @@ supervisor's sub-agent is.
 
 from __future__ import annotations
 
-import sys
+from typing import Any
 
 from _report import run
 from langchain_core.tools import tool
@@ -22,7 +22,15 @@ def lookup(city: str) -> str:
 
 
 graph = create_react_agent(ChatOpenAI(model="gpt-4o-mini"), [lookup], name="Looper")
-if sys.argv[1:] == ["nested"]:
+
+
+def invoke(graph: Any) -> object:
+    return graph.invoke({"messages": [("user", "go")]}, {"recursion_limit": 100})
+
+
+def nested() -> object:
     outer = StateGraph(MessagesState).add_node("Looper", graph).add_edge(START, "Looper")
-    graph = outer.compile()
-run(lambda: graph.invoke({"messages": [("user", "go")]}, {"recursion_limit": 100}))
+    return invoke(outer.compile())
+
+
+run({"": lambda: invoke(graph), "nested": nested})

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from _report import run
 from agents import Agent, Runner, function_tool, set_tracing_disabled
@@ -45,4 +44,4 @@ def streamed() -> None:
     asyncio.run(_streamed())
 
 
-run({"runaway": runaway, "handoffs": handoffs, "streamed": streamed}[sys.argv[1]])
+run({"runaway": runaway, "handoffs": handoffs, "streamed": streamed})

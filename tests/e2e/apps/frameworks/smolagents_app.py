@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 from _report import run
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
@@ -31,4 +30,4 @@ def stream() -> None:
         pass
 
 
-run(stream if sys.argv[1:] == ["stream"] else lambda: agent.run("go"))
+run({"": lambda: agent.run("go"), "stream": stream})

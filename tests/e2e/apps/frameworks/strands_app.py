@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from _report import run
 from strands import Agent, tool
@@ -28,4 +27,4 @@ async def stream() -> None:
         pass
 
 
-run(lambda: asyncio.run(stream()) if sys.argv[1:] == ["stream"] else agent("go"))
+run({"": lambda: agent("go"), "stream": lambda: asyncio.run(stream())})
