@@ -73,8 +73,11 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.baggage import _BAGGAGE_KEY
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 
+from veronica_otel import _agents
 from veronica_otel._agents import current_agent
 from veronica_otel._attributes import GEN_AI_REQUEST_MAX_TOKENS
 from veronica_otel._chain_span import remaining_attributes
@@ -88,6 +91,8 @@ from ._admit import CallSpec, _list_bytes, _mark_denied, _utf8_bytes, aadmit, ad
 from ._bounds import BOUND_USD, BoundedCall, bounded, how_to_bound
 from ._breakers import never_connected
 from ._common import (
+    _SUPPRESS_KEY_PLAIN,
+    UNTRACED_SPAN,
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
@@ -457,7 +462,8 @@ def _describe(
         return None
     if not request.priced:  # admitted at its configured bound, if it has one
         request = bounded(ctx, request.provider or adapter.provider, request)
-    agent = current_agent() if ctx.names_agents else None
+    state = ctx._state  # ctx.names_agents, without its two property frames
+    agent = current_agent() if state.agents_named or _agents._limited_in_code else None
     provider = request.provider or adapter.provider
     parts = request.input_parts
     n_messages = request.n_messages
@@ -485,6 +491,12 @@ def _describe(
         span = adapter.call_span(instance, args, kwargs, request, agent, current)
         if span is not None:
             return ctx, request, spec, span, False, current
+    if (
+        getattr(trace, "_TRACER_PROVIDER", True) is None  # no TracerProvider: no span
+        and not current.get(_SUPPRESS_KEY)  # suppressed: start_span's INVALID_SPAN
+        and not current.get(_SUPPRESS_KEY_PLAIN)
+    ):
+        return ctx, request, spec, UNTRACED_SPAN, True, current  # start_span's, without its frame
     span = start_span(request.operation, provider, request.model, agent, current)
     return ctx, request, spec, span, True, current
 

@@ -38,7 +38,7 @@ from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
 
 from ._breakers import _breakers as _BREAKERS  # read-only here: a dict hit, no call
 from ._breakers import endpoint_breaker, forget_unused
-from ._common import ContainedCall, _note_trip
+from ._common import UNTRACED_SPAN, ContainedCall, _note_trip
 
 __all__ = ["CallSpec", "aadmit", "admit", "input_bound"]
 
@@ -152,7 +152,7 @@ def admit(
     )
     probe = object()  # identifies this call if it becomes the half-open probe
     try:
-        answer = ctx.admit_call(spec, breaker, probe)
+        answer = ctx._admission.admit_call(spec, breaker, probe)  # ctx.admit_call's, one hop less
     except BaseException as exc:
         # Denied, or our own failure (a store down, an interrupt): nothing is
         # held, and the half-open probe must not stay taken.
@@ -179,7 +179,7 @@ async def aadmit(
     try:
         if local:  # in process: nothing to await, unless the call must wait for room
             try:
-                answer = ctx.admit_call(spec, breaker, probe, True)
+                answer = ctx._admission.admit_call(spec, breaker, probe, True)
             except RoomBusy as busy:
                 answer = await _room_freed(ctx, spec, breaker, probe, busy.until)
         else:
@@ -239,7 +239,7 @@ def _contained(
         answer.cap,
     )
     call.breaker, call.probe = breaker, probe
-    if span.is_recording():
+    if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
         attributes = _admission_attributes(ctx, answer, spec.model)
         if owns_span:
             call.pending_attributes = attributes  # set with the end's, in one SDK call

@@ -35,6 +35,8 @@ comes back through the hook, marked, to be reported as an attempt.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -147,21 +149,31 @@ def _areported(wrapped: Any) -> Callable[..., Any]:
     return asend
 
 
-def _sync_hook(transport: GuardTransport) -> Wrapper:
-    def attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _sync_hook(transport: GuardTransport, original: Any) -> Callable[..., Any]:
+    """The sync transport method ``original`` with the attempt hook: a plain
+    function, not a ``wrapt`` proxy, because every attempt of every call passes
+    here and a ``FunctionWrapper`` builds a bound wrapper on each attribute read
+    (thousands of instructions a call). It keeps ``wrapt``'s shape where it
+    matters: ``__wrapped__`` is what it calls (read per call, so a wrapper under
+    it can be spliced out, :mod:`._unwrap`) and it marks itself ours."""
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        wrapped = hooked.__wrapped__.__get__(self, type(self))  # type: ignore[attr-defined]
         call = ADMITTED.get()
         if call is None:
             guard = transport.guard
-            if guard is None or not transport.screen(guard, instance, args, kwargs):
+            if guard is None or not transport.screen(guard, self, args, kwargs):
                 return wrapped(*args, **kwargs)
             # Maybe a vendor request no adapter admitted: the guard admits it
             # (or lets it pass), and its send is reported as an attempt.
-            return transport.send(_reported(wrapped), instance, args, kwargs)
+            return transport.send(_reported(wrapped), self, args, kwargs)
         if not call.http_attempts:
             return wrapped(*args, **kwargs)
         return _report(call, wrapped, args, kwargs)
 
-    return attempt
+    functools.update_wrapper(hooked, original, updated=())  # __wrapped__, name, docs
+    hooked.veronica_hook = transport  # type: ignore[attr-defined]  # is_ours reads it
+    return hooked
 
 
 def _async_hook(transport: GuardTransport) -> Wrapper:
@@ -181,14 +193,16 @@ def _async_hook(transport: GuardTransport) -> Wrapper:
     return aattempt
 
 
-_attempt, _aattempt = _sync_hook(TRANSPORTS["httpx"]), _async_hook(TRANSPORTS["httpx"])
-# (module, class, method, wrapper): one wrapper per transport, attempts and guard
-_HOOKS = (
-    ("httpx2", "HTTPTransport", "handle_request", _attempt),
+_aattempt = _async_hook(TRANSPORTS["httpx"])
+# (module, class, method, hook): one per transport, attempts and guard; a sync
+# hook is its GuardTransport (a plain function over the method, _sync_hook), an
+# async one its wrapt wrapper.
+_HOOKS: tuple[tuple[str, str, str, Any], ...] = (
+    ("httpx2", "HTTPTransport", "handle_request", TRANSPORTS["httpx"]),
     ("httpx2", "AsyncHTTPTransport", "handle_async_request", _aattempt),
-    ("httpx", "HTTPTransport", "handle_request", _attempt),
+    ("httpx", "HTTPTransport", "handle_request", TRANSPORTS["httpx"]),
     ("httpx", "AsyncHTTPTransport", "handle_async_request", _aattempt),
-    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", _sync_hook(TRANSPORTS["urllib3"])),
+    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", TRANSPORTS["urllib3"]),
     ("aiohttp.client", "ClientSession", "_request", _async_hook(TRANSPORTS["aiohttp"])),
 )
 _lock = threading.Lock()
@@ -201,7 +215,12 @@ def _hook_module(module_name: str) -> Any:
             if name != module_name:
                 continue
             owner = getattr(module, owner_name, None)
-            if isinstance(owner, type) and not is_ours(owner, method, wrapper):
+            if not isinstance(owner, type) or is_ours(owner, method, wrapper):
+                continue
+            if isinstance(wrapper, GuardTransport):  # sync: a plain function over it
+                original = inspect.getattr_static(owner, method)
+                setattr(owner, method, _sync_hook(wrapper, original))
+            else:
                 wrapt.wrap_function_wrapper(owner, method, wrapper)
 
     return install

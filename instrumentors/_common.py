@@ -371,7 +371,8 @@ class ContainedCall:
         handle = self.handle
         try:
             if self.usage_seen and sent:  # the common case: a reply with its usage
-                handle.commit(*self._usage_amounts(), error)
+                cost, tokens = self._usage_amounts()
+                handle.commit(cost, tokens, error)
             else:
                 amounts = self._amounts(sent, billed)
                 if amounts is None:
@@ -463,8 +464,12 @@ class ContainedCall:
                 cached = min(cached, inp)
                 reasoning, write = min(reasoning, out), min(write, inp - cached)
                 cost = prices.cost_nano_unchecked(inp, out, cached, reasoning, write)
-            else:  # plain input and output tokens: the same sum, one frame fewer
-                cost = prices.plain_cost_nano(inp, out)
+            else:  # plain input and output tokens: plain_cost_nano's sum, without its frame
+                plain = prices._plain
+                if plain is None:
+                    cost = prices.plain_cost_nano(inp, out)
+                else:
+                    cost = -(-(inp * plain[0] + out * plain[1]) // 1_000_000)
         tokens = inp + out
         lost = self.lost_attempts
         if lost:

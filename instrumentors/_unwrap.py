@@ -19,14 +19,24 @@ _MAX_DEPTH = 64  # a chain of wrappers is a handful deep; a cycle must not hang 
 
 
 def _find(owner: Any, method: str, wrapper: object) -> tuple[Any, Any] | None:
-    """``(outer, ours)``: our FunctionWrapper and the wrapper over it (None: outermost)."""
+    """``(outer, ours)``: our FunctionWrapper and the wrapper over it (None: outermost).
+
+    The transport attempt hooks (``_attempts``) are plain functions, not
+    FunctionWrappers: walked through the same way (they call their
+    ``__wrapped__``), and found by their ``veronica_hook``.
+    """
     outer: Any = None
     current = owner.__dict__.get(method)
     for _ in range(_MAX_DEPTH):
-        if not isinstance(current, wrapt.FunctionWrapper):
-            return None
-        if getattr(current, "_self_wrapper", None) is wrapper:
-            return outer, current
+        if isinstance(current, wrapt.FunctionWrapper):
+            if getattr(current, "_self_wrapper", None) is wrapper:
+                return outer, current
+        else:
+            hook = getattr(current, "veronica_hook", None)
+            if hook is None or not hasattr(current, "__wrapped__"):
+                return None
+            if hook is wrapper:
+                return outer, current
         outer, current = current, current.__wrapped__
     return None
 

@@ -73,6 +73,7 @@ class Admission:
         "_fast",
         "_handoffs",
         "_has_policies",
+        "_lane",
         "_ledger",
         "_path",
         "_pipeline",
@@ -104,6 +105,15 @@ class Admission:
         self._prices: PriceTable | None = state.prices
         self._priced = state.priced
         self._repeats_limited = state.repeats_limited
+        # The common chain, decided once: in process, a root with no deadline,
+        # handoffs, policies, pools or repeat limit. admit_call reserves its
+        # plain calls straight from the ledger (state.fast) with no
+        # begin_priced_call frame (None: every call goes there).
+        self._lane = (
+            state.fast
+            if state.fast is not None and not state.checked and not state.repeats_limited
+            else None
+        )
 
     # The LLM door (instrumentors): described once, answered once (_llm_admission).
     admit_call = admit_call

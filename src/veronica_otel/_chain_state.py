@@ -114,6 +114,9 @@ class ChainState:
         self.handoffs = (
             HandoffCounter(config.max_handoffs) if config.max_handoffs is not None else None
         )
+        # The chain names its calls' agents (``names_agents``, but for an agent
+        # given limits in code later): read once per call, fixed here.
+        self.agents_named = self.handoffs is not None or bool(self.agent_lookups)
         # A deadline, handoffs or policies: what admission checks before the ledger
         # (fixed when the chain is built; the common chain tests this one flag).
         self.checked = self.deadline is not None or self.handoffs is not None or self.has_policies
@@ -153,7 +156,7 @@ class ChainState:
     @property
     def names_agents(self) -> bool:
         """Whether a call's span should name its agent (``gen_ai.agent.name``)."""
-        return self.handoffs is not None or bool(self.agent_lookups) or _agents._limited_in_code
+        return self.agents_named or _agents._limited_in_code
 
     @property
     def awaits_store(self) -> bool:

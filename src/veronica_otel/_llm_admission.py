@@ -13,16 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from . import _pricing
+from . import _agents, _pricing
 from ._breaker import CircuitState
 from ._call import ACTIVE_CALL, CallHandle, joins_wrapped_call
 from ._call_spec import Admitted, CallSpec, call_signature
 from ._clamp import OutputClamp
+from ._gc_safe import pending
 from ._ledger import LedgerState, LocalLedger
 from ._policy import ALLOW
 from ._pools import PoolRoom, pool_room
 from ._pricing import DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices, default_price_table
-from ._telemetry import metrics_live
+from ._telemetry import _calls, metrics_live
 
 if TYPE_CHECKING:
     from ._admission import Admission
@@ -95,6 +96,26 @@ def admit_call(
             else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
         )
         tokens = spec.input_bound + output
+        lane = self._lane
+        if (
+            lane is not None
+            and not pending  # nothing left by garbage collection to settle first
+            and self._state.trip is None  # (the ledger's own trip: plain_step's test)
+            and not self._token.cancelled
+            and not _agents._limited_in_code
+            and not self._state.metrics
+            and ACTIVE_CALL.get() is None  # no wrapped call to join: a step of its own
+        ):
+            # begin_priced_call's common case, in this frame: the ledger's
+            # one-level step (None: anything unusual, asked the general way).
+            level = lane[1]
+            reservation = lane[0].plain_step(level.chain_id, level.limits, cost_nano, tokens)
+            if reservation is not None:
+                handle = CallHandle(self._settlement, reservation, None, ALLOW)
+                # metrics_live(), inline: an instrumented call records its metric
+                handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
+                handle.model = spec.model
+                return _answer(Admitted, (handle, cap, None, None, None, prices))
     handle = self.begin_priced_call(
         "llm",
         spec.operation,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -30,9 +31,10 @@ from veronica_otel.instrumentors._adapter import (
     Request,
     wrapper,
 )
-from veronica_otel.instrumentors._attempts import ensure_attempt_hooks
+from veronica_otel.instrumentors._attempts import _sync_hook, ensure_attempt_hooks
 from veronica_otel.instrumentors._common import ContainedCall
-from veronica_otel.instrumentors._unwrap import unwrap_ours
+from veronica_otel.instrumentors._guard_transports import TRANSPORTS
+from veronica_otel.instrumentors._unwrap import is_ours, unwrap_ours
 from veronica_otel.testing import FakeLLMServer
 
 MODEL = "gpt-4o-mini"
@@ -377,3 +379,31 @@ def test_a_call_under_an_admitted_one_is_counted_once(server: FakeLLMServer) -> 
     assert snap.steps == 2
     assert len(marks) == 2
     assert all(isinstance(mark, ContainedCall) for mark in marks)
+
+
+def test_a_wrapper_under_the_attempt_hook_is_still_spliced_out() -> None:
+    # The sync attempt hooks are plain functions over the transport's method, not
+    # wrapt proxies: a wrapper installed before them (another instrumentation's)
+    # is still found through them and removed, and the hook then calls what it
+    # wrapped.
+    class Transport:
+        def handle_request(self, request: object) -> tuple[str, object]:
+            return "sent", request
+
+    original = Transport.__dict__["handle_request"]
+
+    def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> tuple[str, object]:
+        return "theirs", wrapped(*args, **kwargs)
+
+    wrapt.wrap_function_wrapper(Transport, "handle_request", theirs)
+    transport = type(TRANSPORTS["httpx"])()  # its own guard: off
+    hooked = _sync_hook(transport, inspect.getattr_static(Transport, "handle_request"))
+    Transport.handle_request = hooked  # type: ignore[method-assign]
+    assert is_ours(Transport, "handle_request", transport)
+    assert Transport().handle_request(1) == ("theirs", ("sent", 1))
+    unwrap_ours(Transport, "handle_request", theirs)
+    assert Transport.__dict__["handle_request"] is hooked
+    assert hooked.__wrapped__ is original  # type: ignore[attr-defined]
+    assert Transport().handle_request(2) == ("sent", 2)
+    assert is_ours(Transport, "handle_request", transport)
+    assert not is_ours(Transport, "handle_request", theirs)
