@@ -147,9 +147,8 @@ def admit(
     and a fallback model to send instead (None: keep the model). Raises
     BudgetExceededError (after marking ``span``) when the call may not run.
     """
-    breaker = _BREAKERS.get((spec.provider, spec.model)) or endpoint_breaker(
-        spec.provider, spec.model
-    )
+    provider, _, model, bound, _, _, _, _, _, _, _ = spec  # one read of its fields
+    breaker = _BREAKERS.get((provider, model)) or endpoint_breaker(provider, model)
     probe = object()  # identifies this call if it becomes the half-open probe
     try:
         answer = ctx._admission.admit_call(spec, breaker, probe)  # ctx.admit_call's, one hop less
@@ -157,13 +156,29 @@ def admit(
         # Denied, or our own failure (a store down, an interrupt): nothing is
         # held, and the half-open probe must not stay taken.
         _abandon(breaker, probe, None, span, owns_span, ctx, exc)
-        forget_unused(spec.provider, spec.model, breaker)  # a denial fills no table
+        forget_unused(provider, model, breaker)  # a denial fills no table
         raise
+    handle, cap, clamped, _, fallback, prices = answer
     try:
-        return _contained(ctx, span, owns_span, spec, answer, breaker, probe)
+        # _contained, inline (once per sync call)
+        call = ContainedCall(
+            ctx,
+            handle,
+            span,
+            owns_span,
+            provider,
+            model if fallback is None else fallback,
+            prices,
+            bound,
+            cap,
+        )
+        call.breaker, call.probe = breaker, probe
+        if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
+            _record_admission(ctx, span, owns_span, call, answer, model)
     except BaseException as exc:
-        _abandon(breaker, probe, answer.handle, span, owns_span, ctx, exc)
+        _abandon(breaker, probe, handle, span, owns_span, ctx, exc)
         raise
+    return call, clamped, fallback
 
 
 async def aadmit(
@@ -240,12 +255,23 @@ def _contained(
     )
     call.breaker, call.probe = breaker, probe
     if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
-        attributes = _admission_attributes(ctx, answer, spec.model)
-        if owns_span:
-            call.pending_attributes = attributes  # set with the end's, in one SDK call
-        else:
-            _set_span_attributes(span, attributes)  # the SDK's own span may end before us
+        _record_admission(ctx, span, owns_span, call, answer, spec.model)
     return call, answer.clamped, fallback
+
+
+def _record_admission(
+    ctx: ExecutionContext,
+    span: Span,
+    owns_span: bool,
+    call: ContainedCall,
+    answer: Admitted,
+    model: str,
+) -> None:
+    attributes = _admission_attributes(ctx, answer, model)
+    if owns_span:
+        call.pending_attributes = attributes  # set with the end's, in one SDK call
+    else:
+        _set_span_attributes(span, attributes)  # the SDK's own span may end before us
 
 
 def _admission_attributes(ctx: ExecutionContext, answer: Admitted, model: str) -> dict[str, Any]:

@@ -15,9 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _agents
-from ._call import (
-    CallHandle,
-)
+from ._call import CallHandle, new_call
 from ._chain_state import ChainState
 from ._chain_trips import ChainTrips
 from ._clamp import OutputClamp
@@ -209,9 +207,8 @@ class Admission:
             ):
                 # In process, a root with no policies (so no agent lookups) and
                 # no pools: the ledger's one-level reservation.
-                level = fast[1]
                 reservation = fast[0].plain_step(
-                    level.chain_id, level.limits, cost_nano, tokens
+                    fast[2], fast[1].limits, cost_nano, tokens
                 ) or fast[0].reserve(self._path, cost_nano, tokens)
             else:
                 if self._agent_lookups or _agents._limited_in_code:
@@ -230,9 +227,8 @@ class Admission:
                 self._pipeline.abandon(policy_context)
             raise
         if type(reservation) is Reservation and agents is None and not state.metrics:
-            return CallHandle(
-                self._settlement, reservation, policy_context, decision
-            )  # the common case
+            # the common case
+            return new_call(self._settlement, reservation, policy_context, decision)
         if type(reservation) is TripEvent and not reservation.sticky:
             until = self._room_wait_until(reservation)
             if until is not None:

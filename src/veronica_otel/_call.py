@@ -17,6 +17,8 @@ __all__ = [
     "close_awaitable",
     "is_coroutine_function",
     "joins_wrapped_call",
+    "new_call",
+    "PlainCall",
     "settled_amounts",
 ]
 
@@ -146,6 +148,67 @@ class CallHandle:
             return
         self._done = True
         self.context.settle(self, error, sent)
+
+
+_new = object.__new__
+
+
+def new_call(
+    context: _Settles,
+    reservation: Reservation,
+    policy_context: PolicyContext | None,
+    decision: PolicyDecision,
+    kind: type[CallHandle] = CallHandle,
+) -> CallHandle:
+    """``CallHandle(context, reservation, policy_context, decision)`` for the hot
+    paths: the same slots set, without a class call running ``__init__``
+    (once per admitted call). ``kind``: the class (:class:`PlainCall`)."""
+    call: CallHandle = _new(kind)
+    call.context = context
+    call.reservation = reservation
+    call.policy_context = policy_context
+    call.decision = decision
+    call.cost_nano = -1
+    call.tokens = -1
+    call._done = False
+    call.kind = "llm"
+    call.model = None
+    call.metrics = False
+    call.agents = None
+    return call
+
+
+class PlainCall(CallHandle):
+    """A call the chain's plain lane admitted: an in-process root chain's own
+    step, with no agent levels and no policy context (``_llm_admission``).
+
+    It settles as any :class:`CallHandle`; only :meth:`commit` (an
+    instrumented call's settlement) goes straight to the chain's one ledger
+    level, which is what ``Settlement.settle`` does for such a call.
+    """
+
+    __slots__ = ()
+
+    def commit(self, cost_nano: int, tokens: int, error: BaseException | None = None) -> None:
+        if self._done:
+            return
+        held = self.cost_nano  # usage reported into it before (record_usage) adds
+        cost = held + cost_nano if held > 0 else cost_nano
+        held = self.tokens
+        tokens = held + tokens if held > 0 else tokens
+        self.cost_nano = cost
+        self.tokens = tokens
+        self._done = True
+        context = self.context
+        if cost < 0 or tokens < 0:  # never from an instrumentor: settle's general reading
+            context.settle(self, error, True)
+            return
+        # Settlement.settle's sent branch for a call with no agents and no
+        # policy context, on its chain's one level (settle's ``fast`` case).
+        ledger, level, state = context._fast  # type: ignore[attr-defined]
+        overrun = ledger.commit_one(level, state, self.reservation, cost, tokens)
+        if overrun is not None or self.metrics:
+            context._finished(self, error, cost, overrun)  # type: ignore[attr-defined]
 
 
 def settled_amounts(call: CallHandle) -> tuple[int, int]:
