@@ -83,7 +83,21 @@ def _list_bytes(sequence: list[object]) -> int:
     for item in sequence:
         kind = type(item)
         if kind is dict:
-            total += _dict_bytes(item)  # type: ignore[arg-type]
+            # _dict_bytes, inline for its common case (a message: string keys
+            # and values), one frame less a message; any other value is walked
+            # by _utf8_bytes, as _dict_bytes walks it.
+            message: dict[str, object] = item  # type: ignore[assignment]
+            try:
+                keys = "".join(message)
+            except TypeError:  # a key that is not a str
+                total += _dict_bytes(item)  # type: ignore[arg-type]
+                continue
+            total += 2 * len(message) + (len(keys) if keys.isascii() else len(keys.encode("utf-8")))
+            for value in message.values():
+                if type(value) is str:
+                    total += len(value) if value.isascii() else len(value.encode("utf-8"))
+                else:
+                    total += _utf8_bytes(value)
         elif kind is str:
             text: str = item  # type: ignore[assignment]
             total += len(text) if text.isascii() else len(text.encode("utf-8"))
