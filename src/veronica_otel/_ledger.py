@@ -125,6 +125,22 @@ class Reservation:
         return f"Reservation(id={self.id!r}, cost_nano={self.cost_nano}, tokens={self.tokens})"
 
 
+_new = object.__new__
+
+
+def _one_step(cost_nano: int, tokens: int) -> Reservation:
+    """``Reservation("", cost_nano, tokens, 1, False)`` without a class call
+    running ``__init__`` (a plain step of new amounts: per call, in real use)."""
+    held: Reservation = _new(Reservation)
+    held.id = ""
+    held.cost_nano = cost_nano
+    held.tokens = tokens
+    held.step = 1
+    held.retry = False
+    held.pools = ()
+    return held
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerState:
     """A consistent copy of one chain's counters."""
@@ -379,7 +395,7 @@ class LocalLedger:
                 state.reserved_tokens += tokens
                 held = self._one
                 if held.cost_nano != cost_nano or held.tokens != tokens:
-                    held = self._one = Reservation("", cost_nano, tokens, 1, False)
+                    held = self._one = _one_step(cost_nano, tokens)
                 return held
         finally:
             lock.release()

@@ -82,7 +82,6 @@ def admit_call(
         prices = _endpoint_prices(self, spec, breaker, probe)
     clamp: OutputClamp | None = None
     pool: str | None = None
-    clamped = False
     if cap is None and clampable:
         clamp, clamped = _output_clamp(spec, prices), True
         if type(self._ledger) is LocalLedger and not self._has_policies:
@@ -92,6 +91,7 @@ def admit_call(
             cost_nano, tokens = clamp.size()
             cap, pool, clamp = clamp.cap, clamp.pool, None
     else:
+        clamped = False
         output = 0 if cap is None else (cap * choices if choices > 1 else cap)
         if prices is None:
             cost_nano = 0
@@ -124,7 +124,8 @@ def admit_call(
             # ledger level stepped (None: anything unusual, asked the general
             # way). The lane's chain has no policies, agents or pools, so the
             # call settles there too (PlainCall.commit).
-            reservation = lane[0].plain_step(lane[2], lane[1].limits, cost_nano, tokens)
+            step, counters, limits = lane
+            reservation = step(counters, limits, cost_nano, tokens)
             if reservation is not None:
                 handle = new_call(self._settlement, reservation, None, ALLOW, PlainCall)
                 # metrics_live(), inline: an instrumented call records its metric
