@@ -117,7 +117,8 @@ def admit_call(
             and self._state.trip is None
             and not self._token.cancelled
             and not _agents._limited_in_code
-            and not self._state.metrics
+            # (A recording chain span, state.metrics, is no reason to leave: an
+            # instrumented call's metric follows metrics_live() either way.)
             and _active_call() is None  # no wrapped call to join: a step of its own
         ):
             # begin_priced_call's common case, in this frame: the chain's one
