@@ -188,7 +188,7 @@ def admit(
         )
         call.breaker, call.probe = breaker, probe
         if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
-            _record_admission(ctx, span, owns_span, call, answer, model)
+            _record_admission(ctx, span, owns_span, call, answer)
     except BaseException as exc:
         _abandon(breaker, probe, handle, span, owns_span, ctx, exc)
         raise
@@ -269,7 +269,7 @@ def _contained(
     )
     call.breaker, call.probe = breaker, probe
     if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
-        _record_admission(ctx, span, owns_span, call, answer, spec.model)
+        _record_admission(ctx, span, owns_span, call, answer)
     return call, answer.clamped, fallback
 
 
@@ -279,33 +279,30 @@ def _record_admission(
     owns_span: bool,
     call: ContainedCall,
     answer: Admitted,
-    model: str,
 ) -> None:
-    attributes = _admission_attributes(ctx, answer, model)
-    if owns_span:
-        call.pending_attributes = attributes  # set with the end's, in one SDK call
-    else:
-        _set_span_attributes(span, attributes)  # the SDK's own span may end before us
-
-
-def _admission_attributes(ctx: ExecutionContext, answer: Admitted, model: str) -> dict[str, Any]:
+    """The admission's attributes: on our span with the end's (one SDK call),
+    at once on a span not ours (the SDK's own may end before us)."""
     attributes: dict[str, Any] = {
         CHAIN_ID: ctx.chain_id,
         DECISION: "ALLOW",
     }
-    if answer.cap is not None:
-        attributes[GEN_AI_REQUEST_MAX_TOKENS] = answer.cap
-    if answer.clamped is not None:
-        attributes[CLAMPED_MAX_TOKENS] = answer.clamped
-        if answer.pool is not None:  # a budget pool had less room than the chain
-            attributes[POOL] = answer.pool
-    if answer.fallback is not None:
-        attributes[FALLBACK_MODEL] = answer.fallback
-        attributes[GEN_AI_REQUEST_MODEL] = answer.fallback
-    agents = answer.handle.agents
+    handle, cap, clamped, pool, fallback, _ = answer
+    if cap is not None:
+        attributes[GEN_AI_REQUEST_MAX_TOKENS] = cap
+    if clamped is not None:
+        attributes[CLAMPED_MAX_TOKENS] = clamped
+        if pool is not None:  # a budget pool had less room than the chain
+            attributes[POOL] = pool
+    if fallback is not None:
+        attributes[FALLBACK_MODEL] = fallback
+        attributes[GEN_AI_REQUEST_MODEL] = fallback
+    agents = handle.agents
     if agents is not None:  # an agent's own limits bound this call
         attributes[AGENT] = agents[1]
-    return attributes
+    if owns_span:
+        call.pending_attributes = attributes
+    else:
+        _set_span_attributes(span, attributes)
 
 
 def _abandon(
