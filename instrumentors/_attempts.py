@@ -92,30 +92,6 @@ def _status(response: Any) -> object:
     return getattr(response, "status", None) if status is None else status
 
 
-def _report(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # A sync attempt the vendor guard admitted (a transport's own hook has
-    # these rules inline, _sync_hook): the first attempt's note_send and each
-    # reply's note_reply(_status(...)) are inline.
-    if call.sends:
-        call.note_send()  # a retry over the chain's limits raises here, before the send
-    else:  # the first attempt: nothing to draw or re-check
-        call.attempts += 1
-        call.sends = 1
-    try:
-        response = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        if never_sent(exc):
-            call.note_unsent()
-        raise
-    call.replies += 1
-    status = getattr(response, "status_code", None)
-    if status is None:
-        status = getattr(response, "status", None)
-    if type(status) is int and 200 <= status < 300:
-        call.billed_replies += 1
-    return response
-
-
 async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     await call.anote_send()
     try:
@@ -131,14 +107,14 @@ async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[
 Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-def _reported(wrapped: Any) -> Callable[..., Any]:
-    """The send the guard runs: reported as an attempt of the call it admitted, if any."""
+def _reported(wrapped: Any, hooked: Callable[..., Any], transport: Any) -> Callable[..., Any]:
+    """The send the guard runs on ``transport`` (an instance): reported as an
+    attempt of the call it admitted, by the hook itself (``hooked``), if any."""
 
     def send(*args: Any, **kwargs: Any) -> Any:
-        call = ADMITTED.get()
-        if call is None:  # the guard let it pass
+        if ADMITTED.get() is None:  # the guard let it pass
             return wrapped(*args, **kwargs)
-        return _report(call, wrapped, args, kwargs)
+        return hooked(transport, *args, **kwargs)
 
     return send
 
@@ -173,9 +149,9 @@ def _sync_hook(transport: GuardTransport, original: Any) -> Callable[..., Any]:
                 return wrapped(*args, **kwargs)
             # Maybe a vendor request no adapter admitted: the guard admits it
             # (or lets it pass), and its send is reported as an attempt.
-            return transport.send(_reported(wrapped), self, args, kwargs)
-        # An attempt of an admitted call: _report's rules, inline (one frame
-        # and no bound method on every call's usual single attempt).
+            return transport.send(_reported(wrapped, hooked, self), self, args, kwargs)
+        # An attempt of an admitted call (the guard's too, sent back through
+        # here): counted inline, with no bound method on its usual single attempt.
         if call.sends:
             call.note_send()  # a retry over the chain's limits raises here, before the send
         else:  # the first attempt: nothing to draw or re-check

@@ -230,7 +230,7 @@ class Admission:
             raise
         if type(reservation) is Reservation and agents is None and not state.metrics:
             # the common case
-            return new_call(self._settlement, reservation, policy_context, decision)
+            return new_call(CallHandle, self._settlement, reservation, policy_context, decision)
         if type(reservation) is TripEvent and not reservation.sticky:
             until = self._room_wait_until(reservation)
             if until is not None:
@@ -419,7 +419,7 @@ class Admission:
             if agents is not None:
                 self._trips.agent_denied(reservation)  # type: ignore[arg-type]
             self._trips.tripped(reservation, stored=stored)  # type: ignore[arg-type]
-        call = CallHandle(self._settlement, reservation, policy_context, decision)  # type: ignore[arg-type]
+        call = new_call(CallHandle, self._settlement, reservation, policy_context, decision)  # type: ignore[arg-type]
         if agents is not None:
             call.agents = agents
         if self._state.metrics:

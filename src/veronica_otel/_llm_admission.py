@@ -128,7 +128,7 @@ def admit_call(
             step, counters, limits = lane
             reservation = step(counters, limits, cost_nano, tokens)
             if reservation is not None:
-                handle = new_call(self._settlement, reservation, None, ALLOW, PlainCall)
+                handle = new_call(PlainCall, self._settlement, reservation, None, ALLOW)
                 # metrics_live(), inline: an instrumented call records its metric
                 handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
                 handle.model = model
