@@ -83,7 +83,21 @@ def _list_bytes(sequence: list[object]) -> int:
     for item in sequence:
         kind = type(item)
         if kind is dict:
-            total += _dict_bytes(item)  # type: ignore[arg-type]
+            # _dict_bytes, inline for its common case (a message: string keys
+            # and values), one frame less a message; any other value is walked
+            # by _utf8_bytes, as _dict_bytes walks it.
+            message: dict[str, object] = item  # type: ignore[assignment]
+            try:
+                keys = "".join(message)
+            except TypeError:  # a key that is not a str
+                total += _dict_bytes(item)  # type: ignore[arg-type]
+                continue
+            total += 2 * len(message) + (len(keys) if keys.isascii() else len(keys.encode("utf-8")))
+            for value in message.values():
+                if type(value) is str:
+                    total += len(value) if value.isascii() else len(value.encode("utf-8"))
+                else:
+                    total += _utf8_bytes(value)
         elif kind is str:
             text: str = item  # type: ignore[assignment]
             total += len(text) if text.isascii() else len(text.encode("utf-8"))
@@ -147,9 +161,8 @@ def admit(
     and a fallback model to send instead (None: keep the model). Raises
     BudgetExceededError (after marking ``span``) when the call may not run.
     """
-    breaker = _BREAKERS.get((spec.provider, spec.model)) or endpoint_breaker(
-        spec.provider, spec.model
-    )
+    provider, _, model, bound, _, _, _, _, _, _, _ = spec  # one read of its fields
+    breaker = _BREAKERS.get((provider, model)) or endpoint_breaker(provider, model)
     probe = object()  # identifies this call if it becomes the half-open probe
     try:
         answer = ctx._admission.admit_call(spec, breaker, probe)  # ctx.admit_call's, one hop less
@@ -157,13 +170,29 @@ def admit(
         # Denied, or our own failure (a store down, an interrupt): nothing is
         # held, and the half-open probe must not stay taken.
         _abandon(breaker, probe, None, span, owns_span, ctx, exc)
-        forget_unused(spec.provider, spec.model, breaker)  # a denial fills no table
+        forget_unused(provider, model, breaker)  # a denial fills no table
         raise
+    handle, cap, clamped, _, fallback, prices = answer
     try:
-        return _contained(ctx, span, owns_span, spec, answer, breaker, probe)
+        # _contained, inline (once per sync call)
+        call = ContainedCall(
+            ctx,
+            handle,
+            span,
+            owns_span,
+            provider,
+            model if fallback is None else fallback,
+            prices,
+            bound,
+            cap,
+        )
+        call.breaker, call.probe = breaker, probe
+        if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
+            _record_admission(ctx, span, owns_span, call, answer)
     except BaseException as exc:
-        _abandon(breaker, probe, answer.handle, span, owns_span, ctx, exc)
+        _abandon(breaker, probe, handle, span, owns_span, ctx, exc)
         raise
+    return call, clamped, fallback
 
 
 async def aadmit(
@@ -240,32 +269,40 @@ def _contained(
     )
     call.breaker, call.probe = breaker, probe
     if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
-        attributes = _admission_attributes(ctx, answer, spec.model)
-        if owns_span:
-            call.pending_attributes = attributes  # set with the end's, in one SDK call
-        else:
-            _set_span_attributes(span, attributes)  # the SDK's own span may end before us
+        _record_admission(ctx, span, owns_span, call, answer)
     return call, answer.clamped, fallback
 
 
-def _admission_attributes(ctx: ExecutionContext, answer: Admitted, model: str) -> dict[str, Any]:
+def _record_admission(
+    ctx: ExecutionContext,
+    span: Span,
+    owns_span: bool,
+    call: ContainedCall,
+    answer: Admitted,
+) -> None:
+    """The admission's attributes: on our span with the end's (one SDK call),
+    at once on a span not ours (the SDK's own may end before us)."""
     attributes: dict[str, Any] = {
         CHAIN_ID: ctx.chain_id,
         DECISION: "ALLOW",
     }
-    if answer.cap is not None:
-        attributes[GEN_AI_REQUEST_MAX_TOKENS] = answer.cap
-    if answer.clamped is not None:
-        attributes[CLAMPED_MAX_TOKENS] = answer.clamped
-        if answer.pool is not None:  # a budget pool had less room than the chain
-            attributes[POOL] = answer.pool
-    if answer.fallback is not None:
-        attributes[FALLBACK_MODEL] = answer.fallback
-        attributes[GEN_AI_REQUEST_MODEL] = answer.fallback
-    agents = answer.handle.agents
+    handle, cap, clamped, pool, fallback, _ = answer
+    if cap is not None:
+        attributes[GEN_AI_REQUEST_MAX_TOKENS] = cap
+    if clamped is not None:
+        attributes[CLAMPED_MAX_TOKENS] = clamped
+        if pool is not None:  # a budget pool had less room than the chain
+            attributes[POOL] = pool
+    if fallback is not None:
+        attributes[FALLBACK_MODEL] = fallback
+        attributes[GEN_AI_REQUEST_MODEL] = fallback
+    agents = handle.agents
     if agents is not None:  # an agent's own limits bound this call
         attributes[AGENT] = agents[1]
-    return attributes
+    if owns_span:
+        call.pending_attributes = attributes
+    else:
+        _set_span_attributes(span, attributes)
 
 
 def _abandon(

@@ -39,6 +39,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
+from types import FunctionType
 from typing import Any
 
 import wrapt
@@ -48,6 +49,8 @@ from ._guard_transports import TRANSPORTS, GuardTransport
 from ._unwrap import is_ours
 
 __all__ = ["ensure_attempt_hooks", "never_sent"]
+
+_admitted = ADMITTED.get  # bound once: one C call per attempt
 
 # Transport errors that say the attempt's connection was never made, by
 # module root: nothing of the request left the process.
@@ -89,29 +92,6 @@ def _status(response: Any) -> object:
     return getattr(response, "status", None) if status is None else status
 
 
-def _report(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # Every sync attempt of every adapter passes here: the first attempt's
-    # note_send and each reply's note_reply(_status(...)) are inline.
-    if call.sends:
-        call.note_send()  # a retry over the chain's limits raises here, before the send
-    else:  # the first attempt: nothing to draw or re-check
-        call.attempts += 1
-        call.sends = 1
-    try:
-        response = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        if never_sent(exc):
-            call.note_unsent()
-        raise
-    call.replies += 1
-    status = getattr(response, "status_code", None)
-    if status is None:
-        status = getattr(response, "status", None)
-    if type(status) is int and 200 <= status < 300:
-        call.billed_replies += 1
-    return response
-
-
 async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     await call.anote_send()
     try:
@@ -127,14 +107,14 @@ async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[
 Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-def _reported(wrapped: Any) -> Callable[..., Any]:
-    """The send the guard runs: reported as an attempt of the call it admitted, if any."""
+def _reported(wrapped: Any, hooked: Callable[..., Any], transport: Any) -> Callable[..., Any]:
+    """The send the guard runs on ``transport`` (an instance): reported as an
+    attempt of the call it admitted, by the hook itself (``hooked``), if any."""
 
     def send(*args: Any, **kwargs: Any) -> Any:
-        call = ADMITTED.get()
-        if call is None:  # the guard let it pass
+        if ADMITTED.get() is None:  # the guard let it pass
             return wrapped(*args, **kwargs)
-        return _report(call, wrapped, args, kwargs)
+        return hooked(transport, *args, **kwargs)
 
     return send
 
@@ -158,19 +138,44 @@ def _sync_hook(transport: GuardTransport, original: Any) -> Callable[..., Any]:
     it can be spliced out, :mod:`._unwrap`) and it marks itself ours."""
 
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        wrapped = hooked.__wrapped__.__get__(self, type(self))  # type: ignore[attr-defined]
-        call = ADMITTED.get()
-        if call is None:
+        call = _admitted()
+        method = hooked.__wrapped__  # type: ignore[attr-defined]
+        if call is None or not call.http_attempts:
+            wrapped = method.__get__(self, type(self))
+            if call is not None:  # admitted by a layer that counts its own attempts
+                return wrapped(*args, **kwargs)
             guard = transport.guard
             if guard is None or not transport.screen(guard, self, args, kwargs):
                 return wrapped(*args, **kwargs)
             # Maybe a vendor request no adapter admitted: the guard admits it
             # (or lets it pass), and its send is reported as an attempt.
-            return transport.send(_reported(wrapped), self, args, kwargs)
-        if not call.http_attempts:
-            return wrapped(*args, **kwargs)
-        return _report(call, wrapped, args, kwargs)
+            return transport.send(_reported(wrapped, hooked, self), self, args, kwargs)
+        # An attempt of an admitted call (the guard's too, sent back through
+        # here): counted inline, with no bound method on its usual single attempt.
+        if call.sends:
+            call.note_send()  # a retry over the chain's limits raises here, before the send
+        else:  # the first attempt: nothing to draw or re-check
+            call.attempts += 1
+            call.sends = 1
+        try:
+            if type(method) is FunctionType:  # the transport's own method: no binding
+                response = method(self, *args, **kwargs)
+            else:  # another wrapper under ours (wrapt): bound, as it expects
+                response = method.__get__(self, type(self))(*args, **kwargs)
+        except BaseException as exc:
+            if never_sent(exc):
+                call.note_unsent()
+            raise
+        call.replies += 1
+        try:  # the transport's own status attribute, read directly
+            status = response.status_code if by_code else response.status
+        except AttributeError:  # a reply of another shape: _status reads either
+            status = _status(response)
+        if type(status) is int and 200 <= status < 300:
+            call.billed_replies += 1
+        return response
 
+    by_code = transport.family == "httpx"  # httpx: status_code; urllib3: status
     functools.update_wrapper(hooked, original, updated=())  # __wrapped__, name, docs
     hooked.veronica_hook = transport  # type: ignore[attr-defined]  # is_ours reads it
     return hooked

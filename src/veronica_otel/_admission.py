@@ -15,9 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _agents
-from ._call import (
-    CallHandle,
-)
+from ._call import CallHandle, new_call
 from ._chain_state import ChainState
 from ._chain_trips import ChainTrips
 from ._clamp import OutputClamp
@@ -108,10 +106,12 @@ class Admission:
         # The common chain, decided once: in process, a root with no deadline,
         # handoffs, policies, pools or repeat limit. admit_call reserves its
         # plain calls straight from the ledger (state.fast) with no
-        # begin_priced_call frame (None: every call goes there).
+        # begin_priced_call frame: (its step, its live counters, its limits);
+        # None: every call goes there.
+        fast = state.fast
         self._lane = (
-            state.fast
-            if state.fast is not None and not state.checked and not state.repeats_limited
+            (fast[0].plain_step, fast[2], fast[1].limits)
+            if fast is not None and not state.checked and not state.repeats_limited
             else None
         )
 
@@ -209,9 +209,8 @@ class Admission:
             ):
                 # In process, a root with no policies (so no agent lookups) and
                 # no pools: the ledger's one-level reservation.
-                level = fast[1]
                 reservation = fast[0].plain_step(
-                    level.chain_id, level.limits, cost_nano, tokens
+                    fast[2], fast[1].limits, cost_nano, tokens
                 ) or fast[0].reserve(self._path, cost_nano, tokens)
             else:
                 if self._agent_lookups or _agents._limited_in_code:
@@ -230,9 +229,8 @@ class Admission:
                 self._pipeline.abandon(policy_context)
             raise
         if type(reservation) is Reservation and agents is None and not state.metrics:
-            return CallHandle(
-                self._settlement, reservation, policy_context, decision
-            )  # the common case
+            # the common case
+            return new_call(CallHandle, self._settlement, reservation, policy_context, decision)
         if type(reservation) is TripEvent and not reservation.sticky:
             until = self._room_wait_until(reservation)
             if until is not None:
@@ -421,7 +419,7 @@ class Admission:
             if agents is not None:
                 self._trips.agent_denied(reservation)  # type: ignore[arg-type]
             self._trips.tripped(reservation, stored=stored)  # type: ignore[arg-type]
-        call = CallHandle(self._settlement, reservation, policy_context, decision)  # type: ignore[arg-type]
+        call = new_call(CallHandle, self._settlement, reservation, policy_context, decision)  # type: ignore[arg-type]
         if agents is not None:
             call.agents = agents
         if self._state.metrics:

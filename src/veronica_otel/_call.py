@@ -11,12 +11,16 @@ from ._ledger import Level, Reservation
 from ._policy import PolicyContext, PolicyDecision
 from ._units import nano_to_usd
 
+_new = object.__new__
+
 __all__ = [
     "ACTIVE_CALL",
     "CallHandle",
     "close_awaitable",
     "is_coroutine_function",
     "joins_wrapped_call",
+    "new_call",
+    "PlainCall",
     "settled_amounts",
 ]
 
@@ -43,9 +47,25 @@ class CallHandle:
     """
 
     # Set (True) only on a wrapped LLM call that an instrumented call joined
-    # (:func:`joins_wrapped_call`); never assigned in ``__init__``, so the
+    # (:func:`joins_wrapped_call`); never assigned in ``__new__``, so the
     # wrap path pays nothing for it: read it with ``getattr(call, "joined", False)``.
     joined: bool
+    # Set by __new__ (each call's, by position): its settlement part, its
+    # reservation, its policy's context and decision, usage so far (-1: none
+    # reported), settled yet, "llm" or "tool", its model, whether it records
+    # the per-call metric, and (path with agent levels, innermost agent) when
+    # agent limits bound it.
+    context: _Settles
+    reservation: Reservation
+    policy_context: PolicyContext | None
+    decision: PolicyDecision
+    cost_nano: int
+    tokens: int
+    _done: bool
+    kind: str
+    model: str | None
+    metrics: bool
+    agents: tuple[tuple[Level, ...], str] | None
 
     __slots__ = (
         "_done",
@@ -62,27 +82,31 @@ class CallHandle:
         "tokens",
     )
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         context: _Settles,
         reservation: Reservation,
         policy_context: PolicyContext | None,
         decision: PolicyDecision,
-    ) -> None:
-        self.context = context
-        self.reservation = reservation
-        self.policy_context = policy_context
-        self.decision = decision
-        self.cost_nano = -1
-        self.tokens = -1
-        self._done = False
-        self.kind = "llm"  # a wrapped tool call says "tool" (joins_wrapped_call reads it)
-        self.model: str | None = None
+    ) -> CallHandle:
+        # ``__new__``, not ``__init__``: the hot paths call it as a plain
+        # function (:func:`new_call`), without a class call running an
+        # initialiser (once per admitted call).
+        call: CallHandle = _new(cls)
+        call.context = context
+        call.reservation = reservation
+        call.policy_context = policy_context
+        call.decision = decision
+        call.cost_nano = -1
+        call.tokens = -1
+        call._done = False
+        call.kind = "llm"  # a wrapped tool call says "tool" (joins_wrapped_call reads it)
+        call.model = None
         # Per-call metrics only where telemetry is live (a recording chain span
         # or an instrumented client call): the bare wrap path stays lean.
-        self.metrics = False
-        # (path with agent levels, innermost agent) when agent limits bound it.
-        self.agents: tuple[tuple[Level, ...], str] | None = None
+        call.metrics = False
+        call.agents = None
+        return call
 
     @property
     def reserved_usd(self) -> float:
@@ -146,6 +170,44 @@ class CallHandle:
             return
         self._done = True
         self.context.settle(self, error, sent)
+
+
+#: ``CallHandle(context, reservation, policy_context, decision)`` as a plain
+#: function taking the class first (``PlainCall`` or ``CallHandle``).
+new_call = CallHandle.__new__
+
+
+class PlainCall(CallHandle):
+    """A call the chain's plain lane admitted: an in-process root chain's own
+    step, with no agent levels and no policy context (``_llm_admission``).
+
+    It settles as any :class:`CallHandle`; only :meth:`commit` (an
+    instrumented call's settlement) goes straight to the chain's one ledger
+    level, which is what ``Settlement.settle`` does for such a call.
+    """
+
+    __slots__ = ()
+
+    def commit(self, cost_nano: int, tokens: int, error: BaseException | None = None) -> None:
+        if self._done:
+            return
+        held = self.cost_nano  # usage reported into it before (record_usage) adds
+        cost = held + cost_nano if held > 0 else cost_nano
+        held = self.tokens
+        tokens = held + tokens if held > 0 else tokens
+        self.cost_nano = cost
+        self.tokens = tokens
+        self._done = True
+        context = self.context
+        if cost < 0 or tokens < 0:  # never from an instrumentor: settle's general reading
+            context.settle(self, error, True)
+            return
+        # Settlement.settle's sent branch for a call with no agents and no
+        # policy context, on its chain's one level (settle's ``fast`` case).
+        ledger, level, state = context._fast  # type: ignore[attr-defined]
+        overrun = ledger.commit_one(level, state, self.reservation, cost, tokens)
+        if overrun is not None or self.metrics:
+            context._finished(self, error, cost, overrun)  # type: ignore[attr-defined]
 
 
 def settled_amounts(call: CallHandle) -> tuple[int, int]:

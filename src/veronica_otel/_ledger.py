@@ -125,6 +125,22 @@ class Reservation:
         return f"Reservation(id={self.id!r}, cost_nano={self.cost_nano}, tokens={self.tokens})"
 
 
+_new = object.__new__
+
+
+def _one_step(cost_nano: int, tokens: int) -> Reservation:
+    """``Reservation("", cost_nano, tokens, 1, False)`` without a class call
+    running ``__init__`` (a plain step of new amounts: per call, in real use)."""
+    held: Reservation = _new(Reservation)
+    held.id = ""
+    held.cost_nano = cost_nano
+    held.tokens = tokens
+    held.step = 1
+    held.retry = False
+    held.pools = ()
+    return held
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerState:
     """A consistent copy of one chain's counters."""
@@ -334,9 +350,11 @@ class LocalLedger:
             and len(path) == 1
         ):
             level = path[0]
-            held = self.plain_step(level.chain_id, level.limits, cost_nano, tokens)
-            if held is not None:
-                return held
+            state = self._chains.get(level.chain_id)
+            if state is not None:  # (a new chain: the general way)
+                held = self.plain_step(state, level.limits, cost_nano, tokens)
+                if held is not None:
+                    return held
         count = step_count(steps) if step else 0
         with self._lock:
             if clamp is not None:
@@ -344,19 +362,21 @@ class LocalLedger:
             return self._reserve_locked(path, cost_nano, tokens, count, retry, signature, pools)
 
     def plain_step(
-        self, chain_id: str, limits: Limits, cost_nano: int, tokens: int
+        self, state: _ChainState, limits: Limits, cost_nano: int, tokens: int
     ) -> Reservation | None:
         """The common call of :meth:`reserve` (one root level, a plain step, no
         retry, signature, pools or clamp) in a few comparisons, or ``None``:
-        anything unusual (a new chain, a trip, an override, a denial) goes
-        :meth:`reserve`'s general way, which re-checks under the lock (and
-        tells a sticky trip from a denial that only calls in flight cause).
+        anything unusual (a trip, an override, a denial) goes :meth:`reserve`'s
+        general way, which re-checks under the lock (and tells a sticky trip
+        from a denial that only calls in flight cause). ``state`` is the
+        level's live counters (:meth:`state_of`, held with :meth:`acquire`).
         The kernel's hot path calls it directly, then :meth:`reserve` on
         ``None``; the checks are ``_check``'s for such a step.
         """
-        with self._lock:
-            state = self._chains.get(chain_id)
-            if state is None or state.trip is not None or state.override is not None:
+        lock = self._lock
+        lock.acquire()  # not ``with``: its two special-method lookups, per call
+        try:
+            if state.trip is not None or state.override is not None:
                 return None
             count = state.steps + 1
             if (
@@ -375,8 +395,10 @@ class LocalLedger:
                 state.reserved_tokens += tokens
                 held = self._one
                 if held.cost_nano != cost_nano or held.tokens != tokens:
-                    held = self._one = Reservation("", cost_nano, tokens, 1, False)
+                    held = self._one = _one_step(cost_nano, tokens)
                 return held
+        finally:
+            lock.release()
         return None
 
     def _size(
@@ -545,7 +567,9 @@ class LocalLedger:
             with self._lock:
                 _settle(state)
             return None
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # (plain_step's reason)
+        try:
             if state.settled:
                 _settle(state)
             state.reserved_nano -= reservation.cost_nano
@@ -559,6 +583,8 @@ class LocalLedger:
                 state.trip = trip
                 return trip
             return None
+        finally:
+            lock.release()
 
     def commit(
         self,

@@ -14,25 +14,26 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from . import _agents, _pricing
-from ._breaker import CircuitState
-from ._call import ACTIVE_CALL, CallHandle, joins_wrapped_call
+from ._breaker import CircuitBreaker, CircuitState
+from ._call import ACTIVE_CALL, CallHandle, PlainCall, joins_wrapped_call, new_call
 from ._call_spec import Admitted, CallSpec, call_signature
 from ._clamp import OutputClamp
 from ._gc_safe import pending
 from ._ledger import LedgerState, LocalLedger
 from ._policy import ALLOW
 from ._pools import PoolRoom, pool_room
-from ._pricing import DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices, default_price_table
+from ._pricing import _PER_MTOK, DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices, default_price_table
 from ._telemetry import _calls, metrics_live
+from ._units import MAX_COUNT
 
 if TYPE_CHECKING:
     from ._admission import Admission
-    from ._breaker import CircuitBreaker
 
 __all__ = ["aadmit_call", "admit_call"]
 
 _answer = tuple.__new__  # an Admitted without a Python-level __new__ (once per call)
 _CLOSED = CircuitState.CLOSED
+_active_call = ACTIVE_CALL.get  # bound once: one C call per admission
 
 
 def admit_call(
@@ -64,23 +65,24 @@ def admit_call(
     :class:`~._admission.RoomBusy` instead (an async caller awaits the
     room, then asks again).
     """
+    # One read of the spec (a NamedTuple's fields are descriptors: one unpack
+    # is cheaper than their reads).
+    provider, operation, model, bound, cap, clampable, choices, _, _, parts, cache_writes = spec
     # _endpoint_prices without its three frames in the common case: a closed
     # breaker (check()'s own first test) and a model the table has priced
     # (its lookup cache, read as lookup reads it). Anything else goes there.
     table = self._prices
     if table is None:
         table = _pricing._default_table or default_price_table()
-    prices = table._cache.get((spec.provider, spec.model))
+    prices = table._cache.get((provider, model))
     if prices is None or (
-        breaker is not None and getattr(breaker, "_state", None) is not _CLOSED
+        breaker is not None
+        and (type(breaker) is not CircuitBreaker or breaker._state is not _CLOSED)
     ):  # a shared (Redis) breaker, or a local one not closed: the full path
         prices = _endpoint_prices(self, spec, breaker, probe)
-    signature = call_signature(spec.model, spec.input_parts) if self._repeats_limited else None
-    cap = spec.requested_cap
     clamp: OutputClamp | None = None
     pool: str | None = None
-    clamped = False
-    if cap is None and spec.clampable:
+    if cap is None and clampable:
         clamp, clamped = _output_clamp(spec, prices), True
         if type(self._ledger) is LocalLedger and not self._has_policies:
             cost_nano = tokens = 0  # sized by the ledger, under its lock
@@ -89,50 +91,66 @@ def admit_call(
             cost_nano, tokens = clamp.size()
             cap, pool, clamp = clamp.cap, clamp.pool, None
     else:
-        output = 0 if cap is None else cap * (spec.choices if spec.choices > 1 else 1)
-        cost_nano = (
-            0
-            if prices is None
-            else prices.max_cost_nano(spec.input_bound, output, spec.cache_writes)
-        )
-        tokens = spec.input_bound + output
+        clamped = False
+        output = 0 if cap is None else (cap * choices if choices > 1 else cap)
+        if prices is None:
+            cost_nano = 0
+        else:
+            worst = prices._untiered
+            if (
+                worst is not None
+                and type(output) is int
+                and 0 <= output <= MAX_COUNT
+                and 0 <= bound <= MAX_COUNT
+            ):  # UnitPrices.max_cost_nano of an untiered price, its checks first
+                cost_nano = -(
+                    -(bound * (worst[0] if cache_writes else worst[1]) + output * worst[2])
+                    // _PER_MTOK
+                )
+            else:
+                cost_nano = prices.max_cost_nano(bound, output, cache_writes)
+        tokens = bound + output
         lane = self._lane
         if (
             lane is not None
             and not pending  # nothing left by garbage collection to settle first
-            and self._state.trip is None  # (the ledger's own trip: plain_step's test)
+            and self._state.trip is None
             and not self._token.cancelled
             and not _agents._limited_in_code
-            and not self._state.metrics
-            and ACTIVE_CALL.get() is None  # no wrapped call to join: a step of its own
+            # (A recording chain span, state.metrics, is no reason to leave: an
+            # instrumented call's metric follows metrics_live() either way.)
+            and _active_call() is None  # no wrapped call to join: a step of its own
         ):
-            # begin_priced_call's common case, in this frame: the ledger's
-            # one-level step (None: anything unusual, asked the general way).
-            level = lane[1]
-            reservation = lane[0].plain_step(level.chain_id, level.limits, cost_nano, tokens)
+            # begin_priced_call's common case, in this frame: the chain's one
+            # ledger level stepped (None: anything unusual, asked the general
+            # way). The lane's chain has no policies, agents or pools, so the
+            # call settles there too (PlainCall.commit).
+            step, counters, limits = lane
+            reservation = step(counters, limits, cost_nano, tokens)
             if reservation is not None:
-                handle = CallHandle(self._settlement, reservation, None, ALLOW)
+                handle = new_call(PlainCall, self._settlement, reservation, None, ALLOW)
                 # metrics_live(), inline: an instrumented call records its metric
                 handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
-                handle.model = spec.model
+                handle.model = model
                 return _answer(Admitted, (handle, cap, None, None, None, prices))
+    signature = call_signature(model, parts) if self._repeats_limited else None
     handle = self.begin_priced_call(
         "llm",
-        spec.operation,
-        spec.provider,
-        spec.model,
+        operation,
+        provider,
+        model,
         cost_nano,
         tokens,
         False,  # retry; by position, so CPython 3.11 specialises the call
         signature,
         clamp,
         # No wrapped call around it (one read): nothing to join, a step of its own.
-        ACTIVE_CALL.get() is None or not joins_wrapped_call(self._settlement),
+        _active_call() is None or not joins_wrapped_call(self._settlement),
         defer,
     )
     # An instrumented call: telemetry is worth its cost here, once recorded.
     handle.metrics = metrics_live()
-    handle.model = spec.model
+    handle.model = model
     if clamp is not None:
         cap, pool = clamp.cap, clamp.pool
     if handle.decision is ALLOW:  # no policy degraded it (the common case)

@@ -193,6 +193,10 @@ class UnitPrices:
     _worst: tuple[tuple[int, int, int, int], ...] = field(init=False, repr=False, compare=False)
     # (input, output) prices when there are no tiers (most models), else None
     _plain: tuple[int, int] | None = field(init=False, repr=False, compare=False)
+    # (worst input price, worst input price with no cache write, worst output
+    # price) when there are no tiers, else None: max_cost_nano's one price
+    # pair, read by admission's hot path without the method's frame
+    _untiered: tuple[int, int, int] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.cache_write is None:  # normalised, so equal prices compare equal
@@ -214,6 +218,8 @@ class UnitPrices:
         object.__setattr__(self, "_worst", tuple(worst))
         plain = (segments[0][1], segments[0][2]) if len(segments) == 1 else None
         object.__setattr__(self, "_plain", plain)
+        top = worst[0]
+        object.__setattr__(self, "_untiered", (top[1], top[3], top[2]) if plain else None)
 
     def output_limit(self, input_tokens: int) -> int:
         """The most output tokens one call with ``input_tokens`` of input can produce.

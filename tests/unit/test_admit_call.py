@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Iterator
@@ -9,18 +10,21 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from opentelemetry import trace
 
 from veronica_otel import (
     BudgetExceededError,
     BudgetPool,
     ExecutionConfig,
     ExecutionContext,
+    _agents,
     agent,
 )
+from veronica_otel._call import PlainCall
 from veronica_otel._call_spec import Admitted, CallSpec
 from veronica_otel._clamp import OutputClamp
 from veronica_otel._ledger import LocalLedger
-from veronica_otel._pricing import UnitPrices, default_price_table
+from veronica_otel._pricing import PriceTable, UnitPrices, default_price_table
 from veronica_otel._units import MAX_COUNT, nano_to_usd
 
 MODEL = "gpt-4o-mini"
@@ -269,3 +273,89 @@ async def test_the_async_entry_in_process_is_the_same_answer() -> None:
         answer = await ctx.aadmit_call(uncapped())
         assert answer.clamped == 300
         await answer.handle.afinish(sent=False)
+
+
+# -- the plain lane (an in-process root chain with nothing to check) and the general path
+
+
+@pytest.fixture(autouse=False)
+def no_agent_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An agent given limits in code (an earlier test's) turns the lane off for
+    # the process; none is alive in these chains.
+    monkeypatch.setattr(_agents, "_limited_in_code", False)
+
+
+@contextlib.contextmanager
+def _chain(table: PriceTable, lane: bool, cost_usd: float = 1e6) -> Iterator[ExecutionContext]:
+    # A deadline makes a chain "checked": its calls take begin_priced_call's way.
+    # Entered under a span, a root chain opens no span of its own: its calls
+    # record no per-call metric through it, so the plain lane takes them.
+    config = ExecutionConfig(max_cost_usd=cost_usd, timeout_ms=None if lane else 600_000)
+    with (
+        trace.get_tracer(__name__).start_as_current_span("request"),
+        ExecutionContext(config, price_table=table) as ctx,
+    ):
+        yield ctx
+
+
+@pytest.mark.usefixtures("no_agent_limits")
+@given(
+    st.one_of(prices_st, tiered_st),
+    st.integers(0, 400_000),
+    st.one_of(st.none(), st.integers(0, 300_000)),
+    st.integers(1, 4),
+    st.booleans(),
+    st.booleans(),
+)
+def test_the_plain_lane_reserves_and_settles_as_the_general_path(
+    prices: UnitPrices,
+    bound: int,
+    cap: int | None,
+    choices: int,
+    cache_writes: bool,
+    lane: bool,
+) -> None:
+    table = PriceTable({"openai:m": prices})
+    table.lookup("openai", "m")  # priced once: the lane reads the table's cache
+    spec = CallSpec("openai", "chat", "m", bound, cap, False, choices, cache_writes=cache_writes)
+    output = 0 if cap is None else cap * choices
+    with _chain(table, lane) as ctx:
+        answer = ctx.admit_call(spec)
+        handle = answer.handle
+        assert (type(handle) is PlainCall) is lane
+        assert answer.prices == prices
+        assert handle.reservation.cost_nano == prices.max_cost_nano(bound, output, cache_writes)
+        assert handle.reservation.tokens == bound + output
+        handle.add_usage(3, 4)  # record_usage into the running call adds to its commit
+        handle.commit(5, 7)
+        handle.commit(100, 100)  # settled once
+        snapshot = ctx.snapshot()
+        assert (snapshot.steps, snapshot.tokens, snapshot.reserved_usd) == (1, 11, 0.0)
+        assert snapshot.cost_usd == nano_to_usd(8)
+
+
+@pytest.mark.usefixtures("no_agent_limits")
+@pytest.mark.parametrize("lane", [True, False])
+def test_a_lane_commit_past_the_ceiling_trips_the_chain_as_the_general_one(lane: bool) -> None:
+    prices = UnitPrices(1_000_000, 1_000_000, 1_000_000, 1_000_000)  # 1 nano-USD a token
+    table = PriceTable({"openai:m": prices})
+    table.lookup("openai", "m")
+    with _chain(table, lane, cost_usd=nano_to_usd(100)) as ctx:
+        handle = ctx.admit_call(CallSpec("openai", "chat", "m", 10, 10, False)).handle
+        assert (type(handle) is PlainCall) is lane
+        handle.commit(150, 20)  # reported more than reserved, past the ceiling
+        assert ctx.snapshot().aborted
+        with pytest.raises(BudgetExceededError):
+            ctx.admit_call(CallSpec("openai", "chat", "m", 1, 1, False))
+
+
+@pytest.mark.parametrize("lane", [True, False])
+def test_an_out_of_range_count_is_refused_on_either_path(lane: bool) -> None:
+    table = PriceTable({"openai:m": UnitPrices(1, 1, 1, 1)})
+    table.lookup("openai", "m")
+    with _chain(table, lane) as ctx, pytest.raises(ValueError, match="output_tokens"):
+        ctx.admit_call(CallSpec("openai", "chat", "m", 10, MAX_COUNT + 1, False))
+    with _chain(table, lane) as ctx:
+        answer = ctx.admit_call(CallSpec("openai", "chat", "m", 10, 5, False))
+        answer.handle.finish(sent=False)  # released: the step given back
+        assert ctx.snapshot().steps == 0
