@@ -69,7 +69,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar, NamedTuple
 
 from opentelemetry import context as otel_context
@@ -188,6 +188,11 @@ class Request(NamedTuple):
     cache_writes: bool = True
 
 
+# Request fields read by position where it is read before each call.
+_PRICED = Request._fields.index("priced")
+_ATTRIBUTES = Request._fields.index("attributes")
+
+
 class ProviderAdapter:
     """What one provider's SDK calls look like; see the module docs.
 
@@ -203,14 +208,22 @@ class ProviderAdapter:
     server: ClassVar[str | None] = None
     #: Hooked once per API call of an SDK (see :func:`_counted_above`).
     nests: ClassVar[bool] = False
-    # Whether is_stream and call_span are the defaults: read without a call.
+    #: Reply types known whole (never a stream to hold): :meth:`is_stream` is
+    #: False for them without being asked (an SDK's parsed response models).
+    whole_replies: ClassVar[Collection[type]] = ()
+    # Whether is_stream and call_span are the defaults: read without a call;
+    # the reply types settled as they return with nothing to read (whole, and
+    # read_reply the default's no-op).
     _plain_streams: ClassVar[bool] = True
     _plain_spans: ClassVar[bool] = True
+    _settled_as_returned: ClassVar[Collection[type]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._plain_streams = cls.is_stream is ProviderAdapter.is_stream
         cls._plain_spans = cls.call_span is ProviderAdapter.call_span
+        plain_replies = cls.read_reply is ProviderAdapter.read_reply
+        cls._settled_as_returned = cls.whole_replies if plain_replies else ()
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -460,31 +473,46 @@ def _describe(
     request = adapter.read_request(instance, args, kwargs, method)
     if request is None:
         return None
-    if not request.priced:  # admitted at its configured bound, if it has one
+    if not request[_PRICED]:  # admitted at its configured bound, if it has one
         request = bounded(ctx, request.provider or adapter.provider, request)
+    # Every field at once: one unpacking, not a descriptor call per field read.
+    (
+        operation,
+        model,
+        parts,
+        n_messages,
+        cap,
+        clampable,
+        choices,
+        stream,
+        extra_input_tokens,
+        _,
+        provider,
+        _,
+        cache_writes,
+    ) = request
+    if provider is None:
+        provider = adapter.provider
     state = ctx._state  # ctx.names_agents, without its two property frames
     agent = current_agent() if state.agents_named or _agents._limited_in_code else None
-    provider = request.provider or adapter.provider
-    parts = request.input_parts
-    n_messages = request.n_messages
     spec = _spec_of(
         CallSpec,
         (
             provider,
-            request.operation,
-            request.model,
+            operation,
+            model,
             # input_bound(parts, n_messages), without its two frames for a list
             (_list_bytes(parts) if type(parts) is list else _utf8_bytes(parts))
             + (n_messages if n_messages > 1 else 1) * TOKENS_PER_MESSAGE
             + TOKENS_PER_REQUEST
-            + request.extra_input_tokens,
-            request.cap,
-            request.clampable,
-            request.choices,
-            request.stream,
+            + extra_input_tokens,
+            cap,
+            clampable,
+            choices,
+            stream,
             agent,
             parts,
-            request.cache_writes,
+            cache_writes,
         ),
     )
     if not adapter._plain_spans:
@@ -497,7 +525,7 @@ def _describe(
         and not current.get(_SUPPRESS_KEY_PLAIN)
     ):
         return ctx, request, spec, UNTRACED_SPAN, True, current  # start_span's, without its frame
-    span = start_span(request.operation, provider, request.model, agent, current)
+    span = start_span(operation, provider, model, agent, current)
     return ctx, request, spec, span, True, current
 
 
@@ -512,9 +540,9 @@ def _prepared(
     """Put the clamp and fallback into the arguments, the request on the span."""
     call, clamp, fallback = admitted
     call.request, call.adapter, call.http_attempts = request, adapter, True
+    attributes = call.pending_attributes
     if request.attributes is not None and BOUND_USD in request.attributes:
         call.__class__ = BoundedCall  # costs its bound, whatever its reply reports
-    attributes = call.pending_attributes
     if attributes is not None:
         if request.cap is not None and GEN_AI_REQUEST_MAX_TOKENS not in attributes:
             attributes[GEN_AI_REQUEST_MAX_TOKENS] = request.cap
@@ -553,7 +581,9 @@ def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -
 def _settle(adapter: ProviderAdapter, call: ContainedCall, reply: Any, is_async: bool) -> Any:
     try:
         request = call.request
-        if request.stream if adapter._plain_streams else adapter.is_stream(reply, request):
+        if type(reply) in adapter.whole_replies:
+            pass  # never a stream
+        elif request.stream if adapter._plain_streams else adapter.is_stream(reply, request):
             return adapter.wrap_stream(call, reply, is_async)
         adapter.read_reply(call, reply)
     except Exception:
@@ -601,13 +631,20 @@ def _async_wrapper(
                 return await wrapped(*args, **kwargs)
             return await otherwise(wrapped, instance, args, kwargs)  # type: ignore[misc]
         ctx, request, spec, span, owns, current = described
-        span_token = make_current(span, current) if owns else None
+        span_token = make_current(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
         try:
             if not request.priced and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
-            admitted = await aadmit(ctx, span, owns, spec)
-            call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
+            call, clamp, fallback = admitted = await aadmit(ctx, span, owns, spec)
+            call.request, call.adapter, call.http_attempts = request, adapter, True
+            if (  # anything to put into the arguments or on the span: _prepared
+                clamp is not None
+                or fallback is not None
+                or call.pending_attributes is not None
+                or request[_ATTRIBUTES] is not None
+            ):
+                call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
             delay_ms = call.handle.decision.rate_limit_ms  # a policy's wait before sending
             if delay_ms:
                 await asyncio.sleep(delay_ms / 1000)
@@ -657,14 +694,21 @@ def _sync_wrapper(
         ctx, request, spec, span, owns, current = described
         # Current from admission until the SDK returns: a denial's trip event
         # lands on this span, and HTTP spans nest under it (a span not ours
-        # is current already).
-        span_token = make_current(span, current) if owns else None
+        # is current already; none while untraced: make_current's first test).
+        span_token = make_current(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
         try:
             if not request.priced and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
-            admitted = admit(ctx, span, owns, spec)
-            call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
+            call, clamp, fallback = admitted = admit(ctx, span, owns, spec)
+            call.request, call.adapter, call.http_attempts = request, adapter, True
+            if (  # anything to put into the arguments or on the span: _prepared
+                clamp is not None
+                or fallback is not None
+                or call.pending_attributes is not None
+                or request[_ATTRIBUTES] is not None
+            ):
+                call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
             delay_ms = call.handle.decision.rate_limit_ms  # a policy's wait before sending
             if delay_ms:
                 time.sleep(delay_ms / 1000)
@@ -691,6 +735,9 @@ def _sync_wrapper(
             ADMITTED.reset(mark)
             if span_token is not None:
                 otel_context.detach(span_token)
+        if type(reply) in adapter._settled_as_returned:
+            call.finish()  # _settle's lane for a whole reply with nothing to read
+            return reply
         return _settle(adapter, call, reply, False)
 
     return contained

@@ -371,8 +371,21 @@ class ContainedCall:
         handle = self.handle
         try:
             if self.usage_seen and sent:  # the common case: a reply with its usage
-                cost, tokens = self._usage_amounts()
-                handle.commit(cost, tokens, error)
+                prices = self.prices
+                plain = None if prices is None else prices._plain
+                if (
+                    plain is not None
+                    and not self.lost_attempts
+                    and not (self.cached_tokens or self.reasoning_tokens or self.cache_write_tokens)
+                ):
+                    # _usage_amounts' plain sum (input and output tokens only,
+                    # nothing lost), without its frame: the test is the rule's own.
+                    inp, out = self.input_tokens, self.output_tokens
+                    cost = -(-(inp * plain[0] + out * plain[1]) // 1_000_000)
+                    handle.commit(cost if cost < _MAX_EXACT else _MAX_EXACT, inp + out, error)
+                else:
+                    cost, tokens = self._usage_amounts()
+                    handle.commit(cost, tokens, error)
             else:
                 amounts = self._amounts(sent, billed)
                 if amounts is None:
@@ -382,7 +395,23 @@ class ContainedCall:
         except Exception:
             _logger.exception("settling an instrumented call failed")
         finally:
-            self._settled(error, sent)
+            breaker = self.breaker
+            # _settled has nothing to do for a success with no span to end and
+            # no breaker to feed (its own tests, and _feeds', without their frames).
+            if (
+                error is not None
+                or not sent
+                or self.span is not UNTRACED_SPAN
+                or (
+                    breaker is not None
+                    and (
+                        type(breaker) is not CircuitBreaker
+                        or breaker._state is not _CLOSED
+                        or breaker._failures
+                    )
+                )
+            ):
+                self._settled(error, sent)
 
     async def afinish(
         self, error: BaseException | None = None, *, sent: bool = True, billed: bool = True
@@ -436,14 +465,7 @@ class ContainedCall:
         breaker = self.breaker
         if breaker is not None:
             if error is None and sent:  # the common case, without _feed_breaker's frame
-                # A closed in-process breaker with no failures has nothing to
-                # reset: record_success's own first test, without its frame. A
-                # store-backed breaker (Redis) keeps its state in the store.
-                if (
-                    type(breaker) is not CircuitBreaker
-                    or breaker._state is not _CLOSED
-                    or breaker._failures
-                ):
+                if _feeds(breaker):
                     try:
                         breaker.record_success(self.probe)  # lock-free while closed
                     except Exception:
@@ -519,6 +541,20 @@ class ContainedCall:
         finally:
             if self.owns_span:
                 span.end()
+
+
+def _feeds(breaker: CircuitBreaker) -> bool:
+    """Whether a success has anything to record on ``breaker``.
+
+    A closed in-process breaker with no failures has nothing to reset:
+    ``record_success``'s own first test, without its frame. A store-backed
+    breaker (Redis) keeps its state in the store: always fed.
+    """
+    return (
+        type(breaker) is not CircuitBreaker
+        or breaker._state is not _CLOSED
+        or bool(breaker._failures)
+    )
 
 
 _SERVER: list[tuple[object, str | None, int | None]] = [(None, None, None)]

@@ -109,11 +109,12 @@ _TRANSPORT_MODULES = frozenset(("httpx2", "httpx", "httpcore", "ssl", "anyio"))
 class OpenAIWireAdapter(StainlessAdapter):
     """A Stainless SDK speaking the OpenAI wire format (``openai``, ``groq``)."""
 
-    def read_request(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
-    ) -> Request | None:
-        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
-        return read_request(options, bool(kwargs.get("stream")), self.provider)
+    #: Parsed response models: their usage was read by the payload hook inside
+    #: ``request()``, so they settle as they return (:meth:`is_stream`: False).
+    whole_replies = _MODEL_TYPES
+
+    # request(cast_to, options, stream=...) read in one frame (the adapter is its first argument)
+    read_request = read_request
 
     def call_span(
         self,
