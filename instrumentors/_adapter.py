@@ -209,21 +209,21 @@ class ProviderAdapter:
     #: Hooked once per API call of an SDK (see :func:`_counted_above`).
     nests: ClassVar[bool] = False
     #: Reply types known whole (never a stream to hold): :meth:`is_stream` is
-    #: False for them without being asked (an SDK's parsed response models).
+    #: False for them without being asked (an SDK's parsed response models),
+    #: and one whose call is settled already has nothing left to read.
     whole_replies: ClassVar[Collection[type]] = ()
     # Whether is_stream and call_span are the defaults: read without a call;
     # the reply types settled as they return with nothing to read (whole, and
     # read_reply the default's no-op).
     _plain_streams: ClassVar[bool] = True
     _plain_spans: ClassVar[bool] = True
-    _settled_as_returned: ClassVar[Collection[type]] = ()
+    _plain_replies: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._plain_streams = cls.is_stream is ProviderAdapter.is_stream
         cls._plain_spans = cls.call_span is ProviderAdapter.call_span
-        plain_replies = cls.read_reply is ProviderAdapter.read_reply
-        cls._settled_as_returned = cls.whole_replies if plain_replies else ()
+        cls._plain_replies = cls.read_reply is ProviderAdapter.read_reply
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -582,7 +582,8 @@ def _settle(adapter: ProviderAdapter, call: ContainedCall, reply: Any, is_async:
     try:
         request = call.request
         if type(reply) in adapter.whole_replies:
-            pass  # never a stream
+            if call.done:
+                return reply  # settled already (its payload said all): nothing to read
         elif request.stream if adapter._plain_streams else adapter.is_stream(reply, request):
             return adapter.wrap_stream(call, reply, is_async)
         adapter.read_reply(call, reply)
@@ -735,7 +736,7 @@ def _sync_wrapper(
             ADMITTED.reset(mark)
             if span_token is not None:
                 otel_context.detach(span_token)
-        if type(reply) in adapter._settled_as_returned:
+        if type(reply) in adapter.whole_replies and (call.done or adapter._plain_replies):
             call.finish()  # _settle's lane for a whole reply with nothing to read
             return reply
         return _settle(adapter, call, reply, False)

@@ -140,8 +140,9 @@ def read_request(
     """The call a Stainless ``request(cast_to, options, stream=...)`` describes (the
     SDK's ``FinalRequestOptions``); None when it is not a billable call of a route
     we know (passed through). ``adapter``'s ``read_request``."""
-    options = args[1] if len(args) > 1 else kwargs.get("options")
+    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
     url = options.url
+    route: Any
     if options.method == "post" and type(url) is str:  # _route's cache hit, without its frame
         route = _ROUTE_CACHE.get(url, _UNSEEN)
         if route is _UNSEEN:
