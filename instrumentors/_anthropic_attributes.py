@@ -35,16 +35,31 @@ _PLAIN = {
 _KEYS = frozenset(_PLAIN)
 
 
+def call_attributes(
+    adapter: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any
+) -> dict[str, Any]:
+    """What a ``request(cast_to, options)`` says on the span: ``adapter``'s
+    ``request_attributes``, in one frame."""
+    attributes: dict[str, Any] = {}
+    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
+    request_attributes(attributes, options.json_data, instance)
+    return attributes
+
+
 def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], client: Any) -> None:
     """Add what the request says: its sampling parameters and the server it goes to."""
-    for key in _KEYS.intersection(body):
-        value = attribute_value(body[key])
-        if value is not None:
-            attributes[_PLAIN[key]] = value
-    try:
-        base_url = client.base_url
-    except Exception:  # a client we do not know the shape of: no server attributes
-        return
+    if not _KEYS.isdisjoint(body):  # usually none of them
+        for key in _KEYS.intersection(body):
+            value = attribute_value(body[key])
+            if value is not None:
+                attributes[_PLAIN[key]] = value
+    # The SDK's own attribute, without its ``base_url`` property's frame.
+    base_url = getattr(client, "_base_url", None)
+    if base_url is None:
+        try:
+            base_url = client.base_url
+        except Exception:  # a client we do not know the shape of: no server attributes
+            return
     server_attributes(attributes, base_url)
 
 

@@ -397,7 +397,7 @@ class ContainedCall:
         finally:
             breaker = self.breaker
             # _settled has nothing to do for a success with no span to end and
-            # no breaker to feed (its own tests, and _feeds', without their frames).
+            # no breaker to feed (its own tests, without its frame).
             if (
                 error is not None
                 or not sent
@@ -465,7 +465,14 @@ class ContainedCall:
         breaker = self.breaker
         if breaker is not None:
             if error is None and sent:  # the common case, without _feed_breaker's frame
-                if _feeds(breaker):
+                # A closed in-process breaker with no failures has nothing to
+                # reset: record_success's own first test, without its frame. A
+                # store-backed breaker (Redis) keeps its state in the store.
+                if (
+                    type(breaker) is not CircuitBreaker
+                    or breaker._state is not _CLOSED
+                    or breaker._failures
+                ):
                     try:
                         breaker.record_success(self.probe)  # lock-free while closed
                     except Exception:
@@ -541,20 +548,6 @@ class ContainedCall:
         finally:
             if self.owns_span:
                 span.end()
-
-
-def _feeds(breaker: CircuitBreaker) -> bool:
-    """Whether a success has anything to record on ``breaker``.
-
-    A closed in-process breaker with no failures has nothing to reset:
-    ``record_success``'s own first test, without its frame. A store-backed
-    breaker (Redis) keeps its state in the store: always fed.
-    """
-    return (
-        type(breaker) is not CircuitBreaker
-        or breaker._state is not _CLOSED
-        or bool(breaker._failures)
-    )
 
 
 _SERVER: list[tuple[object, str | None, int | None]] = [(None, None, None)]

@@ -30,6 +30,7 @@ from veronica_otel._attributes import (
 )
 
 from ._common import attribute_value, server_attributes
+from ._openai_request import _body
 
 __all__ = ["request_attributes", "response_attributes", "stream_attributes"]
 
@@ -44,6 +45,20 @@ _PLAIN = {
 }
 _SPECIAL = frozenset(("stop", "n", "response_format", "service_tier", "encoding_format"))
 _KEYS = frozenset(_PLAIN) | _SPECIAL
+
+
+def call_attributes(
+    adapter: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any
+) -> dict[str, Any]:
+    """What a Stainless ``request(cast_to, options)`` says on the span: ``adapter``'s
+    ``request_attributes``, in one frame for the SDK's plain body."""
+    attributes: dict[str, Any] = {}
+    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
+    body = options.json_data
+    if type(body) is not dict or options.extra_json is not None:
+        body = _body(options)  # the user's extra_body merged over it
+    request_attributes(attributes, body, instance)
+    return attributes
 
 
 def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], client: Any) -> None:

@@ -39,8 +39,8 @@ from ._endpoints import OPENAI as OPENAI_ENDPOINTS
 from ._endpoints import routed
 from ._hooks import Hook
 from ._http_libs import bound_call
-from ._openai_attributes import request_attributes
-from ._openai_request import _NOT_PEER, _body, _peer_span, read_request, rewritten
+from ._openai_attributes import call_attributes
+from ._openai_request import _NOT_PEER, _peer_span, read_request, rewritten
 from ._openai_response import _MODEL_TYPES, account, hold
 
 __all__ = [
@@ -130,13 +130,7 @@ class OpenAIWireAdapter(StainlessAdapter):
             return None
         return _peer_span(request.operation, agent, current)
 
-    def request_attributes(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
-    ) -> dict[str, Any] | None:
-        attributes: dict[str, Any] = {}
-        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
-        request_attributes(attributes, _body(options), instance)
-        return attributes
+    request_attributes = call_attributes
 
     def rewrite(
         self,

@@ -83,7 +83,7 @@ from typing import Any
 from veronica_otel._errors import BudgetExceededError
 
 from ._adapter import ADMITTED, Request
-from ._anthropic_attributes import request_attributes
+from ._anthropic_attributes import call_attributes
 from ._anthropic_request import PROVIDER, read_call, rewritten
 from ._anthropic_response import account, hold, read_message
 from ._common import ContainedCall
@@ -130,13 +130,7 @@ class _AnthropicAdapter(StainlessAdapter):
         sdk_call = kwargs.get("call")  # the SDK's own span, current already (None: off)
         return None if sdk_call is None else getattr(sdk_call, "span", None)
 
-    def request_attributes(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
-    ) -> dict[str, Any] | None:
-        attributes: dict[str, Any] = {}
-        options: Any = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
-        request_attributes(attributes, options.json_data, instance)
-        return attributes
+    request_attributes = call_attributes
 
     def rewrite(
         self,
