@@ -635,7 +635,7 @@ def _async_wrapper(
         span_token = make_current(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
         try:
-            if not request.priced and ctx.has_cost_ceiling:
+            if not request[_PRICED] and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
             call, clamp, fallback = admitted = await aadmit(ctx, span, owns, spec)
             call.request, call.adapter, call.http_attempts = request, adapter, True
@@ -699,7 +699,7 @@ def _sync_wrapper(
         span_token = make_current(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
         try:
-            if not request.priced and ctx.has_cost_ceiling:
+            if not request[_PRICED] and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
             call, clamp, fallback = admitted = admit(ctx, span, owns, spec)
             call.request, call.adapter, call.http_attempts = request, adapter, True
@@ -736,9 +736,12 @@ def _sync_wrapper(
             ADMITTED.reset(mark)
             if span_token is not None:
                 otel_context.detach(span_token)
-        if type(reply) in adapter.whole_replies and (call.done or adapter._plain_replies):
-            call.finish()  # _settle's lane for a whole reply with nothing to read
-            return reply
+        if type(reply) in adapter.whole_replies:  # _settle's lanes for a whole reply
+            if call.done:
+                return reply  # settled already (its payload said all): nothing to read
+            if adapter._plain_replies:
+                call.finish()  # nothing to read
+                return reply
         return _settle(adapter, call, reply, False)
 
     return contained

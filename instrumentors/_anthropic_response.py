@@ -91,6 +91,11 @@ def account(call: ContainedCall, data: Any) -> None:
         response_attributes(call.pending_attributes, kind, data)
     if kind == "content_block_delta":
         _delta(call, data.get("delta"))
+    elif kind == "message":  # a whole message (not streamed)
+        _whole_usage(call, data.get("usage"))
+        # Settle now: the SDK ends its span when the body ends, right after.
+        call.finish()
+        return
     elif kind == "message_start":
         _read_usage(call, get_field(data.get("message") or {}, "usage"))
     elif kind == "message_delta":
@@ -99,11 +104,8 @@ def account(call: ContainedCall, data: Any) -> None:
         _usage_of(call).output = None
         _read_usage(call, data.get("usage"))
         _apply(call)
-    elif kind in ("message_stop", "message"):
-        if kind == "message":  # a whole message (not streamed)
-            _whole_usage(call, data.get("usage"))
-        # Settle now: the SDK ends its span when the body ends, right after.
-        call.finish()
+    elif kind == "message_stop":
+        call.finish()  # settled now, as a whole message
         return
     call.check_alive()
 
