@@ -99,6 +99,7 @@ from ._common import (
     _aclose,
     make_current,
     otel_current,
+    release_current,
     start_span,
     strip_veronica_baggage,
 )
@@ -653,7 +654,7 @@ def _async_wrapper(
             if admitted is not None:  # admitted, then rewriting failed: nothing sent
                 await admitted[0].afinish(exc, sent=False)
             if span_token is not None:
-                otel_context.detach(span_token)
+                release_current(span_token)
             raise
         mark = ADMITTED.set(call)
         # Baggage leaves with the request: ours must not (none at all: one read).
@@ -717,7 +718,7 @@ def _sync_wrapper(
             if admitted is not None:  # admitted, then rewriting failed: nothing sent
                 admitted[0].finish(exc, sent=False)
             if span_token is not None:
-                otel_context.detach(span_token)
+                release_current(span_token)
             raise
         mark = ADMITTED.set(call)
         # Baggage leaves with the request: ours must not (none at all: one read).
@@ -735,7 +736,7 @@ def _sync_wrapper(
                 otel_context.detach(stripped)  # type: ignore[arg-type]
             ADMITTED.reset(mark)
             if span_token is not None:
-                otel_context.detach(span_token)
+                release_current(span_token)
         if type(reply) in adapter.whole_replies:  # _settle's lanes for a whole reply
             if call.done:
                 return reply  # settled already (its payload said all): nothing to read
@@ -752,4 +753,4 @@ def _detach(stripped: object, mark: contextvars.Token[Any], span_token: object) 
         otel_context.detach(stripped)  # type: ignore[arg-type]
     ADMITTED.reset(mark)
     if span_token is not None:
-        otel_context.detach(span_token)  # type: ignore[arg-type]
+        release_current(span_token)  # type: ignore[arg-type]

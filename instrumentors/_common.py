@@ -62,6 +62,7 @@ __all__ = [
     "tracer",
     "UNTRACED_SPAN",
     "make_current",
+    "release_current",
     "no_item",
     "not_none",
     "settle_failed",
@@ -635,6 +636,19 @@ def make_current(
     if _set_current is not None and context is not None:
         return _set_current(otel_context.Context({**context, _SPAN_KEY: span}))
     return otel_context.attach(trace.set_span_in_context(span, context))
+
+
+def release_current(token: Token[otel_context.Context]) -> None:
+    """Detach what :func:`make_current` attached: ``opentelemetry.context.detach``
+    in one frame where the runtime is the API's default (its failure logged, as
+    there: a token reset in another context must not raise into the call)."""
+    if _CURRENT is None:
+        otel_context.detach(token)
+        return
+    try:
+        _CURRENT.reset(token)
+    except Exception:
+        _logger.exception("Failed to detach context")
 
 
 def start_span(
