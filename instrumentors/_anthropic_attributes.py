@@ -24,7 +24,7 @@ from veronica_otel._attributes import (
 
 from ._common import attribute_value, server_attributes
 
-__all__ = ["request_attributes", "response_attributes"]
+__all__ = ["call_attributes", "response_attributes"]
 
 _PLAIN = {
     "temperature": GEN_AI_REQUEST_TEMPERATURE,
@@ -38,29 +38,25 @@ _KEYS = frozenset(_PLAIN)
 def call_attributes(
     adapter: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any
 ) -> dict[str, Any]:
-    """What a ``request(cast_to, options)`` says on the span: ``adapter``'s
-    ``request_attributes``, in one frame."""
+    """What a ``request(cast_to, options)`` says on the span (its sampling
+    parameters and the server it goes to): ``adapter``'s ``request_attributes``."""
     attributes: dict[str, Any] = {}
     options: Any = args[1] if len(args) > 1 else kwargs.get("options")
-    request_attributes(attributes, options.json_data, instance)
-    return attributes
-
-
-def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], client: Any) -> None:
-    """Add what the request says: its sampling parameters and the server it goes to."""
+    body = options.json_data
     if not _KEYS.isdisjoint(body):  # usually none of them
         for key in _KEYS.intersection(body):
             value = attribute_value(body[key])
             if value is not None:
                 attributes[_PLAIN[key]] = value
     # The SDK's own attribute, without its ``base_url`` property's frame.
-    base_url = getattr(client, "_base_url", None)
+    base_url = getattr(instance, "_base_url", None)
     if base_url is None:
         try:
-            base_url = client.base_url
+            base_url = instance.base_url
         except Exception:  # a client we do not know the shape of: no server attributes
-            return
+            return attributes
     server_attributes(attributes, base_url)
+    return attributes
 
 
 def response_attributes(attributes: dict[str, Any], kind: object, data: Mapping[str, Any]) -> None:

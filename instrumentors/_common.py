@@ -397,21 +397,23 @@ class ContainedCall:
             _logger.exception("settling an instrumented call failed")
         finally:
             breaker = self.breaker
-            # _settled has nothing to do for a success with no span to end and
-            # no breaker to feed (its own tests, without its frame).
+            # _settled's lane for a success with no breaker to feed (its own
+            # tests, without its frame): the span ended, if there is one.
             if (
-                error is not None
-                or not sent
-                or self.span is not UNTRACED_SPAN
-                or (
-                    breaker is not None
-                    and (
-                        type(breaker) is not CircuitBreaker
-                        or breaker._state is not _CLOSED
-                        or breaker._failures
+                error is None
+                and sent
+                and (
+                    breaker is None
+                    or (
+                        type(breaker) is CircuitBreaker
+                        and breaker._state is _CLOSED
+                        and not breaker._failures
                     )
                 )
             ):
+                if self.span is not UNTRACED_SPAN:
+                    self._end_span(None)
+            else:
                 self._settled(error, sent)
 
     async def afinish(
