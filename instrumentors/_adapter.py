@@ -192,6 +192,8 @@ class Request(NamedTuple):
 # Request fields read by position where it is read before each call.
 _PRICED = Request._fields.index("priced")
 _ATTRIBUTES = Request._fields.index("attributes")
+# No clamp, no fallback, no span attributes, none read: nothing for _prepared to do.
+_NOTHING = (None, None, None, None)
 
 
 class ProviderAdapter:
@@ -640,12 +642,7 @@ def _async_wrapper(
                 _refuse(adapter, ctx, request, span)
             call, clamp, fallback = admitted = await aadmit(ctx, span, owns, spec)
             call.request, call.adapter, call.http_attempts = request, adapter, True
-            if (  # anything to put into the arguments or on the span: _prepared
-                clamp is not None
-                or fallback is not None
-                or call.pending_attributes is not None
-                or request[_ATTRIBUTES] is not None
-            ):
+            if (clamp, fallback, call.pending_attributes, request[_ATTRIBUTES]) != _NOTHING:
                 call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
             delay_ms = call.handle.decision.rate_limit_ms  # a policy's wait before sending
             if delay_ms:
@@ -704,12 +701,7 @@ def _sync_wrapper(
                 _refuse(adapter, ctx, request, span)
             call, clamp, fallback = admitted = admit(ctx, span, owns, spec)
             call.request, call.adapter, call.http_attempts = request, adapter, True
-            if (  # anything to put into the arguments or on the span: _prepared
-                clamp is not None
-                or fallback is not None
-                or call.pending_attributes is not None
-                or request[_ATTRIBUTES] is not None
-            ):
+            if (clamp, fallback, call.pending_attributes, request[_ATTRIBUTES]) != _NOTHING:
                 call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
             delay_ms = call.handle.decision.rate_limit_ms  # a policy's wait before sending
             if delay_ms:

@@ -22,7 +22,7 @@ from veronica_otel._attributes import (
     GEN_AI_RESPONSE_MODEL,
 )
 
-from ._common import attribute_value, server_attributes
+from ._common import attribute_value, client_attributes
 
 __all__ = ["call_attributes", "response_attributes"]
 
@@ -48,14 +48,7 @@ def call_attributes(
             value = attribute_value(body[key])
             if value is not None:
                 attributes[_PLAIN[key]] = value
-    # The SDK's own attribute, without its ``base_url`` property's frame.
-    base_url = getattr(instance, "_base_url", None)
-    if base_url is None:
-        try:
-            base_url = instance.base_url
-        except Exception:  # a client we do not know the shape of: no server attributes
-            return attributes
-    server_attributes(attributes, base_url)
+    client_attributes(attributes, instance)
     return attributes
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "ContainedCall",
     "ContainedStream",
     "attribute_value",
+    "client_attributes",
     "server_attributes",
     "strip_veronica_baggage",
     "token_count",
@@ -578,6 +579,19 @@ def server_attributes(attributes: dict[str, Any], base_url: object) -> None:
         attributes["server.address"] = host
     if port is not None:
         attributes["server.port"] = port
+
+
+def client_attributes(attributes: dict[str, Any], client: Any) -> None:
+    """:func:`server_attributes` of a Stainless SDK client (``openai``, ``anthropic``):
+    its own ``_base_url`` (openai 3's ``base_url`` property imports a module per
+    read), else its ``base_url``; nothing for a client of another shape."""
+    base_url = getattr(client, "_base_url", None)
+    if base_url is None:
+        try:
+            base_url = client.base_url
+        except Exception:  # a client we do not know the shape of: no server attributes
+            return
+    server_attributes(attributes, base_url)
 
 
 def attribute_value(value: object) -> object | None:

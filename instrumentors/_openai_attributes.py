@@ -29,7 +29,7 @@ from veronica_otel._attributes import (
     GEN_AI_RESPONSE_MODEL,
 )
 
-from ._common import attribute_value, server_attributes
+from ._common import attribute_value, client_attributes
 from ._openai_request import _body
 
 __all__ = ["call_attributes", "response_attributes", "stream_attributes"]
@@ -59,14 +59,7 @@ def call_attributes(
         body = _body(options)  # the user's extra_body merged over it
     if not _KEYS.isdisjoint(body):  # usually none of them
         _parameters(attributes, body)
-    # The SDK's own attribute: openai 3's ``base_url`` property imports a module per read.
-    base_url = getattr(instance, "_base_url", None)
-    if base_url is None:
-        try:
-            base_url = instance.base_url
-        except Exception:  # a client we do not know the shape of: no server attributes
-            return attributes
-    server_attributes(attributes, base_url)
+    client_attributes(attributes, instance)
     return attributes
 
 
