@@ -40,9 +40,9 @@ def call_attributes(
 ) -> dict[str, Any]:
     """What a ``request(cast_to, options)`` says on the span (its sampling
     parameters and the server it goes to): ``adapter``'s ``request_attributes``."""
-    attributes: dict[str, Any] = {}
     options: Any = args[1] if len(args) > 1 else kwargs.get("options")
     body = options.json_data
+    attributes: dict[str, Any] = {}
     if not _KEYS.isdisjoint(body):  # usually none of them
         for key in _KEYS.intersection(body):
             value = attribute_value(body[key])
