@@ -479,21 +479,7 @@ def _describe(
     if not request[_PRICED]:  # admitted at its configured bound, if it has one
         request = bounded(ctx, request.provider or adapter.provider, request)
     # Every field at once: one unpacking, not a descriptor call per field read.
-    (
-        operation,
-        model,
-        parts,
-        n_messages,
-        cap,
-        clampable,
-        choices,
-        stream,
-        extra_input_tokens,
-        _,
-        provider,
-        _,
-        cache_writes,
-    ) = request
+    op, model, parts, n_msgs, cap, clamps, choices, stream, extra, _, provider, _, writes = request
     if provider is None:
         provider = adapter.provider
     state = ctx._state  # ctx.names_agents, without its two property frames
@@ -502,20 +488,20 @@ def _describe(
         CallSpec,
         (
             provider,
-            operation,
+            op,
             model,
             # input_bound(parts, n_messages), without its two frames for a list
             (_list_bytes(parts) if type(parts) is list else _utf8_bytes(parts))
-            + (n_messages if n_messages > 1 else 1) * TOKENS_PER_MESSAGE
+            + (n_msgs if n_msgs > 1 else 1) * TOKENS_PER_MESSAGE
             + TOKENS_PER_REQUEST
-            + extra_input_tokens,
+            + extra,
             cap,
-            clampable,
+            clamps,
             choices,
             stream,
             agent,
             parts,
-            cache_writes,
+            writes,
         ),
     )
     if not adapter._plain_spans:
@@ -528,7 +514,7 @@ def _describe(
         and not current.get(_SUPPRESS_KEY_PLAIN)
     ):
         return ctx, request, spec, UNTRACED_SPAN, True, current  # start_span's, without its frame
-    span = start_span(operation, provider, model, agent, current)
+    span = start_span(op, provider, model, agent, current)
     return ctx, request, spec, span, True, current
 
 
