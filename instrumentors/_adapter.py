@@ -215,9 +215,8 @@ class ProviderAdapter:
     #: False for them without being asked (an SDK's parsed response models),
     #: and one whose call is settled already has nothing left to read.
     whole_replies: ClassVar[Collection[type]] = ()
-    # Whether is_stream and call_span are the defaults: read without a call;
-    # the reply types settled as they return with nothing to read (whole, and
-    # read_reply the default's no-op).
+    # Whether is_stream, call_span and read_reply are the defaults: not asked
+    # (read_reply's no-op: a whole reply settles as it returns).
     _plain_streams: ClassVar[bool] = True
     _plain_spans: ClassVar[bool] = True
     _plain_replies: ClassVar[bool] = True
