@@ -69,7 +69,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar, NamedTuple
 
 from opentelemetry import context as otel_context
@@ -99,6 +99,7 @@ from ._common import (
     _aclose,
     make_current,
     otel_current,
+    release_current,
     start_span,
     strip_veronica_baggage,
 )
@@ -188,6 +189,13 @@ class Request(NamedTuple):
     cache_writes: bool = True
 
 
+# Request fields read by position where it is read before each call.
+_PRICED = Request._fields.index("priced")
+_ATTRIBUTES = Request._fields.index("attributes")
+# No clamp, no fallback, no span attributes, none read: nothing for _prepared to do.
+_NOTHING = (None, None, None, None)
+
+
 class ProviderAdapter:
     """What one provider's SDK calls look like; see the module docs.
 
@@ -203,14 +211,21 @@ class ProviderAdapter:
     server: ClassVar[str | None] = None
     #: Hooked once per API call of an SDK (see :func:`_counted_above`).
     nests: ClassVar[bool] = False
-    # Whether is_stream and call_span are the defaults: read without a call.
+    #: Reply types known whole (never a stream to hold): :meth:`is_stream` is
+    #: False for them without being asked (an SDK's parsed response models),
+    #: and one whose call is settled already has nothing left to read.
+    whole_replies: ClassVar[Collection[type]] = ()
+    # Whether is_stream, call_span and read_reply are the defaults: not asked
+    # (read_reply's no-op: a whole reply settles as it returns).
     _plain_streams: ClassVar[bool] = True
     _plain_spans: ClassVar[bool] = True
+    _plain_replies: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._plain_streams = cls.is_stream is ProviderAdapter.is_stream
         cls._plain_spans = cls.call_span is ProviderAdapter.call_span
+        cls._plain_replies = cls.read_reply is ProviderAdapter.read_reply
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -460,31 +475,32 @@ def _describe(
     request = adapter.read_request(instance, args, kwargs, method)
     if request is None:
         return None
-    if not request.priced:  # admitted at its configured bound, if it has one
+    if not request[_PRICED]:  # admitted at its configured bound, if it has one
         request = bounded(ctx, request.provider or adapter.provider, request)
+    # Every field at once: one unpacking, not a descriptor call per field read.
+    op, model, parts, n_msgs, cap, clamps, choices, stream, extra, _, provider, _, writes = request
+    if provider is None:
+        provider = adapter.provider
     state = ctx._state  # ctx.names_agents, without its two property frames
     agent = current_agent() if state.agents_named or _agents._limited_in_code else None
-    provider = request.provider or adapter.provider
-    parts = request.input_parts
-    n_messages = request.n_messages
     spec = _spec_of(
         CallSpec,
         (
             provider,
-            request.operation,
-            request.model,
+            op,
+            model,
             # input_bound(parts, n_messages), without its two frames for a list
             (_list_bytes(parts) if type(parts) is list else _utf8_bytes(parts))
-            + (n_messages if n_messages > 1 else 1) * TOKENS_PER_MESSAGE
+            + (n_msgs if n_msgs > 1 else 1) * TOKENS_PER_MESSAGE
             + TOKENS_PER_REQUEST
-            + request.extra_input_tokens,
-            request.cap,
-            request.clampable,
-            request.choices,
-            request.stream,
+            + extra,
+            cap,
+            clamps,
+            choices,
+            stream,
             agent,
             parts,
-            request.cache_writes,
+            writes,
         ),
     )
     if not adapter._plain_spans:
@@ -497,7 +513,7 @@ def _describe(
         and not current.get(_SUPPRESS_KEY_PLAIN)
     ):
         return ctx, request, spec, UNTRACED_SPAN, True, current  # start_span's, without its frame
-    span = start_span(request.operation, provider, request.model, agent, current)
+    span = start_span(op, provider, model, agent, current)
     return ctx, request, spec, span, True, current
 
 
@@ -512,9 +528,9 @@ def _prepared(
     """Put the clamp and fallback into the arguments, the request on the span."""
     call, clamp, fallback = admitted
     call.request, call.adapter, call.http_attempts = request, adapter, True
+    attributes = call.pending_attributes
     if request.attributes is not None and BOUND_USD in request.attributes:
         call.__class__ = BoundedCall  # costs its bound, whatever its reply reports
-    attributes = call.pending_attributes
     if attributes is not None:
         if request.cap is not None and GEN_AI_REQUEST_MAX_TOKENS not in attributes:
             attributes[GEN_AI_REQUEST_MAX_TOKENS] = request.cap
@@ -553,7 +569,10 @@ def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -
 def _settle(adapter: ProviderAdapter, call: ContainedCall, reply: Any, is_async: bool) -> Any:
     try:
         request = call.request
-        if request.stream if adapter._plain_streams else adapter.is_stream(reply, request):
+        if type(reply) in adapter.whole_replies:
+            if call.done:
+                return reply  # settled already (its payload said all): nothing to read
+        elif request.stream if adapter._plain_streams else adapter.is_stream(reply, request):
             return adapter.wrap_stream(call, reply, is_async)
         adapter.read_reply(call, reply)
     except Exception:
@@ -601,13 +620,15 @@ def _async_wrapper(
                 return await wrapped(*args, **kwargs)
             return await otherwise(wrapped, instance, args, kwargs)  # type: ignore[misc]
         ctx, request, spec, span, owns, current = described
-        span_token = make_current(span, current) if owns else None
+        span_token = make_current(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
         try:
-            if not request.priced and ctx.has_cost_ceiling:
+            if not request[_PRICED] and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
-            admitted = await aadmit(ctx, span, owns, spec)
-            call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
+            call, clamp, fallback = admitted = await aadmit(ctx, span, owns, spec)
+            call.request, call.adapter, call.http_attempts = request, adapter, True
+            if (clamp, fallback, call.pending_attributes, request[_ATTRIBUTES]) != _NOTHING:
+                call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
             delay_ms = call.handle.decision.rate_limit_ms  # a policy's wait before sending
             if delay_ms:
                 await asyncio.sleep(delay_ms / 1000)
@@ -615,7 +636,7 @@ def _async_wrapper(
             if admitted is not None:  # admitted, then rewriting failed: nothing sent
                 await admitted[0].afinish(exc, sent=False)
             if span_token is not None:
-                otel_context.detach(span_token)
+                release_current(span_token)
             raise
         mark = ADMITTED.set(call)
         # Baggage leaves with the request: ours must not (none at all: one read).
@@ -657,14 +678,16 @@ def _sync_wrapper(
         ctx, request, spec, span, owns, current = described
         # Current from admission until the SDK returns: a denial's trip event
         # lands on this span, and HTTP spans nest under it (a span not ours
-        # is current already).
-        span_token = make_current(span, current) if owns else None
+        # is current already; none while untraced: make_current's first test).
+        span_token = make_current(span, current) if owns and span is not UNTRACED_SPAN else None
         admitted = None
         try:
-            if not request.priced and ctx.has_cost_ceiling:
+            if not request[_PRICED] and ctx.has_cost_ceiling:
                 _refuse(adapter, ctx, request, span)
-            admitted = admit(ctx, span, owns, spec)
-            call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
+            call, clamp, fallback = admitted = admit(ctx, span, owns, spec)
+            call.request, call.adapter, call.http_attempts = request, adapter, True
+            if (clamp, fallback, call.pending_attributes, request[_ATTRIBUTES]) != _NOTHING:
+                call, args, kwargs = _prepared(adapter, instance, args, kwargs, request, admitted)
             delay_ms = call.handle.decision.rate_limit_ms  # a policy's wait before sending
             if delay_ms:
                 time.sleep(delay_ms / 1000)
@@ -672,7 +695,7 @@ def _sync_wrapper(
             if admitted is not None:  # admitted, then rewriting failed: nothing sent
                 admitted[0].finish(exc, sent=False)
             if span_token is not None:
-                otel_context.detach(span_token)
+                release_current(span_token)
             raise
         mark = ADMITTED.set(call)
         # Baggage leaves with the request: ours must not (none at all: one read).
@@ -690,7 +713,13 @@ def _sync_wrapper(
                 otel_context.detach(stripped)  # type: ignore[arg-type]
             ADMITTED.reset(mark)
             if span_token is not None:
-                otel_context.detach(span_token)
+                release_current(span_token)
+        if type(reply) in adapter.whole_replies:  # _settle's lanes for a whole reply
+            if call.done:
+                return reply  # settled already (its payload said all): nothing to read
+            if adapter._plain_replies:
+                call.finish()  # nothing to read
+                return reply
         return _settle(adapter, call, reply, False)
 
     return contained
@@ -701,4 +730,4 @@ def _detach(stripped: object, mark: contextvars.Token[Any], span_token: object) 
         otel_context.detach(stripped)  # type: ignore[arg-type]
     ADMITTED.reset(mark)
     if span_token is not None:
-        otel_context.detach(span_token)  # type: ignore[arg-type]
+        release_current(span_token)  # type: ignore[arg-type]

@@ -22,9 +22,9 @@ from veronica_otel._attributes import (
     GEN_AI_RESPONSE_MODEL,
 )
 
-from ._common import attribute_value, server_attributes
+from ._common import attribute_value, client_attributes
 
-__all__ = ["request_attributes", "response_attributes"]
+__all__ = ["call_attributes", "response_attributes"]
 
 _PLAIN = {
     "temperature": GEN_AI_REQUEST_TEMPERATURE,
@@ -35,17 +35,21 @@ _PLAIN = {
 _KEYS = frozenset(_PLAIN)
 
 
-def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], client: Any) -> None:
-    """Add what the request says: its sampling parameters and the server it goes to."""
-    for key in _KEYS.intersection(body):
-        value = attribute_value(body[key])
-        if value is not None:
-            attributes[_PLAIN[key]] = value
-    try:
-        base_url = client.base_url
-    except Exception:  # a client we do not know the shape of: no server attributes
-        return
-    server_attributes(attributes, base_url)
+def call_attributes(
+    adapter: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any
+) -> dict[str, Any]:
+    """What a ``request(cast_to, options)`` says on the span (its sampling
+    parameters and the server it goes to): ``adapter``'s ``request_attributes``."""
+    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
+    body = options.json_data
+    attributes: dict[str, Any] = {}
+    if not _KEYS.isdisjoint(body):  # usually none of them
+        for key in _KEYS.intersection(body):
+            value = attribute_value(body[key])
+            if value is not None:
+                attributes[_PLAIN[key]] = value
+    client_attributes(attributes, instance)
+    return attributes
 
 
 def response_attributes(attributes: dict[str, Any], kind: object, data: Mapping[str, Any]) -> None:

@@ -43,6 +43,63 @@ def messages_body(options: Any) -> Mapping[str, Any] | None:
 
 # A Request from its fields without NamedTuple's Python-level __new__ (once per call).
 _request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
+# What a body may hold that the plain lane of read_call does not read (tools,
+# server-side input, cache marks): any of them, the general reading.
+_GENERAL_KEYS = frozenset(("tools", "container", "mcp_servers", "cache_control"))
+
+
+def read_call(
+    adapter: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+) -> Request | None:
+    """The ``messages.create`` call a ``request(cast_to, options)`` sends (None:
+    another call, passed through). ``adapter``'s ``read_request``, in one frame
+    for a plain body: text messages, a text system prompt, no tools."""
+    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
+    try:  # messages_body's first test, without its frames
+        body = options.json_data if options.span_name == _CREATE else None
+    except Exception:
+        body = None
+    if type(body) is not dict:
+        body = messages_body(options)  # no span name, another body: the general test
+        return None if body is None else read_request(body)
+    system = body.get("system")
+    messages = body.get("messages")
+    if (
+        type(messages) is not list
+        or (system is not None and type(system) is not str)
+        or not _GENERAL_KEYS.isdisjoint(body)
+    ):
+        return read_request(body)
+    # anthropic_hidden finds nothing here unless a message's content is blocks.
+    for message in messages:
+        if type(message) is not dict or type(message.get("content")) is not str:
+            return read_request(body)
+    model = body.get("model")
+    if type(model) is not str or not model:
+        model = str(model or "unknown")
+    cap = body.get("max_tokens")
+    return _request_of(
+        Request,
+        (
+            "chat",
+            model,
+            [messages] if system is None else [system, messages],
+            len(messages),
+            cap if type(cap) is int else _cap(cap),
+            True,
+            1,
+            body.get("stream") is True,
+            0,  # hidden input
+            None,  # attributes
+            None,  # provider: the adapter's
+            True,  # priced
+            False,  # cache_writes: nothing marked to cache
+        ),
+    )
+
+
+def _cap(cap: object) -> int | None:
+    return cap if isinstance(cap, int) and type(cap) is not bool else None
 
 
 def read_request(body: Mapping[str, Any]) -> Request:
@@ -67,7 +124,7 @@ def read_request(body: Mapping[str, Any]) -> Request:
             model,
             parts,
             n_messages,
-            cap if type(cap) is int or (isinstance(cap, int) and type(cap) is not bool) else None,
+            cap if type(cap) is int else _cap(cap),
             True,
             1,
             body.get("stream") is True,

@@ -61,11 +61,7 @@ def hold(call: ContainedCall, result: Any) -> Any:
     if call.done or result is None or isinstance(result, BaseModel):
         if len(_MODEL_TYPES) < 256 and isinstance(result, BaseModel):
             _MODEL_TYPES.add(type(result))  # then known: settled without the checks above
-        if not call.done and getattr(result, "type", None) == "message":
-            # The payload hook never saw this body (it was not parsed through
-            # the hooked method): read the usage of the parsed message itself.
-            _read_usage(call, getattr(result, "usage", None))
-            _apply(call)
+        read_message(call, result)
         call.finish()
         return result
     # A raw response (with_raw_response / with_streaming_response): its body is
@@ -78,6 +74,14 @@ def hold(call: ContainedCall, result: Any) -> Any:
     return result
 
 
+def read_message(call: ContainedCall, result: Any) -> None:
+    """A parsed message's usage, when its call is not settled: the payload hook
+    never saw its body (it was not parsed through the hooked method)."""
+    if not call.done and getattr(result, "type", None) == "message":
+        _read_usage(call, getattr(result, "usage", None))
+        _apply(call)
+
+
 def account(call: ContainedCall, data: Any) -> None:
     """Read one payload (a whole message, or a stream event) into ``call``."""
     if type(data) is not dict and not isinstance(data, Mapping):  # no ABC frame for a dict
@@ -87,6 +91,11 @@ def account(call: ContainedCall, data: Any) -> None:
         response_attributes(call.pending_attributes, kind, data)
     if kind == "content_block_delta":
         _delta(call, data.get("delta"))
+    elif kind == "message":  # a whole message (not streamed)
+        _whole_usage(call, data.get("usage"))
+        # Settle now: the SDK ends its span when the body ends, right after.
+        call.finish()
+        return
     elif kind == "message_start":
         _read_usage(call, get_field(data.get("message") or {}, "usage"))
     elif kind == "message_delta":
@@ -95,11 +104,8 @@ def account(call: ContainedCall, data: Any) -> None:
         _usage_of(call).output = None
         _read_usage(call, data.get("usage"))
         _apply(call)
-    elif kind in ("message_stop", "message"):
-        if kind == "message":  # a whole message (not streamed)
-            _whole_usage(call, data.get("usage"))
-        # Settle now: the SDK ends its span when the body ends, right after.
-        call.finish()
+    elif kind == "message_stop":
+        call.finish()  # settled now, as a whole message
         return
     call.check_alive()
 
@@ -126,7 +132,17 @@ def _whole_usage(call: ContainedCall, usage: Any) -> None:
             and 0 <= read <= MAX_COUNT
             and 0 <= write <= MAX_COUNT
         ):
-            call.set_usage(inp + read + write, out, read, 0, write)
+            total = inp + read + write
+            if type(call) is ContainedCall and total <= MAX_COUNT:
+                # set_usage(total, out, read, 0, write), its rule copied for plain
+                # counts (a subclass's set_usage is asked): read <= total, nothing
+                # to clamp, no reasoning detail.
+                call.input_tokens, call.output_tokens = total, out
+                call.cached_tokens, call.cache_write_tokens = read, write
+                call.reasoning_tokens = 0
+                call.usage_seen = True
+            else:
+                call.set_usage(total, out, read, 0, write)
             return
     _read_usage(call, usage)
     _apply(call)

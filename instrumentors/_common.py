@@ -56,12 +56,14 @@ __all__ = [
     "ContainedCall",
     "ContainedStream",
     "attribute_value",
+    "client_attributes",
     "server_attributes",
     "strip_veronica_baggage",
     "token_count",
     "tracer",
     "UNTRACED_SPAN",
     "make_current",
+    "release_current",
     "no_item",
     "not_none",
     "settle_failed",
@@ -371,8 +373,21 @@ class ContainedCall:
         handle = self.handle
         try:
             if self.usage_seen and sent:  # the common case: a reply with its usage
-                cost, tokens = self._usage_amounts()
-                handle.commit(cost, tokens, error)
+                prices = self.prices
+                plain = None if prices is None else prices._plain
+                if (
+                    plain is not None
+                    and not self.lost_attempts
+                    and not (self.cached_tokens or self.reasoning_tokens or self.cache_write_tokens)
+                ):
+                    # _usage_amounts' plain sum (input and output tokens only,
+                    # nothing lost), without its frame: the test is the rule's own.
+                    inp, out = self.input_tokens, self.output_tokens
+                    cost = -(-(inp * plain[0] + out * plain[1]) // 1_000_000)
+                    handle.commit(cost if cost < _MAX_EXACT else _MAX_EXACT, inp + out, error)
+                else:
+                    cost, tokens = self._usage_amounts()
+                    handle.commit(cost, tokens, error)
             else:
                 amounts = self._amounts(sent, billed)
                 if amounts is None:
@@ -382,7 +397,25 @@ class ContainedCall:
         except Exception:
             _logger.exception("settling an instrumented call failed")
         finally:
-            self._settled(error, sent)
+            breaker = self.breaker
+            # _settled's lane for a success with no breaker to feed (its own
+            # tests, without its frame): the span ended, if there is one.
+            if (
+                error is None
+                and sent
+                and (
+                    breaker is None
+                    or (
+                        type(breaker) is CircuitBreaker
+                        and breaker._state is _CLOSED
+                        and not breaker._failures
+                    )
+                )
+            ):
+                if self.span is not UNTRACED_SPAN:
+                    self._end_span(None)
+            else:
+                self._settled(error, sent)
 
     async def afinish(
         self, error: BaseException | None = None, *, sent: bool = True, billed: bool = True
@@ -548,6 +581,19 @@ def server_attributes(attributes: dict[str, Any], base_url: object) -> None:
         attributes["server.port"] = port
 
 
+def client_attributes(attributes: dict[str, Any], client: Any) -> None:
+    """:func:`server_attributes` of a Stainless SDK client (``openai``, ``anthropic``):
+    its own ``_base_url`` (openai 3's ``base_url`` property imports a module per
+    read), else its ``base_url``; nothing for a client of another shape."""
+    base_url = getattr(client, "_base_url", None)
+    if base_url is None:
+        try:
+            base_url = client.base_url
+        except Exception:  # a client we do not know the shape of: no server attributes
+            return
+    server_attributes(attributes, base_url)
+
+
 def attribute_value(value: object) -> object | None:
     """``value`` when a span attribute may hold it (a primitive or a list of str), else None."""
     kind = type(value)
@@ -606,6 +652,19 @@ def make_current(
     if _set_current is not None and context is not None:
         return _set_current(otel_context.Context({**context, _SPAN_KEY: span}))
     return otel_context.attach(trace.set_span_in_context(span, context))
+
+
+def release_current(token: Token[otel_context.Context]) -> None:
+    """Detach what :func:`make_current` attached: ``opentelemetry.context.detach``
+    in one frame where the runtime is the API's default (its failure logged, as
+    there: a token reset in another context must not raise into the call)."""
+    if _CURRENT is None:
+        otel_context.detach(token)
+        return
+    try:
+        _CURRENT.reset(token)
+    except Exception:
+        _logger.exception("Failed to detach context")
 
 
 def start_span(

@@ -29,9 +29,10 @@ from veronica_otel._attributes import (
     GEN_AI_RESPONSE_MODEL,
 )
 
-from ._common import attribute_value, server_attributes
+from ._common import attribute_value, client_attributes
+from ._openai_request import _body
 
-__all__ = ["request_attributes", "response_attributes", "stream_attributes"]
+__all__ = ["call_attributes", "response_attributes", "stream_attributes"]
 
 # Body key -> attribute, copied as is when the value is a primitive.
 _PLAIN = {
@@ -46,18 +47,20 @@ _SPECIAL = frozenset(("stop", "n", "response_format", "service_tier", "encoding_
 _KEYS = frozenset(_PLAIN) | _SPECIAL
 
 
-def request_attributes(attributes: dict[str, Any], body: Mapping[str, Any], client: Any) -> None:
-    """Add what the request says: its parameters and the server it goes to."""
+def call_attributes(
+    adapter: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any
+) -> dict[str, Any]:
+    """What a Stainless ``request(cast_to, options)`` says on the span (its
+    parameters and the server it goes to): ``adapter``'s ``request_attributes``."""
+    attributes: dict[str, Any] = {}
+    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
+    body = options.json_data
+    if type(body) is not dict or options.extra_json is not None:
+        body = _body(options)  # the user's extra_body merged over it
     if not _KEYS.isdisjoint(body):  # usually none of them
         _parameters(attributes, body)
-    # The SDK's own attribute: openai 3's ``base_url`` property imports a module per read.
-    base_url = getattr(client, "_base_url", None)
-    if base_url is None:
-        try:
-            base_url = client.base_url
-        except Exception:  # a client we do not know the shape of: no server attributes
-            return
-    server_attributes(attributes, base_url)
+    client_attributes(attributes, instance)
+    return attributes
 
 
 def _parameters(attributes: dict[str, Any], body: Mapping[str, Any]) -> None:

@@ -122,17 +122,83 @@ def _prompts(prompt: object) -> int:
 _request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
 
-def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> Request | None:
-    """The call ``options`` describes (the SDK's ``FinalRequestOptions``); None
-    when it is not a billable call of a route we know (passed through)."""
-    route = _route(options)
+# What a chat body may hold that the plain chat lane of read_request does not
+# read (tools, choices, a prompt, server-side input): any of them, the general lane.
+_GENERAL_KEYS = frozenset(
+    (
+        *("tools", "functions", "n", "best_of"),
+        *("prompt", "input", "previous_response_id", "conversation"),
+    )
+)
+_CHAT = _ROUTES["/chat/completions"]
+_UNSEEN = object()
+
+
+def read_request(
+    adapter: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+) -> Request | None:
+    """The call a Stainless ``request(cast_to, options, stream=...)`` describes (the
+    SDK's ``FinalRequestOptions``); None when it is not a billable call of a route
+    we know (passed through). ``adapter``'s ``read_request``."""
+    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
+    url = options.url
+    route: Any
+    if options.method == "post" and type(url) is str:  # _route's cache hit, without its frame
+        route = _ROUTE_CACHE.get(url, _UNSEEN)
+        if route is _UNSEEN:
+            route = _route(options)
+    else:
+        route = _route(options)
     if route is None:
         return None
-    operation, input_keys, cap_keys = route
-    body = _body(options)
+    body = options.json_data
+    if type(body) is not dict or options.extra_json is not None:
+        body = _body(options)
     model = body.get("model")
     if type(model) is not str or not model:
         model = str(model or "unknown")
+    stream = True if kwargs.get("stream") else body.get("stream") is True
+    if route is not _CHAT or not _GENERAL_KEYS.isdisjoint(body):
+        return _general(adapter.provider, route, body, model, stream)
+    # A plain chat: messages only, one choice. Its hidden input (openai_hidden)
+    # can only be in a message whose content is not a string.
+    messages = body.get("messages")
+    n_messages = 1
+    if type(messages) is list:
+        n_messages = len(messages)
+        for message in messages:
+            if type(message) is not dict or type(message.get("content")) is not str:
+                return _general(adapter.provider, route, body, model, stream)
+    cap = body.get("max_completion_tokens")
+    if cap is None:
+        cap = body.get("max_tokens")
+    if cap is not None and type(cap) is not int:
+        cap = _requested_cap(body, _CHAT[2])[0]
+    return _request_of(
+        Request,
+        (
+            "chat",
+            model,
+            [] if messages is None else [messages],
+            n_messages,
+            cap,
+            True,  # clampable
+            1,  # choices
+            stream,
+            0,  # hidden input
+            None,  # attributes
+            None,  # provider: the adapter's
+            True,  # priced
+            True,  # cache_writes
+        ),
+    )
+
+
+def _general(
+    provider: str, route: _Route, body: dict[str, Any], model: str, stream: bool
+) -> Request:
+    """:func:`read_request` for any body of a known route."""
+    operation, input_keys, cap_keys = route
     parts = list(filter(not_none, map(body.get, input_keys)))  # no comprehension frame
     messages = body.get("messages")
     n_messages = len(messages) if type(messages) is list else 1
@@ -162,7 +228,7 @@ def read_request(options: Any, stream_kwarg: bool, provider: str = "openai") -> 
             cap,
             bool(cap_keys),
             choices,
-            stream_kwarg or body.get("stream") is True,
+            stream,
             hidden,
             None,  # attributes
             None,  # provider: the adapter's

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from veronica_otel._gc_safe import defer
+from veronica_otel._units import MAX_COUNT
 
 from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, no_item
 from ._http_libs import bind, is_response, settle_on_close
@@ -104,7 +105,39 @@ def account(call: ContainedCall, data: Any) -> None:
         return
     pending = call.pending_attributes
     if not call.request.stream:
-        _usage(call, data.get("usage"))
+        usage = data.get("usage")
+        if type(usage) is dict and type(call) is ContainedCall and "prompt_tokens" in usage:
+            # _usage then ContainedCall.set_usage (its rule, copied) for the common
+            # report: plain counts, and every detail zero or absent; anything else
+            # (or a subclass's set_usage) goes the general way.
+            inp, out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            details_in = usage.get("prompt_tokens_details")
+            details_out = usage.get("completion_tokens_details")
+            if (
+                type(inp) is int
+                and type(out) is int
+                and 0 <= inp <= MAX_COUNT
+                and 0 <= out <= MAX_COUNT
+                and (
+                    not details_in
+                    or (
+                        type(details_in) is dict
+                        and not details_in.get("cached_tokens")
+                        and not details_in.get("cache_write_tokens")
+                    )
+                )
+                and (
+                    not details_out
+                    or (type(details_out) is dict and not details_out.get("reasoning_tokens"))
+                )
+            ):
+                call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
+                call.input_tokens, call.output_tokens = inp, out
+                call.usage_seen = True
+            else:
+                _usage(call, usage)
+        else:
+            _usage(call, usage)
         if pending is not None:
             response_attributes(pending, data)
         return

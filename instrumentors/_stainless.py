@@ -39,8 +39,8 @@ from ._endpoints import OPENAI as OPENAI_ENDPOINTS
 from ._endpoints import routed
 from ._hooks import Hook
 from ._http_libs import bound_call
-from ._openai_attributes import request_attributes
-from ._openai_request import _NOT_PEER, _body, _peer_span, read_request, rewritten
+from ._openai_attributes import call_attributes
+from ._openai_request import _NOT_PEER, _peer_span, read_request, rewritten
 from ._openai_response import _MODEL_TYPES, account, hold
 
 __all__ = [
@@ -109,11 +109,12 @@ _TRANSPORT_MODULES = frozenset(("httpx2", "httpx", "httpcore", "ssl", "anyio"))
 class OpenAIWireAdapter(StainlessAdapter):
     """A Stainless SDK speaking the OpenAI wire format (``openai``, ``groq``)."""
 
-    def read_request(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
-    ) -> Request | None:
-        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
-        return read_request(options, bool(kwargs.get("stream")), self.provider)
+    #: Parsed response models: their usage was read by the payload hook inside
+    #: ``request()``, so they settle as they return (:meth:`is_stream`: False).
+    whole_replies = _MODEL_TYPES
+
+    # request(cast_to, options, stream=...) read in one frame (the adapter is its first argument)
+    read_request = read_request
 
     def call_span(
         self,
@@ -129,13 +130,7 @@ class OpenAIWireAdapter(StainlessAdapter):
             return None
         return _peer_span(request.operation, agent, current)
 
-    def request_attributes(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
-    ) -> dict[str, Any] | None:
-        attributes: dict[str, Any] = {}
-        options = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
-        request_attributes(attributes, _body(options), instance)
-        return attributes
+    request_attributes = call_attributes
 
     def rewrite(
         self,

@@ -83,14 +83,15 @@ from typing import Any
 from veronica_otel._errors import BudgetExceededError
 
 from ._adapter import ADMITTED, Request
-from ._anthropic_attributes import request_attributes
-from ._anthropic_request import PROVIDER, messages_body, read_request, rewritten
-from ._anthropic_response import account, hold
+from ._anthropic_attributes import call_attributes
+from ._anthropic_request import PROVIDER, read_call, rewritten
+from ._anthropic_response import account, hold, read_message
 from ._common import ContainedCall
 from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
 from ._endpoints import routed
 from ._hooks import GuardedInstrumentor, Hook, HookSet, SDKHooks
 from ._http_libs import bound_call
+from ._openai_response import _MODEL_TYPES
 from ._stainless import StainlessAdapter, _options, in_flight, retry_wrappers, with_options
 
 __all__ = ["AnthropicInstrumentor"]
@@ -112,12 +113,10 @@ class _AnthropicAdapter(StainlessAdapter):
     def __init__(self, tried: bool) -> None:
         self.tried = tried
 
-    def read_request(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
-    ) -> Request | None:
-        options: Any = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
-        body = messages_body(options)
-        return None if body is None else read_request(body)
+    # Parsed messages: once settled (their payload read), nothing is left to read.
+    whole_replies = _MODEL_TYPES
+    # request(cast_to, options) read in one frame (the adapter is its first argument)
+    read_request = read_call
 
     def call_span(
         self,
@@ -131,13 +130,7 @@ class _AnthropicAdapter(StainlessAdapter):
         sdk_call = kwargs.get("call")  # the SDK's own span, current already (None: off)
         return None if sdk_call is None else getattr(sdk_call, "span", None)
 
-    def request_attributes(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
-    ) -> dict[str, Any] | None:
-        attributes: dict[str, Any] = {}
-        options: Any = args[1] if len(args) > 1 else kwargs.get("options")  # _options, inline
-        request_attributes(attributes, options.json_data, instance)
-        return attributes
+    request_attributes = call_attributes
 
     def rewrite(
         self,
@@ -151,6 +144,13 @@ class _AnthropicAdapter(StainlessAdapter):
 
     def is_stream(self, reply: Any, request: Request) -> bool:
         return True  # every reply is held: a stream, a raw response, or read now
+
+    def read_reply(self, call: ContainedCall, reply: Any) -> None:
+        # A parsed message whose payload the hook did not settle (wrap_stream's rules).
+        if self.tried and not call.tries and not call.attempts:
+            call.finish(sent=False)  # a client middleware answered: nothing was sent
+        else:
+            read_message(call, reply)
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         if self.tried and not call.tries and not call.attempts:
@@ -188,9 +188,13 @@ def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if call is not None and call.adapter is _ADAPTER:
         # Raised without a __cause__: the SDK does not retry it; nothing is sent.
         taken = kwargs.get("retries_taken", 0)
-        retry = call.begin_try(taken if type(taken) is int else 0)
+        if type(taken) is int and taken == 0 and not call.tries:
+            call.tries = 1  # begin_try's first attempt (nothing to draw), without its frame
+            retry = False
+        else:
+            retry = call.begin_try(taken if type(taken) is int else 0)
         try:
-            call.check_alive()
+            call.ctx.ensure_active(poll=not call._async_stream)  # check_alive's, inline
         except BudgetExceededError as exc:
             if _stops(retry, exc):
                 raise
@@ -220,7 +224,11 @@ def _payload_wrapper(adapter: _AnthropicAdapter) -> Any:
     ) -> Any:
         # A body read after request() returned (a stream, a raw response), or
         # one parsed inside it: the call in flight's.
-        call = bound_call(kwargs.get("response")) or in_flight(adapter)
+        call = bound_call(kwargs.get("response"))
+        if call is None:  # in_flight(adapter), inline
+            call = ADMITTED.get()
+            if call is not None and call.adapter is not adapter:
+                call = None
         if call is not None and not call.done:
             try:
                 account(call, kwargs.get("data"))
