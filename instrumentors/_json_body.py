@@ -13,11 +13,13 @@ value, anything but JSON whitespace after it, or that is not JSON at all takes
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["loads"]
 
-_scan = json.JSONDecoder().scan_once  # the C scanner (CPython), else json's Python one
+# The C scanner (CPython), else json's Python one: (value, end) of the JSON value at an index.
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _loads = json.loads
 _WHITESPACE = " \t\n\r"  # JSON's whitespace (RFC 8259 section 2), what json.loads skips
 
