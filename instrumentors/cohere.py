@@ -52,6 +52,7 @@ import json
 from collections.abc import Collection
 from functools import partial
 from typing import Any, NamedTuple
+from weakref import ref
 
 from veronica_otel._attributes import GEN_AI_RESPONSE_FINISH_REASONS, GEN_AI_RESPONSE_ID
 
@@ -235,23 +236,27 @@ class _CohereAdapter(ProviderAdapter):
             data = loads(reply.content.decode("utf-8"))
         except UnicodeDecodeError:
             data = reply.json()
-        try:  # decoded once: the SDK's own reply.json() (its next step) takes ours
-            reply.json = partial(_decoded, reply, data)
-        except AttributeError:  # a reply that takes no attribute: the SDK decodes it again
-            pass
-        if type(data) is not dict:
-            return
-        _read_usage(call, data)
-        attributes = call.pending_attributes
-        if attributes is not None:
-            _attributes(attributes, data)
+        if type(data) is dict:
+            _read_usage(call, data)
+            attributes = call.pending_attributes
+            if attributes is not None:
+                _attributes(attributes, data)
+        # Decoded once: the SDK's own ``reply.json()``, its next step, takes ours. A
+        # reply without an instance dict (or whose ``json`` is a property) decodes again.
+        # (A weak reference back: no cycle keeps a reply the SDK never decodes.)
+        held = getattr(reply, "__dict__", None)
+        if type(held) is dict:
+            held["json"] = partial(_decoded, ref(reply), data)
 
 
-def _decoded(reply: Any, data: Any, **kwargs: Any) -> Any:
-    """``reply.json()`` once more, from the body read_reply decoded: handed over once
-    (a later call, the caller's on a raw response, decodes afresh; so does one with
-    ``json.loads`` arguments)."""
-    del reply.json
+def _decoded(reply_ref: ref[Any], data: Any, **kwargs: Any) -> Any:
+    """A reply's ``json()`` from the body read_reply decoded, once: a later call (the
+    caller's, on a raw response) decodes afresh, and so does one with ``json.loads``
+    arguments."""
+    reply = reply_ref()
+    if reply is None:  # cannot be: the SDK calls it on the reply
+        return data
+    del reply.json  # the instance's: the class's json() again
     return reply.json(**kwargs) if kwargs else data
 
 
