@@ -125,11 +125,14 @@ def _images(body: dict[str, Any]) -> int:
     count = 0
     for key in ("messages", "inputs"):
         items = body.get(key)
-        for item in (items if items is not ... else ()) or ():
+        if not items or items is ...:  # absent, OMIT or empty
+            continue
+        for item in items:
             content = item.get("content") if type(item) is dict else None
-            for part in content if type(content) is list else ():
-                if type(part) is dict and part.get("type") in ("image_url", "image"):
-                    count += 1
+            if type(content) is list:  # a text message's content is a str
+                for part in content:
+                    if type(part) is dict and part.get("type") in ("image_url", "image"):
+                        count += 1
     images = body.get("images")
     return count + (len(images) if type(images) is list else 0)
 
