@@ -37,7 +37,9 @@ admitted and pass, and each attempt goes through ``httpx``'s
 draw every retry from ``max_retries_total`` before it is sent. The response
 comes back before the SDK reads it: an HTTP error status is a reply billed
 nothing, a reply's ``usage.billed_units`` (v2) or ``meta.billed_units`` (v1)
-is committed. A stream is held as it is entered
+is committed. Its body is decoded once: the SDK's own ``response.json()``,
+its next step, is handed our decode (once; a reply that takes no attribute is
+decoded by the SDK again). A stream is held as it is entered
 (``_streamed_response.StreamContext``): its ``message-end`` event's
 ``delta.usage`` (v2) or ``stream-end`` event's ``response.meta`` (v1) is read,
 and it is cut at the next event once the chain trips.
