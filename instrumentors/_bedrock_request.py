@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import partial
+from operator import is_not
 from typing import Any
 
 from veronica_otel._attributes import BEDROCK_OPERATION
@@ -130,6 +132,9 @@ _REGIONS = frozenset(("us", "us-gov", "eu", "apac", "global", "jp", "au", "ca", 
 # S3-held content (images, documents, video) the request does not carry: its
 # tokens are bounded by the model's context window; this when that is unknown.
 _S3_INPUT_BOUND = 1_000_000
+_PRESENT = partial(is_not, None)  # filter's test, in C: the value is not None
+# A Request from its fields without NamedTuple's Python-level __new__ (once per call).
+_request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 # Converse document formats that are plain text: their bytes bound their tokens.
 _TEXT_DOCUMENTS = frozenset(("txt", "md", "csv", "html"))
 # An image for a family other than Anthropic's (whose most is ANTHROPIC_IMAGE_TOKENS):
@@ -194,36 +199,56 @@ _OPERATIONS = {
 
 def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
     """Converse / ConverseStream: the input, the cap, whether it can be clamped."""
-    model = params.get("modelId")
+    get = params.get
+    model = get("modelId")
     model = model if isinstance(model, str) and model else "unknown"
-    messages = params.get("messages")
-    system = params.get("system")
-    parts = [
-        system,
-        messages,
-        params.get("toolConfig"),
-        params.get("additionalModelRequestFields"),
-        params.get("promptVariables"),
-    ]
+    messages = get("messages")
+    system = get("system")
+    tools = get("toolConfig")
+    # What is sent as input (a field left out is not).
+    parts = list(
+        filter(
+            _PRESENT,
+            (
+                system,
+                messages,
+                tools,
+                get("additionalModelRequestFields"),
+                get("promptVariables"),
+            ),
+        )
+    )
     n_messages = (len(messages) if isinstance(messages, list) else 1) + (1 if system else 0)
-    config = params.get("inferenceConfig")
-    cap = config.get("maxTokens") if (type(config) is dict or isinstance(config, Mapping)) else None
+    config = get("inferenceConfig")
+    cap = (
+        config.get("maxTokens")
+        if type(config) is dict or (config is not None and isinstance(config, Mapping))
+        else None
+    )
     cap = cap if type(cap) is int and cap >= 0 else None
     extra, cache_writes = _unseen(messages, model)
-    if not cache_writes:  # a cache point in the system prompt or the tools
+    if not cache_writes and (system is not None or tools is not None):
+        # a cache point in the system prompt or the tools
         cache_writes = _cache_point(system) or _cache_point(
-            tools.get("tools") if isinstance(tools := params.get("toolConfig"), Mapping) else None
+            tools.get("tools") if isinstance(tools, Mapping) else None
         )
-    return Request(
-        operation="chat",
-        model=model,
-        input_parts=parts,
-        n_messages=n_messages,
-        cap=cap,
-        clampable=cap is None,
-        stream=stream,
-        extra_input_tokens=extra,
-        cache_writes=cache_writes,
+    return _request_of(
+        Request,
+        (
+            "chat",
+            model,
+            parts,
+            n_messages,
+            cap,
+            cap is None,  # clampable
+            1,
+            stream,
+            extra,
+            None,
+            None,
+            True,
+            cache_writes,
+        ),
     )
 
 
@@ -246,7 +271,10 @@ def _unseen(messages: object, model: str) -> tuple[int, bool]:
             else None
         )
         for block in content if isinstance(content, list) else ():
-            if (type(block) is not dict and not isinstance(block, Mapping)) or "text" in block:
+            if type(block) is dict:
+                if "text" in block:
+                    continue  # a text block carries nothing else
+            elif not isinstance(block, Mapping):
                 continue
             if "cachePoint" in block:
                 cache = True
@@ -265,6 +293,8 @@ def _unseen(messages: object, model: str) -> tuple[int, bool]:
                 )
                 if (type(source) is dict or isinstance(source, Mapping)) and "s3Location" in source:
                     return _context_window(model), cache or _cache_point(messages)
+    if not images:
+        return 0, cache
     per_image = ANTHROPIC_IMAGE_TOKENS if family(model) == "anthropic" else _IMAGE_TOKENS
     return images * per_image, cache
 

@@ -95,7 +95,15 @@ def _converse_usage(call: ContainedCall, usage: object) -> None:
 def converse_reply(call: ContainedCall, reply: Any) -> None:
     if type(reply) is not dict and not isinstance(reply, Mapping):
         return
-    _converse_usage(call, reply.get("usage"))
+    usage = reply.get("usage")
+    if (
+        type(usage) is dict
+        and not usage.get("cacheReadInputTokens")
+        and not usage.get("cacheWriteInputTokens")
+    ):  # no cache reads or writes: _set's sum is the input itself (_set's rule, its frames cut)
+        call.set_usage(usage.get("inputTokens"), usage.get("outputTokens"))
+    else:
+        _converse_usage(call, usage)
     if call.pending_attributes is not None:
         _finish_reason(call, reply.get("stopReason"))
         _request_id(call, reply)

@@ -28,6 +28,8 @@ context window (:data:`CONTEXT_WINDOW` when the price table does not know it).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
+from operator import is_not
 from typing import Any
 
 from veronica_otel._attributes import (
@@ -61,6 +63,10 @@ _FREE_VERBS = frozenset(
 _FREE_CREATES = frozenset(("files", "fileSearchStores", "auth_tokens", "documents"))
 _BILLED_TOOLS = ("googleSearch", "googleSearchRetrieval", "googleMaps", "enterpriseWebSearch")
 _INPUT_KEYS = ("systemInstruction", "contents", "tools", "toolConfig")
+_NO_CONFIG: Mapping[str, Any] = {}  # shared, never written
+_PRESENT = partial(is_not, None)  # filter's test, in C: the value is not None
+# A Request from its fields without NamedTuple's Python-level __new__ (once per call).
+_request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 _PLAIN = {
     "temperature": GEN_AI_REQUEST_TEMPERATURE,
     "topP": GEN_AI_REQUEST_TOP_P,
@@ -91,7 +97,7 @@ def read(
     method = http_method.lower()
     if method in ("get", "delete") or (type(body) is not dict and not isinstance(body, Mapping)):
         return None
-    _, name, verb = _split(path)
+    name, _, verb = path.partition("?")[0].rpartition("/")[2].partition(":")  # _split's
     if verb in _GENERATE:
         return _generate(name, verb, body, server)
     if verb in _EMBED or (verb == "predict" and _embedding_instances(body)):
@@ -131,33 +137,40 @@ def _embed(
 def _generate(
     model: str, verb: str, body: Mapping[str, Any], server: dict[str, Any] | None
 ) -> Request:
-    config = body.get("generationConfig")
-    config = config if (type(config) is dict or isinstance(config, Mapping)) else {}
+    get = body.get
+    config = get("generationConfig")
+    if type(config) is not dict and (config is None or not isinstance(config, Mapping)):
+        config = _NO_CONFIG
     cap = config.get("maxOutputTokens")
     cap = cap if type(cap) is int and cap >= 0 else None
     choices = config.get("candidateCount")
     choices = choices if type(choices) is int and choices > 1 else 1
-    contents = body.get("contents")
-    parts = [body[key] for key in _INPUT_KEYS if body.get(key) is not None]
+    contents = get("contents")
+    parts = list(filter(_PRESENT, map(get, _INPUT_KEYS)))  # the inputs sent, in C
     attributes = server
     if len(config) > (cap is not None):  # more than the cap: sampling parameters
         found = _attributes(config)
         if found:
             attributes = found if server is None else {**server, **found}
-    tools = body.get("tools")
+    tools = get("tools")
     priced = not (tools and isinstance(tools, list) and any(_billed_tool(t) for t in tools))
-    return Request(
-        "generate_content",
-        model,
-        parts,
-        len(contents) if isinstance(contents, list) else 1,
-        cap,
-        True,
-        choices,
-        verb == "streamGenerateContent",
-        _unseen_input(model, body),
-        attributes,
-        priced=priced,
+    return _request_of(
+        Request,
+        (
+            "generate_content",
+            model,
+            parts,
+            len(contents) if isinstance(contents, list) else 1,
+            cap,
+            True,
+            choices,
+            verb == "streamGenerateContent",
+            _unseen_input(model, body),
+            attributes,
+            None,
+            priced,
+            True,
+        ),
     )
 
 
@@ -169,15 +182,21 @@ def _unseen_input(model: str, body: Mapping[str, Any]) -> int:
     """Tokens of input the byte walk cannot see (see the module docs)."""
     images = 0
     server_side = body.get("cachedContent") is not None
-    for content in (body.get("systemInstruction"), *(body.get("contents") or ())):
-        parts = (
-            content.get("parts")
-            if (type(content) is dict or isinstance(content, Mapping))
-            else None
-        )
-        for part in parts if isinstance(parts, list) else ():
-            if (type(part) is not dict and not isinstance(part, Mapping)) or "text" in part:
-                continue  # a text part carries nothing else
+    contents = body.get("contents") or ()
+    system = body.get("systemInstruction")
+    if system is not None:
+        contents = (system, *contents)
+    for content in contents:
+        if type(content) is dict or (content is not None and isinstance(content, Mapping)):
+            parts = content.get("parts")
+        else:
+            continue
+        for part in parts if type(parts) is list or isinstance(parts, list) else ():
+            if type(part) is dict:
+                if "text" in part:
+                    continue  # a text part carries nothing else
+            elif not isinstance(part, Mapping):
+                continue
             if "fileData" in part:
                 server_side = True
             inline = part.get("inlineData")

@@ -106,7 +106,8 @@ class _Converse(_Bedrock):
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request:
-        return converse_request(_arguments(args, kwargs)[1], method == "ConverseStream")
+        params = args[1] if len(args) >= 2 else _arguments(args, kwargs)[1]
+        return converse_request(params, method == "ConverseStream")
 
     def rewrite(
         self,
@@ -119,11 +120,9 @@ class _Converse(_Bedrock):
         name, params = _arguments(args, kwargs)
         return (name, rewrite_converse(params, cap, model)), {}
 
-    def read_reply(self, call: ContainedCall, reply: Any) -> None:
-        converse_reply(call, reply)
-
-    def read_item(self, call: ContainedCall, item: Any) -> None:
-        converse_item(call, item)
+    # The reply and its items read without a frame of their own.
+    read_reply = staticmethod(converse_reply)
+    read_item = staticmethod(converse_item)  # type: ignore[assignment]
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         return _held(self, call, reply, "stream", is_async)
@@ -208,17 +207,28 @@ for _service, _operations in REFUSED.items():
         _ROUTES[(_service, _operation)] = _pair(_REFUSE, _operation)
 
 
+# The Bedrock client seen last: a weak reference to its ``meta`` and its service. A
+# process's client asks again every call: its service is read once, and its
+# needs-retry handler (_stop_retrying_denials) is known to be registered.
+_LAST: list[tuple[Callable[[], Any], str]] = [(lambda: None, "")]
+
+
 def _route(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Route | None:
     """The wrappers for a Bedrock call we contain or refuse; None: it passes."""
-    service = instance.meta.service_model.service_name
-    if service not in _SERVICES:
-        return None  # every other AWS call: one attribute read and a set lookup
-    operation = _arguments(args, kwargs)[0]
+    meta = instance.meta
+    last, service = _LAST[0]
+    known = last() is meta
+    if not known:
+        service = meta.service_model.service_name
+        if service not in _SERVICES:
+            return None  # every other AWS call: two attribute reads and a set lookup
+    operation = args[0] if len(args) >= 2 else _arguments(args, kwargs)[0]
     route = _ROUTES.get((service, operation))
     if route is None and service == "bedrock-runtime" and operation not in FREE:
         route = _ROUTES[(service, operation)] = _pair(_REFUSE, operation)  # a new operation
-    if route is not None:
+    if route is not None and not known:
         _stop_retrying_denials(instance)
+        _LAST[0] = (weakref.ref(meta), service)
     return route
 
 
@@ -235,15 +245,8 @@ def _no_retry_of_denials(caught_exception: BaseException | None = None, **_: Any
             raise denial
 
 
-# The emitter registered last: a process's client asks again every call, and a
-# weak reference's call is cheaper than the WeakSet's membership test.
-_LAST: list[Callable[[], Any]] = [lambda: None]
-
-
 def _stop_retrying_denials(client: Any) -> None:
     events = client.meta.events
-    if _LAST[0]() is events:
-        return
     if events not in _REGISTERED:
         # Under the service's own node, first: botocore calls the most specific
         # handlers first, and its retry handler (legacy mode) re-raises errors.
@@ -252,7 +255,6 @@ def _stop_retrying_denials(client: Any) -> None:
             f"needs-retry.{service}", _no_retry_of_denials, unique_id=f"veronica-denials-{service}"
         )
         _REGISTERED.add(events)
-    _LAST[0] = weakref.ref(events)
 
 
 # -- the hooks ------------------------------------------------------------------------

@@ -37,7 +37,9 @@ admitted and pass, and each attempt goes through ``httpx``'s
 draw every retry from ``max_retries_total`` before it is sent. The response
 comes back before the SDK reads it: an HTTP error status is a reply billed
 nothing, a reply's ``usage.billed_units`` (v2) or ``meta.billed_units`` (v1)
-is committed. A stream is held as it is entered
+is committed. Its body is decoded once: the SDK's own ``response.json()``,
+its next step, is handed our decode (once; a reply that takes no attribute is
+decoded by the SDK again). A stream is held as it is entered
 (``_streamed_response.StreamContext``): its ``message-end`` event's
 ``delta.usage`` (v2) or ``stream-end`` event's ``response.meta`` (v1) is read,
 and it is cut at the next event once the chain trips.
@@ -50,13 +52,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
+from functools import partial
 from typing import Any, NamedTuple
+from weakref import ref
 
 from veronica_otel._attributes import GEN_AI_RESPONSE_FINISH_REASONS, GEN_AI_RESPONSE_ID
 
 from ._adapter import HTTPErrorReply, ProviderAdapter, Request, wrapper
 from ._common import ContainedCall
 from ._hooks import GuardedInstrumentor, Hook, SDKHooks
+from ._json_body import loads
 from ._streamed_response import StreamContext
 
 __all__ = ["CohereInstrumentor"]
@@ -114,31 +119,28 @@ def _route(path: object) -> _Route | None:
     return _Route(path.split("/", 2)[-1] if "/" in path else path, (), unpriced=True)
 
 
-# Per route, every body key read_request and _images read.
-_KEYS: dict[_Route, tuple[str, ...]] = {}
-_decode = json.JSONDecoder().decode
-
-
-def _keys(route: _Route) -> tuple[str, ...]:
-    named = (route.cap, route.choices)
-    keys = ("model", "messages", "chat_history", "images", "inputs", *route.inputs)
-    found = tuple(dict.fromkeys((*keys, *route.server_side, *(k for k in named if k))))
-    if len(_KEYS) < 64:  # the known routes and a few the SDK may add
-        _KEYS[route] = found
-    return found
+_NOTHING: dict[str, Any] = {}
 
 
 def _images(body: dict[str, Any]) -> int:
     """Images sent: ``image_url`` parts of v2 messages, embed images and inputs."""
     count = 0
     for key in ("messages", "inputs"):
-        for item in body.get(key) or ():
+        items = body.get(key)
+        if not items or items is ...:  # absent, OMIT or empty
+            continue
+        for item in items:
             content = item.get("content") if type(item) is dict else None
-            for part in content if type(content) is list else ():
-                if type(part) is dict and part.get("type") in ("image_url", "image"):
-                    count += 1
+            if type(content) is list:  # a text message's content is a str
+                for part in content:
+                    if type(part) is dict and part.get("type") in ("image_url", "image"):
+                        count += 1
     images = body.get("images")
     return count + (len(images) if type(images) is list else 0)
+
+
+# A Request from its fields without NamedTuple's Python-level __new__ (once per call).
+_request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
 
 class _CohereAdapter(ProviderAdapter):
@@ -150,42 +152,62 @@ class _CohereAdapter(ProviderAdapter):
         if kwargs.get("method") != "POST":
             return None
         path = args[0] if args else kwargs.get("path")
-        route = _route(path)
+        # A known route is one dict read (_route's first step, without its frame).
+        route = _ROUTES.get(path) if type(path) is str else None
         if route is None:
-            return None
+            route = _route(path)
+            if route is None:
+                return None
         raw = kwargs.get("json")
-        body: dict[str, Any] = {}
-        if type(raw) is dict:  # OMIT (``...``) and None: parameters the caller left out
-            # Only the keys read below: the SDK's body names every parameter.
-            for key in _KEYS.get(route) or _keys(route):
-                value = raw.get(key)
-                if value is not None and value is not ...:
-                    body[key] = value
-        named = body.get("model")
+        # The SDK's body names every parameter, OMIT or None when left out: each
+        # key is read once, straight from it (``...`` fails every type test below).
+        get = raw.get if type(raw) is dict else _NOTHING.get
+        named = get("model")
         model = named if type(named) is str and named else "unknown"
         if route.unpriced:
             model = f"{path}:{model}"
-        parts = [part for part in map(body.get, route.inputs) if part is not None]
-        messages, history = body.get("messages"), body.get("chat_history")
+        parts = []
+        for key in route.inputs:
+            part = get(key)
+            if part is not None and part is not ...:
+                parts.append(part)
+        messages = get("messages")
         if type(messages) is list:
             n_messages = len(messages)
         else:  # v1: the message, after its history
+            history = get("chat_history")
             n_messages = len(history) + 1 if type(history) is list else 1
-        cap = body.get(route.cap) if route.cap is not None else None
-        choices = body.get(route.choices) if route.choices is not None else None
-        extra = _CONTEXT_BOUND if route.unpriced or any(map(body.get, route.server_side)) else 0
-        if route.cap is not None or route.operation == "embeddings":
-            extra += _images(body) * _IMAGE_TOKENS
-        return Request(
-            route.operation,
-            model,
-            parts,
-            n_messages,
-            cap if type(cap) is int else None,
-            route.cap is not None and not route.unpriced,
-            choices if type(choices) is int and choices > 1 else 1,
-            method in _STREAMS,
-            extra,
+        cap_key = route.cap
+        cap = get(cap_key) if cap_key is not None else None
+        choices = get(route.choices) if route.choices is not None else None
+        extra = 0
+        if route.unpriced:
+            extra = _CONTEXT_BOUND
+        else:
+            for key in route.server_side:
+                value = get(key)
+                if value and value is not ...:  # a conversation id, connectors
+                    extra = _CONTEXT_BOUND
+                    break
+        if (cap_key is not None or route.operation == "embeddings") and type(raw) is dict:
+            extra += _images(raw) * _IMAGE_TOKENS
+        return _request_of(
+            Request,
+            (
+                route.operation,
+                model,
+                parts,
+                n_messages,
+                cap if type(cap) is int else None,
+                cap_key is not None and not route.unpriced,
+                choices if type(choices) is int and choices > 1 else 1,
+                method in _STREAMS,
+                extra,
+                None,
+                None,
+                True,
+                True,
+            ),
         )
 
     def rewrite(
@@ -207,9 +229,6 @@ class _CohereAdapter(ProviderAdapter):
             body["model"] = model
         return args, {**kwargs, "json": body}
 
-    def is_stream(self, reply: Any, request: Request) -> bool:
-        return request.stream
-
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         return StreamContext(reply, call, _read_event)
 
@@ -219,15 +238,31 @@ class _CohereAdapter(ProviderAdapter):
             call.finish(HTTPErrorReply(status), billed=False)
             return
         try:  # the body as the API sends it (UTF-8 JSON), without httpx's frames
-            data = _decode(reply.content.decode("utf-8"))
+            data = loads(reply.content.decode("utf-8"))
         except UnicodeDecodeError:
             data = reply.json()
-        if type(data) is not dict:
-            return
-        _read_usage(call, data)
-        attributes = call.pending_attributes
-        if attributes is not None:
-            _attributes(attributes, data)
+        if type(data) is dict:
+            _read_usage(call, data)
+            attributes = call.pending_attributes
+            if attributes is not None:
+                _attributes(attributes, data)
+        # Decoded once: the SDK's own ``reply.json()``, its next step, takes ours. A
+        # reply without an instance dict (or whose ``json`` is a property) decodes again.
+        # (A weak reference back: no cycle keeps a reply the SDK never decodes.)
+        held = getattr(reply, "__dict__", None)
+        if type(held) is dict:
+            held["json"] = partial(_decoded, ref(reply), data)
+
+
+def _decoded(reply_ref: ref[Any], data: Any, **kwargs: Any) -> Any:
+    """A reply's ``json()`` from the body read_reply decoded, once: a later call (the
+    caller's, on a raw response) decodes afresh, and so does one with ``json.loads``
+    arguments."""
+    reply = reply_ref()
+    if reply is None:  # cannot be: the SDK calls it on the reply
+        return data
+    del reply.json  # the instance's: the class's json() again
+    return reply.json(**kwargs) if kwargs else data
 
 
 def _read_usage(call: ContainedCall, holder: dict[str, Any]) -> None:

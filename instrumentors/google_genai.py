@@ -88,6 +88,7 @@ from ._adapter import (
 )
 from ._common import ContainedCall, token_count
 from ._hooks import GuardedInstrumentor, Hook, InstrumentationError, SDKHooks
+from ._json_body import loads
 
 __all__ = ["GoogleGenAIInstrumentor"]
 
@@ -104,12 +105,22 @@ class _GeminiAdapter(ProviderAdapter):
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
-        http_method, body = (
-            _arg(args, kwargs, 0, "http_method"),
-            _arg(args, kwargs, 2, "request_dict"),
+        # ``(http_method, path, request_dict)``, the SDK's positional arguments: _arg's, inline.
+        n = len(args)
+        http_method = args[0] if n else kwargs.get("http_method")
+        path = args[1] if n > 1 else kwargs.get("path")
+        body = args[2] if n > 2 else kwargs.get("request_dict")
+        options = getattr(instance, "_http_options", None)
+        base_url = getattr(options, "base_url", None)
+        server = _SERVERS.get(base_url) if type(base_url) is str else None  # _server's cache
+        if server is None:
+            server = _server(options)
+        return _genai_request.read(
+            http_method if type(http_method) is str else str(http_method),
+            path if type(path) is str else str(path),
+            body,
+            server,
         )
-        server = _server(getattr(instance, "_http_options", None))
-        return _genai_request.read(str(http_method), _path(args, kwargs), body, server)
 
     def rewrite(
         self,
@@ -127,9 +138,10 @@ class _GeminiAdapter(ProviderAdapter):
     def read_reply(self, call: ContainedCall, reply: Any) -> None:
         if not call.request.priced:
             return  # nothing in the reply prices it: the reservation stands
-        data = json.loads(reply.body) if getattr(reply, "body", None) else None
+        body = getattr(reply, "body", None)
+        data = loads(body) if body else None
         if isinstance(data, dict):
-            _read(call, data, final=True)
+            _read(call, data, True)
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         reader = _Chunks(call.request.choices).read

@@ -151,11 +151,16 @@ def _path(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
     return url.partition("?")[0]
 
 
-def _is_cloud(instance: Any, model: str) -> bool:
-    """Whether the call reaches Ollama's hosted models (ollama.com, or a ``cloud`` tag)."""
-    if ":" in model and model.rpartition(":")[2].endswith("cloud"):
-        return True
-    base_url = getattr(getattr(instance, "_client", None), "base_url", None)
+def _base_url(instance: Any) -> object:
+    """The base URL of a client's ``httpx`` client (None: none)."""
+    client = getattr(instance, "_client", None)
+    # httpx keeps it in ``_base_url``: its ``base_url`` property's frame, skipped.
+    base_url = getattr(client, "_base_url", _MISSING)
+    return getattr(client, "base_url", None) if base_url is _MISSING else base_url
+
+
+def _cloud_host(base_url: object) -> bool:
+    """Whether a base URL is ollama.com or one of its hosts (the last URL's answer kept)."""
     last = _CLOUD_HOSTS[0]
     if last[0] is base_url:
         return last[1]
@@ -178,21 +183,29 @@ def _cap(options: object) -> tuple[int | None, bool]:
     return DEFAULT_MAX_OUTPUT_TOKENS, False
 
 
-def _without_images(messages: object) -> tuple[object, int]:
-    """The messages with their images left out, and how many there were."""
-    if type(messages) is not list:
-        return messages, 0
-    images = 0
-    for message in messages:
-        if type(message) is dict and message.get("images"):
-            images += len(message["images"])
-    if not images:
-        return messages, 0
-    stripped = [
+def _uncontained(path: str, url: object) -> bool:
+    """Whether a path no route names passes uncontained: model management, blobs,
+    and ollama.com's tools named by full URL (:func:`_tool_call` contains those)."""
+    return (
+        path in _FREE
+        or path.startswith("/api/blobs/")
+        or (path in _TOOLS and type(url) is str and "://" in url)
+    )
+
+
+def _parts(body: dict[str, Any], operation: str, keys: tuple[str, ...]) -> tuple[list[object], int]:
+    """The input of a route other than chat, and its number of messages."""
+    parts = [body[key] for key in keys if body.get(key)]
+    inputs = body.get("input")
+    return parts, len(inputs) if operation == "embeddings" and type(inputs) is list else 1
+
+
+def _without_images(messages: list[object]) -> list[object]:
+    """The messages with their images left out (read_request counted them)."""
+    return [
         {k: v for k, v in m.items() if k != "images"} if isinstance(m, Mapping) else m
         for m in messages
     ]
-    return stripped, images
 
 
 class OllamaAdapter(ProviderAdapter):
@@ -204,39 +217,44 @@ class OllamaAdapter(ProviderAdapter):
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
         url = args[2] if len(args) > 2 else None
-        # The SDK's own calls name a bare path (``"/api/chat"``): no parsing.
-        path = url if type(url) is str and url in _ROUTES else _path(args, kwargs)
-        route = _ROUTES.get(path)
-        if route is None and (path in _FREE or path.startswith("/api/blobs/")):
-            return None
+        # The SDK's own calls name a bare path (``"/api/chat"``): one dict read, no parsing.
+        route = _ROUTES.get(url) if type(url) is str else None
+        if route is not None:
+            path: str = url  # type: ignore[assignment]
+        else:
+            path = _path(args, kwargs)
+            route = _ROUTES.get(path)
+            if route is None and _uncontained(path, url):
+                return None
         body = kwargs.get("json")
         if type(body) is not dict:
             body = dict(body) if isinstance(body, Mapping) else {}
-        model = body.get("model")
-        model = model if type(model) is str and model else "unknown"
+        model = named if type(named := body.get("model")) is str and named else "unknown"
         operation, keys = route if route is not None else (path.rpartition("/")[2], ())
-        n_messages, images, extra = 1, 0, 0
+        n_messages, images = 1, 0
         if operation == "chat":
             messages = body.get("messages")
             parts: list[object] = []
             if messages:
-                messages, images = _without_images(messages)
+                if type(messages) is list:
+                    # _without_images' count, inline: messages seldom carry images
+                    for message in messages:
+                        if type(message) is dict and message.get("images"):
+                            images += len(message["images"])
+                    if images:
+                        messages = _without_images(messages)
+                    n_messages = len(messages)
                 parts.append(messages)
-                n_messages = len(messages) if type(messages) is list else 1
-            tools, schema = body.get("tools"), body.get("format")
-            if tools:  # [] tools: none
+            if tools := body.get("tools"):  # [] tools: none
                 parts.append(tools)
-            if schema:
+            if schema := body.get("format"):
                 parts.append(schema)
         else:
-            parts = [body[key] for key in keys if body.get(key)]
-            if operation == "embeddings" and type(body.get("input")) is list:
-                n_messages = len(body["input"])
+            parts, n_messages = _parts(body, operation, keys)
         if body.get("images"):
             images += len(body["images"])
-        context = body.get("context")
-        if type(context) is list:
-            extra = len(context)  # token ids: exactly their number
+        context = body.get("context")  # token ids: exactly their number
+        extra = len(context) if type(context) is list else 0
         if route is None or path == "/v1/systemone":
             # No cap in the request, nothing to clamp: the most a model may produce.
             cap, clampable = (DEFAULT_MAX_OUTPUT_TOKENS, False)
@@ -251,6 +269,13 @@ class OllamaAdapter(ProviderAdapter):
                 cap, clampable = (value if value > 0 else None), True
             else:
                 cap, clampable = _cap(options)
+        # Hosted: a cloud tag, else the client's host is ollama.com (the last answer kept).
+        base = getattr(getattr(instance, "_client", None), "_base_url", None)  # httpx's
+        cloud = (":" in model and model.rpartition(":")[2].endswith("cloud")) or (
+            last[1]
+            if (last := _CLOUD_HOSTS[0])[0] is base and base is not None
+            else _cloud_host(_base_url(instance))
+        )
         return _request_of(
             Request,
             (
@@ -264,7 +289,7 @@ class OllamaAdapter(ProviderAdapter):
                 bool(kwargs.get("stream")),
                 extra + images * IMAGE_TOKENS,
                 None,
-                CLOUD_PROVIDER if _is_cloud(instance, model) else None,
+                CLOUD_PROVIDER if cloud else None,
                 True,  # priced
                 False,  # cache_writes: Ollama bills no cache writes
             ),
@@ -338,18 +363,11 @@ def _read_usage(call: ContainedCall, reply: Any) -> None:
             attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
 
 
-# The reply read without a frame of its own (once per call).
-OllamaAdapter.read_reply = staticmethod(_read_usage)  # type: ignore[method-assign,assignment]
-_ADAPTER = OllamaAdapter()
-_contained = wrapper(_ADAPTER, "_request")
-_acontained = wrapper(_ADAPTER, "_request", is_async=True)
-
-
 def _tool(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolCall | None:
     """A ``web_search`` / ``web_fetch`` call as a contained tool call (None: not one).
 
     Asked only for a full URL: the tools name ollama.com in full, model calls
-    a path (checked inline by the hooks, without a frame)."""
+    a path."""
     name = _TOOLS.get(_path(args, kwargs))
     if name is None or ADMITTED.get() is not None:
         return None
@@ -361,24 +379,33 @@ def _tool(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolC
     )
 
 
-def _request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _tool_call(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call the adapter does not admit (read_request passes the tools): a tool call, or sent."""
     url = args[2] if len(args) > 2 else None
     tool = _tool(instance, args, kwargs) if type(url) is str and "://" in url else None
     if tool is None:
-        return _contained(wrapped, instance, args, kwargs)
+        return wrapped(*args, **kwargs)
     with tool:
         return wrapped(*args, **kwargs)
 
 
-async def _arequest(
+async def _atool_call(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     url = args[2] if len(args) > 2 else None
     tool = _tool(instance, args, kwargs) if type(url) is str and "://" in url else None
     if tool is None:
-        return await _acontained(wrapped, instance, args, kwargs)
+        return await wrapped(*args, **kwargs)
     async with tool:
         return await wrapped(*args, **kwargs)
+
+
+# The reply read without a frame of its own (once per call).
+OllamaAdapter.read_reply = staticmethod(_read_usage)  # type: ignore[method-assign,assignment]
+_ADAPTER = OllamaAdapter()
+# Model calls go straight to the contained wrapper; what it does not admit, to the tools.
+_request = wrapper(_ADAPTER, "_request", otherwise=_tool_call)
+_arequest = wrapper(_ADAPTER, "_request", is_async=True, otherwise=_atool_call)
 
 
 _PATCHES = (

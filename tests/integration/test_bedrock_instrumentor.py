@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+from botocore.parsers import ResponseParserError
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -135,6 +136,42 @@ def test_converse_commits_usage_with_cache_reads(server: FakeLLMServer, runtime:
     assert (snap.steps, snap.tokens, snap.reserved_usd) == (1, INPUT + OUTPUT, 0.0)
     assert snap.cost_usd == pytest.approx(_cost(HAIKU))
     assert server.requests[-1].body["inferenceConfig"] == {"maxTokens": 50}
+
+
+def test_converse_without_cache_tokens_commits_its_usage(
+    instrumented: BedrockInstrumentor, backoff: Backoff
+) -> None:
+    # The reply's usage has no cache reads or writes (0): read without the cache sum.
+    with FakeLLMServer(input_tokens=INPUT, output_tokens=OUTPUT) as fake:
+        client = _client(fake.base_url)
+        with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
+            reply = _converse(client, inferenceConfig={"maxTokens": 50})
+        client.close()
+    assert reply["usage"]["inputTokens"] == INPUT
+    assert not reply["usage"].get("cacheReadInputTokens")
+    snap = ctx.snapshot()
+    assert (snap.steps, snap.tokens, snap.reserved_usd) == (1, INPUT + OUTPUT, 0.0)
+    assert snap.cost_usd == pytest.approx(_cost(HAIKU, cached=0))
+
+
+def test_clients_of_other_services_between_bedrock_calls_pass_and_bedrock_still_counts(
+    server: FakeLLMServer, runtime: Any, instrumented: BedrockInstrumentor
+) -> None:
+    # A Bedrock client's service is read once (the last client kept): another
+    # client in between, of Bedrock or of another service, is read afresh.
+    other = _client(server.base_url)
+    sts = _client(server.base_url, "sts")
+    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
+        _converse(runtime)
+        with pytest.raises(ResponseParserError):  # the fake server has no STS: sent as it is
+            sts.get_caller_identity()
+        _converse(other)
+        _converse(runtime)
+    other.close()
+    sts.close()
+    assert ctx.snapshot().steps == 3  # the STS call is no step
+    assert server.count(_converse_path(HAIKU)) == 3
+    assert server.request_count == 4
 
 
 def test_uncapped_converse_is_clamped_to_what_the_budget_buys(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -146,6 +147,79 @@ def test_chat_commits_billed_units_and_describes_its_span(
     assert attributes["gen_ai.response.id"] == reply.id
     assert attributes["gen_ai.response.finish_reasons"] == ("COMPLETE",)
     assert attributes["gen_ai.usage.output_tokens"] == OUTPUT
+
+
+def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every ``httpx.Response.json()`` decode of a body, counted (httpx's own json.loads)."""
+    decodes: list[int] = []
+
+    class _Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(json, name)
+
+        def loads(self, *args: Any, **kwargs: Any) -> Any:
+            decodes.append(1)
+            return json.loads(*args, **kwargs)
+
+    monkeypatch.setattr(httpx._models, "jsonlib", _Counting())
+    return decodes
+
+
+def test_the_reply_is_decoded_once_and_the_sdk_takes_it(
+    server: FakeLLMServer, client: cohere.ClientV2, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decodes = _count_decodes(monkeypatch)
+    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
+        raw = client.with_raw_response.chat(model=MODEL, messages=MESSAGES, max_tokens=CAP)
+    _charged(ctx.snapshot(), _cost())
+    assert raw.data.usage is not None and raw.data.usage.billed_units is not None
+    assert raw.data.usage.billed_units.output_tokens == OUTPUT
+    # The SDK built its reply from our decode: httpx never decoded the body.
+    assert decodes == []
+    assert "json" not in vars(raw.response)  # handed over once
+    # A later call (the caller's) decodes afresh, a new object each time.
+    first, second = raw.response.json(), raw.response.json()
+    assert first == second == json.loads(raw.response.content) and first is not second
+    assert decodes == [1, 1]
+
+
+class _SlottedReply:
+    """An HTTP reply without an instance dict: nothing can be handed to it."""
+
+    __slots__ = ("_reply",)
+
+    def __init__(self, reply: httpx.Response) -> None:
+        self._reply = reply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reply, name)
+
+    def json(self, **kwargs: Any) -> Any:
+        return self._reply.json(**kwargs)
+
+
+class _SlottedClient(httpx.Client):
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        return _SlottedReply(super().request(*args, **kwargs))
+
+
+def test_a_reply_that_takes_no_handover_is_decoded_by_the_sdk(
+    server: FakeLLMServer, instrumented: CohereInstrumentor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decodes = _count_decodes(monkeypatch)
+    with (
+        _SlottedClient() as http,
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
+    ):
+        slotted = cohere.ClientV2(
+            api_key="k", base_url=server.base_url, httpx_client=http, max_retries=0
+        )
+        reply = _chat(slotted)
+    _charged(ctx.snapshot(), _cost())  # usage read from our own decode
+    assert reply.usage is not None and reply.usage.billed_units is not None
+    assert reply.usage.billed_units.input_tokens == INPUT
+    assert decodes == [1]  # the SDK decoded it again itself
+    assert server.count(CHAT) == 1
 
 
 def test_no_chain_passes_through(server: FakeLLMServer, client: cohere.ClientV2) -> None:
