@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests._venvs import plain_http_tls
 from veronica_otel.testing import FakeLLMServer
 
 INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
@@ -33,6 +34,7 @@ def run_instrumented(
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",
         OTEL_LOGS_EXPORTER="none",
+        **plain_http_tls(),
     )
     environ.update(env)
     return subprocess.run(

@@ -67,6 +67,7 @@ def environment(llm: FakeLLMServer, **env: str) -> dict[str, str]:
         OTEL_METRICS_EXPORTER="none",
         OTEL_LOGS_EXPORTER="none",
         OTEL_TRACES_EXPORTER="none",
+        **_venvs.plain_http_tls(),
     )
     environ.update(env)
     return environ
