@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests._zero_code import UNCHANGED_AGENT, run_instrumented
-from veronica_otel.testing import FakeLLMServer, ScriptedReply
+from veronica_otel.testing import FakeLLMServer
 
 
 @pytest.fixture
@@ -50,19 +50,6 @@ def test_unchanged_langchain_tools_trip_at_exactly_max_steps(server: FakeLLMServ
     result = run_instrumented(app, server, VERONICA_MAX_STEPS="3")
     assert result.returncode != 0
     assert result.stdout.splitlines() == [f"step {i} ok" for i in range(3)]
-    assert "BudgetExceededError" in result.stderr
-
-
-def test_unchanged_ag2_agent_is_stopped_with_its_tool_runs_counted(
-    server: FakeLLMServer,
-) -> None:
-    server.set_responder(lambda request: ScriptedReply.tool_call("count", {"n": 1}))
-    app = Path(__file__).parent / "apps" / "unchanged_ag2_agent.py"
-    result = run_instrumented(app, server, VERONICA_MAX_STEPS="4")
-    assert result.returncode != 0
-    # model, tool, model, tool: the 5th step (a model call) is never sent.
-    assert result.stdout.splitlines() == ["tool ran 1"] * 2
-    assert server.count("/v1/chat/completions") == 2
     assert "BudgetExceededError" in result.stderr
 
 
