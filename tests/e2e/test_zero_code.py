@@ -2,28 +2,64 @@
 
 The script, the SDK and the HTTP traffic are real; the LLM is the embedded
 fake server, whose request count is the ground truth of what was sent.
+
+What start-up itself does with the environment (the limits, a malformed
+value, a configurator that fails) is tested in a process of its own per
+test. The tests that vary only the limits and the script run as scenarios
+of one zero-code process (``apps/unchanged_scripts.py``, a
+:class:`FrameworkApp`): each in a process forked from it after openai's
+import, its default chain built from its own ``VERONICA_*`` variables.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests._zero_code import UNCHANGED_AGENT, run_instrumented
+from tests.e2e._frameworks import CompletedProcess, FrameworkApp
 from veronica_otel.testing import FakeLLMServer
 
+APPS = Path(__file__).parent / "apps"
+CHAT = "/v1/chat/completions"
 
-@pytest.fixture
-def server() -> Iterator[FakeLLMServer]:
+
+@pytest.fixture(scope="module")
+def module_server() -> Iterator[FakeLLMServer]:
     with FakeLLMServer(output_tokens=10) as srv:
         yield srv
 
 
+@pytest.fixture
+def server(module_server: FakeLLMServer) -> FakeLLMServer:
+    module_server.reset()  # counts from this test's run alone
+    return module_server
+
+
+@pytest.fixture(scope="module")
+def scripts(module_server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    venv = Path(sys.executable).parent.parent  # this environment, as run_instrumented's
+    with FrameworkApp(
+        venv,
+        str(APPS / "unchanged_scripts.py"),
+        module_server,
+        PYTHONPATH=os.environ.get("PYTHONPATH"),  # these sources, as run_instrumented's
+    ) as app:
+        yield app
+
+
 def run_app(server: FakeLLMServer, **env: str) -> subprocess.CompletedProcess[str]:
     return run_instrumented(UNCHANGED_AGENT, server, **env)
+
+
+def printed(done: CompletedProcess) -> list[str]:
+    """What a scenario's script printed (its RESULT line aside)."""
+    return [line for line in done.stdout.splitlines() if not line.startswith("RESULT ")]
 
 
 def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None:
@@ -35,31 +71,33 @@ def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None
     assert server.count("/v1/chat/completions") == 3
 
 
-def test_unchanged_mcp_agent_trips_at_exactly_max_steps(server: FakeLLMServer) -> None:
+def test_unchanged_mcp_agent_trips_at_exactly_max_steps(
+    scripts: FrameworkApp, server: FakeLLMServer
+) -> None:
     # The distro patches the mcp client when the app imports it: no code, no entry point.
-    agent = Path(__file__).parent / "apps" / "unchanged_mcp_agent.py"
-    result = run_instrumented(agent, server, VERONICA_MAX_STEPS="3")
-    assert result.returncode != 0
-    assert result.stdout.splitlines() == [f"step {i} ok" for i in range(3)]
-    assert "steps limit reached" in result.stderr
+    agent = APPS / "unchanged_mcp_agent.py"
+    result, done = scripts.run(str(agent), VERONICA_MAX_STEPS="3")
+    assert printed(done) == [f"step {i} ok" for i in range(3)], done.stderr[-2000:]
+    assert result["reason"] == "steps", result  # ours, raised or inside the task group's
 
 
-def test_unchanged_langchain_tools_trip_at_exactly_max_steps(server: FakeLLMServer) -> None:
+def test_unchanged_langchain_tools_trip_at_exactly_max_steps(
+    scripts: FrameworkApp, server: FakeLLMServer
+) -> None:
     # The distro patches BaseTool when the app imports langchain_core.
-    app = Path(__file__).parent / "apps" / "unchanged_langchain_tools.py"
-    result = run_instrumented(app, server, VERONICA_MAX_STEPS="3")
-    assert result.returncode != 0
-    assert result.stdout.splitlines() == [f"step {i} ok" for i in range(3)]
-    assert "BudgetExceededError" in result.stderr
+    app = APPS / "unchanged_langchain_tools.py"
+    result, done = scripts.run(str(app), VERONICA_MAX_STEPS="3")
+    assert printed(done) == [f"step {i} ok" for i in range(3)], done.stderr[-2000:]
+    assert result["raised"] == "BudgetExceededError" and result["reason"] == "steps", result
 
 
-def test_cost_ceiling_from_env(server: FakeLLMServer) -> None:
+def test_cost_ceiling_from_env(scripts: FrameworkApp, server: FakeLLMServer) -> None:
     # Each call reserves (clamped) the whole remaining budget, so a tiny ceiling
     # admits calls only while what is left can still buy an answer.
-    result = run_app(server, VERONICA_MAX_COST_USD="0.0000001")
-    assert result.returncode != 0
-    assert "BudgetExceededError" in result.stderr
-    assert server.count("/v1/chat/completions") == 0
+    result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_MAX_COST_USD="0.0000001")
+    assert result["raised"] == "BudgetExceededError" and result["reason"] == "cost", result
+    assert printed(done) == []
+    assert server.count(CHAT) == 0
 
 
 def test_enforcement_holds_when_the_exporter_configuration_fails(server: FakeLLMServer) -> None:
@@ -81,18 +119,20 @@ def test_malformed_env_fails_closed_naming_the_variable(server: FakeLLMServer) -
     assert server.count("/v1/chat/completions") == 0
 
 
-def test_no_limits_set_runs_everything(server: FakeLLMServer) -> None:
-    result = run_app(server)
-    assert result.returncode == 0, result.stderr
-    assert server.count("/v1/chat/completions") == 5
+def test_no_limits_set_runs_everything(scripts: FrameworkApp, server: FakeLLMServer) -> None:
+    result, done = scripts.run(str(UNCHANGED_AGENT))
+    assert result["raised"] is None and done.returncode == 0, (result, done.stderr[-2000:])
+    assert printed(done) == [f"step {i} ok" for i in range(5)]
+    assert server.count(CHAT) == 5
 
 
-def test_the_zero_code_example_runs_as_its_readme_says(server: FakeLLMServer) -> None:
+def test_the_zero_code_example_runs_as_its_readme_says(
+    scripts: FrameworkApp, server: FakeLLMServer
+) -> None:
     example = Path(__file__).parents[2] / "examples" / "zero_code" / "agent.py"
-    result = run_instrumented(example, server, VERONICA_MAX_STEPS="5", VERONICA_MAX_COST_USD="0.01")
-    assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
-        f"round {i}" for i in range(5)
-    ]
-    assert "steps limit reached (limit 5, this call would make it 6)" in result.stderr
-    assert server.count("/v1/chat/completions") == 5
+    result, done = scripts.run(str(example), VERONICA_MAX_STEPS="5", VERONICA_MAX_COST_USD="0.01")
+    assert [line.split(":")[0] for line in printed(done)] == [f"round {i}" for i in range(5)]
+    assert result["raised"] == "BudgetExceededError", result
+    assert "steps limit reached (limit 5, this call would make it 6)" in result["message"]
+    assert server.count(CHAT) == 5
     assert all("max_completion_tokens" in r.body for r in server.requests)  # clamped
