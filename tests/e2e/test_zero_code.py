@@ -5,7 +5,8 @@ fake server, whose request count is the ground truth of what was sent.
 
 What start-up itself does with the environment (the limits, a malformed
 value, a configurator that fails) is tested in a process of its own per
-test. The tests that vary only the limits and the script run as scenarios
+test. The tests that vary only the limits, the pools (``VERONICA_POOLS``)
+and the script run as scenarios
 of one zero-code process (``apps/unchanged_scripts.py``, a
 :class:`FrameworkApp`): each in a process forked from it after openai's
 import, its default chain built from its own ``VERONICA_*`` variables.
@@ -136,3 +137,44 @@ def test_the_zero_code_example_runs_as_its_readme_says(
     assert "steps limit reached (limit 5, this call would make it 6)" in result["message"]
     assert server.count(CHAT) == 5
     assert all("max_completion_tokens" in r.body for r in server.requests)  # clamped
+
+
+# -- VERONICA_POOLS: the default chain joins the pools the variable names
+
+
+def pools_policy(tmp_path: Path) -> str:
+    path = tmp_path / "policy.toml"
+    path.write_text(
+        "[limits]\nmax_steps = 100\n"
+        '[pools."tenant:acme"]\nmax_steps = 3\nwindow = "1d"\n'
+        '[pools."user:alice"]\nmax_steps = 50\n',
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+def test_the_default_chain_stops_at_the_pool_the_variable_names(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+) -> None:
+    result, done = scripts.run(
+        str(UNCHANGED_AGENT),
+        VERONICA_POLICY_FILE=pools_policy(tmp_path),
+        VERONICA_POOLS="tenant:acme,user:alice",
+    )
+    assert server.count(CHAT) == 3
+    assert printed(done) == [f"step {i} ok" for i in range(3)], done.stderr[-2000:]
+    assert result["raised"] == "BudgetExceededError", result
+    assert "pool tenant:acme" in result["message"], result
+
+
+def test_a_pool_the_file_does_not_define_refuses_every_call(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+) -> None:
+    result, done = scripts.run(
+        str(UNCHANGED_AGENT),
+        VERONICA_POLICY_FILE=pools_policy(tmp_path),
+        VERONICA_POOLS="tenant:acme,tenant:bob",
+    )
+    assert server.count(CHAT) == 0
+    assert printed(done) == [] and result["raised"] is not None, result
+    assert "VERONICA_POOLS: pool 'tenant:bob' is not defined" in done.stderr
