@@ -14,16 +14,14 @@ import, its default chain built from its own ``VERONICA_*`` variables.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests._zero_code import UNCHANGED_AGENT, run_instrumented
-from tests.e2e._frameworks import CompletedProcess, FrameworkApp
+from tests._zero_code import UNCHANGED_AGENT, printed, run_instrumented, script_scenarios
+from tests.e2e._frameworks import FrameworkApp
 from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps"
@@ -44,23 +42,12 @@ def server(module_server: FakeLLMServer) -> FakeLLMServer:
 
 @pytest.fixture(scope="module")
 def scripts(module_server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    venv = Path(sys.executable).parent.parent  # this environment, as run_instrumented's
-    with FrameworkApp(
-        venv,
-        str(APPS / "unchanged_scripts.py"),
-        module_server,
-        PYTHONPATH=os.environ.get("PYTHONPATH"),  # these sources, as run_instrumented's
-    ) as app:
+    with script_scenarios(module_server) as app:
         yield app
 
 
 def run_app(server: FakeLLMServer, **env: str) -> subprocess.CompletedProcess[str]:
     return run_instrumented(UNCHANGED_AGENT, server, **env)
-
-
-def printed(done: CompletedProcess) -> list[str]:
-    """What a scenario's script printed (its RESULT line aside)."""
-    return [line for line in done.stdout.splitlines() if not line.startswith("RESULT ")]
 
 
 def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None:
