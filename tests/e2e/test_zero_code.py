@@ -5,8 +5,8 @@ fake server, whose request count is the ground truth of what was sent.
 
 What start-up itself does with the environment (the limits, a malformed
 value, a configurator that fails) is tested in a process of its own per
-test. The tests that vary only the limits, the pools (``VERONICA_POOLS``)
-and the script run as scenarios
+test. The tests that vary only the limits, the pools (``VERONICA_POOLS``),
+the policy file and the script run as scenarios
 of one zero-code process (``apps/unchanged_scripts.py``, a
 :class:`FrameworkApp`): each in a process forked from it after openai's
 import, its default chain built from its own ``VERONICA_*`` variables.
@@ -165,3 +165,26 @@ def test_a_pool_the_file_does_not_define_refuses_every_call(
     assert server.count(CHAT) == 0
     assert printed(done) == [] and result["raised"] is not None, result
     assert "VERONICA_POOLS: pool 'tenant:bob' is not defined" in done.stderr
+
+
+# -- a hostile policy file: every call refused, naming the variable and the file
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        ("deep.toml", "x = " + "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("huge.toml", "[limits]\nmax_steps = " + "9" * 5000 + "\n", "too many digits"),
+    ],
+)
+def test_a_hostile_policy_file_refuses_every_call_naming_the_variable_and_file(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path, name: str, text: str, problem: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_POLICY_FILE=str(path))
+    assert printed(done) == []  # not one step ran uncontained
+    assert server.count(CHAT) == 0
+    assert f"policy file {path} (VERONICA_POLICY_FILE): cannot be loaded" in done.stderr
+    assert problem in done.stderr
+    assert result["raised"] == "PolicyFileError", result  # what the app's call raised
