@@ -13,7 +13,9 @@ peer costs more than the calls), each limit's requests marked with an
 NAME:ORDER...``: each ``NAME:ORDER`` as ``peer NAME ORDER``, all at once, in
 processes forked from this one once openai, the SDK, ours and every peer's
 module are imported (not instrumented: each child instruments in its order),
-since importing them is most of what a run costs; each run's stdout and
+since importing them is most of what a run costs, and each ends as
+``frameworks/_report.py``'s scenarios do (threads and atexit handlers, not
+the teardown of what it inherited); each run's stdout and
 stderr go to ``FOLDER/NAME:ORDER.out`` and ``.err``, and this process exits
 with the number of runs that failed.
 Each call prints ``step N ok`` or ``step N refused: <error>`` (in the peer
@@ -115,6 +117,7 @@ def peers(folder: str, *runs: str) -> int:
     import opentelemetry.instrumentation.openai
     import opentelemetry.instrumentation.openai_v2
     import opentelemetry.sdk.trace  # noqa: F401
+    from frameworks._report import exit_as_the_interpreter_does
 
     import veronica_otel.instrumentors.openai  # noqa: F401
 
@@ -130,7 +133,7 @@ def peers(folder: str, *runs: str) -> int:
                 os.dup2(target, fd)
                 os.close(target)
             peer(*run.split(":"))
-            sys.exit(0)  # the interpreter's own exit, as a process of its own ends
+            exit_as_the_interpreter_does()  # its threads and atexit handlers, no teardown
         children.append(pid)
     return sum(os.waitpid(pid, 0)[1] != 0 for pid in children)
 
