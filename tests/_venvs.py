@@ -16,6 +16,7 @@ building the same venv or wheel twice.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -314,3 +315,26 @@ def environ_without(*prefixes: str) -> dict[str, str]:
     child imports from the checkout writes no ``__pycache__`` into it."""
     kept = {"PYTHONPYCACHEPREFIX"}
     return {k: v for k, v in os.environ.items() if k in kept or not k.startswith(prefixes)}
+
+
+@functools.cache
+def plain_http_tls() -> dict[str, str]:
+    """``SSL_CERT_FILE`` naming a one-certificate bundle, for an app that talks plain HTTP.
+
+    Every client httpx or httpx2 makes (one per SDK client) loads the whole
+    certifi bundle, about 30 ms of CPU each, although the fake servers the
+    apps call are plain HTTP; both honour ``SSL_CERT_FILE`` and then load one
+    certificate. Not for pip: it must verify the package index.
+    """
+    import certifi
+
+    bundle = Path(certifi.where()).read_text()
+    end = "-----END CERTIFICATE-----"
+    first = bundle[bundle.index("-----BEGIN CERTIFICATE-----") : bundle.index(end) + len(end)]
+    path = CACHE / "one-certificate.pem"
+    if not path.is_file() or path.read_text() != first + "\n":
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=CACHE, delete=False) as out:
+            out.write(first + "\n")
+        os.replace(out.name, path)
+    return {"SSL_CERT_FILE": str(path)}

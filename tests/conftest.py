@@ -153,6 +153,8 @@ _ONE_WORKER = {
     "tests/e2e/test_frameworks_text_and_ag2.py": "frameworks_text_and_ag2",
     "tests/e2e/test_frameworks_gemini_bedrock.py": "frameworks_gemini_bedrock",
     "tests/e2e/test_examples.py": "examples",  # each example run once, read by many tests
+    "tests/e2e/test_zero_code.py": "zero_code",  # one zero-code process serves its scenarios
+    "tests/integration/test_zero_code_redis.py": "zero_code_redis",  # likewise
     # one worker imports ag2 (about 6 CPU-seconds each) or litellm:
     "tests/integration/test_agent_limits_ag2.py": "ag2",
     "tests/integration/test_ag2.py": "ag2",

@@ -166,6 +166,7 @@ def _environment(server: FakeLLMServer, env: dict[str, str | None]) -> dict[str,
         OTEL_METRICS_EXPORTER="none",
         OTEL_LOGS_EXPORTER="none",
         FAKE_LLM_URL=server.base_url,
+        **_venvs.plain_http_tls(),
     )
     for name, value in env.items():
         if value is None:

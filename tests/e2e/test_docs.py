@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests._venvs import plain_http_tls
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 MKDOCS = Path(sys.executable).parent / "mkdocs"
@@ -20,7 +22,11 @@ def run_first_python_block(page: Path, cwd: Path) -> subprocess.CompletedProcess
     assert first is not None, f"{page.name} has no Python block"
     script = cwd / "first.py"
     script.write_text(first.group(1), encoding="utf-8")
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no network at import
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no network at import
+        **plain_http_tls(),  # the bundled server is plain HTTP
+    }
     result = subprocess.run(
         [sys.executable, str(script)],
         cwd=cwd,

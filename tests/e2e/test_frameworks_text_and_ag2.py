@@ -8,7 +8,9 @@ not the API's tool calls, so its runaway model is a responder answering in
 dspy's chat format with another ``lookup`` every turn; and dspy sends through
 its own raw-socket client unless the call goes through LiteLLM, which
 ``DSPyInstrumentor`` makes every call in a chain do. smolagents and AG2 are
-imported once for their tests (:class:`FrameworkApp`).
+imported once for their tests (:class:`FrameworkApp`); AG2's tests include
+an unchanged agent's tool runs counted as steps and two agents of which a
+policy file bounds one.
 """
 
 from __future__ import annotations
@@ -99,6 +101,39 @@ def test_ag2_agent_limit_by_its_name(ag2: FrameworkApp, llm: FakeLLMServer, tmp_
     # the model call AG2 makes with the error: Looper sent exactly 2.
     assert llm.request_count == 2, done.stderr[-2000:]
     assert result["how"] == "itself" and result["agent"] == "Looper", result
+
+
+def test_ag2_tool_runs_are_steps_and_the_next_model_call_is_never_sent(
+    ag2: FrameworkApp, llm: FakeLLMServer
+) -> None:
+    result, done = ag2.run(VERONICA_MAX_STEPS="4")
+    # Model, tool, model, tool: both tools ran, and the 5th step (a model call) is never sent.
+    assert done.stdout.count("tool ran ") == 2, done.stdout
+    assert llm.stats() == {"total": 2, "routes": {CHAT: 2}}, done.stderr[-2000:]
+    assert result["how"] == "itself" and result["reason"] == "steps", result
+
+
+def test_ag2_agents_get_their_limits_from_the_policy_file(
+    ag2: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    # The critic is bounded by its table, the planner by the file's [limits] only.
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[limits]\nmax_steps = 100\n\n[agents."critic"]\nmax_steps = 2\n')
+    result, done = ag2.run("team", VERONICA_POLICY_FILE=str(policy))
+    assert result["raised"] is None, (result, done.stderr[-2000:])
+    assert _sent_with(llm, "You reject plans.") == 2
+    assert _sent_with(llm, "You write plans.") == 4
+    assert done.stdout.count("critic ok") == 2
+    assert done.stdout.count("critic stopped: BudgetExceededError critic") == 2
+    assert done.stdout.count("planner ok") == 4
+
+
+def _sent_with(server: FakeLLMServer, prompt: str) -> int:
+    return sum(
+        1
+        for r in server.requests
+        if r.path == CHAT and any(prompt in str(m.get("content")) for m in r.body["messages"])
+    )
 
 
 def test_dspy_react_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:

@@ -67,6 +67,7 @@ def environment(llm: FakeLLMServer, **env: str) -> dict[str, str]:
         OTEL_METRICS_EXPORTER="none",
         OTEL_LOGS_EXPORTER="none",
         OTEL_TRACES_EXPORTER="none",
+        **_venvs.plain_http_tls(),
     )
     environ.update(env)
     return environ
@@ -261,27 +262,29 @@ PEER_RUNS = [
 
 
 @pytest.fixture(scope="module")
-def peer_runs(peers: Path) -> Iterator[PeerRuns]:
-    """Each peer in each order: one process each, serving both limits one after the other."""
+def peer_runs(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerRuns]:
+    """Each peer in each order: one process each, serving both limits one after the other.
+
+    The processes are forked from one that imported openai, the SDK, ours and
+    the peers' modules (``real_install_agent.py peers``): each instruments in
+    its own order after the fork, as a process of its own would.
+    """
+    folder = tmp_path_factory.mktemp("peer-runs")
+    runs = [f"{name}:{order}" for name, order in PEER_RUNS]
     with FakeLLMServer(output_tokens=10) as llm:
-        runs = {
-            key: subprocess.Popen(
-                [str(peers / "bin" / "python"), str(AGENT), "peer", *key],
-                env=environment(llm, OTEL_SDK_DISABLED="false"),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for key in PEER_RUNS
+        done = subprocess.run(
+            [str(peers / "bin" / "python"), str(AGENT), "peers", str(folder), *runs],
+            env=environment(llm, OTEL_SDK_DISABLED="false"),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+        outputs = {
+            key: ((folder / f"{run}.out").read_text(), (folder / f"{run}.err").read_text())
+            for key, run in zip(PEER_RUNS, runs, strict=True)
         }
-        outputs = {}
-        try:
-            for key, proc in runs.items():
-                outputs[key] = proc.communicate(timeout=TIMEOUT)
-        finally:
-            for proc in runs.values():
-                proc.kill()
-                proc.communicate()
+        assert done.returncode == 0, (done.stderr[-3000:], outputs)
         yield outputs, [r.headers.get("x-limit", "") for r in llm.requests if r.path == CHAT]
 
 

@@ -60,7 +60,7 @@ def report(request: pytest.FixtureRequest) -> dict[str, Any]:
         text=True,
         timeout=TIMEOUT,
         cwd=root,  # not the clone: the installed copy is what is imported
-        env={"PATH": str(root / "bin"), "HOME": str(Path.home())},
+        env={"PATH": str(root / "bin"), "HOME": str(Path.home()), **_venvs.plain_http_tls()},
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -180,6 +180,7 @@ def test_zero_code_contains_an_unchanged_openai_2_app(report: dict[str, Any]) ->
                 "OTEL_METRICS_EXPORTER": "none",
                 "OTEL_LOGS_EXPORTER": "none",
                 "VERONICA_MAX_STEPS": "2",
+                **_venvs.plain_http_tls(),
             },
             check=False,
         )

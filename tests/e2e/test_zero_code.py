@@ -2,6 +2,14 @@
 
 The script, the SDK and the HTTP traffic are real; the LLM is the embedded
 fake server, whose request count is the ground truth of what was sent.
+
+What start-up itself does with the environment (the limits, a malformed
+value, a configurator that fails) is tested in a process of its own per
+test. The tests that vary only the limits, the pools (``VERONICA_POOLS``),
+the policy file and the script run as scenarios
+of one zero-code process (``apps/unchanged_scripts.py``, a
+:class:`FrameworkApp`): each in a process forked from it after openai's
+import, its default chain built from its own ``VERONICA_*`` variables.
 """
 
 from __future__ import annotations
@@ -12,14 +20,30 @@ from pathlib import Path
 
 import pytest
 
-from tests._zero_code import UNCHANGED_AGENT, run_instrumented
-from veronica_otel.testing import FakeLLMServer, ScriptedReply
+from tests._zero_code import UNCHANGED_AGENT, printed, run_instrumented, script_scenarios
+from tests.e2e._frameworks import FrameworkApp
+from veronica_otel.testing import FakeLLMServer
+
+APPS = Path(__file__).parent / "apps"
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def module_server() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(output_tokens=10) as srv:
+        yield srv
 
 
 @pytest.fixture
-def server() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer(output_tokens=10) as srv:
-        yield srv
+def server(module_server: FakeLLMServer) -> FakeLLMServer:
+    module_server.reset()  # counts from this test's run alone
+    return module_server
+
+
+@pytest.fixture(scope="module")
+def scripts(module_server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with script_scenarios(module_server) as app:
+        yield app
 
 
 def run_app(server: FakeLLMServer, **env: str) -> subprocess.CompletedProcess[str]:
@@ -35,44 +59,33 @@ def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None
     assert server.count("/v1/chat/completions") == 3
 
 
-def test_unchanged_mcp_agent_trips_at_exactly_max_steps(server: FakeLLMServer) -> None:
-    # The distro patches the mcp client when the app imports it: no code, no entry point.
-    agent = Path(__file__).parent / "apps" / "unchanged_mcp_agent.py"
-    result = run_instrumented(agent, server, VERONICA_MAX_STEPS="3")
-    assert result.returncode != 0
-    assert result.stdout.splitlines() == [f"step {i} ok" for i in range(3)]
-    assert "steps limit reached" in result.stderr
-
-
-def test_unchanged_langchain_tools_trip_at_exactly_max_steps(server: FakeLLMServer) -> None:
-    # The distro patches BaseTool when the app imports langchain_core.
-    app = Path(__file__).parent / "apps" / "unchanged_langchain_tools.py"
-    result = run_instrumented(app, server, VERONICA_MAX_STEPS="3")
-    assert result.returncode != 0
-    assert result.stdout.splitlines() == [f"step {i} ok" for i in range(3)]
-    assert "BudgetExceededError" in result.stderr
-
-
-def test_unchanged_ag2_agent_is_stopped_with_its_tool_runs_counted(
-    server: FakeLLMServer,
+def test_unchanged_mcp_agent_trips_at_exactly_max_steps(
+    scripts: FrameworkApp, server: FakeLLMServer
 ) -> None:
-    server.set_responder(lambda request: ScriptedReply.tool_call("count", {"n": 1}))
-    app = Path(__file__).parent / "apps" / "unchanged_ag2_agent.py"
-    result = run_instrumented(app, server, VERONICA_MAX_STEPS="4")
-    assert result.returncode != 0
-    # model, tool, model, tool: the 5th step (a model call) is never sent.
-    assert result.stdout.splitlines() == ["tool ran 1"] * 2
-    assert server.count("/v1/chat/completions") == 2
-    assert "BudgetExceededError" in result.stderr
+    # The distro patches the mcp client when the app imports it: no code, no entry point.
+    agent = APPS / "unchanged_mcp_agent.py"
+    result, done = scripts.run(str(agent), VERONICA_MAX_STEPS="3")
+    assert printed(done) == [f"step {i} ok" for i in range(3)], done.stderr[-2000:]
+    assert result["reason"] == "steps", result  # ours, raised or inside the task group's
 
 
-def test_cost_ceiling_from_env(server: FakeLLMServer) -> None:
+def test_unchanged_langchain_tools_trip_at_exactly_max_steps(
+    scripts: FrameworkApp, server: FakeLLMServer
+) -> None:
+    # The distro patches BaseTool when the app imports langchain_core.
+    app = APPS / "unchanged_langchain_tools.py"
+    result, done = scripts.run(str(app), VERONICA_MAX_STEPS="3")
+    assert printed(done) == [f"step {i} ok" for i in range(3)], done.stderr[-2000:]
+    assert result["raised"] == "BudgetExceededError" and result["reason"] == "steps", result
+
+
+def test_cost_ceiling_from_env(scripts: FrameworkApp, server: FakeLLMServer) -> None:
     # Each call reserves (clamped) the whole remaining budget, so a tiny ceiling
     # admits calls only while what is left can still buy an answer.
-    result = run_app(server, VERONICA_MAX_COST_USD="0.0000001")
-    assert result.returncode != 0
-    assert "BudgetExceededError" in result.stderr
-    assert server.count("/v1/chat/completions") == 0
+    result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_MAX_COST_USD="0.0000001")
+    assert result["raised"] == "BudgetExceededError" and result["reason"] == "cost", result
+    assert printed(done) == []
+    assert server.count(CHAT) == 0
 
 
 def test_enforcement_holds_when_the_exporter_configuration_fails(server: FakeLLMServer) -> None:
@@ -94,18 +107,84 @@ def test_malformed_env_fails_closed_naming_the_variable(server: FakeLLMServer) -
     assert server.count("/v1/chat/completions") == 0
 
 
-def test_no_limits_set_runs_everything(server: FakeLLMServer) -> None:
-    result = run_app(server)
-    assert result.returncode == 0, result.stderr
-    assert server.count("/v1/chat/completions") == 5
+def test_no_limits_set_runs_everything(scripts: FrameworkApp, server: FakeLLMServer) -> None:
+    result, done = scripts.run(str(UNCHANGED_AGENT))
+    assert result["raised"] is None and done.returncode == 0, (result, done.stderr[-2000:])
+    assert printed(done) == [f"step {i} ok" for i in range(5)]
+    assert server.count(CHAT) == 5
 
 
-def test_the_zero_code_example_runs_as_its_readme_says(server: FakeLLMServer) -> None:
+def test_the_zero_code_example_runs_as_its_readme_says(
+    scripts: FrameworkApp, server: FakeLLMServer
+) -> None:
     example = Path(__file__).parents[2] / "examples" / "zero_code" / "agent.py"
-    result = run_instrumented(example, server, VERONICA_MAX_STEPS="5", VERONICA_MAX_COST_USD="0.01")
-    assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
-        f"round {i}" for i in range(5)
-    ]
-    assert "steps limit reached (limit 5, this call would make it 6)" in result.stderr
-    assert server.count("/v1/chat/completions") == 5
+    result, done = scripts.run(str(example), VERONICA_MAX_STEPS="5", VERONICA_MAX_COST_USD="0.01")
+    assert [line.split(":")[0] for line in printed(done)] == [f"round {i}" for i in range(5)]
+    assert result["raised"] == "BudgetExceededError", result
+    assert "steps limit reached (limit 5, this call would make it 6)" in result["message"]
+    assert server.count(CHAT) == 5
     assert all("max_completion_tokens" in r.body for r in server.requests)  # clamped
+
+
+# -- VERONICA_POOLS: the default chain joins the pools the variable names
+
+
+def pools_policy(tmp_path: Path) -> str:
+    path = tmp_path / "policy.toml"
+    path.write_text(
+        "[limits]\nmax_steps = 100\n"
+        '[pools."tenant:acme"]\nmax_steps = 3\nwindow = "1d"\n'
+        '[pools."user:alice"]\nmax_steps = 50\n',
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+def test_the_default_chain_stops_at_the_pool_the_variable_names(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+) -> None:
+    result, done = scripts.run(
+        str(UNCHANGED_AGENT),
+        VERONICA_POLICY_FILE=pools_policy(tmp_path),
+        VERONICA_POOLS="tenant:acme,user:alice",
+    )
+    assert server.count(CHAT) == 3
+    assert printed(done) == [f"step {i} ok" for i in range(3)], done.stderr[-2000:]
+    assert result["raised"] == "BudgetExceededError", result
+    assert "pool tenant:acme" in result["message"], result
+
+
+def test_a_pool_the_file_does_not_define_refuses_every_call(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+) -> None:
+    result, done = scripts.run(
+        str(UNCHANGED_AGENT),
+        VERONICA_POLICY_FILE=pools_policy(tmp_path),
+        VERONICA_POOLS="tenant:acme,tenant:bob",
+    )
+    assert server.count(CHAT) == 0
+    assert printed(done) == [] and result["raised"] is not None, result
+    assert "VERONICA_POOLS: pool 'tenant:bob' is not defined" in done.stderr
+
+
+# -- a hostile policy file: every call refused, naming the variable and the file
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        ("deep.toml", "x = " + "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("huge.toml", "[limits]\nmax_steps = " + "9" * 5000 + "\n", "too many digits"),
+    ],
+)
+def test_a_hostile_policy_file_refuses_every_call_naming_the_variable_and_file(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path, name: str, text: str, problem: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_POLICY_FILE=str(path))
+    assert printed(done) == []  # not one step ran uncontained
+    assert server.count(CHAT) == 0
+    assert f"policy file {path} (VERONICA_POLICY_FILE): cannot be loaded" in done.stderr
+    assert problem in done.stderr
+    assert result["raised"] == "PolicyFileError", result  # what the app's call raised

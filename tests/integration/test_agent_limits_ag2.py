@@ -73,19 +73,3 @@ async def test_an_ag2_agent_stops_at_its_policy_file_limit_while_the_other_goes_
     assert sent_with(server, "You write plans.") == 5
     assert [e.agent for e in denied] == ["critic"] * 3
     assert denied[0].reason == "steps" and denied[0].limit == 2
-
-
-def test_zero_code_ag2_agents_get_their_limits_from_the_policy_file(tmp_path: Path) -> None:
-    from tests._zero_code import run_instrumented
-
-    path = tmp_path / "policy.toml"
-    path.write_text('[limits]\nmax_steps = 100\n\n[agents."critic"]\nmax_steps = 2\n')
-    app = Path(__file__).parent / "apps" / "unchanged_ag2_team.py"
-    with FakeLLMServer(output_tokens=3) as fake:
-        result = run_instrumented(app, fake, VERONICA_POLICY_FILE=str(path))
-        assert result.returncode == 0, result.stderr
-        assert sent_with(fake, "You reject plans.") == 2
-        assert sent_with(fake, "You write plans.") == 4
-    assert result.stdout.count("critic ok") == 2
-    assert result.stdout.count("critic stopped: BudgetExceededError critic") == 2
-    assert result.stdout.count("planner ok") == 4

@@ -9,13 +9,22 @@ steps, its four calls made in a thread pool. ``... peer NAME ORDER
 (3), then six in one limited by cost (or only the LIMITs named): one process
 serves both limits (importing openai and a
 peer costs more than the calls), each limit's requests marked with an
-``x-limit`` header so the server counts them apart.
+``x-limit`` header so the server counts them apart. ``... peers FOLDER
+NAME:ORDER...``: each ``NAME:ORDER`` as ``peer NAME ORDER``, all at once, in
+processes forked from this one once openai, the SDK, ours and every peer's
+module are imported (not instrumented: each child instruments in its order),
+since importing them is most of what a run costs, and each ends as
+``frameworks/_report.py``'s scenarios do (threads and atexit handlers, not
+the teardown of what it inherited); each run's stdout and
+stderr go to ``FOLDER/NAME:ORDER.out`` and ``.err``, and this process exits
+with the number of runs that failed.
 Each call prints ``step N ok`` or ``step N refused: <error>`` (in the peer
 mode after ``steps: `` or ``cost: ``, which then also prints
 ``<limit>: spans: {"ours": N, "theirs": M}``, the CLIENT spans made).
 """
 
 import json
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -103,11 +112,39 @@ def peer(name: str, order: str, *only: str) -> None:
         print(f"{limit}: spans:", json.dumps({"ours": len(ours), "theirs": theirs}), flush=True)
 
 
+def peers(folder: str, *runs: str) -> int:
+    import openlit  # noqa: F401
+    import opentelemetry.instrumentation.openai
+    import opentelemetry.instrumentation.openai_v2
+    import opentelemetry.sdk.trace  # noqa: F401
+    from frameworks._report import exit_as_the_interpreter_does
+
+    import veronica_otel.instrumentors.openai  # noqa: F401
+
+    children = []
+    for run in runs:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            for fd, suffix in ((1, "out"), (2, "err")):
+                path = os.path.join(folder, f"{run}.{suffix}")
+                target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(target, fd)
+                os.close(target)
+            peer(*run.split(":"))
+            exit_as_the_interpreter_does()  # its threads and atexit handlers, no teardown
+        children.append(pid)
+    return sum(os.waitpid(pid, 0)[1] != 0 for pid in children)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "plain"
     if mode == "threads":
         threads()
     elif mode == "peer":
         peer(*sys.argv[2:])
+    elif mode == "peers":
+        sys.exit(peers(*sys.argv[2:]))
     else:
         plain()

@@ -14,14 +14,21 @@ builds the default chain from it as zero code's start-up does
 (``install_zero_code``), runs the scenario, prints its RESULT and exits the
 normal way; once it is gone the parent prints ``DONE <wait status>``. The
 parent makes no call of its own, so what the server counted when DONE comes
-is what that one process sent.
+is what that one process sent. Before serving, the parent imports what a
+run would otherwise import in every child (:data:`WARM`: the SDKs the
+frameworks import on their first call, the price data on ours), as each
+import is most of a scenario's CPU; it calls nothing.
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib
+import importlib.util
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -76,12 +83,32 @@ def report(result: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+# Imported by the first call of a run, not by the frameworks' own import:
+# openai's chat and Responses resources (and the httpx2 it may use), and the
+# price data our pricing reads.
+WARM = (
+    "openai.resources.chat",
+    "openai.resources.responses",
+    "httpx2",
+    "genai_prices.data",
+    "genai_prices.data_snapshot",
+    "genai_prices.types",
+)
+
+
+def _warm(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        if importlib.util.find_spec(name.split(".", 1)[0]) is not None:  # installed here
+            importlib.import_module(name)
+
+
 def run(main: Callable[[], object] | Mapping[str, Callable[[], object]]) -> None:
     """Run ``main``, or the scenario named by ``argv[1]``; or serve scenarios (see above)."""
     mains = main if isinstance(main, Mapping) else {"": main}
     if os.environ.get("FRAMEWORK_SCENARIOS") != "1":
         report(ended(mains[sys.argv[1] if len(sys.argv) > 1 else ""]))
         return
+    _warm(WARM)
     for line in sys.stdin:
         scenario = json.loads(line)
         sys.stdout.flush()
@@ -103,4 +130,24 @@ def _in_child(main: Callable[[], object], env: Mapping[str, str | None]) -> None
 
     install_zero_code()  # the default chain from this scenario's VERONICA_* variables
     report(ended(main))
-    raise SystemExit(0)  # the interpreter's own exit: what it does at exit is counted too
+    exit_as_the_interpreter_does()
+
+
+def exit_as_the_interpreter_does(status: int = 0) -> None:
+    """End a forked child with what the interpreter's exit does that a run is counted by.
+
+    Its other (non-daemon) threads are waited for, its ``atexit`` handlers run
+    (an exporter's flush, a ledger's close) and its output is flushed, so what
+    is sent at exit is counted too. Then ``os._exit``: the teardown of every
+    module and object that would follow, in a process forked after a
+    framework's import, touches (and so copies) most of its memory, which cost
+    about 1 CPU-second per scenario, several times the run itself.
+    """
+    # The interpreter's own first two steps of exit (Py_FinalizeEx): threading's
+    # exit hooks (thread pools told to stop) and the non-daemon threads joined,
+    # then the atexit handlers.
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
