@@ -9,15 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aiobotocore.endpoint
-import aiobotocore.session
-import boto3
-import botocore.client
-import botocore.endpoint
 import pytest
 import pytest_asyncio
-from botocore.config import Config
-from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -65,6 +58,9 @@ class Backoff:
 
 @pytest.fixture
 def backoff(monkeypatch: pytest.MonkeyPatch) -> Backoff:
+    import aiobotocore.session
+    import botocore.endpoint
+
     fake = Backoff()
     monkeypatch.setattr(botocore.endpoint, "time", fake)
     monkeypatch.setattr(aiobotocore.endpoint.AioEndpoint, "_sleep", fake.asleep)
@@ -86,6 +82,9 @@ def server() -> Iterator[FakeLLMServer]:
 
 
 def _client(url: str, service: str = "bedrock-runtime", **retries: Any) -> Any:
+    import boto3
+    from botocore.config import Config
+
     config = Config(retries=retries or {"mode": "standard", "max_attempts": 1})
     return boto3.client(
         service,
@@ -108,6 +107,9 @@ def runtime(server: FakeLLMServer, instrumented: BedrockInstrumentor, backoff: B
 async def aruntime(
     server: FakeLLMServer, instrumented: BedrockInstrumentor, backoff: Backoff
 ) -> AsyncIterator[Any]:
+    import aiobotocore.session
+    from botocore.config import Config
+
     session = aiobotocore.session.get_session()
     async with session.create_client(
         "bedrock-runtime",
@@ -307,6 +309,8 @@ def test_unboundable_endpoints_are_refused_under_a_ceiling(
 def test_other_aws_services_pass_uncounted(
     server: FakeLLMServer, instrumented: BedrockInstrumentor
 ) -> None:
+    from botocore.exceptions import ClientError
+
     client = _client(server.base_url, "dynamodb")
     try:
         with (
@@ -368,6 +372,8 @@ def test_a_retry_over_the_limit_raises_our_error_unsent(
 
 
 def test_http_error_costs_nothing_and_the_step_counts(server: FakeLLMServer, runtime: Any) -> None:
+    from botocore.exceptions import ClientError
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -382,6 +388,8 @@ def test_http_error_costs_nothing_and_the_step_counts(server: FakeLLMServer, run
 def test_connection_refused_costs_nothing(
     instrumented: BedrockInstrumentor, backoff: Backoff
 ) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed when the block ends: nothing listens
@@ -401,6 +409,10 @@ def test_connection_refused_costs_nothing(
 def test_timeout_after_the_send_costs_the_reservation(
     server: FakeLLMServer, instrumented: BedrockInstrumentor
 ) -> None:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ReadTimeoutError
+
     server.set_latency(1.0)
     client = boto3.client(
         "bedrock-runtime",
@@ -498,6 +510,9 @@ async def test_async_retries_are_drawn_through_aiohttp(
 def test_a_version_outside_the_range_fails_closed_for_bedrock_only(
     server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import botocore.endpoint
+    from botocore.exceptions import ClientError
+
     original = botocore.client.BaseClient.__dict__["_make_api_call"]
     real = hooks_module.version
     monkeypatch.setattr(
@@ -522,6 +537,8 @@ def test_a_version_outside_the_range_fails_closed_for_bedrock_only(
 
 
 def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
+    import botocore.endpoint
+
     original = botocore.client.BaseClient.__dict__["_make_api_call"]
     instrumentor = BedrockInstrumentor()
     instrumentor.instrument()

@@ -12,13 +12,11 @@ import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import cohere
 import httpx
 import pytest
 import pytest_asyncio
-from cohere.core import http_client
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -31,6 +29,9 @@ from veronica_otel.instrumentors import InstrumentationError
 from veronica_otel.instrumentors import _hooks as hooks_module
 from veronica_otel.instrumentors.cohere import CohereInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import cohere
 
 MODEL = "command-a-03-2025"
 MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
@@ -77,6 +78,8 @@ def server() -> Iterator[FakeLLMServer]:
 
 @pytest.fixture
 def client(server: FakeLLMServer, instrumented: CohereInstrumentor) -> Iterator[cohere.ClientV2]:
+    import cohere
+
     with httpx.Client() as http:
         yield cohere.ClientV2(
             api_key="k", base_url=server.base_url, httpx_client=http, max_retries=0
@@ -87,6 +90,8 @@ def client(server: FakeLLMServer, instrumented: CohereInstrumentor) -> Iterator[
 async def aclient(
     server: FakeLLMServer, instrumented: CohereInstrumentor
 ) -> AsyncIterator[cohere.AsyncClientV2]:
+    import cohere
+
     async with httpx.AsyncClient() as http:
         yield cohere.AsyncClientV2(
             api_key="k", base_url=server.base_url, httpx_client=http, max_retries=0
@@ -110,6 +115,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 @pytest.fixture
 def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The SDK's retry sleeps, recorded instead of slept."""
+    from cohere.core import http_client
+
     slept: list[float] = []
 
     class _Time:
@@ -165,6 +172,8 @@ def test_stream_commits_the_message_end_usage(
 
 
 def test_v1_chat_and_its_stream(server: FakeLLMServer, instrumented: CohereInstrumentor) -> None:
+    import cohere
+
     model = "command-r-plus-08-2024"
     with httpx.Client() as http, ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
         v1 = cohere.Client(api_key="k", base_url=server.base_url, httpx_client=http)
@@ -294,6 +303,8 @@ def test_stream_cut_by_the_deadline_keeps_partial_text(
 def test_sdk_retries_are_drawn_from_the_chain(
     server: FakeLLMServer, instrumented: CohereInstrumentor, backoffs: list[float]
 ) -> None:
+    import cohere
+
     server.fail_next(2, status=503)
     with httpx.Client() as http, ExecutionContext(ExecutionConfig(max_retries_total=5)) as ctx:
         co = cohere.ClientV2(api_key="k", base_url=server.base_url, httpx_client=http)
@@ -307,6 +318,8 @@ def test_sdk_retries_are_drawn_from_the_chain(
 async def test_sdk_retries_stop_at_max_retries_total(
     server: FakeLLMServer, instrumented: CohereInstrumentor, backoffs: list[float]
 ) -> None:
+    import cohere
+
     server.fail_next(10, status=429)
     async with httpx.AsyncClient() as http:
         co = cohere.AsyncClientV2(api_key="k", base_url=server.base_url, httpx_client=http)
@@ -324,6 +337,8 @@ async def test_sdk_retries_stop_at_max_retries_total(
 def test_connection_refused_is_released(
     instrumented: CohereInstrumentor, backoffs: list[float]
 ) -> None:
+    import cohere
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -341,6 +356,8 @@ def test_connection_refused_is_released(
 def test_http_error_costs_nothing_and_counts_the_step(
     server: FakeLLMServer, client: cohere.ClientV2
 ) -> None:
+    import cohere
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -352,6 +369,8 @@ def test_http_error_costs_nothing_and_counts_the_step(
 
 
 def test_stream_http_error_costs_nothing(server: FakeLLMServer, client: cohere.ClientV2) -> None:
+    import cohere
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -364,6 +383,8 @@ def test_stream_http_error_costs_nothing(server: FakeLLMServer, client: cohere.C
 def test_timeout_after_sending_commits_the_reservation(
     server: FakeLLMServer, instrumented: CohereInstrumentor
 ) -> None:
+    import cohere
+
     server.set_latency(2.0)
     with (
         httpx.Client(timeout=0.2) as http,
@@ -382,6 +403,9 @@ def test_timeout_after_sending_commits_the_reservation(
 
 
 def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
+    import cohere
+    from cohere.core import http_client
+
     hooked = [
         (owner, name)
         for owner in (http_client.HttpClient, http_client.AsyncHttpClient)
@@ -407,6 +431,8 @@ def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
 def test_a_version_outside_the_range_fails_closed(
     server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import cohere
+
     real = hooks_module.version
     monkeypatch.setattr(
         hooks_module, "version", lambda name: "8.0.0" if name == "cohere" else real(name)
