@@ -160,9 +160,35 @@ _ONE_WORKER = {
     "tests/e2e/test_real_installs.py::test_each_peer_in_either_order_leaves_every_limit_exact": (
         "real_installs_peers"
     ),
-    # modules that import a heavy library in the worker (litellm: ~4 CPU-s a worker):
+    # Modules whose tests import an SDK in the worker (none imports one at its top, so a
+    # worker that runs none of their tests never imports it). litellm (~4 CPU-s a worker)
+    # and the SDKs test_counted_once also imports (google-genai, mistralai, cohere, boto3,
+    # ollama: ~3 together):
     "tests/integration/test_litellm_instrumentor.py": "litellm",
     "tests/integration/test_counted_once.py": "litellm",
+    "tests/integration/test_google_genai_instrumentor.py": "litellm",
+    "tests/integration/test_google_genai_live.py": "litellm",
+    "tests/integration/test_mistralai_instrumentor.py": "litellm",
+    "tests/integration/test_cohere_instrumentor.py": "litellm",
+    "tests/integration/test_bedrock_instrumentor.py": "litellm",
+    "tests/integration/test_ollama_instrumentor.py": "litellm",
+    # anthropic (~1.5 CPU-s), LangChain and LangGraph (~1.4), mcp (~0.8), groq:
+    "tests/unit/test_endpoint_table.py": "anthropic",  # each SDK's resources walked once
+    "tests/integration/test_anthropic_instrumentor.py": "anthropic",
+    "tests/integration/test_failure_paths_anthropic.py": "anthropic",
+    "tests/integration/test_billable_endpoints.py": "anthropic",
+    "tests/integration/test_deployment_model_ids.py": "anthropic",
+    "tests/integration/test_every_send_counts.py": "anthropic",
+    "tests/integration/test_utilisation.py": "anthropic",
+    "tests/integration/test_worst_case.py": "anthropic",
+    "tests/integration/test_threads_by_default.py": "anthropic",
+    "tests/integration/test_fake_server.py": "anthropic",
+    "tests/integration/test_sdk_drift.py": "anthropic",
+    "tests/integration/test_runaway_server.py": "anthropic",
+    "tests/integration/test_langchain.py": "anthropic",
+    "tests/integration/test_langgraph_nodes.py": "anthropic",
+    "tests/integration/test_mcp_instrumentor.py": "anthropic",
+    "tests/integration/test_groq_instrumentor.py": "anthropic",
 }
 
 
