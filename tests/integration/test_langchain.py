@@ -9,24 +9,33 @@ nothing sent or run after it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Annotated, Any
 
 import pytest
 import wrapt
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+from langchain_core.tools import base as tools_base
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt import tool_node as tool_node_module
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
+from veronica_otel.instrumentors.langchain import (
+    ContainedRunnable,
+    LangChainInstrumentor,
+    contain,
+)
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer, RecordedRequest, ScriptedReply
-
-if TYPE_CHECKING:
-    from langchain_core.tools import BaseTool
-    from langchain_openai import ChatOpenAI
-
-    from veronica_otel.instrumentors.langchain import LangChainInstrumentor
 
 MODEL = "gpt-4o-mini"
 QUESTION = {"messages": [{"role": "user", "content": "Count for me."}]}
@@ -48,8 +57,6 @@ def server() -> Iterator[FakeLLMServer]:
 
 @pytest.fixture
 def instrumented() -> Iterator[LangChainInstrumentor]:
-    from veronica_otel.instrumentors.langchain import LangChainInstrumentor
-
     openai_instrumentor = OpenAIInstrumentor()
     openai_instrumentor.instrument()
     instrumentor = LangChainInstrumentor()
@@ -66,21 +73,28 @@ def counter() -> Counter:
 
 @pytest.fixture
 def count_tool(counter: Counter) -> BaseTool:
-    from tests.integration._langchain_tools import counting_tool
+    @tool
+    def count(n: int) -> str:
+        """Count to n."""
+        counter.calls.append(n)
+        return f"counted to {n}"
 
-    return counting_tool(counter.calls)
+    return count
 
 
 @pytest.fixture
 def acount_tool(counter: Counter) -> BaseTool:
-    from tests.integration._langchain_tools import async_counting_tool
+    @tool
+    async def count(n: int) -> str:
+        """Count to n."""
+        await asyncio.sleep(0)
+        counter.calls.append(n)
+        return f"counted to {n}"
 
-    return async_counting_tool(counter.calls)
+    return count
 
 
 def _model(server: FakeLLMServer) -> ChatOpenAI:
-    from langchain_openai import ChatOpenAI
-
     return ChatOpenAI(model=MODEL, base_url=server.openai_base_url, api_key="test", max_retries=0)
 
 
@@ -110,8 +124,6 @@ def test_steps_ceiling_stops_the_agent(
     counter: Counter,
     span_exporter: InMemorySpanExporter,
 ) -> None:
-    from langchain.agents import create_agent
-
     server.set_responder(_keep_counting)
     agent = create_agent(_model(server), [count_tool])
     with (
@@ -133,11 +145,12 @@ def test_steps_ceiling_stops_the_agent(
 def test_same_tool_with_same_arguments_trips_loop(
     server: FakeLLMServer, instrumented: LangChainInstrumentor, counter: Counter
 ) -> None:
-    from langchain.agents import create_agent
+    @tool
+    def count(n: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Count to n."""
+        counter.calls.append(n)
+        return f"counted to {n} ({tool_call_id})"
 
-    from tests.integration._langchain_tools import counting_tool_with_call_id
-
-    count = counting_tool_with_call_id(counter.calls)
     # The same arguments every time; the injected call id differs, and must not count.
     server.set_responder(lambda request: ScriptedReply.tool_call("count", {"n": 7}))
     agent = create_agent(_model(server), [count])
@@ -158,8 +171,6 @@ async def test_ainvoke_is_contained(
     acount_tool: BaseTool,
     counter: Counter,
 ) -> None:
-    from langchain.agents import create_agent
-
     server.set_responder(_keep_counting)
     agent = create_agent(_model(server), [acount_tool])
     with pytest.raises(BudgetExceededError) as caught:
@@ -185,11 +196,7 @@ async def test_a_sync_tool_on_the_async_path_is_contained(
 def test_a_tool_node_that_handles_all_errors_does_not_swallow_a_denial(
     instrumented: LangChainInstrumentor, count_tool: BaseTool, counter: Counter
 ) -> None:
-    from langchain_core.messages import AIMessage, ToolMessage
-
-    from tests.integration._langchain_tools import failing_tool, tool_graph
-
-    node = tool_graph(count_tool)
+    node = _tool_graph(count_tool)
 
     def ask(n: int) -> dict[str, Any]:
         call = {"name": "count", "args": {"n": n}, "id": f"call_{n}", "type": "tool_call"}
@@ -202,20 +209,36 @@ def test_a_tool_node_that_handles_all_errors_does_not_swallow_a_denial(
             node.invoke(ask(2))
     assert counter.calls == [1]
     # The tool's own errors are still handed to the model, as configured.
-    broken = tool_graph(failing_tool(ValueError("bad input")))
+    broken = _tool_graph(_failing_tool(ValueError("bad input")))
     with ExecutionContext(ExecutionConfig(max_steps=5)):
         call = {"name": "fail", "args": {}, "id": "c", "type": "tool_call"}
         message = broken.invoke({"messages": [AIMessage("", tool_calls=[call])]})["messages"][-1]
     assert message.status == "error" and "bad input" in str(message.content)
 
 
+def _tool_graph(*tools: BaseTool) -> Any:
+    """A graph of one ToolNode that hands every tool error to the model."""
+    graph = StateGraph(MessagesState)
+    graph.add_node("tools", ToolNode(list(tools), handle_tool_errors=True))
+    graph.add_edge(START, "tools")
+    graph.add_edge("tools", END)
+    return graph.compile()
+
+
+def _failing_tool(error: Exception) -> BaseTool:
+    @tool
+    def fail() -> str:
+        """Always fails."""
+        raise error
+
+    return fail
+
+
 def test_user_errors_pass_through_unchanged(
     instrumented: LangChainInstrumentor, span_exporter: InMemorySpanExporter
 ) -> None:
-    from tests.integration._langchain_tools import failing_tool
-
     error = KeyError("mine")
-    failing = failing_tool(error)
+    failing = _failing_tool(error)
     with ExecutionContext(ExecutionConfig(max_steps=5)) as ctx, pytest.raises(KeyError) as caught:
         failing.invoke({})
     assert caught.value is error
@@ -256,12 +279,6 @@ def test_suppressed_instrumentation_records_no_span_but_still_contains(
 def test_instrument_is_idempotent_and_uninstrument_restores(
     count_tool: BaseTool, counter: Counter
 ) -> None:
-    from langchain_core.tools import BaseTool
-    from langchain_core.tools import base as tools_base
-    from langgraph.prebuilt import tool_node as tool_node_module
-
-    from veronica_otel.instrumentors.langchain import LangChainInstrumentor
-
     originals = {name: vars(BaseTool)[name] for name in ("run", "arun")}
     instrumentor = LangChainInstrumentor()
     assert instrumentor.instrumentation_dependencies() == ("langchain-core >= 1.0, < 2",)
@@ -294,11 +311,6 @@ def test_contain_gives_each_run_its_own_budget(
     count_tool: BaseTool,
     counter: Counter,
 ) -> None:
-    from langchain.agents import create_agent
-    from langchain_core.runnables import Runnable
-
-    from veronica_otel.instrumentors.langchain import ContainedRunnable, contain
-
     server.set_responder(_count_once)
     agent = contain(create_agent(_model(server), [count_tool]), ExecutionConfig(max_steps=3))
     assert isinstance(agent, ContainedRunnable) and isinstance(agent, Runnable)
@@ -322,10 +334,6 @@ async def test_contain_async_runs(
     acount_tool: BaseTool,
     counter: Counter,
 ) -> None:
-    from langchain.agents import create_agent
-
-    from veronica_otel.instrumentors.langchain import contain
-
     server.set_responder(_count_once)
     agent = contain(create_agent(_model(server), [acount_tool]), ExecutionConfig(max_steps=3))
     await agent.ainvoke(QUESTION)
@@ -337,10 +345,6 @@ async def test_contain_async_runs(
 def test_contained_runs_inside_a_chain_are_its_children(
     server: FakeLLMServer, instrumented: LangChainInstrumentor, count_tool: BaseTool
 ) -> None:
-    from langchain.agents import create_agent
-
-    from veronica_otel.instrumentors.langchain import contain
-
     server.set_responder(_count_once)
     agent = contain(create_agent(_model(server), [count_tool]), ExecutionConfig(max_steps=10))
     with ExecutionContext(ExecutionConfig(max_steps=4)) as parent:
@@ -352,10 +356,6 @@ def test_contained_runs_inside_a_chain_are_its_children(
 
 
 def test_contain_checks_its_arguments() -> None:
-    from langchain_core.runnables import RunnableLambda
-
-    from veronica_otel.instrumentors.langchain import contain
-
     with pytest.raises(TypeError):
         contain(lambda x: x)  # type: ignore[arg-type]
     runnable = RunnableLambda(lambda x: x)
