@@ -155,16 +155,41 @@ _ONE_WORKER = {
     "tests/e2e/test_examples.py": "examples",  # each example run once, read by many tests
     "tests/e2e/test_zero_code.py": "zero_code",  # one zero-code process serves its scenarios
     "tests/integration/test_zero_code_redis.py": "zero_code_redis",  # likewise
-    # one worker imports ag2 (about 6 CPU-seconds each) or litellm:
-    "tests/integration/test_agent_limits_ag2.py": "ag2",
-    "tests/integration/test_ag2.py": "ag2",
     # a single test (every parametrisation of it) sharing its module fixture's runs:
     "tests/e2e/test_real_installs.py::test_each_peer_in_either_order_leaves_every_limit_exact": (
         "real_installs_peers"
     ),
-    # modules that import a heavy library in the worker (litellm: ~4 CPU-s a worker):
-    "tests/integration/test_litellm_instrumentor.py": "litellm",
-    "tests/integration/test_counted_once.py": "litellm",
+    # Modules whose tests import an SDK or framework in the worker (none imports one at its
+    # top, so a worker that runs none of their tests never imports it). ag2 (~3 CPU-s
+    # itself) imports anthropic, google-genai, mistralai, boto3, ollama and mcp too, so the
+    # other modules of those SDKs go with it, and litellm (~4 CPU-s):
+    "tests/integration/test_agent_limits_ag2.py": "ag2",
+    "tests/integration/test_ag2.py": "ag2",
+    "tests/integration/test_threads_by_default.py": "ag2",
+    "tests/integration/test_litellm_instrumentor.py": "ag2",
+    "tests/integration/test_counted_once.py": "ag2",
+    "tests/integration/test_google_genai_instrumentor.py": "ag2",
+    "tests/integration/test_google_genai_live.py": "ag2",
+    "tests/integration/test_mistralai_instrumentor.py": "ag2",
+    "tests/integration/test_cohere_instrumentor.py": "ag2",
+    "tests/integration/test_bedrock_instrumentor.py": "ag2",
+    "tests/integration/test_ollama_instrumentor.py": "ag2",
+    "tests/integration/test_billable_endpoints.py": "ag2",
+    "tests/integration/test_runaway_server.py": "ag2",
+    "tests/integration/test_mcp_instrumentor.py": "ag2",
+    # anthropic (~1.5 CPU-s), LangChain and LangGraph (~1.4), groq:
+    "tests/unit/test_endpoint_table.py": "anthropic",  # each SDK's resources walked once
+    "tests/integration/test_anthropic_instrumentor.py": "anthropic",
+    "tests/integration/test_failure_paths_anthropic.py": "anthropic",
+    "tests/integration/test_deployment_model_ids.py": "anthropic",
+    "tests/integration/test_every_send_counts.py": "anthropic",
+    "tests/integration/test_utilisation.py": "anthropic",
+    "tests/integration/test_worst_case.py": "anthropic",
+    "tests/integration/test_fake_server.py": "anthropic",
+    "tests/integration/test_sdk_drift.py": "anthropic",
+    "tests/integration/test_langchain.py": "anthropic",
+    "tests/integration/test_langgraph_nodes.py": "anthropic",
+    "tests/integration/test_groq_instrumentor.py": "anthropic",
 }
 
 

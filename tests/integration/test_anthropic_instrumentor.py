@@ -8,12 +8,10 @@ import gc
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pydantic
 import pytest
-from anthropic.types import MessageParam
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -33,6 +31,10 @@ from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import anthropic
+    from anthropic.types import MessageParam
 
 MODEL = "claude-3-5-haiku-latest"
 FALLBACK = "claude-3-haiku-20240307"
@@ -69,6 +71,8 @@ def server() -> Iterator[FakeLLMServer]:
 def client(
     server: FakeLLMServer, instrumented: AnthropicInstrumentor
 ) -> Iterator[anthropic.Anthropic]:
+    import anthropic
+
     with anthropic.Anthropic(
         base_url=server.anthropic_base_url, api_key="test", max_retries=0
     ) as claude:
@@ -123,6 +127,8 @@ def test_no_chain_passes_through(server: FakeLLMServer, client: anthropic.Anthro
 
 @pytest.mark.asyncio
 async def test_async_create(server: FakeLLMServer, instrumented: AnthropicInstrumentor) -> None:
+    import anthropic
+
     async with (
         anthropic.AsyncAnthropic(
             base_url=server.anthropic_base_url, api_key="test", max_retries=0
@@ -169,6 +175,8 @@ def test_stream_helper_sync(server: FakeLLMServer, client: anthropic.Anthropic) 
 async def test_stream_helper_and_raw_stream_async(
     server: FakeLLMServer, instrumented: AnthropicInstrumentor
 ) -> None:
+    import anthropic
+
     async with (
         anthropic.AsyncAnthropic(
             base_url=server.anthropic_base_url, api_key="test", max_retries=0
@@ -223,6 +231,8 @@ def test_count_tokens_is_free(server: FakeLLMServer, client: anthropic.Anthropic
 def test_user_errors_reraise_unchanged_and_release(
     server: FakeLLMServer, client: anthropic.Anthropic
 ) -> None:
+    import anthropic
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -291,6 +301,8 @@ def test_loop_denied_before_sending(server: FakeLLMServer, client: anthropic.Ant
 def test_circuit_open_denied_before_sending(
     server: FakeLLMServer, client: anthropic.Anthropic
 ) -> None:
+    import anthropic
+
     breaker = CircuitBreaker(failure_threshold=1, recovery_timeout=60.0, clock=lambda: 0.0)
     server.fail_next(1, status=500)
     with ExecutionContext(pipeline=PolicyPipeline([breaker])):
@@ -320,6 +332,8 @@ def test_unknown_model_denied_before_sending(
 def test_sdk_retries_are_counted(
     server: FakeLLMServer, instrumented: AnthropicInstrumentor
 ) -> None:
+    import anthropic
+
     server.fail_next(2, status=529, retry_after_ms=1)
     with (
         anthropic.Anthropic(
@@ -337,6 +351,8 @@ def test_sdk_retries_are_counted(
 def test_sdk_retries_cut_at_max_retries_total(
     server: FakeLLMServer, instrumented: AnthropicInstrumentor
 ) -> None:
+    import anthropic
+
     server.fail_next(10, status=500, retry_after_ms=1)
     with (
         anthropic.Anthropic(
@@ -390,6 +406,8 @@ def test_fallback_model_and_clamp_applied(
 def test_trip_after_admission_stops_the_send_and_gives_the_step_back(
     server: FakeLLMServer, instrumented: AnthropicInstrumentor
 ) -> None:
+    import anthropic
+
     def cancel_then_send(request: Any, call_next: Any) -> Any:
         ctx.cancel()  # the chain stops between admission and the HTTP send
         return call_next(request)
@@ -417,6 +435,8 @@ def test_an_admitted_call_is_sent_even_if_another_call_trips_the_chain(
     # Deterministic version of the race concurrent calls hit: this call is
     # admitted (step 1 of 1); before its send, another call is denied (a
     # sticky trip). Its step was counted within the limit: it is sent.
+    import anthropic
+
     outcomes: list[str] = []
 
     def another_call_first(request: Any, call_next: Any) -> Any:
@@ -467,6 +487,8 @@ def test_stream_cut_by_deadline_keeps_partial_text(
 
 
 def test_stream_cut_by_real_deadline(instrumented: AnthropicInstrumentor) -> None:
+    import anthropic
+
     with (
         FakeLLMServer(output_tokens=200, chunk_delay_s=0.02) as server,
         anthropic.Anthropic(
@@ -511,6 +533,8 @@ def test_stream_cut_by_trip_from_another_call(
 async def test_async_stream_cut_by_deadline(
     server: FakeLLMServer, instrumented: AnthropicInstrumentor, clock: FakeClock
 ) -> None:
+    import anthropic
+
     async with (
         anthropic.AsyncAnthropic(
             base_url=server.anthropic_base_url, api_key="test", max_retries=0
@@ -576,6 +600,8 @@ def test_own_span_when_sdk_tracing_is_off(
     instrumented: AnthropicInstrumentor,
     span_exporter: InMemorySpanExporter,
 ) -> None:
+    import anthropic
+
     with (
         anthropic.Anthropic(
             base_url=server.anthropic_base_url, api_key="test", max_retries=0, open_telemetry=False
@@ -607,6 +633,8 @@ def test_own_span_when_sdk_tracing_is_off(
 def test_no_veronica_baggage_sent_to_the_vendor(
     server: FakeLLMServer, instrumented: AnthropicInstrumentor
 ) -> None:
+    import anthropic
+
     server.fail_next(1, status=529, retry_after_ms=1)
     ctx = baggage.set_baggage("veronica.chain", "x")
     ctx = baggage.set_baggage("tenant", "acme", ctx)
@@ -633,6 +661,7 @@ def test_no_veronica_baggage_sent_to_the_vendor(
 
 
 def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
+    import anthropic
     import anthropic._base_client as base
 
     originals = {
@@ -709,6 +738,8 @@ def test_threads_oversubscribed_never_pass_the_limit(
 async def test_tasks_share_the_chain(
     server: FakeLLMServer, instrumented: AnthropicInstrumentor
 ) -> None:
+    import anthropic
+
     async with anthropic.AsyncAnthropic(
         base_url=server.anthropic_base_url, api_key="test", max_retries=0
     ) as claude:

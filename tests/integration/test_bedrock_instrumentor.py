@@ -9,16 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aiobotocore.endpoint
-import aiobotocore.session
-import boto3
-import botocore.client
-import botocore.endpoint
 import pytest
 import pytest_asyncio
-from botocore.config import Config
-from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
-from botocore.parsers import ResponseParserError
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -66,6 +58,9 @@ class Backoff:
 
 @pytest.fixture
 def backoff(monkeypatch: pytest.MonkeyPatch) -> Backoff:
+    import aiobotocore.session
+    import botocore.endpoint
+
     fake = Backoff()
     monkeypatch.setattr(botocore.endpoint, "time", fake)
     monkeypatch.setattr(aiobotocore.endpoint.AioEndpoint, "_sleep", fake.asleep)
@@ -87,6 +82,9 @@ def server() -> Iterator[FakeLLMServer]:
 
 
 def _client(url: str, service: str = "bedrock-runtime", **retries: Any) -> Any:
+    import boto3
+    from botocore.config import Config
+
     config = Config(retries=retries or {"mode": "standard", "max_attempts": 1})
     return boto3.client(
         service,
@@ -109,6 +107,9 @@ def runtime(server: FakeLLMServer, instrumented: BedrockInstrumentor, backoff: B
 async def aruntime(
     server: FakeLLMServer, instrumented: BedrockInstrumentor, backoff: Backoff
 ) -> AsyncIterator[Any]:
+    import aiobotocore.session
+    from botocore.config import Config
+
     session = aiobotocore.session.get_session()
     async with session.create_client(
         "bedrock-runtime",
@@ -159,6 +160,8 @@ def test_clients_of_other_services_between_bedrock_calls_pass_and_bedrock_still_
 ) -> None:
     # A Bedrock client's service is read once (the last client kept): another
     # client in between, of Bedrock or of another service, is read afresh.
+    from botocore.parsers import ResponseParserError
+
     other = _client(server.base_url)
     sts = _client(server.base_url, "sts")
     with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
@@ -344,6 +347,8 @@ def test_unboundable_endpoints_are_refused_under_a_ceiling(
 def test_other_aws_services_pass_uncounted(
     server: FakeLLMServer, instrumented: BedrockInstrumentor
 ) -> None:
+    from botocore.exceptions import ClientError
+
     client = _client(server.base_url, "dynamodb")
     try:
         with (
@@ -405,6 +410,8 @@ def test_a_retry_over_the_limit_raises_our_error_unsent(
 
 
 def test_http_error_costs_nothing_and_the_step_counts(server: FakeLLMServer, runtime: Any) -> None:
+    from botocore.exceptions import ClientError
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -419,6 +426,8 @@ def test_http_error_costs_nothing_and_the_step_counts(server: FakeLLMServer, run
 def test_connection_refused_costs_nothing(
     instrumented: BedrockInstrumentor, backoff: Backoff
 ) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed when the block ends: nothing listens
@@ -438,6 +447,10 @@ def test_connection_refused_costs_nothing(
 def test_timeout_after_the_send_costs_the_reservation(
     server: FakeLLMServer, instrumented: BedrockInstrumentor
 ) -> None:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ReadTimeoutError
+
     server.set_latency(1.0)
     client = boto3.client(
         "bedrock-runtime",
@@ -535,6 +548,9 @@ async def test_async_retries_are_drawn_through_aiohttp(
 def test_a_version_outside_the_range_fails_closed_for_bedrock_only(
     server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import botocore.endpoint
+    from botocore.exceptions import ClientError
+
     original = botocore.client.BaseClient.__dict__["_make_api_call"]
     real = hooks_module.version
     monkeypatch.setattr(
@@ -559,6 +575,8 @@ def test_a_version_outside_the_range_fails_closed_for_bedrock_only(
 
 
 def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
+    import botocore.endpoint
+
     original = botocore.client.BaseClient.__dict__["_make_api_call"]
     instrumentor = BedrockInstrumentor()
     instrumentor.instrument()

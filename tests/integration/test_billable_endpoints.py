@@ -12,9 +12,8 @@ import io
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import openai
 import pytest
 
@@ -22,6 +21,9 @@ from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
 from veronica_otel.policy_file import PolicyFile
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import anthropic
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:The Assistants API is deprecated"),
@@ -71,6 +73,8 @@ ANTHROPIC_CALLS: dict[str, _Call] = {
 
 @pytest.fixture
 def claude(server: FakeLLMServer) -> Iterator[anthropic.Anthropic]:
+    import anthropic
+
     instrumentor = AnthropicInstrumentor()
     instrumentor.instrument()
     try:

@@ -13,13 +13,11 @@ import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import cohere
 import httpx
 import pytest
 import pytest_asyncio
-from cohere.core import http_client
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -32,6 +30,9 @@ from veronica_otel.instrumentors import InstrumentationError
 from veronica_otel.instrumentors import _hooks as hooks_module
 from veronica_otel.instrumentors.cohere import CohereInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import cohere
 
 MODEL = "command-a-03-2025"
 MESSAGES: list[Any] = [{"role": "user", "content": "Say hello."}]
@@ -78,6 +79,8 @@ def server() -> Iterator[FakeLLMServer]:
 
 @pytest.fixture
 def client(server: FakeLLMServer, instrumented: CohereInstrumentor) -> Iterator[cohere.ClientV2]:
+    import cohere
+
     with httpx.Client() as http:
         yield cohere.ClientV2(
             api_key="k", base_url=server.base_url, httpx_client=http, max_retries=0
@@ -88,6 +91,8 @@ def client(server: FakeLLMServer, instrumented: CohereInstrumentor) -> Iterator[
 async def aclient(
     server: FakeLLMServer, instrumented: CohereInstrumentor
 ) -> AsyncIterator[cohere.AsyncClientV2]:
+    import cohere
+
     async with httpx.AsyncClient() as http:
         yield cohere.AsyncClientV2(
             api_key="k", base_url=server.base_url, httpx_client=http, max_retries=0
@@ -111,6 +116,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 @pytest.fixture
 def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The SDK's retry sleeps, recorded instead of slept."""
+    from cohere.core import http_client
+
     slept: list[float] = []
 
     class _Time:
@@ -239,6 +246,8 @@ def test_stream_commits_the_message_end_usage(
 
 
 def test_v1_chat_and_its_stream(server: FakeLLMServer, instrumented: CohereInstrumentor) -> None:
+    import cohere
+
     model = "command-r-plus-08-2024"
     with httpx.Client() as http, ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
         v1 = cohere.Client(api_key="k", base_url=server.base_url, httpx_client=http)
@@ -368,6 +377,8 @@ def test_stream_cut_by_the_deadline_keeps_partial_text(
 def test_sdk_retries_are_drawn_from_the_chain(
     server: FakeLLMServer, instrumented: CohereInstrumentor, backoffs: list[float]
 ) -> None:
+    import cohere
+
     server.fail_next(2, status=503)
     with httpx.Client() as http, ExecutionContext(ExecutionConfig(max_retries_total=5)) as ctx:
         co = cohere.ClientV2(api_key="k", base_url=server.base_url, httpx_client=http)
@@ -381,6 +392,8 @@ def test_sdk_retries_are_drawn_from_the_chain(
 async def test_sdk_retries_stop_at_max_retries_total(
     server: FakeLLMServer, instrumented: CohereInstrumentor, backoffs: list[float]
 ) -> None:
+    import cohere
+
     server.fail_next(10, status=429)
     async with httpx.AsyncClient() as http:
         co = cohere.AsyncClientV2(api_key="k", base_url=server.base_url, httpx_client=http)
@@ -398,6 +411,8 @@ async def test_sdk_retries_stop_at_max_retries_total(
 def test_connection_refused_is_released(
     instrumented: CohereInstrumentor, backoffs: list[float]
 ) -> None:
+    import cohere
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -415,6 +430,8 @@ def test_connection_refused_is_released(
 def test_http_error_costs_nothing_and_counts_the_step(
     server: FakeLLMServer, client: cohere.ClientV2
 ) -> None:
+    import cohere
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -426,6 +443,8 @@ def test_http_error_costs_nothing_and_counts_the_step(
 
 
 def test_stream_http_error_costs_nothing(server: FakeLLMServer, client: cohere.ClientV2) -> None:
+    import cohere
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -438,6 +457,8 @@ def test_stream_http_error_costs_nothing(server: FakeLLMServer, client: cohere.C
 def test_timeout_after_sending_commits_the_reservation(
     server: FakeLLMServer, instrumented: CohereInstrumentor
 ) -> None:
+    import cohere
+
     server.set_latency(2.0)
     with (
         httpx.Client(timeout=0.2) as http,
@@ -456,6 +477,9 @@ def test_timeout_after_sending_commits_the_reservation(
 
 
 def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
+    import cohere
+    from cohere.core import http_client
+
     hooked = [
         (owner, name)
         for owner in (http_client.HttpClient, http_client.AsyncHttpClient)
@@ -481,6 +505,8 @@ def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
 def test_a_version_outside_the_range_fails_closed(
     server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import cohere
+
     real = hooks_module.version
     monkeypatch.setattr(
         hooks_module, "version", lambda name: "8.0.0" if name == "cohere" else real(name)

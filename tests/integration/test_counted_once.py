@@ -17,16 +17,9 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
-import boto3
-import cohere
 import httpx
-import ollama
 import openai
 import pytest
-from botocore.config import Config
-from google import genai
-from google.genai import types
-from mistralai.client import Mistral
 
 from veronica_otel import (
     BudgetExceededError,
@@ -74,6 +67,9 @@ def _openai(url: str) -> Iterator[Call]:
 
 @contextlib.contextmanager
 def _gemini(url: str) -> Iterator[Call]:
+    from google import genai
+    from google.genai import types
+
     with genai.Client(api_key="k", http_options=types.HttpOptions(base_url=url)) as client:
         yield lambda: client.models.generate_content(
             model="gemini-2.0-flash",
@@ -84,6 +80,9 @@ def _gemini(url: str) -> Iterator[Call]:
 
 @contextlib.contextmanager
 def _bedrock(url: str) -> Iterator[Call]:
+    import boto3
+    from botocore.config import Config
+
     client = boto3.client(
         "bedrock-runtime",
         endpoint_url=url,
@@ -104,6 +103,8 @@ def _bedrock(url: str) -> Iterator[Call]:
 
 @contextlib.contextmanager
 def _mistral(url: str) -> Iterator[Call]:
+    from mistralai.client import Mistral
+
     with Mistral(api_key="k", server_url=url) as client:
         yield lambda: client.chat.complete(
             model="mistral-small-latest",
@@ -114,6 +115,8 @@ def _mistral(url: str) -> Iterator[Call]:
 
 @contextlib.contextmanager
 def _cohere(url: str) -> Iterator[Call]:
+    import cohere
+
     with httpx.Client() as http:
         client = cohere.ClientV2(api_key="k", base_url=url, httpx_client=http, max_retries=0)
         yield lambda: client.chat(
@@ -125,6 +128,8 @@ def _cohere(url: str) -> Iterator[Call]:
 
 @contextlib.contextmanager
 def _ollama(url: str) -> Iterator[Call]:
+    import ollama
+
     client = ollama.Client(host=url)
     try:
         yield lambda: client.chat(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import anthropic
 import pytest
 
 from veronica_otel import ExecutionConfig, ExecutionContext
@@ -12,6 +12,9 @@ from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import anthropic
 
 BEDROCK_ID = "us.anthropic.claude-3-5-sonnet-20241022-v2:0"
 CANONICAL = "claude-3-5-sonnet-20241022"
@@ -26,6 +29,8 @@ def server() -> Iterator[FakeLLMServer]:
 
 @pytest.fixture
 def client(server: FakeLLMServer) -> Iterator[anthropic.Anthropic]:
+    import anthropic
+
     instrumentor = AnthropicInstrumentor()
     instrumentor.instrument()
     try:

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx2
 import openai
 import pytest
@@ -21,6 +20,9 @@ from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import anthropic
 
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
@@ -68,6 +70,8 @@ class Resend(httpx2.HTTPTransport):
 
 
 def claude(server: FakeLLMServer, **kwargs: Any) -> anthropic.Anthropic:
+    import anthropic
+
     return anthropic.Anthropic(
         base_url=server.anthropic_base_url, api_key="k", max_retries=0, **kwargs
     )
@@ -117,6 +121,8 @@ def test_a_reply_a_hedging_middleware_drops_is_charged(
 async def test_an_async_hedging_middleware_draws_a_retry_for_its_second_send(
     server: FakeLLMServer, instrumented: None
 ) -> None:
+    import anthropic
+
     async with (
         anthropic.AsyncAnthropic(
             base_url=server.anthropic_base_url, api_key="k", max_retries=0, middleware=[ahedge]
@@ -139,6 +145,8 @@ async def test_an_async_hedging_middleware_draws_a_retry_for_its_second_send(
 def test_the_sdk_retries_and_a_hedge_are_each_drawn_once(
     server: FakeLLMServer, instrumented: None
 ) -> None:
+    import anthropic
+
     server.fail_next(1, 500)  # the first send fails: the SDK retries the attempt
     with (
         anthropic.Anthropic(
@@ -156,6 +164,8 @@ def test_the_sdk_retries_and_a_hedge_are_each_drawn_once(
 def test_a_transport_that_sends_again_draws_a_retry_anthropic(
     server: FakeLLMServer, instrumented: None
 ) -> None:
+    import anthropic
+
     with (
         claude(server, http_client=anthropic.DefaultHttpxClient(transport=Resend())) as client,
         ExecutionContext(ExecutionConfig(max_retries_total=1)) as ctx,

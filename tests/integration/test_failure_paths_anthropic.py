@@ -14,12 +14,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
-import anthropic._base_client as base_client
 import pytest
-from anthropic.types import MessageParam
 from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -38,6 +35,10 @@ from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import anthropic
+    from anthropic.types import MessageParam
 
 MODEL = "claude-3-5-haiku-latest"
 MESSAGES: list[MessageParam] = [{"role": "user", "content": "Say hello."}]
@@ -98,6 +99,8 @@ def raw() -> Iterator[RawServer]:
 
 @pytest.fixture
 def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    import anthropic._base_client as base_client
+
     slept: list[float] = []
 
     class _Time:
@@ -112,11 +115,15 @@ def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 def client_for(url: str, **kwargs: Any) -> anthropic.Anthropic:
+    import anthropic
+
     kwargs.setdefault("max_retries", 0)
     return anthropic.Anthropic(base_url=url, api_key="k", **kwargs)
 
 
 def aclient_for(url: str, **kwargs: Any) -> anthropic.AsyncAnthropic:
+    import anthropic
+
     kwargs.setdefault("max_retries", 0)
     return anthropic.AsyncAnthropic(base_url=url, api_key="k", **kwargs)
 
@@ -125,6 +132,8 @@ def aclient_for(url: str, **kwargs: Any) -> anthropic.AsyncAnthropic:
 
 
 def test_connection_refused_is_released(instrumented: Any, backoffs: list[float]) -> None:
+    import anthropic
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -143,6 +152,8 @@ def test_connection_refused_is_released(instrumented: Any, backoffs: list[float]
 
 
 def test_timeout_commits_the_reservation(server: FakeLLMServer, instrumented: Any) -> None:
+    import anthropic
+
     server.set_latency(2.0)
     with (
         client_for(server.anthropic_base_url, timeout=0.2) as claude,
@@ -171,6 +182,8 @@ async def test_async_wait_for_cancel_commits_the_reservation(
 
 
 def test_connection_dropped_commits_the_reservation(raw: RawServer, instrumented: Any) -> None:
+    import anthropic
+
     raw.script(Reply(drop=True))
     with (
         client_for(raw.base_url) as claude,
@@ -333,6 +346,8 @@ def test_stream_cut_mid_body_commits_the_reservation(raw: RawServer, instrumente
 def test_http_error_replies_cost_nothing_and_count_the_step(
     server: FakeLLMServer, instrumented: Any, backoffs: list[float], status: int, attempts: int
 ) -> None:
+    import anthropic
+
     server.fail_always(status, retry_after_ms=1)
     with (
         client_for(server.anthropic_base_url, max_retries=2) as claude,
@@ -351,6 +366,8 @@ def test_http_error_replies_cost_nothing_and_count_the_step(
 def test_replies_count_as_sent_when_the_attempt_hook_never_runs(
     server: FakeLLMServer, instrumented: Any
 ) -> None:
+    import anthropic._base_client as base_client
+
     unwrap(base_client.SyncAPIClient, "_attempt_request")  # the SDK sends some other way
     with (
         client_for(server.anthropic_base_url) as claude,
@@ -372,6 +389,9 @@ def test_replies_count_as_sent_when_the_attempt_hook_never_runs(
 def test_an_error_reply_counts_as_sent_when_the_attempt_hook_never_runs(
     server: FakeLLMServer, instrumented: Any
 ) -> None:
+    import anthropic
+    import anthropic._base_client as base_client
+
     unwrap(base_client.SyncAPIClient, "_attempt_request")
     server.fail_next(1, 400)
     with (

@@ -13,18 +13,20 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 from uuid import UUID
 
-import anthropic
 import openai
 import pydantic
 import pytest
-from anthropic.types import MessageParam, RawMessageDeltaEvent, RawMessageStartEvent
 from openai.types.chat import ChatCompletionMessageParam
 
 import veronica_otel.testing
 from veronica_otel.testing import FakeLLMServer, RecordedRequest, ScriptedReply, ScriptedToolCall
+
+if TYPE_CHECKING:
+    import anthropic
+    from anthropic.types import MessageParam
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello."}]
 CLAUDE_MESSAGES: list[MessageParam] = [{"role": "user", "content": "Say hello."}]
@@ -45,6 +47,8 @@ def oai(server: FakeLLMServer) -> Iterator[openai.OpenAI]:
 
 @pytest.fixture
 def claude(server: FakeLLMServer) -> Iterator[anthropic.Anthropic]:
+    import anthropic
+
     with anthropic.Anthropic(
         base_url=server.anthropic_base_url, api_key="test", max_retries=0
     ) as client:
@@ -309,6 +313,8 @@ def test_max_tokens_caps_output(oai: openai.OpenAI, claude: anthropic.Anthropic)
 
 
 def test_reasoning_and_cached_tokens() -> None:
+    import anthropic
+
     with (
         FakeLLMServer(
             input_tokens=100, output_tokens=10, reasoning_tokens=4, cached_tokens=30
@@ -363,6 +369,8 @@ def test_anthropic_stream_helper_usage_is_cumulative(
 
 
 def test_anthropic_raw_stream_events(claude: anthropic.Anthropic) -> None:
+    from anthropic.types import RawMessageDeltaEvent, RawMessageStartEvent
+
     stream = claude.messages.create(
         model="claude-x",
         max_tokens=100,
@@ -420,6 +428,8 @@ async def test_async_openai_chat_stream(server: FakeLLMServer) -> None:
 
 @pytest.mark.asyncio
 async def test_async_anthropic_stream_helper(server: FakeLLMServer) -> None:
+    import anthropic
+
     async with anthropic.AsyncAnthropic(
         base_url=server.anthropic_base_url, api_key="test", max_retries=0
     ) as client:
@@ -497,6 +507,8 @@ def test_fail_next_then_sdk_retries_succeed(server: FakeLLMServer) -> None:
 
 
 def test_fail_next_anthropic_retries(server: FakeLLMServer) -> None:
+    import anthropic
+
     server.fail_next(2, status=529, retry_after_ms=1)
     with anthropic.Anthropic(
         base_url=server.anthropic_base_url, api_key="t", max_retries=2
@@ -509,6 +521,8 @@ def test_fail_next_anthropic_retries(server: FakeLLMServer) -> None:
 def test_failures_use_each_api_error_shape(
     server: FakeLLMServer, oai: openai.OpenAI, claude: anthropic.Anthropic
 ) -> None:
+    import anthropic
+
     server.fail_next(1, status=429)
     with pytest.raises(openai.RateLimitError) as oai_error:
         oai.chat.completions.create(model="m", messages=MESSAGES)
@@ -547,6 +561,8 @@ def test_fail_always_until_cleared(server: FakeLLMServer, oai: openai.OpenAI) ->
 
 
 def test_bad_requests_get_api_errors(oai: openai.OpenAI, claude: anthropic.Anthropic) -> None:
+    import anthropic
+
     with pytest.raises(anthropic.BadRequestError):
         claude.post("/v1/messages", body={"model": "c", "messages": []}, cast_to=object)
     with pytest.raises(openai.NotFoundError):

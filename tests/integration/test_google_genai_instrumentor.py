@@ -7,13 +7,10 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from google import genai
-from google.genai import _api_client, errors, types
-from google.oauth2.credentials import Credentials
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
@@ -23,6 +20,10 @@ from veronica_otel.instrumentors import InstrumentationError
 from veronica_otel.instrumentors import _hooks as hooks_module
 from veronica_otel.instrumentors.google_genai import GoogleGenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    from google import genai
+    from google.genai import types
 
 # google-genai subclasses aiohttp.ClientSession for its async client, which
 # aiohttp warns about; the SDK's own business, not ours.
@@ -68,11 +69,15 @@ def server() -> Iterator[FakeLLMServer]:
 
 
 def _options(base_url: str, **kwargs: Any) -> types.HttpOptions:
+    from google.genai import types
+
     return types.HttpOptions(base_url=base_url, **kwargs)
 
 
 @pytest.fixture
 def client(server: FakeLLMServer, instrumented: GoogleGenAIInstrumentor) -> Iterator[genai.Client]:
+    from google import genai
+
     with genai.Client(api_key="t", http_options=_options(server.base_url)) as gemini:
         yield gemini
 
@@ -81,6 +86,8 @@ def client(server: FakeLLMServer, instrumented: GoogleGenAIInstrumentor) -> Iter
 async def aclient(
     server: FakeLLMServer, instrumented: GoogleGenAIInstrumentor
 ) -> AsyncIterator[genai.client.AsyncClient]:
+    from google import genai
+
     gemini = genai.Client(api_key="t", http_options=_options(server.base_url))
     try:
         yield gemini.aio
@@ -90,6 +97,9 @@ async def aclient(
 
 
 def _vertex(server: FakeLLMServer) -> genai.Client:
+    from google import genai
+    from google.oauth2.credentials import Credentials
+
     return genai.Client(
         vertexai=True,
         project="p",
@@ -103,6 +113,12 @@ def _generate(client: genai.Client, **config: Any) -> types.GenerateContentRespo
     return client.models.generate_content(
         model=MODEL, contents="Say hello.", config=config or CAPPED
     )
+
+
+def _search_grounding(client: genai.Client) -> types.GenerateContentResponse:
+    from google.genai import types
+
+    return _generate(client, tools=[types.Tool(google_search=types.GoogleSearch())])
 
 
 # -- usage, spans, providers ------------------------------------------------------
@@ -247,6 +263,8 @@ def test_cost_ceiling_holds_with_gemini_usage(server: FakeLLMServer, client: gen
 
 
 def test_uncapped_call_is_clamped_in_a_copy(server: FakeLLMServer, client: genai.Client) -> None:
+    from google.genai import types
+
     config = types.GenerateContentConfig(temperature=0.5)
     as_dict: dict[str, Any] = {"temperature": 0.5}
     with ExecutionContext(ExecutionConfig(max_cost_usd=0.001)):
@@ -333,6 +351,9 @@ async def test_async_stream_and_call(
 
 
 def _retrying(server: FakeLLMServer) -> genai.Client:
+    from google import genai
+    from google.genai import types
+
     retry = types.HttpRetryOptions(attempts=4, initial_delay=0.0, max_delay=0.0, jitter=0.0)
     return genai.Client(api_key="t", http_options=_options(server.base_url, retry_options=retry))
 
@@ -387,6 +408,8 @@ async def test_async_sdk_retries_draw_on_max_retries_total(
 def test_an_http_error_costs_nothing_and_counts_the_step(
     server: FakeLLMServer, client: genai.Client
 ) -> None:
+    from google.genai import errors
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -405,6 +428,8 @@ def _closed_port() -> int:
 
 
 def test_a_connection_never_made_costs_nothing(instrumented: GoogleGenAIInstrumentor) -> None:
+    from google import genai
+
     url = f"http://127.0.0.1:{_closed_port()}"
     with (
         genai.Client(api_key="t", http_options=_options(url)) as client,
@@ -419,6 +444,8 @@ def test_a_connection_never_made_costs_nothing(instrumented: GoogleGenAIInstrume
 def test_a_timeout_after_sending_costs_the_reservation(
     server: FakeLLMServer, instrumented: GoogleGenAIInstrumentor
 ) -> None:
+    from google import genai
+
     server.set_latency(5.0)  # the server's handler wakes when it stops
     with (
         genai.Client(api_key="t", http_options=_options(server.base_url, timeout=200)) as client,
@@ -458,6 +485,8 @@ def test_image_generation_is_refused_under_a_cost_ceiling(
 def test_an_unpriced_endpoint_counts_a_step_without_a_ceiling(
     server: FakeLLMServer, instrumented: GoogleGenAIInstrumentor
 ) -> None:
+    from google.genai import errors
+
     with _vertex(server) as vertex, ExecutionContext(ExecutionConfig(max_steps=1)) as ctx:
         with pytest.raises(errors.ClientError):  # no such fake route
             vertex.models.generate_images(model="imagen-4.0-generate-001", prompt="a cat")
@@ -479,10 +508,7 @@ def test_an_unpriced_endpoint_counts_a_step_without_a_ceiling(
             ),
             id="batch",
         ),
-        pytest.param(
-            lambda c: _generate(c, tools=[types.Tool(google_search=types.GoogleSearch())]),
-            id="search-grounding",
-        ),
+        pytest.param(_search_grounding, id="search-grounding"),
         pytest.param(
             lambda c: c.interactions.create(model=MODEL, input="hi"),
             id="interactions",
@@ -506,6 +532,9 @@ def test_unpriceable_calls_are_refused_and_never_sent(
 
 
 def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
+    from google import genai
+    from google.genai import _api_client
+
     instrumentor = GoogleGenAIInstrumentor()
     instrumentor.instrument()
     instrumentor.uninstrument()
@@ -523,6 +552,7 @@ def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
 def test_a_version_outside_the_range_fails_closed(
     server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from google import genai
     from opentelemetry.instrumentation import dependencies
 
     real = hooks_module.version

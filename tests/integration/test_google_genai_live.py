@@ -11,19 +11,20 @@ with the SSL context removed; everything else is the SDK's own code.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from google import genai
-from google.genai import errors, types
-from google.oauth2.credentials import Credentials
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel._pricing import default_price_table
 from veronica_otel._units import usd_to_nano
 from veronica_otel.instrumentors.google_genai import GoogleGenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    from google import genai
+    from google.genai import types
 
 MODEL = "gemini-live-2.5-flash"
 PATH = "/ws/google.cloud.aiplatform.v1beta1.LlmBidiService/BidiGenerateContent"
@@ -39,6 +40,10 @@ def server() -> Iterator[FakeLLMServer]:
 
 @pytest_asyncio.fixture
 async def live(server: FakeLLMServer) -> AsyncIterator[genai.client.AsyncClient]:
+    from google import genai
+    from google.genai import types
+    from google.oauth2.credentials import Credentials
+
     instrumentor = GoogleGenAIInstrumentor()
     instrumentor.instrument()
     gemini = genai.Client(
@@ -56,6 +61,8 @@ async def live(server: FakeLLMServer) -> AsyncIterator[genai.client.AsyncClient]
 
 
 def _config(server: FakeLLMServer, **kwargs: Any) -> types.LiveConnectConfig:
+    from google.genai import types
+
     url = server.base_url.replace("http://", "ws://", 1) + PATH
     return types.LiveConnectConfig(
         http_options=types.HttpOptions(base_url=url),
@@ -65,6 +72,8 @@ def _config(server: FakeLLMServer, **kwargs: Any) -> types.LiveConnectConfig:
 
 
 async def _turn(session: genai.live.AsyncSession) -> types.LiveServerMessage:
+    from google.genai import types
+
     await session.send_client_content(
         turns=types.Content(role="user", parts=[types.Part(text="hi")])
     )
@@ -131,6 +140,8 @@ async def test_a_cost_ceiling_holds_from_usage_metadata(
 async def test_a_dropped_live_connection_costs_the_reservation(
     server: FakeLLMServer, live: genai.client.AsyncClient
 ) -> None:
+    from google.genai import errors
+
     prices = default_price_table().lookup("gcp.vertex_ai", MODEL)
     assert prices is not None
     server.drop_next_responses(1)
@@ -162,6 +173,8 @@ async def test_live_music_stays_refused_in_a_chain_with_limits(
 async def test_leaving_the_session_before_the_turn_completes_costs_the_reservation(
     server: FakeLLMServer, live: genai.client.AsyncClient
 ) -> None:
+    from google.genai import types
+
     prices = default_price_table().lookup("gcp.vertex_ai", MODEL)
     assert prices is not None
     config = _config(server, max_output_tokens=100)

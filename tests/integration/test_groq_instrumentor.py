@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import groq
 import pytest
 import pytest_asyncio
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -23,6 +22,9 @@ from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors._adapter import ADMITTED
 from veronica_otel.instrumentors.groq import GroqInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import groq
 
 MODEL = "llama-3.3-70b-versatile"
 SMALL = "llama-3.1-8b-instant"
@@ -84,6 +86,8 @@ def server() -> Iterator[FakeLLMServer]:
 
 @pytest.fixture
 def client(server: FakeLLMServer, instrumentor: GroqInstrumentor) -> Iterator[groq.Groq]:
+    import groq
+
     with groq.Groq(base_url=server.base_url, api_key="k", max_retries=0) as made:
         yield made
 
@@ -92,6 +96,8 @@ def client(server: FakeLLMServer, instrumentor: GroqInstrumentor) -> Iterator[gr
 async def aclient(
     server: FakeLLMServer, instrumentor: GroqInstrumentor
 ) -> AsyncIterator[groq.AsyncGroq]:
+    import groq
+
     async with groq.AsyncGroq(base_url=server.base_url, api_key="k", max_retries=0) as made:
         yield made
 
@@ -208,6 +214,8 @@ async def test_async_stream_is_cut_by_cancel(
 def test_a_500_then_success_costs_the_reply_and_draws_a_retry(
     server: FakeLLMServer, instrumentor: GroqInstrumentor
 ) -> None:
+    import groq
+
     server.fail_next(1, status=500, retry_after_ms=1)
     with (
         groq.Groq(base_url=server.base_url, api_key="k", max_retries=2) as retrying,
@@ -223,6 +231,8 @@ def test_a_500_then_success_costs_the_reply_and_draws_a_retry(
 def test_a_retry_over_the_chain_limit_is_never_sent(
     server: FakeLLMServer, instrumentor: GroqInstrumentor
 ) -> None:
+    import groq
+
     server.fail_next(3, status=503, retry_after_ms=1)
     with (
         groq.Groq(base_url=server.base_url, api_key="k", max_retries=3) as retrying,
@@ -237,6 +247,8 @@ def test_a_retry_over_the_chain_limit_is_never_sent(
 def test_an_error_reply_costs_nothing_and_reaches_the_caller(
     server: FakeLLMServer, client: groq.Groq
 ) -> None:
+    import groq
+
     server.fail_next(1, status=429)
     with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
         with pytest.raises(groq.RateLimitError):
@@ -249,6 +261,8 @@ def test_an_error_reply_costs_nothing_and_reaches_the_caller(
 def test_a_timeout_after_sending_commits_the_reservation(
     server: FakeLLMServer, instrumentor: GroqInstrumentor
 ) -> None:
+    import groq
+
     server.set_latency(2.0)
     with (
         groq.Groq(base_url=server.base_url, api_key="k", max_retries=0, timeout=0.2) as slow,
@@ -274,6 +288,8 @@ async def test_a_call_cancelled_after_sending_commits_the_reservation(
 
 
 def test_a_connection_never_made_is_released(instrumentor: GroqInstrumentor) -> None:
+    import groq
+
     with FakeLLMServer() as gone:
         url = gone.base_url  # a port nothing listens on once it stops
     with (

@@ -1,8 +1,9 @@
 """LangGraph's nodes name agents (``LangGraphInstrumentor``, installed by
 ``LangChainInstrumentor`` once LangGraph is imported, before or after it).
 
-LangGraph is imported at the top of this module, before the instrumentor is:
-the order of an application that builds its graph first.
+LangGraph is imported before the instrumentor is (in ``instrumented``, not at
+the top, so that a pytest-xdist worker collecting this module does not import
+it): the order of an application that builds its graph first.
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
 from veronica_otel import ExecutionConfig, ExecutionContext
 from veronica_otel._agents import current_agent
-from veronica_otel.instrumentors.langchain import LangChainInstrumentor
 from veronica_otel.instrumentors.langgraph import LangGraphInstrumentor
 
 
@@ -30,6 +29,10 @@ def note(state: State) -> dict[str, Any]:
 
 @pytest.fixture
 def instrumented() -> Iterator[None]:
+    import langgraph.graph  # noqa: F401  # the application's graph first
+
+    from veronica_otel.instrumentors.langchain import LangChainInstrumentor
+
     instrumentor = LangChainInstrumentor()
     instrumentor.instrument()
     yield
@@ -38,6 +41,8 @@ def instrumented() -> Iterator[None]:
 
 
 def graph() -> Any:
+    from langgraph.graph import START, StateGraph
+
     inner = StateGraph(State).add_node("inner", note).add_edge(START, "inner").compile()
     outer = StateGraph(State)
     outer.add_node("planner", note).add_node("team", inner).add_node("critic", note)

@@ -11,18 +11,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from mcp import Client, StdioServerParameters
-from mcp.client._memory import InMemoryTransport
-from mcp.client.session import ClientSession
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.shared.exceptions import MCPError
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry.instrumentation.utils import suppress_instrumentation
@@ -40,38 +33,12 @@ from veronica_otel import (
 from veronica_otel.instrumentors._breakers import configure_endpoint_breakers
 from veronica_otel.instrumentors.mcp import MCPInstrumentor
 
+if TYPE_CHECKING:
+    from mcp import Client
+
+    from tests.integration._mcp_counting import CountingServer
+
 COUNTER_SERVER = Path(__file__).parent / "apps" / "mcp_counter_server.py"
-ORIGINAL_CALL_TOOL = ClientSession.__dict__["call_tool"]
-
-
-class CountingServer:
-    """An ``MCPServer`` whose tools record each run (and the ``_meta`` they received)."""
-
-    def __init__(self) -> None:
-        self.runs: Counter[str] = Counter()
-        self.metas: list[dict[str, Any]] = []
-        self.server = MCPServer("counting")
-        runs = self.runs
-
-        @self.server.tool()
-        def search(query: str, limit: int = 5) -> str:
-            runs["search"] += 1
-            return f"{limit} results for {query}"
-
-        @self.server.tool()
-        def broken() -> str:
-            runs["broken"] += 1
-            raise ToolError("the backend is down")
-
-        @self.server.tool()
-        def whoami(ctx: Context) -> str:
-            self.metas.append(dict(ctx.request_context.meta or {}))
-            return "ok"
-
-        @self.server.tool()
-        def unavailable() -> str:
-            runs["unavailable"] += 1
-            raise MCPError(-32000, "service unavailable")
 
 
 # -- fixtures ------------------------------------------------------------------------
@@ -87,6 +54,8 @@ def instrumentor() -> Iterator[MCPInstrumentor]:
 
 @pytest.fixture
 def counting() -> CountingServer:
+    from tests.integration._mcp_counting import CountingServer
+
     return CountingServer()
 
 
@@ -114,6 +83,9 @@ def chain_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 def connect(counting: CountingServer) -> Client:
     """A client to ``counting`` over the SDK's in-memory transport."""
+    from mcp import Client
+    from mcp.client._memory import InMemoryTransport
+
     return Client(InMemoryTransport(counting.server))
 
 
@@ -166,6 +138,8 @@ async def test_same_tool_and_arguments_trip_loop_other_arguments_do_not(
 
 async def fail(client: Client, tool: str) -> None:
     """Call a failing tool: ``broken`` returns an error result, ``unavailable`` raises."""
+    from mcp.shared.exceptions import MCPError
+
     if tool == "broken":
         assert (await client.call_tool(tool, {})).is_error  # returned as it came
         return
@@ -324,14 +298,20 @@ async def test_without_a_chain_calls_pass_through_untouched(
 
 @pytest.mark.asyncio
 async def test_uninstrument_restores_the_original_and_checks_stop(counting: CountingServer) -> None:
+    from mcp import Client
+    from mcp.client._memory import InMemoryTransport
+    from mcp.client.session import ClientSession
+
+    original = ClientSession.__dict__["call_tool"]
+    assert not hasattr(original, "__wrapped__")  # the SDK's own, no test left a wrapper
     instrumentor = MCPInstrumentor()
     assert tuple(instrumentor.instrumentation_dependencies()) == ("mcp >= 2.0, < 3",)
     instrumentor.instrument()
     instrumentor.instrument()  # idempotent: one wrapper
-    assert ClientSession.__dict__["call_tool"].__wrapped__ is ORIGINAL_CALL_TOOL
+    assert ClientSession.__dict__["call_tool"].__wrapped__ is original
     instrumentor.uninstrument()
     instrumentor.uninstrument()
-    assert ClientSession.__dict__["call_tool"] is ORIGINAL_CALL_TOOL
+    assert ClientSession.__dict__["call_tool"] is original
     async with Client(InMemoryTransport(counting.server)) as mcp_client:
         with ExecutionContext(ExecutionConfig(max_steps=1, max_repeats=1)) as ctx:
             for _ in range(3):
@@ -345,6 +325,8 @@ async def test_uninstrument_restores_the_original_and_checks_stop(counting: Coun
 
 @pytest.mark.asyncio
 async def test_stdio_server_subprocess_is_contained(instrumentor: MCPInstrumentor) -> None:
+    from mcp import Client, StdioServerParameters
+
     params = StdioServerParameters(command=sys.executable, args=[str(COUNTER_SERVER)])
     async with Client(params) as mcp_client:
         with ExecutionContext(ExecutionConfig(max_repeats=1)):

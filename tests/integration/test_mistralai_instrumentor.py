@@ -13,14 +13,11 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import pytest
 import pytest_asyncio
-from mistralai.client import Mistral, errors
-from mistralai.client.basesdk import BaseSDK
-from mistralai.client.utils import BackoffStrategy, RetryConfig
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -34,11 +31,13 @@ from veronica_otel.instrumentors import _hooks as hooks_module
 from veronica_otel.instrumentors.mistralai import MistralAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
+if TYPE_CHECKING:
+    from mistralai.client import Mistral
+
 MODEL = "mistral-small-latest"
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 CHAT = "/v1/chat/completions"
 INPUT, OUTPUT, CAP = 12, 5, 50
-RETRY = RetryConfig("backoff", BackoffStrategy(1, 1, 1.0, 60_000, jitter_ms=0), True)
 
 
 def _cost(model: str = MODEL, inp: int = INPUT, out: int = OUTPUT) -> float:
@@ -64,6 +63,13 @@ def _chat(client: Mistral, **kwargs: Any) -> Any:
     return client.chat.complete(**params)
 
 
+def _retry() -> Any:
+    """The SDK's own retries: 1 ms apart, for up to a minute."""
+    from mistralai.client.utils import BackoffStrategy, RetryConfig
+
+    return RetryConfig("backoff", BackoffStrategy(1, 1, 1.0, 60_000, jitter_ms=0), True)
+
+
 async def _achat(client: Mistral, **kwargs: Any) -> Any:
     params: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "max_tokens": CAP}
     params.update(kwargs)
@@ -86,6 +92,8 @@ def server() -> Iterator[FakeLLMServer]:
 
 @pytest.fixture
 def client(server: FakeLLMServer, instrumented: MistralAIInstrumentor) -> Iterator[Mistral]:
+    from mistralai.client import Mistral
+
     with Mistral(api_key="k", server_url=server.base_url) as mistral:
         yield mistral
 
@@ -94,6 +102,8 @@ def client(server: FakeLLMServer, instrumented: MistralAIInstrumentor) -> Iterat
 async def aclient(
     server: FakeLLMServer, instrumented: MistralAIInstrumentor
 ) -> AsyncIterator[Mistral]:
+    from mistralai.client import Mistral
+
     async with Mistral(api_key="k", server_url=server.base_url) as mistral:
         yield mistral
 
@@ -234,6 +244,8 @@ def test_agents_without_a_ceiling_count_a_step(server: FakeLLMServer, client: Mi
 
 
 def test_free_endpoints_pass_uncounted(server: FakeLLMServer, client: Mistral) -> None:
+    from mistralai.client import errors
+
     with (
         ExecutionContext(ExecutionConfig(max_steps=0)) as ctx,
         pytest.raises(errors.SDKError),  # the fake server has no files API: a 404
@@ -317,7 +329,7 @@ async def test_async_stream_cut_by_a_cancel(server: FakeLLMServer, aclient: Mist
 def test_sdk_retries_are_drawn_from_the_chain(server: FakeLLMServer, client: Mistral) -> None:
     server.fail_next(2, status=503)
     with ExecutionContext(ExecutionConfig(max_cost_usd=1.0, max_retries_total=5)) as ctx:
-        _chat(client, retries=RETRY)
+        _chat(client, retries=_retry())
     snap = ctx.snapshot()
     assert (snap.steps, snap.retries) == (1, 2)
     assert snap.cost_usd == pytest.approx(_cost(), abs=1e-12)
@@ -331,7 +343,7 @@ async def test_sdk_retries_stop_at_max_retries_total(
     server.fail_next(10, status=429)
     async with ExecutionContext(ExecutionConfig(max_retries_total=2)) as ctx:
         with pytest.raises(BudgetExceededError) as caught:
-            await _achat(aclient, retries=RETRY)
+            await _achat(aclient, retries=_retry())
     assert caught.value.reason == "retries"
     assert server.count(CHAT) == 3  # the first send and two retries; the third never leaves
     assert ctx.snapshot().retries == 2
@@ -341,6 +353,8 @@ async def test_sdk_retries_stop_at_max_retries_total(
 
 
 def test_connection_refused_is_released(instrumented: MistralAIInstrumentor) -> None:
+    from mistralai.client import Mistral
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -356,6 +370,8 @@ def test_connection_refused_is_released(instrumented: MistralAIInstrumentor) -> 
 def test_http_error_costs_nothing_and_counts_the_step(
     server: FakeLLMServer, client: Mistral
 ) -> None:
+    from mistralai.client import errors
+
     server.fail_next(1, status=400)
     with (
         ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx,
@@ -369,6 +385,8 @@ def test_http_error_costs_nothing_and_counts_the_step(
 def test_timeout_after_sending_commits_the_reservation(
     server: FakeLLMServer, instrumented: MistralAIInstrumentor
 ) -> None:
+    from mistralai.client import Mistral
+
     server.set_latency(2.0)
     with (
         Mistral(api_key="k", server_url=server.base_url, timeout_ms=200) as mistral,
@@ -384,6 +402,9 @@ def test_timeout_after_sending_commits_the_reservation(
 
 
 def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
+    from mistralai.client import Mistral
+    from mistralai.client.basesdk import BaseSDK
+
     originals = {name: BaseSDK.__dict__[name] for name in ("do_request", "do_request_async")}
     instrumentor = MistralAIInstrumentor()
     instrumentor.instrument()
@@ -404,6 +425,8 @@ def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
 def test_a_version_outside_the_range_fails_closed(
     server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from mistralai.client import Mistral
+
     real = hooks_module.version
     monkeypatch.setattr(
         hooks_module, "version", lambda name: "4.0.0" if name == "mistralai" else real(name)

@@ -16,10 +16,9 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import ollama
 import pytest
 import pytest_asyncio
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -36,6 +35,9 @@ from veronica_otel.instrumentors import _hooks as hooks_module
 from veronica_otel.instrumentors.ollama import IMAGE_TOKENS, OllamaInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
+if TYPE_CHECKING:
+    import ollama
+
 MODEL = "llama3.2"
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 CHAT, GENERATE, EMBED = "/api/chat", "/api/generate", "/api/embed"
@@ -43,8 +45,11 @@ INPUT, OUTPUT = 12, 5
 FREE = PriceTable({"ollama:*": UnitPrices(0, 0, 0, 0)})
 PRICED = UnitPrices.from_usd_per_mtok(1.0, 2.0)
 REFUSED = (ConnectionError, httpx.ConnectError)  # 0.4.7 on map it to the first; 0.4.0 did not
-# The module (``ollama._client`` as an attribute is the package's default Client).
-ollama_client = importlib.import_module("ollama._client")
+
+
+def _client_module() -> Any:
+    """``ollama._client``, the module (as an attribute it is the package's default Client)."""
+    return importlib.import_module("ollama._client")
 
 
 # -- fixtures -----------------------------------------------------------------------
@@ -53,6 +58,8 @@ ollama_client = importlib.import_module("ollama._client")
 @contextlib.contextmanager
 def _local(host: str, **kwargs: Any) -> Iterator[ollama.Client]:
     """A client, closed after (ollama before 0.6 has no ``with`` or ``close()``)."""
+    import ollama
+
     local = ollama.Client(host=host, **kwargs)
     try:
         yield local
@@ -62,6 +69,8 @@ def _local(host: str, **kwargs: Any) -> Iterator[ollama.Client]:
 
 @contextlib.asynccontextmanager
 async def _alocal(host: str) -> AsyncIterator[ollama.AsyncClient]:
+    import ollama
+
     local = ollama.AsyncClient(host=host)
     try:
         yield local
@@ -209,6 +218,8 @@ def test_cloud_models_do_not_match_the_local_wildcard(
 def test_an_uncapped_call_is_clamped_in_a_copy_of_its_options(
     server: FakeLLMServer, client: ollama.Client
 ) -> None:
+    import ollama
+
     options: dict[str, Any] = {"temperature": 0.5}
     unbounded: dict[str, Any] = {"num_predict": -1}
     with ExecutionContext(ExecutionConfig(max_cost_usd=1.0), price_table=FREE):
@@ -279,6 +290,8 @@ def test_systemone_is_contained_with_its_usage(
 
 
 def test_model_management_passes_uncounted(server: FakeLLMServer, client: ollama.Client) -> None:
+    import ollama
+
     with (
         ExecutionContext(ExecutionConfig(max_steps=0)) as ctx,
         pytest.raises(ollama.ResponseError) as caught,  # the fake has no /api/tags
@@ -366,6 +379,8 @@ async def test_an_async_stream_is_counted_from_its_last_chunk(
 def test_a_stream_is_cut_when_its_chain_trips(
     server: FakeLLMServer, client: ollama.Client, clock: FakeClock
 ) -> None:
+    import ollama
+
     with ExecutionContext(ExecutionConfig(timeout_ms=60_000)) as ctx:
         stream = _chat(client, stream=True)
         seen = []
@@ -433,6 +448,8 @@ async def test_async_connection_refused_charges_nothing(
 def test_an_http_error_reply_costs_nothing_and_counts_the_step(
     server: FakeLLMServer, client: ollama.Client
 ) -> None:
+    import ollama
+
     table = PriceTable({"ollama:llama3.2": PRICED})
     server.fail_next(2, status=500)
     with ExecutionContext(ExecutionConfig(max_cost_usd=1.0), price_table=table) as ctx:
@@ -451,6 +468,8 @@ def test_an_http_error_reply_costs_nothing_and_counts_the_step(
 async def test_async_http_error_reply_costs_nothing_and_counts_the_step(
     server: FakeLLMServer, aclient: ollama.AsyncClient
 ) -> None:
+    import ollama
+
     server.fail_next(1, status=429)
     async with ExecutionContext(ExecutionConfig(max_steps=3)) as ctx:
         with pytest.raises(ollama.ResponseError):
@@ -485,6 +504,8 @@ def _line(obj: dict[str, Any]) -> bytes:
 def test_a_stream_that_fails_after_its_first_chunk_commits_the_reservation(
     instrumented: OllamaInstrumentor, ending: str
 ) -> None:
+    import ollama
+
     first = _line({"model": MODEL, "created_at": "x", "response": "tok0", "done": False})
     if ending == "error line":  # HTTP 200, then Ollama's error object on its own line
         reply = Reply(chunks=[first, _line({"error": "model runner crashed"})])
@@ -578,6 +599,7 @@ def test_an_outer_wrap_llm_call_does_not_count_it_again(
 
 
 def test_uninstrument_restores_the_sdk(server: FakeLLMServer) -> None:
+    ollama_client = _client_module()
     originals = {
         name: getattr(ollama_client, name).__dict__["_request"]
         for name in ("Client", "AsyncClient")
@@ -626,6 +648,7 @@ def test_a_version_outside_the_range_is_refused_and_nothing_is_sent(
 
 
 def test_a_changed_hook_is_refused(server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    ollama_client = _client_module()
     original = ollama_client.AsyncClient.__dict__["_request"]
 
     async def drifted(self: Any, cls: Any, *args: Any, **kwargs: Any) -> Any:  # stream not kw-only

@@ -12,13 +12,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
-import boto3
 import openai
 import pytest
-from botocore.config import Config
-from google import genai
-from google.genai import types
 
 from veronica_otel.testing import FakeLLMServer
 
@@ -79,6 +74,8 @@ def test_openai_responses_calls_the_declared_tool(server: FakeLLMServer, stream:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> None:
+    import anthropic
+
     client = anthropic.Anthropic(base_url=server.anthropic_base_url, api_key="t", max_retries=0)
     tools: Any = [{"name": "weather", "description": "w", "input_schema": WEATHER}]
     messages: Any = [{"role": "user", "content": "hi"}]
@@ -97,6 +94,9 @@ def test_anthropic_calls_the_declared_tool(server: FakeLLMServer, stream: bool) 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_gemini_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> None:
+    from google import genai
+    from google.genai import types
+
     gemini = genai.Client(api_key="t", http_options=types.HttpOptions(base_url=server.base_url))
     declaration = types.FunctionDeclaration(name="weather", parameters_json_schema=WEATHER)
     config = types.GenerateContentConfig(tools=[types.Tool(function_declarations=[declaration])])
@@ -113,6 +113,9 @@ def test_gemini_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> 
 
 
 def test_gemini_typed_schema_uppercase_types(server: FakeLLMServer) -> None:
+    from google import genai
+    from google.genai import types
+
     gemini = genai.Client(api_key="t", http_options=types.HttpOptions(base_url=server.base_url))
     schema = types.Schema(
         type=types.Type.OBJECT,
@@ -128,6 +131,9 @@ def test_gemini_typed_schema_uppercase_types(server: FakeLLMServer) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_bedrock_converse_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> None:
+    import boto3
+    from botocore.config import Config
+
     client = boto3.client(
         "bedrock-runtime",
         endpoint_url=server.base_url,

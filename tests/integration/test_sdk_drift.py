@@ -11,6 +11,7 @@ instrumentations' wrappers are checked on the real classes too.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,12 +19,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import anthropic._base_client as anthropic_base
-import groq
-import groq._base_client as groq_base
-import openai
-import openai._base_client as openai_base
 import pytest
 import wrapt
 
@@ -44,13 +39,20 @@ LIMITED = ExecutionConfig(max_steps=5)
 
 @dataclass(frozen=True)
 class Sdk:
-    """One SDK under test: its instrumentor, base-client module and one call."""
+    """One SDK under test: its instrumentor, base-client module and one call.
+
+    The SDK is imported when a test uses it, not when the module is collected
+    (each pytest-xdist worker collects every module).
+    """
 
     name: str
     instrumentor: type[GuardedInstrumentor]
-    base: Any
     sync_hook: str  # a private per-attempt hook to remove
     path: str  # the server path of the call
+
+    @property
+    def base(self) -> Any:
+        return importlib.import_module(f"{self.name}._base_client")
 
     @property
     def hooks(self) -> SDKHooks:
@@ -58,16 +60,28 @@ class Sdk:
 
     def client(self, server: FakeLLMServer) -> Any:
         if self.name == "openai":
+            import openai
+
             return openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
         if self.name == "groq":
+            import groq
+
             return groq.Groq(base_url=server.base_url, api_key="t", max_retries=0)
+        import anthropic
+
         return anthropic.Anthropic(base_url=server.anthropic_base_url, api_key="t", max_retries=0)
 
     def aclient(self, server: FakeLLMServer) -> Any:
         if self.name == "openai":
+            import openai
+
             return openai.AsyncOpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
         if self.name == "groq":
+            import groq
+
             return groq.AsyncGroq(base_url=server.base_url, api_key="t", max_retries=0)
+        import anthropic
+
         return anthropic.AsyncAnthropic(
             base_url=server.anthropic_base_url, api_key="t", max_retries=0
         )
@@ -83,11 +97,9 @@ class Sdk:
         )
 
 
-OPENAI = Sdk("openai", OpenAIInstrumentor, openai_base, "_sleep_for_retry", "/v1/chat/completions")
-ANTHROPIC = Sdk(
-    "anthropic", AnthropicInstrumentor, anthropic_base, "_attempt_request", "/v1/messages"
-)
-GROQ = Sdk("groq", GroqInstrumentor, groq_base, "_sleep_for_retry", "/openai/v1/chat/completions")
+OPENAI = Sdk("openai", OpenAIInstrumentor, "_sleep_for_retry", "/v1/chat/completions")
+ANTHROPIC = Sdk("anthropic", AnthropicInstrumentor, "_attempt_request", "/v1/messages")
+GROQ = Sdk("groq", GroqInstrumentor, "_sleep_for_retry", "/openai/v1/chat/completions")
 
 
 @pytest.fixture(params=[OPENAI, ANTHROPIC, GROQ], ids=lambda sdk: sdk.name)
@@ -400,7 +412,7 @@ def test_each_anthropic_release_gets_the_hooks_of_its_shape_and_stays_contained(
     names = {hook.name for hook in anthropic_hooks.hooks}
     assert {f"SyncAPIClient.{method}" for method in taken} <= names
     assert all(
-        is_ours(anthropic_base.SyncAPIClient, m, _wrapper(anthropic_hooks, m)) for m in taken
+        is_ours(ANTHROPIC.base.SyncAPIClient, m, _wrapper(anthropic_hooks, m)) for m in taken
     )
     with ANTHROPIC.client(server) as client, ExecutionContext(LIMITED) as ctx:
         for _ in range(LIMITED.max_steps or 0):

@@ -15,7 +15,6 @@ import math
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-import anthropic
 import openai
 import pytest
 
@@ -143,6 +142,8 @@ def _claude_actual() -> int:
 
 
 def _claude_calls(ceiling_usd: float, server: FakeLLMServer, ledger: Any) -> ExecutionContext:
+    import anthropic
+
     config = ExecutionConfig(max_cost_usd=ceiling_usd)
     with (
         anthropic.Anthropic(base_url=server.anthropic_base_url, api_key="t", max_retries=0) as cl,
@@ -183,6 +184,8 @@ def test_anthropic_input_is_not_reserved_at_the_cache_write_price(
 async def test_anthropic_fifty_tasks_at_once(
     instrumented: None, claude_server: FakeLLMServer, ledger: Any
 ) -> None:
+    import anthropic
+
     ceiling = usd_to_nano(CEILING_USD)
     config = ExecutionConfig(max_cost_usd=CEILING_USD)
     async with anthropic.AsyncAnthropic(

@@ -12,9 +12,8 @@ price only when the request marks blocks to cache.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import openai
 import pytest
 
@@ -25,6 +24,9 @@ from veronica_otel.instrumentors._admit import input_bound
 from veronica_otel.instrumentors._hidden_input import ANTHROPIC_IMAGE_TOKENS, openai_image_tokens
 from veronica_otel.instrumentors.anthropic import AnthropicInstrumentor
 from veronica_otel.testing import FakeLLMServer
+
+if TYPE_CHECKING:
+    import anthropic
 
 CHAT, COMPLETIONS, RESPONSES, MESSAGES = (
     "/v1/chat/completions",
@@ -193,6 +195,8 @@ def test_text_and_function_tools_are_not_server_side(
 
 @pytest.fixture
 def claude(server: FakeLLMServer) -> Iterator[anthropic.Anthropic]:
+    import anthropic
+
     instrumentor = AnthropicInstrumentor()
     instrumentor.instrument()
     try:

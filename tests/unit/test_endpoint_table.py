@@ -47,39 +47,68 @@ def _resources(root: Any, base: type, seen: set[type]) -> Iterator[tuple[str, An
             yield f"{name}.{path}", child
 
 
-def _posts(client: Any, base: type) -> dict[str, str]:
-    """Path template -> the first public method (``images.generate``) posting to it."""
-    found: dict[str, str] = {}
-    for path, resource in _resources(client, base, set()):
-        for name, method in inspect.getmembers(type(resource), inspect.isfunction):
-            if name.startswith("_"):
-                continue
-            source = inspect.getsource(method)
-            for template in _POST.findall(source):
-                found.setdefault(template.split("?", 1)[0], f"{path}.{name}")
-    return found
+Methods = list[tuple[str, str, str]]
 
 
-def _openai_posts() -> dict[str, str]:
+def _methods(client: Any, base: type) -> Methods:
+    """(``images``, ``generate``, its source) for every method of every resource."""
+    return [
+        (path, name, inspect.getsource(method))
+        for path, resource in _resources(client, base, set())
+        for name, method in inspect.getmembers(type(resource), inspect.isfunction)
+    ]
+
+
+# Each SDK's tree is walked (and every method's source read) once per process;
+# the tests only read what the walk found.
+
+
+@functools.cache
+def _openai_methods() -> Methods:
     import openai
     from openai._resource import SyncAPIResource
 
-    return _posts(openai.OpenAI(api_key="t", base_url="http://127.0.0.1:9"), SyncAPIResource)
+    return _methods(openai.OpenAI(api_key="t", base_url="http://127.0.0.1:9"), SyncAPIResource)
 
 
-def _anthropic_posts() -> dict[str, str]:
+@functools.cache
+def _anthropic_methods() -> Methods:
     import anthropic
     from anthropic._resource import SyncAPIResource
 
     client = anthropic.Anthropic(api_key="t", base_url="http://127.0.0.1:9")
-    return _posts(client, SyncAPIResource)
+    return _methods(client, SyncAPIResource)
 
 
-def _groq_posts() -> dict[str, str]:
+@functools.cache
+def _groq_methods() -> Methods:
     groq = pytest.importorskip("groq")
     from groq._resource import SyncAPIResource
 
-    return _posts(groq.Groq(api_key="t", base_url="http://127.0.0.1:9"), SyncAPIResource)
+    return _methods(groq.Groq(api_key="t", base_url="http://127.0.0.1:9"), SyncAPIResource)
+
+
+def _posts(methods: Methods) -> dict[str, str]:
+    """Path template -> the first public method (``images.generate``) posting to it."""
+    found: dict[str, str] = {}
+    for path, name, source in methods:
+        if name.startswith("_"):
+            continue
+        for template in _POST.findall(source):
+            found.setdefault(template.split("?", 1)[0], f"{path}.{name}")
+    return found
+
+
+def _openai_posts() -> dict[str, str]:
+    return _posts(_openai_methods())
+
+
+def _anthropic_posts() -> dict[str, str]:
+    return _posts(_anthropic_methods())
+
+
+def _groq_posts() -> dict[str, str]:
+    return _posts(_groq_methods())
 
 
 def _unlisted(table: Any, posts: dict[str, str]) -> list[str]:
@@ -131,16 +160,11 @@ def test_the_walk_reaches_the_endpoints_the_issue_saw_pass() -> None:
 
 def test_every_public_method_posts_only_through_paths_we_read() -> None:
     """A method that posts without a literal path would escape the walk above."""
-    import openai
-    from openai._resource import SyncAPIResource
-
-    client = openai.OpenAI(api_key="t", base_url="http://127.0.0.1:9")
-    unread = []
-    for path, resource in _resources(client, SyncAPIResource, set()):
-        for name, method in inspect.getmembers(type(resource), inspect.isfunction):
-            source = inspect.getsource(method)
-            if "._post(" in source and not _POST.search(source):
-                unread.append(f"{path}.{name}")
+    unread = [
+        f"{path}.{name}"
+        for path, name, source in _openai_methods()
+        if "._post(" in source and not _POST.search(source)
+    ]
     assert unread == []
 
 
