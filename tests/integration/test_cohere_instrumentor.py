@@ -213,6 +213,8 @@ class _SlottedClient(httpx.Client):
 def test_a_reply_that_takes_no_handover_is_decoded_by_the_sdk(
     server: FakeLLMServer, instrumented: CohereInstrumentor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import cohere
+
     decodes = _count_decodes(monkeypatch)
     with (
         _SlottedClient() as http,
