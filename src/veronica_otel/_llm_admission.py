@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["aadmit_call", "admit_call"]
 
+_new = object.__new__
 _answer = tuple.__new__  # an Admitted without a Python-level __new__ (once per call)
 _CLOSED = CircuitState.CLOSED
 _active_call = ACTIVE_CALL.get  # bound once: one C call per admission
@@ -128,10 +129,21 @@ def admit_call(
             step, counters, limits = lane
             reservation = step(counters, limits, cost_nano, tokens)
             if reservation is not None:
-                handle = new_call(PlainCall, self._settlement, reservation, None, ALLOW)
+                # new_call(PlainCall, settlement, reservation, None, ALLOW) with
+                # its model and metric flag, in this frame: every field of
+                # CallHandle.__new__, in its order (once per call).
+                handle = _new(PlainCall)
+                handle.context = self._settlement
+                handle.reservation = reservation
+                handle.policy_context = None
+                handle.decision = ALLOW
+                handle.cost_nano = handle.tokens = -1
+                handle._done = False
+                handle.kind = "llm"
+                handle.model = model
                 # metrics_live(), inline: an instrumented call records its metric
                 handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
-                handle.model = model
+                handle.agents = None
                 return _answer(Admitted, (handle, cap, None, None, None, prices))
     signature = call_signature(model, parts) if self._repeats_limited else None
     handle = self.begin_priced_call(
