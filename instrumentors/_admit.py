@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from itertools import chain
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -81,23 +80,6 @@ def _utf8_bytes(value: object) -> int:
 
 def _list_bytes(sequence: list[object]) -> int:
     total = len(sequence)  # 1 per item
-    kinds = set(map(type, sequence))
-    if kinds == _DICTS:
-        # Messages or content blocks: when every value is a str (and every
-        # key, which the join checks), the walk's sum over the dicts is
-        # 2 per item plus the bytes of all keys and values, measured in C
-        # with no Python step per message or value.
-        values = list(_chained(map(_dict_values, sequence)))
-        if set(map(type, values)) <= _STRS:
-            try:
-                text = "".join(_chained((map("".join, sequence), values)))
-            except TypeError:  # a key that is not a str: walked below
-                pass
-            else:
-                total += 2 * sum(map(len, sequence))
-                return total + (len(text) if text.isascii() else len(text.encode("utf-8")))
-    elif kinds == _LISTS:  # the request's parts: its messages, tools, ... lists
-        return total + sum(map(_list_bytes, sequence))  # type: ignore[arg-type]
     for item in sequence:
         kind = type(item)
         if kind is dict:
@@ -152,11 +134,6 @@ def _dict_bytes(mapping: dict[object, object]) -> int:
 
 
 _SCALARS = frozenset((int, float, bool))
-_DICTS = frozenset((dict,))
-_LISTS = frozenset((list,))
-_STRS = frozenset((str,))
-_chained = chain.from_iterable
-_dict_values = dict.values
 
 
 def _utf8_bytes_any(value: object) -> int:
