@@ -131,7 +131,7 @@ def admit_call(
                 # new_call(PlainCall, settlement, reservation, None, ALLOW), its
                 # model and metric flag, in this frame: every field
                 # CallHandle.__new__ sets (once per call).
-                handle = _new(PlainCall)
+                handle: CallHandle = _new(PlainCall)
                 handle.context, handle.reservation, handle.decision, handle.model = (
                     self._settlement,
                     reservation,
