@@ -204,7 +204,9 @@ def _plain(wrapper: Callable[..., Any], original: Any) -> Callable[..., Any]:
         method = hooked.__wrapped__  # type: ignore[attr-defined]
         return wrapper(method.__get__(self, type(self)), self, args, kwargs)
 
-    functools.update_wrapper(hooked, original, updated=())  # __wrapped__, name, docs
+    # __wrapped__, name, docs, and what a decorator set on the method (which
+    # wrapt's proxy would show through it)
+    functools.update_wrapper(hooked, original)
     hooked.veronica_hook = wrapper  # type: ignore[attr-defined]
     return hooked
 

@@ -89,3 +89,15 @@ def test_async_static_and_class_methods_keep_the_wrapt_wrapper() -> None:
     assert asyncio.run(Client().arequest("/a")) == ("ours", "/a")
     assert Client.build("/b") == ("ours", "/b")
     assert Client.make("/c") == ("ours", "/c")
+
+
+def test_what_a_decorator_set_on_the_method_shows_through_the_plain_hook() -> None:
+    class Client:
+        def request(self) -> str:
+            return "sent"
+
+    Client.request.deprecated_since = "1.0"  # type: ignore[attr-defined]
+    seen: list[tuple[Any, Any, Any, Any]] = []
+    _wrap(Client, Hook("Client", "request", _ours(seen)))
+    assert Client.request.deprecated_since == "1.0"  # type: ignore[attr-defined]
+    assert Client.request.__name__ == "request" and Client().request() == ("ours", "sent")
