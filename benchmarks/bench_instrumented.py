@@ -268,7 +268,8 @@ class Patches:
 
     def verify(self, state: str) -> None:
         attr = openai_base.SyncAPIClient.__dict__["request"]
-        wrapper = getattr(attr, "_self_wrapper", None)
+        # A wrapt wrapper names its wrapper; our plain hooks (instrumentors._hooks) too.
+        wrapper = getattr(attr, "_self_wrapper", None) or getattr(attr, "veronica_hook", None)
         expected_wrapper = {OPENAI_OBSERVE: _observe_request, OPENAI_OURS: ours_openai._request}
         if wrapper is not expected_wrapper.get(state):
             raise RuntimeError(f"{state}: SyncAPIClient.request is wrapped by {wrapper!r}")

@@ -104,9 +104,6 @@ async def _areport(call: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[
     return response
 
 
-Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
-
-
 def _reported(wrapped: Any, hooked: Callable[..., Any], transport: Any) -> Callable[..., Any]:
     """The send the guard runs on ``transport`` (an instance): reported as an
     attempt of the call it admitted, by the hook itself (``hooked``), if any."""
@@ -181,34 +178,41 @@ def _sync_hook(transport: GuardTransport, original: Any) -> Callable[..., Any]:
     return hooked
 
 
-def _async_hook(transport: GuardTransport) -> Wrapper:
-    async def aattempt(
-        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        call = ADMITTED.get()
+def _async_hook(transport: GuardTransport, original: Any) -> Callable[..., Any]:
+    """The async transport method ``original`` with the attempt hook: a plain
+    coroutine function, for :func:`_sync_hook`'s reasons (no ``FunctionWrapper``
+    bound on every attribute read; ``__wrapped__`` read per call, so a wrapper
+    under it can be spliced out; marked ours with ``veronica_hook``)."""
+
+    async def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        call = _admitted()
+        method = hooked.__wrapped__  # type: ignore[attr-defined]
+        # The transport's own method, or another wrapper under ours, bound as it expects.
+        wrapped = method.__get__(self, type(self))
         if call is None:
             guard = transport.guard
-            if guard is None or not transport.screen(guard, instance, args, kwargs):
+            if guard is None or not transport.screen(guard, self, args, kwargs):
                 return await wrapped(*args, **kwargs)
-            return await transport.asend(_areported(wrapped), instance, args, kwargs)
-        if not call.http_attempts:
+            return await transport.asend(_areported(wrapped), self, args, kwargs)
+        if not call.http_attempts:  # admitted by a layer that counts its own attempts
             return await wrapped(*args, **kwargs)
         return await _areport(call, wrapped, args, kwargs)
 
-    return aattempt
+    functools.update_wrapper(hooked, original, updated=())  # __wrapped__, name, docs
+    hooked.veronica_hook = transport  # type: ignore[attr-defined]  # is_ours reads it
+    return hooked
 
 
-_aattempt = _async_hook(TRANSPORTS["httpx"])
-# (module, class, method, hook): one per transport, attempts and guard; a sync
-# hook is its GuardTransport (a plain function over the method, _sync_hook), an
-# async one its wrapt wrapper.
-_HOOKS: tuple[tuple[str, str, str, Any], ...] = (
-    ("httpx2", "HTTPTransport", "handle_request", TRANSPORTS["httpx"]),
-    ("httpx2", "AsyncHTTPTransport", "handle_async_request", _aattempt),
-    ("httpx", "HTTPTransport", "handle_request", TRANSPORTS["httpx"]),
-    ("httpx", "AsyncHTTPTransport", "handle_async_request", _aattempt),
-    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", TRANSPORTS["urllib3"]),
-    ("aiohttp.client", "ClientSession", "_request", _async_hook(TRANSPORTS["aiohttp"])),
+# (module, class, method, transport, async): one hook per transport method,
+# attempts and guard, each a plain function over the method (_sync_hook,
+# _async_hook) marked with its GuardTransport.
+_HOOKS: tuple[tuple[str, str, str, GuardTransport, bool], ...] = (
+    ("httpx2", "HTTPTransport", "handle_request", TRANSPORTS["httpx"], False),
+    ("httpx2", "AsyncHTTPTransport", "handle_async_request", TRANSPORTS["httpx"], True),
+    ("httpx", "HTTPTransport", "handle_request", TRANSPORTS["httpx"], False),
+    ("httpx", "AsyncHTTPTransport", "handle_async_request", TRANSPORTS["httpx"], True),
+    ("urllib3.connectionpool", "HTTPConnectionPool", "urlopen", TRANSPORTS["urllib3"], False),
+    ("aiohttp.client", "ClientSession", "_request", TRANSPORTS["aiohttp"], True),
 )
 _lock = threading.Lock()
 _registered = False
@@ -216,17 +220,15 @@ _registered = False
 
 def _hook_module(module_name: str) -> Any:
     def install(module: Any) -> None:
-        for name, owner_name, method, wrapper in _HOOKS:
+        for name, owner_name, method, transport, is_async in _HOOKS:
             if name != module_name:
                 continue
             owner = getattr(module, owner_name, None)
-            if not isinstance(owner, type) or is_ours(owner, method, wrapper):
+            if not isinstance(owner, type) or is_ours(owner, method, transport):
                 continue
-            if isinstance(wrapper, GuardTransport):  # sync: a plain function over it
-                original = inspect.getattr_static(owner, method)
-                setattr(owner, method, _sync_hook(wrapper, original))
-            else:
-                wrapt.wrap_function_wrapper(owner, method, wrapper)
+            original = inspect.getattr_static(owner, method)
+            hook = _async_hook if is_async else _sync_hook
+            setattr(owner, method, hook(transport, original))
 
     return install
 

@@ -48,7 +48,9 @@ def bound_call(response: Any) -> ContainedCall | None:
         call = response.request.extensions.get(_CALL_KEY)
     except (AttributeError, RuntimeError):
         return None
-    return call if type(call) is ContainedCall else None
+    # Any call an adapter admitted, a BoundedCall (admitted at a configured
+    # bound) too; nothing else is stored under our key.
+    return call if isinstance(call, ContainedCall) else None
 
 
 _LIBRARIES = ("httpx2", "httpx")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from . import _agents, _pricing
 from ._breaker import CircuitBreaker, CircuitState
-from ._call import ACTIVE_CALL, CallHandle, PlainCall, joins_wrapped_call, new_call
+from ._call import ACTIVE_CALL, CallHandle, PlainCall, joins_wrapped_call
 from ._call_spec import Admitted, CallSpec, call_signature
 from ._clamp import OutputClamp
 from ._gc_safe import pending
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["aadmit_call", "admit_call"]
 
+_new = object.__new__
 _answer = tuple.__new__  # an Admitted without a Python-level __new__ (once per call)
 _CLOSED = CircuitState.CLOSED
 _active_call = ACTIVE_CALL.get  # bound once: one C call per admission
@@ -125,13 +126,26 @@ def admit_call(
             # ledger level stepped (None: anything unusual, asked the general
             # way). The lane's chain has no policies, agents or pools, so the
             # call settles there too (PlainCall.commit).
-            step, counters, limits = lane
-            reservation = step(counters, limits, cost_nano, tokens)
+            reservation = lane[0](lane[1], lane[2], cost_nano, tokens)  # step(counters, limits)
             if reservation is not None:
-                handle = new_call(PlainCall, self._settlement, reservation, None, ALLOW)
+                # new_call(PlainCall, settlement, reservation, None, ALLOW), its
+                # model and metric flag, in this frame: every field
+                # CallHandle.__new__ sets (once per call).
+                handle: CallHandle = _new(PlainCall)
+                handle.context, handle.reservation, handle.decision, handle.model = (
+                    self._settlement,
+                    reservation,
+                    ALLOW,
+                    model,
+                )
+                handle.policy_context = handle.agents = None
+                handle.cost_nano = handle.tokens = -1
                 # metrics_live(), inline: an instrumented call records its metric
-                handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
-                handle.model = model
+                handle.metrics, handle._done, handle.kind = (
+                    getattr(_calls, "_real_instrument", _calls) is not None,
+                    False,
+                    "llm",
+                )
                 return _answer(Admitted, (handle, cap, None, None, None, prices))
     signature = call_signature(model, parts) if self._repeats_limited else None
     handle = self.begin_priced_call(

@@ -31,7 +31,7 @@ from veronica_otel.instrumentors._adapter import (
     Request,
     wrapper,
 )
-from veronica_otel.instrumentors._attempts import _sync_hook, ensure_attempt_hooks
+from veronica_otel.instrumentors._attempts import _async_hook, _sync_hook, ensure_attempt_hooks
 from veronica_otel.instrumentors._common import ContainedCall
 from veronica_otel.instrumentors._guard_transports import TRANSPORTS
 from veronica_otel.instrumentors._unwrap import is_ours, unwrap_ours
@@ -407,3 +407,43 @@ def test_a_wrapper_under_the_attempt_hook_is_still_spliced_out() -> None:
     assert Transport().handle_request(2) == ("sent", 2)
     assert is_ours(Transport, "handle_request", transport)
     assert not is_ours(Transport, "handle_request", theirs)
+
+
+def test_a_wrapper_under_the_async_attempt_hook_is_still_spliced_out() -> None:
+    # The async attempt hooks are plain coroutine functions too: the same splice.
+    class Transport:
+        async def handle_async_request(self, request: object) -> tuple[str, object]:
+            return "sent", request
+
+    original = Transport.__dict__["handle_async_request"]
+
+    async def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> tuple[str, object]:
+        return "theirs", await wrapped(*args, **kwargs)
+
+    wrapt.wrap_function_wrapper(Transport, "handle_async_request", theirs)
+    transport = type(TRANSPORTS["httpx"])()  # its own guard: off
+    hooked = _async_hook(transport, inspect.getattr_static(Transport, "handle_async_request"))
+    Transport.handle_async_request = hooked  # type: ignore[method-assign]
+    assert inspect.iscoroutinefunction(Transport.handle_async_request)
+    assert is_ours(Transport, "handle_async_request", transport)
+    assert asyncio.run(Transport().handle_async_request(1)) == ("theirs", ("sent", 1))
+    unwrap_ours(Transport, "handle_async_request", theirs)
+    assert Transport.__dict__["handle_async_request"] is hooked
+    assert hooked.__wrapped__ is original  # type: ignore[attr-defined]
+    assert asyncio.run(Transport().handle_async_request(2)) == ("sent", 2)
+    assert not is_ours(Transport, "handle_async_request", theirs)
+    unwrap_ours(Transport, "handle_async_request", transport)  # ours out: the method again
+    assert Transport.__dict__["handle_async_request"] is original
+
+
+def test_every_transport_hook_is_a_plain_function_marked_ours() -> None:
+    # No wrapt proxy on the attempt path, sync or async (httpx2's transports here).
+    ensure_attempt_hooks()
+    for owner, method in (
+        (httpx2.HTTPTransport, "handle_request"),
+        (httpx2.AsyncHTTPTransport, "handle_async_request"),
+    ):
+        hook = owner.__dict__[method]
+        assert not isinstance(hook, wrapt.FunctionWrapper)
+        assert is_ours(owner, method, TRANSPORTS["httpx"])
+    assert inspect.iscoroutinefunction(httpx2.AsyncHTTPTransport.handle_async_request)

@@ -321,8 +321,9 @@ def test_uninstrument_after_a_failure_lifts_the_refusal(
 
 
 def _depth(owner: type, method: str) -> int:
+    # Layers over the SDK's method: wrapt wrappers and our plain hooks (marked).
     depth, current = 0, owner.__dict__[method]
-    while isinstance(current, wrapt.FunctionWrapper):
+    while isinstance(current, wrapt.FunctionWrapper) or hasattr(current, "veronica_hook"):
         depth, current = depth + 1, current.__wrapped__
     return depth
 

@@ -359,3 +359,26 @@ def test_an_out_of_range_count_is_refused_on_either_path(lane: bool) -> None:
         answer = ctx.admit_call(CallSpec("openai", "chat", "m", 10, 5, False))
         answer.handle.finish(sent=False)  # released: the step given back
         assert ctx.snapshot().steps == 0
+
+
+@pytest.mark.usefixtures("no_agent_limits")
+def test_the_lanes_handle_holds_every_field_new_call_sets() -> None:
+    # admit_call builds its PlainCall field by field (new_call's, inline):
+    # every slot new_call fills holds what new_call would have put there.
+    from veronica_otel._call import CallHandle, new_call
+
+    table = PriceTable({"openai:m": UnitPrices(1, 1, 1, 1)})
+    table.lookup("openai", "m")
+    with _chain(table, True) as ctx:
+        handle = ctx.admit_call(CallSpec("openai", "chat", "m", 10, 5, False)).handle
+        assert type(handle) is PlainCall
+        made = new_call(PlainCall, handle.context, handle.reservation, None, handle.decision)
+        made.model, made.metrics = "m", handle.metrics
+        filled = [name for name in CallHandle.__slots__ if hasattr(made, name)]
+        assert set(CallHandle.__slots__) - set(filled) == {"joined"}  # set only on a join
+        assert {name: getattr(handle, name) for name in filled} == {
+            name: getattr(made, name) for name in filled
+        }
+        assert not hasattr(handle, "joined")
+        handle.commit(3, 4)
+        assert ctx.snapshot().tokens == 4
