@@ -118,13 +118,13 @@ def account(call: ContainedCall, data: Any) -> None:
     pending = call.pending_attributes
     if not call.request.stream:
         usage = data.get("usage")
-        if type(usage) is dict and type(call) is ContainedCall and "prompt_tokens" in usage:
+        if type(usage) is dict and type(call) is ContainedCall:
             # _usage then ContainedCall.set_usage (its rule, copied) for the common
-            # report: plain counts, and every detail zero or absent; anything else
-            # (or a subclass's set_usage) goes the general way.
-            inp, out = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            details_in = usage.get("prompt_tokens_details")
-            details_out = usage.get("completion_tokens_details")
+            # report: plain chat counts, and every detail zero or absent; anything
+            # else (another shape, a subclass's set_usage) goes the general way.
+            get = usage.get
+            inp, out = get("prompt_tokens"), get("completion_tokens")
+            details_in, details_out = get("prompt_tokens_details"), get("completion_tokens_details")
             if (
                 type(inp) is int
                 and type(out) is int
