@@ -126,12 +126,12 @@ def _whole_usage(call: ContainedCall, usage: Any) -> None:
             and type(out) is int
             and type(read) is int
             and type(write) is int
-            and 0 <= inp <= MAX_COUNT
+            and inp >= 0
+            and read >= 0
+            and write >= 0
             and 0 <= out <= MAX_COUNT
-            and 0 <= read <= MAX_COUNT
-            and 0 <= write <= MAX_COUNT
         ):
-            total = inp + read + write
+            total = inp + read + write  # each part at most MAX_COUNT when the sum is
             if type(call) is ContainedCall and total <= MAX_COUNT:
                 # set_usage(total, out, read, 0, write), its rule copied for plain
                 # counts (a subclass's set_usage is asked): read <= total, nothing
