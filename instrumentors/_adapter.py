@@ -76,6 +76,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.baggage import _BAGGAGE_KEY
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
+from opentelemetry.context.context import Context
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from veronica_otel import _agents
 from veronica_otel._agents import current_agent
@@ -91,12 +93,14 @@ from ._admit import CallSpec, _list_bytes, _mark_denied, _utf8_bytes, aadmit, ad
 from ._bounds import BOUND_USD, BoundedCall, bounded, how_to_bound
 from ._breakers import never_connected
 from ._common import (
+    _CURRENT,
     _SUPPRESS_KEY_PLAIN,
     UNTRACED_SPAN,
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
     _aclose,
+    _set_current,
     make_current,
     otel_current,
     release_current,
@@ -526,8 +530,7 @@ def _prepared(
     admitted: tuple[ContainedCall, int | None, str | None],
 ) -> tuple[ContainedCall, tuple[Any, ...], dict[str, Any]]:
     """Put the clamp and fallback into the arguments, the request on the span."""
-    call, clamp, fallback = admitted
-    call.request, call.adapter, call.http_attempts = request, adapter, True
+    call, clamp, fallback = admitted  # its request and adapter set by the wrapper
     attributes = call.pending_attributes
     if request.attributes is not None and BOUND_USD in request.attributes:
         call.__class__ = BoundedCall  # costs its bound, whatever its reply reports
@@ -679,7 +682,14 @@ def _sync_wrapper(
         # Current from admission until the SDK returns: a denial's trip event
         # lands on this span, and HTTP spans nest under it (a span not ours
         # is current already; none while untraced: make_current's first test).
-        span_token = make_current(span, current) if owns and span is not UNTRACED_SPAN else None
+        span_token = (
+            None
+            if not owns or span is UNTRACED_SPAN
+            else make_current(span, current)
+            if _set_current is None
+            # make_current's lane for the API's default runtime, without its frame
+            else _set_current(Context({**current, _SPAN_KEY: span}))
+        )
         admitted = None
         try:
             if not request[_PRICED] and ctx.has_cost_ceiling:
@@ -713,7 +723,10 @@ def _sync_wrapper(
                 otel_context.detach(stripped)  # type: ignore[arg-type]
             ADMITTED.reset(mark)
             if span_token is not None:
-                release_current(span_token)
+                try:  # release_current, without its frame where it resets _CURRENT
+                    _CURRENT.reset(span_token)  # type: ignore[union-attr]
+                except Exception:  # not ours to reset (the API's runtime), or failed: its way
+                    release_current(span_token)
         if type(reply) in adapter.whole_replies:  # _settle's lanes for a whole reply
             if call.done:
                 return reply  # settled already (its payload said all): nothing to read

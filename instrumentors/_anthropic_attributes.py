@@ -22,7 +22,7 @@ from veronica_otel._attributes import (
     GEN_AI_RESPONSE_MODEL,
 )
 
-from ._common import attribute_value, client_attributes
+from ._common import _SERVER, attribute_value, client_attributes
 
 __all__ = ["call_attributes", "response_attributes"]
 
@@ -48,7 +48,11 @@ def call_attributes(
             value = attribute_value(body[key])
             if value is not None:
                 attributes[_PLAIN[key]] = value
-    client_attributes(attributes, instance)
+    base_url, last = getattr(instance, "_base_url", None), _SERVER[0]
+    if base_url is not None and last[0] is base_url:  # client_attributes' hit, inline
+        attributes.update(last[1])
+    else:
+        client_attributes(attributes, instance)
     return attributes
 
 

@@ -20,8 +20,7 @@ from ._common import (
     no_item,
     token_count,
 )
-from ._http_libs import bind
-from ._openai_response import _MODEL_TYPES, _result_types
+from ._openai_response import _MODEL_TYPES, _result_types, bind_later
 
 # The logger users filter on, as before this module was split out of anthropic.py.
 _logger = logging.getLogger(__name__.rpartition(".")[0] + ".anthropic")
@@ -53,10 +52,10 @@ def hold(call: ContainedCall, result: Any) -> Any:
         return result
     Stream, AsyncStream, BaseModel = _result_types("anthropic")
     if isinstance(result, Stream):
-        bind(call, result.response)
+        bind_later(call, result.response)
         return ContainedStream(result, call, no_item)
     if isinstance(result, AsyncStream):
-        bind(call, result.response)
+        bind_later(call, result.response)
         return AsyncContainedStream(result, call, no_item)
     if call.done or result is None or isinstance(result, BaseModel):
         if len(_MODEL_TYPES) < 256 and isinstance(result, BaseModel):
@@ -66,7 +65,7 @@ def hold(call: ContainedCall, result: Any) -> Any:
         return result
     # A raw response (with_raw_response / with_streaming_response): its body is
     # parsed later; the payload hook settles it then, or collection does.
-    bind(call, getattr(result, "http_response", None))
+    bind_later(call, getattr(result, "http_response", None))
     try:
         weakref.finalize(result, defer, call.finish)
     except TypeError:
@@ -127,12 +126,12 @@ def _whole_usage(call: ContainedCall, usage: Any) -> None:
             and type(out) is int
             and type(read) is int
             and type(write) is int
-            and 0 <= inp <= MAX_COUNT
+            and inp >= 0
+            and read >= 0
+            and write >= 0
             and 0 <= out <= MAX_COUNT
-            and 0 <= read <= MAX_COUNT
-            and 0 <= write <= MAX_COUNT
         ):
-            total = inp + read + write
+            total = inp + read + write  # each part at most MAX_COUNT when the sum is
             if type(call) is ContainedCall and total <= MAX_COUNT:
                 # set_usage(total, out, read, 0, write), its rule copied for plain
                 # counts (a subclass's set_usage is asked): read <= total, nothing

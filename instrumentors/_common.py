@@ -412,7 +412,23 @@ class ContainedCall:
                     )
                 )
             ):
-                if self.span is not UNTRACED_SPAN:
+                attributes = self.pending_attributes
+                if attributes is not None:
+                    # Our own recording span, a success: _end_span's lane (its
+                    # rule, copied), without its frame.
+                    span = self.span
+                    try:
+                        cost = handle.cost_nano
+                        attributes[COST_USD] = cost / NANO_PER_USD if cost > 0 else 0.0
+                        if self.usage_seen:
+                            attributes[GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
+                            attributes[GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
+                        span.set_attributes(attributes)
+                    except Exception:
+                        _logger.exception("recording the call on its span failed")
+                    finally:
+                        span.end()
+                elif self.span is not UNTRACED_SPAN:
                     self._end_span(None)
             else:
                 self._settled(error, sent)
@@ -554,31 +570,34 @@ class ContainedCall:
                 span.end()
 
 
-_SERVER: list[tuple[object, str | None, int | None]] = [(None, None, None)]
+# The last base URL read and the server attributes it gives, remembered by
+# identity: a process usually has one client (this runs before every call
+# whose span records).
+_SERVER: list[tuple[object, dict[str, Any]]] = [(None, {})]
 
 
 def server_attributes(attributes: dict[str, Any], base_url: object) -> None:
     """Add ``server.address`` and ``server.port`` read from an SDK client's base URL.
 
-    ``base_url`` is an ``httpx``-style URL (``host``, ``port``, ``scheme``);
-    the last one read is remembered by identity, as a process usually has one
-    client (this runs before every call whose span records).
+    ``base_url`` is an ``httpx``-style URL (``host``, ``port``, ``scheme``).
     """
     last = _SERVER[0]
-    if last[0] is base_url:
-        host, port = last[1], last[2]
-    else:
-        host = getattr(base_url, "host", None) or None
-        port = getattr(base_url, "port", None)
-        if port is None:
-            port = {"https": 443, "http": 80}.get(getattr(base_url, "scheme", ""))
-        host = host if type(host) is str else None
-        port = port if type(port) is int else None
-        _SERVER[0] = (base_url, host, port)
-    if host is not None:
-        attributes["server.address"] = host
-    if port is not None:
-        attributes["server.port"] = port
+    if last[0] is not base_url:
+        last = _SERVER[0] = (base_url, _server_of(base_url))
+    attributes.update(last[1])
+
+
+def _server_of(base_url: object) -> dict[str, Any]:
+    host = getattr(base_url, "host", None) or None
+    port = getattr(base_url, "port", None)
+    if port is None:
+        port = {"https": 443, "http": 80}.get(getattr(base_url, "scheme", ""))
+    found: dict[str, Any] = {}
+    if type(host) is str:
+        found["server.address"] = host
+    if type(port) is int:
+        found["server.port"] = port
+    return found
 
 
 def client_attributes(attributes: dict[str, Any], client: Any) -> None:
@@ -586,6 +605,10 @@ def client_attributes(attributes: dict[str, Any], client: Any) -> None:
     its own ``_base_url`` (openai 3's ``base_url`` property imports a module per
     read), else its ``base_url``; nothing for a client of another shape."""
     base_url = getattr(client, "_base_url", None)
+    last = _SERVER[0]
+    if base_url is not None and last[0] is base_url:  # server_attributes' hit, without its frame
+        attributes.update(last[1])
+        return
     if base_url is None:
         try:
             base_url = client.base_url

@@ -29,7 +29,7 @@ from veronica_otel._attributes import (
     GEN_AI_RESPONSE_MODEL,
 )
 
-from ._common import attribute_value, client_attributes
+from ._common import _SERVER, attribute_value, client_attributes
 from ._openai_request import _body
 
 __all__ = ["call_attributes", "response_attributes", "stream_attributes"]
@@ -59,7 +59,11 @@ def call_attributes(
         body = _body(options)  # the user's extra_body merged over it
     if not _KEYS.isdisjoint(body):  # usually none of them
         _parameters(attributes, body)
-    client_attributes(attributes, instance)
+    base_url, last = getattr(instance, "_base_url", None), _SERVER[0]
+    if base_url is not None and last[0] is base_url:  # client_attributes' hit, inline
+        attributes.update(last[1])
+    else:
+        client_attributes(attributes, instance)
     return attributes
 
 
@@ -90,10 +94,23 @@ def _parameters(attributes: dict[str, Any], body: Mapping[str, Any]) -> None:
             attributes[GEN_AI_REQUEST_ENCODING_FORMATS] = [value]
 
 
-def response_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> None:
-    """Add what a whole reply says (chat, completions, embeddings, responses)."""
-    _identity(attributes, data)
+def response_attributes(
+    attributes: dict[str, Any], data: Mapping[str, Any], whole: bool = True
+) -> None:
+    """Add what a whole reply says (chat, completions, embeddings, responses);
+    ``whole`` False: only what names it (a stream's first chunk)."""
+    # Four keys read one by one: a loop over pairs costs twice as much per call.
     get = data.get
+    if type(value := get("id")) is str and value:
+        attributes[GEN_AI_RESPONSE_ID] = value
+    if type(value := get("model")) is str and value:
+        attributes[GEN_AI_RESPONSE_MODEL] = value
+    if type(value := get("service_tier")) is str and value:
+        attributes["openai.response.service_tier"] = value
+    if type(value := get("system_fingerprint")) is str and value:
+        attributes["openai.response.system_fingerprint"] = value
+    if not whole:
+        return
     choices = get("choices")
     if type(choices) is list and choices:
         if len(choices) == 1:  # the common case, without a comprehension's frame
@@ -140,21 +157,8 @@ def stream_attributes(attributes: dict[str, Any], data: Mapping[str, Any]) -> No
             response_attributes(attributes, response)
         return
     if GEN_AI_RESPONSE_ID not in attributes:
-        _identity(attributes, data)
+        response_attributes(attributes, data, False)
     for choice in data.get("choices") or ():
         if isinstance(choice, Mapping) and type(reason := choice.get("finish_reason")) is str:
             reasons = attributes.setdefault(GEN_AI_RESPONSE_FINISH_REASONS, [])
             reasons.append(reason)
-
-
-def _identity(attributes: dict[str, Any], data: Mapping[str, Any]) -> None:
-    # Four keys read one by one: a loop over pairs costs twice as much per call.
-    get = data.get
-    if type(value := get("id")) is str and value:
-        attributes[GEN_AI_RESPONSE_ID] = value
-    if type(value := get("model")) is str and value:
-        attributes[GEN_AI_RESPONSE_MODEL] = value
-    if type(value := get("service_tier")) is str and value:
-        attributes["openai.response.service_tier"] = value
-    if type(value := get("system_fingerprint")) is str and value:
-        attributes["openai.response.system_fingerprint"] = value

@@ -52,6 +52,18 @@ def _result_types(package: str) -> tuple[Any, Any, Any]:
 _MODEL_TYPES: set[type] = set()
 
 
+# Whether a reply of a Stainless SDK (this one's, anthropic's) was ever bound to
+# its call to be read later (``bind``): until one is, ``bound_call`` finds none
+# for any response, and the payload hooks skip asking (a set-once flag).
+BOUND = [False]
+
+
+def bind_later(call: ContainedCall, response: Any) -> None:
+    """``bind``, with :data:`BOUND` set first."""
+    BOUND[0] = True
+    bind(call, response)
+
+
 def hold(package: str, call: ContainedCall, result: Any) -> Any:
     """Settle a call that returned, now or when its body is read."""
     Stream, AsyncStream, BaseModel = _result_types(package)
@@ -67,17 +79,17 @@ def hold(package: str, call: ContainedCall, result: Any) -> Any:
         call.finish()  # a parsed model, usage already read
         return result
     if isinstance(result, Stream):
-        bind(call, result.response)
+        bind_later(call, result.response)
         settle_on_close(call, result.response)
         return ContainedStream(result, call, no_item)
     if isinstance(result, AsyncStream):
-        bind(call, result.response)
+        bind_later(call, result.response)
         settle_on_close(call, result.response)
         return AsyncContainedStream(result, call, no_item)
     # A raw response (with_raw_response / with_streaming_response).
     http_response: Any = getattr(result, "http_response", None)
     if is_response(http_response):
-        bind(call, http_response)
+        bind_later(call, http_response)
         if call.request.stream:
             settle_on_close(call, http_response)
         elif http_response.is_closed:
@@ -106,13 +118,13 @@ def account(call: ContainedCall, data: Any) -> None:
     pending = call.pending_attributes
     if not call.request.stream:
         usage = data.get("usage")
-        if type(usage) is dict and type(call) is ContainedCall and "prompt_tokens" in usage:
+        if type(usage) is dict and type(call) is ContainedCall:
             # _usage then ContainedCall.set_usage (its rule, copied) for the common
-            # report: plain counts, and every detail zero or absent; anything else
-            # (or a subclass's set_usage) goes the general way.
-            inp, out = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            details_in = usage.get("prompt_tokens_details")
-            details_out = usage.get("completion_tokens_details")
+            # report: plain chat counts, and every detail zero or absent; anything
+            # else (another shape, a subclass's set_usage) goes the general way.
+            get = usage.get
+            inp, out = get("prompt_tokens"), get("completion_tokens")
+            details_in, details_out = get("prompt_tokens_details"), get("completion_tokens_details")
             if (
                 type(inp) is int
                 and type(out) is int

@@ -41,7 +41,7 @@ from ._hooks import Hook
 from ._http_libs import bound_call
 from ._openai_attributes import call_attributes
 from ._openai_request import _NOT_PEER, _peer_span, read_request, rewritten
-from ._openai_response import _MODEL_TYPES, account, hold
+from ._openai_response import _MODEL_TYPES, BOUND, account, hold
 
 __all__ = [
     "GUARDS",
@@ -257,7 +257,8 @@ def _payload_wrapper(adapter: OpenAIWireAdapter) -> _Wrapper:
     def process_response_data(
         wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        call = bound_call(kwargs.get("response"))  # read after request() returned
+        # Read after request() returned: bound to its call (none ever bound: none is).
+        call = bound_call(kwargs.get("response")) if BOUND[0] else None
         later = call is not None
         if not later:  # parsed inside request(): the call in flight (in_flight, inline)
             call = ADMITTED.get()

@@ -91,7 +91,7 @@ from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
 from ._endpoints import routed
 from ._hooks import GuardedInstrumentor, Hook, HookSet, SDKHooks
 from ._http_libs import bound_call
-from ._openai_response import _MODEL_TYPES
+from ._openai_response import _MODEL_TYPES, BOUND
 from ._stainless import StainlessAdapter, _options, in_flight, retry_wrappers, with_options
 
 __all__ = ["AnthropicInstrumentor"]
@@ -224,7 +224,7 @@ def _payload_wrapper(adapter: _AnthropicAdapter) -> Any:
     ) -> Any:
         # A body read after request() returned (a stream, a raw response), or
         # one parsed inside it: the call in flight's.
-        call = bound_call(kwargs.get("response"))
+        call = bound_call(kwargs.get("response")) if BOUND[0] else None  # none ever bound: none is
         if call is None:  # in_flight(adapter), inline
             call = ADMITTED.get()
             if call is not None and call.adapter is not adapter:

@@ -48,6 +48,7 @@ from veronica_otel import (
 )
 from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd, usd_to_nano
+from veronica_otel.instrumentors import _openai_response
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
@@ -1345,6 +1346,45 @@ def test_with_raw_response_commits_usage_once(client: openai.OpenAI, server: Fak
         usage = chat_usage(completion.usage)
         snap = ctx.snapshot()
     assert_settled_as_billed(snap, CHAT_MODEL, usage)
+
+
+def test_a_raw_response_read_later_is_found_before_any_reply_was_bound(
+    client: openai.OpenAI, server: FakeLLMServer
+) -> None:
+    # The payload hook asks for a bound call only once a reply was ever bound:
+    # both lanes, a whole reply before any was and a raw one read after (the
+    # set-once flag, as a fresh process has it; it ends set, as it would).
+    _openai_response.BOUND[0] = False
+    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
+        whole = chat_usage(chat(client).usage)
+        assert _openai_response.BOUND == [False]
+        raw = client.chat.completions.with_raw_response.create(model=CHAT_MODEL, messages=MESSAGES)
+        assert _openai_response.BOUND == [True]
+        later = chat_usage(raw.parse().usage)
+        snap = ctx.snapshot()
+    assert snap.steps == 2
+    assert snap.tokens == whole[0] + whole[1] + later[0] + later[1]
+    assert snap.cost_usd == pytest.approx(priced(CHAT_MODEL, whole) + priced(CHAT_MODEL, later))
+    assert snap.reserved_usd == 0
+
+
+def test_each_client_puts_its_own_server_on_its_spans(
+    server: FakeLLMServer, instrumentor: OpenAIInstrumentor, span_exporter: InMemorySpanExporter
+) -> None:
+    # The server attributes are remembered for the last base URL read: a
+    # second client (another host name for the same server) replaces them.
+    localhost = server.openai_base_url.replace("127.0.0.1", "localhost")
+    with (
+        openai.OpenAI(base_url=server.openai_base_url, api_key="test", max_retries=0) as first,
+        openai.OpenAI(base_url=localhost, api_key="test", max_retries=0) as second,
+        ExecutionContext(ExecutionConfig(max_cost_usd=1.0)),
+    ):
+        for oai in (first, second, first):
+            chat(oai)
+    spans = call_spans(span_exporter, f"chat {CHAT_MODEL}")
+    hosts = [attributes(span)["server.address"] for span in spans]
+    assert hosts == ["127.0.0.1", "localhost", "127.0.0.1"]
+    assert {attributes(span)["server.port"] for span in spans} == {server.port}
 
 
 def test_with_raw_response_never_parsed_still_commits_the_servers_usage(
