@@ -226,17 +226,15 @@ def _read_request(
     body = kwargs.get("json")
     if type(body) is not dict:
         body = dict(body) if isinstance(body, Mapping) else {}
-    if path == "/api/chat":  # a full URL, a body not a dict: the chat lane reads it
-        return _ADAPTER.read_request(instance, _CHAT_ARGS, {**kwargs, "json": body}, "_request")
-    model = named if type(named := body.get("model")) is str and named else "unknown"
     operation, keys = route if route is not None else (path.rpartition("/")[2], ())
-    images = 0
-    if operation == "chat":  # a path no route names: its messages' images and count
-        parts, n_messages, images = _chat_parts(body)
-    else:
-        parts, n_messages = _parts(body, operation, keys)
-    if body.get("images"):
-        images += len(body["images"])
+    if operation == "chat":  # the chat lane reads it (a full URL, a body not a dict)
+        chat = _ADAPTER.read_request(instance, _CHAT_ARGS, {**kwargs, "json": body}, "_request")
+        if route is None and chat is not None:  # a path no route names: the whole body, no cap
+            chat = chat._replace(input_parts=[body], cap=DEFAULT_MAX_OUTPUT_TOKENS, clampable=False)
+        return chat
+    model = named if type(named := body.get("model")) is str and named else "unknown"
+    parts, n_messages = _parts(body, operation, keys)
+    images = len(body["images"]) if body.get("images") else 0
     context = body.get("context")  # token ids: exactly their number
     extra = len(context) if type(context) is list else 0
     if route is None or path == "/v1/systemone":
@@ -248,45 +246,18 @@ def _read_request(
         cap, clampable = None, False  # no output tokens
     else:
         cap, clampable = _cap(body.get("options"))
-    return _request_of(
-        Request,
-        (
-            operation,
-            model,
-            parts,
-            n_messages,
-            cap,
-            clampable,
-            1,
-            bool(kwargs.get("stream")),
-            extra + images * IMAGE_TOKENS,
-            None,
-            CLOUD_PROVIDER if _hosted(instance, model) else None,
-            True,  # priced
-            False,  # cache_writes: Ollama bills no cache writes
-        ),
+    return Request(
+        operation,
+        model,
+        parts,
+        n_messages,
+        cap,
+        clampable,
+        stream=bool(kwargs.get("stream")),
+        extra_input_tokens=extra + images * IMAGE_TOKENS,
+        provider=CLOUD_PROVIDER if _hosted(instance, model) else None,
+        cache_writes=False,  # Ollama bills no cache writes
     )
-
-
-def _chat_parts(body: dict[str, Any]) -> tuple[list[object], int, int]:
-    """A chat body's input, its number of messages and of images in them."""
-    messages = body.get("messages")
-    parts: list[object] = []
-    n_messages, images = 1, 0
-    if messages:
-        if type(messages) is list:
-            for message in messages:
-                if type(message) is dict and message.get("images"):
-                    images += len(message["images"])
-            if images:
-                messages = _without_images(messages)
-            n_messages = len(messages)
-        parts.append(messages)
-    if tools := body.get("tools"):  # the SDK sends [] for none
-        parts.append(tools)
-    if schema := body.get("format"):
-        parts.append(schema)
-    return parts, n_messages, images
 
 
 def _hosted(instance: Any, model: str) -> bool:
@@ -311,8 +282,9 @@ class OllamaAdapter(ProviderAdapter):
         body = kwargs.get("json")
         if type(url) is not str or url != "/api/chat" or type(body) is not dict:
             return _read_request(instance, args, kwargs, url)
-        # The SDK's chat (a bare path, a dict body), in one frame: _chat_parts,
-        # _cap's common case and _hosted, inline (their rules, copied).
+        # The SDK's chat (a bare path, a dict body), in one frame (_cap's common
+        # case and _hosted inline, their rules copied); _read_request hands
+        # every other chat here.
         model = body.get("model")
         if type(model) is not str or not model:
             model = "unknown"
