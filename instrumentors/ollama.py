@@ -394,18 +394,11 @@ def _read_usage(call: ContainedCall, reply: Any) -> None:
     out = getattr(reply, "eval_count", None)
     if inp is not None or out is not None:  # Ollama omits a count that is 0
         inp, out = inp or 0, out or 0
-        if (
-            type(inp) is int
-            and type(out) is int
-            and 0 <= inp <= MAX_COUNT
-            and 0 <= out <= MAX_COUNT
-            and type(call) is ContainedCall
-        ):
-            # ContainedCall.set_usage(inp, out), its rule copied for plain counts
-            # (no details): anything else, or a subclass's set_usage, is asked.
+        # ContainedCall.set_usage(inp, out)'s rule for plain counts, copied (else asked)
+        plain = type(inp) is int and type(out) is int and type(call) is ContainedCall
+        if plain and 0 <= inp <= MAX_COUNT and 0 <= out <= MAX_COUNT:
             call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
-            call.input_tokens, call.output_tokens = inp, out
-            call.usage_seen = True
+            call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
         else:
             call.set_usage(inp, out)
     else:
