@@ -337,8 +337,8 @@ class OllamaAdapter(ProviderAdapter):
                 (len(context) if type(context) is list else 0) + images * IMAGE_TOKENS,
                 None,
                 CLOUD_PROVIDER if hosted else None,
-                True,
-                False,
+                True,  # priced
+                False,  # cache_writes: Ollama bills no cache writes
             ),
         )
 
