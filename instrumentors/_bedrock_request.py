@@ -41,10 +41,12 @@ __all__ = [
     "FREE",
     "REFUSED",
     "UNBOUNDED_OUTPUT",
+    "arguments",
     "converse_request",
     "family",
     "invoke_request",
     "output_limit",
+    "read_converse",
     "refused_request",
     "rewrite_converse",
     "rewrite_invoke",
@@ -199,6 +201,24 @@ _OPERATIONS = {
 
 def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
     """Converse / ConverseStream: the input, the cap, whether it can be clamped."""
+    return read_converse(None, None, ("", params), {}, _STREAMS[stream])
+
+
+_STREAMS = ("Converse", "ConverseStream")
+
+
+def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``_make_api_call``'s operation name and parameters."""
+    if len(args) >= 2:
+        return args[0], args[1]
+    return kwargs.get("operation_name", args[0] if args else ""), kwargs.get("api_params", {})
+
+
+def read_converse(
+    adapter: object, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+) -> Request:
+    """The Converse adapter's ``read_request`` (:func:`converse_request`'s, in one frame)."""
+    params = args[1] if len(args) >= 2 else arguments(args, kwargs)[1]
     get = params.get
     model = get("modelId")
     model = model if isinstance(model, str) and model else "unknown"
@@ -218,7 +238,6 @@ def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
             ),
         )
     )
-    n_messages = (len(messages) if isinstance(messages, list) else 1) + (1 if system else 0)
     config = get("inferenceConfig")
     cap = (
         config.get("maxTokens")
@@ -226,7 +245,28 @@ def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
         else None
     )
     cap = cap if type(cap) is int and cap >= 0 else None
-    extra, cache_writes = _unseen(messages, model)
+    if type(messages) is list:
+        n_messages = len(messages)
+        # _unseen's common case, inline: text blocks only (it skips them), so
+        # nothing unseen and no cache point among the messages.
+        plain = True
+        for message in messages:
+            content = message.get("content") if type(message) is dict else ()
+            if type(content) is list:
+                for block in content:
+                    if type(block) is not dict or "text" not in block:
+                        plain = False
+                        break
+            elif type(message) is not dict:
+                plain = False
+            if not plain:
+                break
+        extra, cache_writes = (0, False) if plain else _unseen(messages, model)
+    else:
+        n_messages = len(messages) if isinstance(messages, list) else 1
+        extra, cache_writes = _unseen(messages, model)
+    if system:
+        n_messages += 1
     if not cache_writes and (system is not None or tools is not None):
         # a cache point in the system prompt or the tools
         cache_writes = _cache_point(system) or _cache_point(
@@ -242,7 +282,7 @@ def converse_request(params: Mapping[str, Any], stream: bool) -> Request:
             cap,
             cap is None,  # clampable
             1,
-            stream,
+            method == "ConverseStream",
             extra,
             None,
             None,

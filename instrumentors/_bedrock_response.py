@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from veronica_otel._attributes import GEN_AI_RESPONSE_FINISH_REASONS, GEN_AI_RESPONSE_ID
+from veronica_otel._units import MAX_COUNT
 
 from ._common import ContainedCall, attribute_value
 
@@ -101,7 +102,14 @@ def converse_reply(call: ContainedCall, reply: Any) -> None:
         and not usage.get("cacheReadInputTokens")
         and not usage.get("cacheWriteInputTokens")
     ):  # no cache reads or writes: _set's sum is the input itself (_set's rule, its frames cut)
-        call.set_usage(usage.get("inputTokens"), usage.get("outputTokens"))
+        inp: Any = usage.get("inputTokens")
+        out: Any = usage.get("outputTokens")
+        plain = type(inp) is int and type(out) is int and type(call) is ContainedCall
+        if plain and 0 <= inp <= MAX_COUNT and 0 <= out <= MAX_COUNT:  # set_usage's rule, copied
+            call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
+            call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
+        else:
+            call.set_usage(inp, out)
     else:
         _converse_usage(call, usage)
     if call.pending_attributes is not None:

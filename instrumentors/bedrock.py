@@ -58,8 +58,9 @@ from ._adapter import ProviderAdapter, Request, denial_in, http_status, wrapper
 from ._bedrock_request import (
     FREE,
     REFUSED,
-    converse_request,
+    arguments,
     invoke_request,
+    read_converse,
     refused_request,
     rewrite_converse,
     rewrite_invoke,
@@ -84,12 +85,6 @@ _AIO_REQUIREMENT = "aiobotocore >= 2.13, < 4"
 _SERVICES = frozenset(REFUSED)  # bedrock-runtime among them
 
 
-def _arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    if len(args) >= 2:
-        return args[0], args[1]
-    return kwargs.get("operation_name", args[0] if args else ""), kwargs.get("api_params", {})
-
-
 class _Bedrock(ProviderAdapter):
     provider = PROVIDER
 
@@ -103,11 +98,8 @@ class _Bedrock(ProviderAdapter):
 class _Converse(_Bedrock):
     """``Converse`` and ``ConverseStream`` (``response["stream"]`` is held)."""
 
-    def read_request(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
-    ) -> Request:
-        params = args[1] if len(args) >= 2 else _arguments(args, kwargs)[1]
-        return converse_request(params, method == "ConverseStream")
+    # The request, the reply and its items read without a frame of their own.
+    read_request = read_converse
 
     def rewrite(
         self,
@@ -117,10 +109,9 @@ class _Converse(_Bedrock):
         cap: int | None,
         model: str | None,
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        name, params = _arguments(args, kwargs)
+        name, params = arguments(args, kwargs)
         return (name, rewrite_converse(params, cap, model)), {}
 
-    # The reply and its items read without a frame of their own.
     read_reply = staticmethod(converse_reply)
     read_item = staticmethod(converse_item)  # type: ignore[assignment]
 
@@ -135,7 +126,7 @@ class _Invoke(_Bedrock):
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request:
         stream = method == "InvokeModelWithResponseStream"
-        return invoke_request(_arguments(args, kwargs)[1], stream)
+        return invoke_request(arguments(args, kwargs)[1], stream)
 
     def rewrite(
         self,
@@ -145,7 +136,7 @@ class _Invoke(_Bedrock):
         cap: int | None,
         model: str | None,
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        name, params = _arguments(args, kwargs)
+        name, params = arguments(args, kwargs)
         return (name, rewrite_invoke(params, cap, model)), {}
 
     def read_reply(self, call: ContainedCall, reply: Any) -> None:
@@ -165,7 +156,7 @@ class _Refused(_Bedrock):
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request:
         service = instance.meta.service_model.service_name
-        return refused_request(service, method, _arguments(args, kwargs)[1])
+        return refused_request(service, method, arguments(args, kwargs)[1])
 
     def read_reply(self, call: ContainedCall, reply: Any) -> None:
         # No ceiling asked for it (else it was denied): a step, its spend unmetered.
@@ -222,7 +213,7 @@ def _route(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Rou
         service = meta.service_model.service_name
         if service not in _SERVICES:
             return None  # every other AWS call: two attribute reads and a set lookup
-    operation = args[0] if len(args) >= 2 else _arguments(args, kwargs)[0]
+    operation = args[0] if len(args) >= 2 else arguments(args, kwargs)[0]
     route = _ROUTES.get((service, operation))
     if route is None and service == "bedrock-runtime" and operation not in FREE:
         route = _ROUTES[(service, operation)] = _pair(_REFUSE, operation)  # a new operation
@@ -263,8 +254,11 @@ def _stop_retrying_denials(client: Any) -> None:
 def _make_api_call(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    route = _route(instance, args, kwargs)
-    if route is None:
+    # The client seen last asks again (botocore passes both arguments by
+    # position): its routes without _route's frame; anything else asks _route.
+    last, service = _LAST[0]
+    route = _ROUTES.get((service, args[0])) if len(args) == 2 and last() is instance.meta else None
+    if route is None and (route := _route(instance, args, kwargs)) is None:
         return wrapped(*args, **kwargs)
     return route[0](wrapped, instance, args, kwargs)
 

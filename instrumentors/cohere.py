@@ -57,6 +57,7 @@ from typing import Any, NamedTuple
 from weakref import ref
 
 from veronica_otel._attributes import GEN_AI_RESPONSE_FINISH_REASONS, GEN_AI_RESPONSE_ID
+from veronica_otel._units import MAX_COUNT
 
 from ._adapter import HTTPErrorReply, ProviderAdapter, Request, wrapper
 from ._common import ContainedCall
@@ -143,6 +144,59 @@ def _images(body: dict[str, Any]) -> int:
 _request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
 
+def _read_request(path: object, raw: Any, method: str) -> Request | None:
+    """A POST to any route (:meth:`_CohereAdapter.read_request` reads v2 chat)."""
+    # A known route is one dict read (_route's first step, without its frame).
+    route = _ROUTES.get(path) if type(path) is str else None
+    if route is None:
+        route = _route(path)
+        if route is None:
+            return None
+    # The SDK's body names every parameter, OMIT or None when left out: each
+    # key is read once, straight from it (``...`` fails every type test below).
+    get = raw.get if type(raw) is dict else _NOTHING.get
+    named = get("model")
+    model = named if type(named) is str and named else "unknown"
+    if route.unpriced:
+        model = f"{path}:{model}"
+    parts = []
+    for key in route.inputs:
+        part = get(key)
+        if part is not None and part is not ...:
+            parts.append(part)
+    messages = get("messages")
+    if type(messages) is list:
+        n_messages = len(messages)
+    else:  # v1: the message, after its history
+        history = get("chat_history")
+        n_messages = len(history) + 1 if type(history) is list else 1
+    cap_key = route.cap
+    cap = get(cap_key) if cap_key is not None else None
+    choices = get(route.choices) if route.choices is not None else None
+    extra = 0
+    if route.unpriced:
+        extra = _CONTEXT_BOUND
+    else:
+        for key in route.server_side:
+            value = get(key)
+            if value and value is not ...:  # a conversation id, connectors
+                extra = _CONTEXT_BOUND
+                break
+    if (cap_key is not None or route.operation == "embeddings") and type(raw) is dict:
+        extra += _images(raw) * _IMAGE_TOKENS
+    return Request(
+        route.operation,
+        model,
+        parts,
+        n_messages,
+        cap if type(cap) is int else None,
+        clampable=cap_key is not None and not route.unpriced,
+        choices=choices if type(choices) is int and choices > 1 else 1,
+        stream=method in _STREAMS,
+        extra_input_tokens=extra,
+    )
+
+
 class _CohereAdapter(ProviderAdapter):
     provider = "cohere"
 
@@ -152,55 +206,44 @@ class _CohereAdapter(ProviderAdapter):
         if kwargs.get("method") != "POST":
             return None
         path = args[0] if args else kwargs.get("path")
-        # A known route is one dict read (_route's first step, without its frame).
-        route = _ROUTES.get(path) if type(path) is str else None
-        if route is None:
-            route = _route(path)
-            if route is None:
-                return None
         raw = kwargs.get("json")
-        # The SDK's body names every parameter, OMIT or None when left out: each
-        # key is read once, straight from it (``...`` fails every type test below).
-        get = raw.get if type(raw) is dict else _NOTHING.get
+        if path != "v2/chat" or type(raw) is not dict:
+            return _read_request(path, raw, method)
+        # v2 chat, the SDK's dict body: _read_request's rules for its route in one
+        # frame (OMIT is ``...``, which fails every type test below).
+        get = raw.get
         named = get("model")
-        model = named if type(named) is str and named else "unknown"
-        if route.unpriced:
-            model = f"{path}:{model}"
+        messages = get("messages")
         parts = []
-        for key in route.inputs:
-            part = get(key)
+        for part in (messages, get("tools"), get("documents"), get("response_format")):
             if part is not None and part is not ...:
                 parts.append(part)
-        messages = get("messages")
-        if type(messages) is list:
-            n_messages = len(messages)
-        else:  # v1: the message, after its history
-            history = get("chat_history")
-            n_messages = len(history) + 1 if type(history) is list else 1
-        cap_key = route.cap
-        cap = get(cap_key) if cap_key is not None else None
-        choices = get(route.choices) if route.choices is not None else None
+        cap = get("max_tokens")
         extra = 0
-        if route.unpriced:
-            extra = _CONTEXT_BOUND
-        else:
-            for key in route.server_side:
-                value = get(key)
-                if value and value is not ...:  # a conversation id, connectors
-                    extra = _CONTEXT_BOUND
+        if type(messages) is list and get("inputs") is None and get("images") is None:
+            n_messages = len(messages)
+            for message in messages:  # a text message (a str content) shows no image
+                if type(message) is not dict or type(message.get("content")) is not str:
+                    extra = _images(raw) * _IMAGE_TOKENS
                     break
-        if (cap_key is not None or route.operation == "embeddings") and type(raw) is dict:
-            extra += _images(raw) * _IMAGE_TOKENS
+        else:
+            history = get("chat_history")
+            n_messages = (
+                len(messages)
+                if type(messages) is list
+                else (len(history) + 1 if type(history) is list else 1)
+            )
+            extra = _images(raw) * _IMAGE_TOKENS
         return _request_of(
             Request,
             (
-                route.operation,
-                model,
+                "chat",
+                named if type(named) is str and named else "unknown",
                 parts,
                 n_messages,
                 cap if type(cap) is int else None,
-                cap_key is not None and not route.unpriced,
-                choices if type(choices) is int and choices > 1 else 1,
+                True,  # clampable: max_tokens
+                1,
                 method in _STREAMS,
                 extra,
                 None,
@@ -242,7 +285,19 @@ class _CohereAdapter(ProviderAdapter):
         except UnicodeDecodeError:
             data = reply.json()
         if type(data) is dict:
-            _read_usage(call, data)
+            # v2's billed units, both counts plain: set as ContainedCall.set_usage
+            # sets them (its rule, copied); anything else reads by _read_usage.
+            usage = data.get("usage")
+            counts = usage.get("billed_units") if type(usage) is dict else None
+            get = counts.get if type(counts) is dict else _NOTHING.get
+            inp: Any = get("input_tokens")
+            out: Any = get("output_tokens")
+            plain = type(inp) is int and type(out) is int and type(call) is ContainedCall
+            if plain and 0 <= inp <= MAX_COUNT and 0 <= out <= MAX_COUNT:
+                call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
+                call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
+            else:
+                _read_usage(call, data)
             attributes = call.pending_attributes
             if attributes is not None:
                 _attributes(attributes, data)

@@ -76,6 +76,7 @@ from veronica_otel._attributes import (
 from veronica_otel._config import ExecutionConfig
 from veronica_otel._context import ExecutionContext
 from veronica_otel._propagation import default_context
+from veronica_otel._units import MAX_COUNT
 
 from . import _genai_request, _realtime
 from ._adapter import (
@@ -232,7 +233,13 @@ def _usage(call: ContainedCall, usage: dict[str, Any], embeddings: bool) -> None
         and "cachedContentTokenCount" not in usage
         and "toolUsePromptTokenCount" not in usage
     ):  # the common reply: prompt and candidates only
-        call.set_usage(prompt, 0 if embeddings else text)
+        out = 0 if embeddings else text
+        plain = type(call) is ContainedCall and 0 <= prompt <= MAX_COUNT and 0 <= out <= MAX_COUNT
+        if plain:  # ContainedCall.set_usage(prompt, out)'s rule for plain counts, copied
+            call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
+            call.input_tokens, call.output_tokens, call.usage_seen = prompt, out, True
+        else:
+            call.set_usage(prompt, out)
         return
     prompt = token_count(usage.get("promptTokenCount"))
     tools = token_count(usage.get("toolUsePromptTokenCount") or 0)

@@ -89,6 +89,7 @@ from veronica_otel._attributes import (
 from veronica_otel._pricing import DEFAULT_MAX_OUTPUT_TOKENS
 from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
+from veronica_otel._units import MAX_COUNT
 
 from ._adapter import ADMITTED, ProviderAdapter, Request, wrapper
 from ._common import ContainedCall, attribute_value, server_attributes
@@ -138,6 +139,7 @@ _OPTIONS = {
 }
 _CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
 _MISSING = object()  # no ``options`` dict: _cap reads what there is
+_CHAT_ARGS = (None, None, "/api/chat")  # what the chat lane reads of ``_request``'s arguments
 # A Request from its fields without NamedTuple's Python-level __new__ (once per call).
 _request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
@@ -208,6 +210,66 @@ def _without_images(messages: list[object]) -> list[object]:
     ]
 
 
+def _read_request(
+    instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], url: object
+) -> Request | None:
+    """Any request but the SDK's chat (:meth:`OllamaAdapter.read_request`'s lane)."""
+    # The SDK's own calls name a bare path (``"/api/generate"``): one dict read, no parsing.
+    route = _ROUTES.get(url) if type(url) is str else None
+    if route is not None:
+        path: str = url  # type: ignore[assignment]
+    else:
+        path = _path(args, kwargs)
+        route = _ROUTES.get(path)
+        if route is None and _uncontained(path, url):
+            return None
+    body = kwargs.get("json")
+    if type(body) is not dict:
+        body = dict(body) if isinstance(body, Mapping) else {}
+    operation, keys = route if route is not None else (path.rpartition("/")[2], ())
+    if operation == "chat":  # the chat lane reads it (a full URL, a body not a dict)
+        chat = _ADAPTER.read_request(instance, _CHAT_ARGS, {**kwargs, "json": body}, "_request")
+        if route is None and chat is not None:  # a path no route names: the whole body, no cap
+            chat = chat._replace(input_parts=[body], cap=DEFAULT_MAX_OUTPUT_TOKENS, clampable=False)
+        return chat
+    model = named if type(named := body.get("model")) is str and named else "unknown"
+    parts, n_messages = _parts(body, operation, keys)
+    images = len(body["images"]) if body.get("images") else 0
+    context = body.get("context")  # token ids: exactly their number
+    extra = len(context) if type(context) is list else 0
+    if route is None or path == "/v1/systemone":
+        # No cap in the request, nothing to clamp: the most a model may produce.
+        cap, clampable = (DEFAULT_MAX_OUTPUT_TOKENS, False)
+        if route is None:
+            parts = [body]
+    elif operation == "embeddings":
+        cap, clampable = None, False  # no output tokens
+    else:
+        cap, clampable = _cap(body.get("options"))
+    return Request(
+        operation,
+        model,
+        parts,
+        n_messages,
+        cap,
+        clampable,
+        stream=bool(kwargs.get("stream")),
+        extra_input_tokens=extra + images * IMAGE_TOKENS,
+        provider=CLOUD_PROVIDER if _hosted(instance, model) else None,
+        cache_writes=False,  # Ollama bills no cache writes
+    )
+
+
+def _hosted(instance: Any, model: str) -> bool:
+    """Whether a call goes to Ollama's hosted models: a cloud tag, else the client's
+    host is ollama.com (the last answer kept)."""
+    if ":" in model and model.rpartition(":")[2].endswith("cloud"):
+        return True
+    last = _CLOUD_HOSTS[0]
+    base = getattr(getattr(instance, "_client", None), "_base_url", None)  # httpx's
+    return last[1] if last[0] is base and base is not None else _cloud_host(_base_url(instance))
+
+
 class OllamaAdapter(ProviderAdapter):
     """How ``ollama`` calls read; see the module docs."""
 
@@ -217,61 +279,46 @@ class OllamaAdapter(ProviderAdapter):
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
         url = args[2] if len(args) > 2 else None
-        # The SDK's own calls name a bare path (``"/api/chat"``): one dict read, no parsing.
-        route = _ROUTES.get(url) if type(url) is str else None
-        if route is not None:
-            path: str = url  # type: ignore[assignment]
-        else:
-            path = _path(args, kwargs)
-            route = _ROUTES.get(path)
-            if route is None and _uncontained(path, url):
-                return None
         body = kwargs.get("json")
-        if type(body) is not dict:
-            body = dict(body) if isinstance(body, Mapping) else {}
-        model = named if type(named := body.get("model")) is str and named else "unknown"
-        operation, keys = route if route is not None else (path.rpartition("/")[2], ())
+        if type(url) is not str or url != "/api/chat" or type(body) is not dict:
+            return _read_request(instance, args, kwargs, url)
+        # The SDK's chat (a bare path, a dict body), in one frame (_cap's common
+        # case and _hosted inline, their rules copied); _read_request hands
+        # every other chat here.
+        model = body.get("model")
+        if type(model) is not str or not model:
+            model = "unknown"
+        messages = body.get("messages")
         n_messages, images = 1, 0
-        if operation == "chat":
-            messages = body.get("messages")
-            parts: list[object] = []
-            if messages:
-                if type(messages) is list:
-                    # _without_images' count, inline: messages seldom carry images
-                    for message in messages:
-                        if type(message) is dict and message.get("images"):
-                            images += len(message["images"])
-                    if images:
-                        messages = _without_images(messages)
-                    n_messages = len(messages)
-                parts.append(messages)
-            if tools := body.get("tools"):  # [] tools: none
-                parts.append(tools)
-            if schema := body.get("format"):
-                parts.append(schema)
+        if messages:
+            if type(messages) is list:
+                for message in messages:
+                    if type(message) is dict and message.get("images"):
+                        images += len(message["images"])
+                if images:
+                    messages = _without_images(messages)
+                n_messages = len(messages)
+            parts: list[object] = [messages]
         else:
-            parts, n_messages = _parts(body, operation, keys)
+            parts = []
+        if tools := body.get("tools"):
+            parts.append(tools)
+        if schema := body.get("format"):
+            parts.append(schema)
         if body.get("images"):
             images += len(body["images"])
-        context = body.get("context")  # token ids: exactly their number
-        extra = len(context) if type(context) is list else 0
-        if route is None or path == "/v1/systemone":
-            # No cap in the request, nothing to clamp: the most a model may produce.
-            cap, clampable = (DEFAULT_MAX_OUTPUT_TOKENS, False)
-            if route is None:
-                parts = [body]
-        elif operation == "embeddings":
-            cap, clampable = None, False  # no output tokens
+        context = body.get("context")
+        options = body.get("options")
+        value = options.get("num_predict") if type(options) is dict else _MISSING
+        if type(value) is int:
+            cap, clampable = (value if value > 0 else None), True
         else:
-            options = body.get("options")
-            value = options.get("num_predict") if type(options) is dict else _MISSING
-            if type(value) is int:  # the common case, without _cap's frame
-                cap, clampable = (value if value > 0 else None), True
-            else:
-                cap, clampable = _cap(options)
-        # Hosted: a cloud tag, else the client's host is ollama.com (the last answer kept).
-        base = getattr(getattr(instance, "_client", None), "_base_url", None)  # httpx's
-        cloud = (":" in model and model.rpartition(":")[2].endswith("cloud")) or (
+            cap, clampable = _cap(options)
+        try:
+            base = instance._client._base_url
+        except AttributeError:
+            base = None
+        hosted = (":" in model and model.rpartition(":")[2].endswith("cloud")) or (
             last[1]
             if (last := _CLOUD_HOSTS[0])[0] is base and base is not None
             else _cloud_host(_base_url(instance))
@@ -279,7 +326,7 @@ class OllamaAdapter(ProviderAdapter):
         return _request_of(
             Request,
             (
-                operation,
+                "chat",
                 model,
                 parts,
                 n_messages,
@@ -287,9 +334,9 @@ class OllamaAdapter(ProviderAdapter):
                 clampable,
                 1,
                 bool(kwargs.get("stream")),
-                extra + images * IMAGE_TOKENS,
+                (len(context) if type(context) is list else 0) + images * IMAGE_TOKENS,
                 None,
-                CLOUD_PROVIDER if cloud else None,
+                CLOUD_PROVIDER if hosted else None,
                 True,  # priced
                 False,  # cache_writes: Ollama bills no cache writes
             ),
@@ -346,7 +393,14 @@ def _read_usage(call: ContainedCall, reply: Any) -> None:
     inp = getattr(reply, "prompt_eval_count", None)
     out = getattr(reply, "eval_count", None)
     if inp is not None or out is not None:  # Ollama omits a count that is 0
-        call.set_usage(inp or 0, out or 0)
+        inp, out = inp or 0, out or 0
+        # ContainedCall.set_usage(inp, out)'s rule for plain counts, copied (else asked)
+        plain = type(inp) is int and type(out) is int and type(call) is ContainedCall
+        if plain and 0 <= inp <= MAX_COUNT and 0 <= out <= MAX_COUNT:
+            call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
+            call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
+        else:
+            call.set_usage(inp, out)
     else:
         usage = getattr(reply, "usage", None)  # /v1/systemone: input_tokens, output_tokens
         if usage is not None:

@@ -231,6 +231,37 @@ def test_a_reply_that_takes_no_handover_is_decoded_by_the_sdk(
     assert server.count(CHAT) == 1
 
 
+def test_the_v2_chat_lane_reads_what_the_general_path_reads() -> None:
+    """read_request reads the SDK's v2 chat body in one frame (the route's rules,
+    copied, and _images asked only when a message is not plain text); the general
+    path reads every body the same."""
+    from veronica_otel.instrumentors import cohere as adapter_module
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}
+    with_image = {"role": "user", "content": [{"type": "text", "text": "look"}, image]}
+    bodies: list[dict[str, Any]] = [
+        {"model": MODEL, "messages": MESSAGES, "tools": ..., "max_tokens": 5, "stream": False},
+        {
+            "model": MODEL,
+            "messages": [*MESSAGES, with_image],
+            "documents": ["d"],
+            "max_tokens": ...,
+        },
+        {"model": "", "messages": MESSAGES, "response_format": {"type": "json_object"}},
+        {"model": MODEL, "messages": MESSAGES, "images": ["aGk="], "inputs": ...},
+        {"model": MODEL, "messages": "not a list", "chat_history": [1, 2]},
+        {"model": 7, "messages": [object()]},
+    ]
+    read = adapter_module._ADAPTER.read_request
+    for body in bodies:
+        for method in ("request", "stream"):
+            lane = read(None, ("v2/chat",), {"method": "POST", "json": body}, method)
+            assert lane == adapter_module._read_request("v2/chat", body, method)
+    images = read(None, ("v2/chat",), {"method": "POST", "json": bodies[1]}, "request")
+    assert images is not None and images.extra_input_tokens == adapter_module._IMAGE_TOKENS
+    assert read(None, ("v2/chat",), {"method": "GET", "json": bodies[0]}, "request") is None
+
+
 def test_no_chain_passes_through(server: FakeLLMServer, client: cohere.ClientV2) -> None:
     _chat(client)
     assert server.count(CHAT) == 1

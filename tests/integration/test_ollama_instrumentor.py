@@ -267,6 +267,64 @@ def test_images_and_context_count_in_the_input_bound(
     assert ctx.snapshot().tokens == INPUT + 1
 
 
+def test_the_chat_lane_reads_what_the_general_rules_read(server: FakeLLMServer) -> None:
+    """read_request reads the SDK's chat in one frame (_cap's common case and _hosted
+    copied into it); a chat by full URL or under a path no route names takes the
+    general path, which hands it to the lane."""
+    from veronica_otel.instrumentors import ollama as adapter_module
+
+    image = {"role": "user", "content": "look", "images": ["aGk=", "aGk="]}
+    plain = {"role": "user", "content": "look"}
+    tool = [{"type": "function"}]
+    # body, then its input parts, messages and unseen tokens
+    cases: list[tuple[dict[str, Any], list[object], int, int]] = [
+        ({"model": MODEL, "messages": MESSAGES, "tools": []}, [MESSAGES], 1, 0),
+        (
+            {"model": MODEL, "messages": [image, *MESSAGES], "images": ["aGk="], "context": [1, 2]},
+            [[plain, *MESSAGES]],
+            2,
+            2 + 3 * IMAGE_TOKENS,
+        ),
+        ({"model": "", "messages": [], "tools": tool, "format": "json"}, [tool, "json"], 1, 0),
+        (
+            {"model": 7, "messages": "not a list", "options": {"num_predict": 2.5}},
+            ["not a list"],
+            1,
+            0,
+        ),
+        (
+            {"model": "glm-4.6:cloud", "messages": MESSAGES, "options": {"num_predict": -1}},
+            [MESSAGES],
+            1,
+            0,
+        ),
+        ({"model": MODEL, "options": None}, [], 1, 0),
+    ]
+    read = adapter_module.OllamaAdapter().read_request
+    for host in (server.base_url, "https://ollama.com"):
+        with _local(host) as local:
+            for body, parts, n_messages, extra in cases:
+                kwargs = {"json": body, "stream": False}
+                lane = read(local, (dict, "POST", CHAT), kwargs, "_request")
+                assert lane is not None
+                assert (lane.operation, lane.input_parts, lane.n_messages) == (
+                    "chat",
+                    parts,
+                    n_messages,
+                )
+                assert lane.extra_input_tokens == extra
+                assert (lane.cap, lane.clampable) == adapter_module._cap(body.get("options"))
+                model = body["model"] if type(body["model"]) is str and body["model"] else "unknown"
+                hosted = adapter_module._hosted(local, model)
+                assert hosted == (host != server.base_url or model.endswith("cloud"))
+                assert (lane.model, lane.provider) == (model, "ollama.cloud" if hosted else None)
+                assert read(local, (dict, "POST", f"{host}{CHAT}"), kwargs, "_request") == lane
+                other = read(local, (dict, "POST", "/v9/chat"), kwargs, "_request")
+                assert other == lane._replace(
+                    input_parts=[body], cap=DEFAULT_MAX_OUTPUT_TOKENS, clampable=False
+                )
+
+
 def test_legacy_embeddings_report_no_usage_and_commit_the_reservation(
     server: FakeLLMServer, client: ollama.Client
 ) -> None:

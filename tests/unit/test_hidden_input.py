@@ -82,3 +82,31 @@ def test_openai_image_tokens_per_model_family() -> None:
     assert openai_image_tokens("gpt-4.1-nano", "low") == 3_779  # patches: any detail
     assert openai_image_tokens("o3", "auto") == 75 + 8 * 150
     assert openai_image_tokens("some-new-model", "low") == OPENAI_IMAGE_TOKENS_UNKNOWN
+
+
+def test_converse_reads_text_only_messages_in_its_lane_as_the_general_walk_does() -> None:
+    """converse_request skips _unseen when every block is a text block (its rule,
+    copied inline); every other shape asks _unseen, and both agree."""
+    from collections import UserDict
+
+    from veronica_otel.instrumentors import _bedrock_request
+
+    image = {"image": {"format": "png", "source": {"bytes": TINY_PNG}}}
+    cache = {"cachePoint": {"type": "default"}}
+    text = {"text": "Look.", "cachePoint": {"type": "default"}}  # a text block: nothing else
+    shapes: list[object] = [
+        [{"role": "user", "content": [{"text": "a"}, {"text": "b"}]}],
+        [{"role": "user", "content": "not blocks"}, {"role": "user"}],
+        [{"role": "user", "content": [text]}],
+        [{"role": "user", "content": [{"text": "a"}, image]}],
+        [{"role": "user", "content": [cache]}],
+        [UserDict({"role": "user", "content": [image]})],
+        [{"role": "user", "content": ["a string block", image]}],
+        "not a list",
+    ]
+    for messages in shapes:
+        read = converse_request({"modelId": CLAUDE, "messages": messages}, False)
+        extra, cache_writes = _bedrock_request._unseen(messages, CLAUDE)
+        assert (read.extra_input_tokens, read.cache_writes) == (extra, cache_writes)
+    assert _bedrock_request._unseen(shapes[3], CLAUDE)[0] == ANTHROPIC_IMAGE_TOKENS
+    assert _bedrock_request._unseen(shapes[4], CLAUDE)[1]
