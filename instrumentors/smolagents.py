@@ -42,9 +42,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from veronica_otel._errors import BudgetExceededError
-
-from ._framework import FrameworkInstrumentor, argument, as_agent, as_agent_iter, as_tool
+from ._framework import (
+    FrameworkInstrumentor,
+    argument,
+    as_agent,
+    as_agent_iter,
+    as_tool,
+    caused_by_denial,
+)
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["SmolagentsInstrumentor"]
@@ -77,18 +82,7 @@ class _UnlessDenied:
         self.predicate = predicate
 
     def __call__(self, exc: BaseException) -> Any:
-        return not _denied(exc) and self.predicate(exc)
-
-
-def _denied(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is a denial, or was raised because of one."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, BudgetExceededError):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
+        return not caused_by_denial(exc) and self.predicate(exc)
 
 
 def _retrying(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
