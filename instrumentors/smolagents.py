@@ -30,12 +30,12 @@ reads, and the sticky trip denies the model call after it.
 
 A denial is never retried by smolagents' own retry loop
 (``smolagents.utils.Retrying.__call__``, around every API model's call). It
-retries any error whose text holds ``"429"`` or ``"rate limit"``, after a
-minute's sleep or more, twice: the text of a denial names its chain, whose
-random hex id holds ``"429"`` about once in 140 chains, and such a denial
-would hold the run for three to seven minutes before it ended, each retry
-denied again. So each retryer's predicate is made to refuse a denial (one
-anywhere in the error's causes) on its first call.
+retries any error whose text holds ``"429"`` or ``"rate limit"`` twice, the
+first time after 2 to 4 minutes' sleep, the second after 4 to 16 more: the
+text of a denial names its chain, whose random hex id holds ``"429"`` about
+once in 140 chains, and such a denial held the run that long before it
+ended, each retry denied again. So each retryer's predicate is made to refuse
+a denial (one anywhere in the error's causes) on its first call.
 """
 
 from __future__ import annotations

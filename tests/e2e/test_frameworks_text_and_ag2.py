@@ -88,10 +88,10 @@ def test_smolagents_streamed_run_is_named(
 def test_smolagents_never_retries_a_denial_whose_text_reads_as_a_rate_limit(
     smolagents: FrameworkApp, llm: FakeLLMServer
 ) -> None:
-    # smolagents retries an error whose text holds "429" after a minute or more,
-    # twice; a denial's text names its chain, here with "429" in its id (a random
-    # one holds it about once in 140 runs). The app cuts the sleeps and shows
-    # each retry: there must be none.
+    # smolagents retries an error whose text holds "429" twice, after 2-4 and then
+    # 4-16 minutes; a denial's text names its chain, here with "429" in its id (a
+    # random one holds it about once in 140 runs: the streamed run that hung). The
+    # app cuts the sleeps and shows each retry: there must be none.
     result, done = smolagents.run(
         "retries", VERONICA_MAX_STEPS=str(STEPS), VERONICA_CHAIN_ID="runaway-429"
     )
