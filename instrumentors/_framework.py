@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from veronica_otel._agents import AgentScope
+from veronica_otel._errors import BudgetExceededError
 from veronica_otel._propagation import default_context
 from veronica_otel._tools import ToolCall
 
@@ -42,6 +43,7 @@ __all__ = [
     "as_tool",
     "as_tool_async",
     "as_tool_stream",
+    "caused_by_denial",
     "joins_framework_tool",
     "running_tool",
     "scope_for",
@@ -54,6 +56,22 @@ T = TypeVar("T")
 def argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
     """The wrapped call's argument ``name``, passed at position ``index`` or by name."""
     return args[index] if len(args) > index else kwargs.get(name)
+
+
+def caused_by_denial(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a denial, or was raised because of one (its causes walked).
+
+    A framework's retry loop must not retry it: a denial is final. Some tell a
+    rate limit by its text (``"429"``, ``"rate"``), which a denial's text may
+    hold (a random chain id, an agent's name), and sleep minutes before each retry.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, BudgetExceededError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def scope_for(name: object) -> AgentScope | None:

@@ -23,6 +23,11 @@ model node is ``"agent"``, ``create_agent``'s ``"model"``), so
 a subgraph belong to the node that runs it, and a ``ToolNode`` opens no scope:
 its tool runs belong to the agent that asked for them (a ReAct loop is not a
 handoff between a model and its tools).
+A node's ``RetryPolicy`` never retries a denial
+(``langgraph.pregel._retry._should_retry_on`` says no to one anywhere in the
+error's causes): its default ``retry_on`` retries any error not of a few
+built-in types, ours included, each retry after a longer sleep, and each
+denied again.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 from veronica_otel._agents import AgentScope
 
-from ._framework import FrameworkInstrumentor, argument, scope_for
+from ._framework import FrameworkInstrumentor, argument, caused_by_denial, scope_for
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["LangGraphInstrumentor"]
@@ -81,14 +86,23 @@ async def _arun(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
         _in_node.reset(token)
 
 
+def _should_retry_on(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    if LangGraphInstrumentor.active and caused_by_denial(argument(args, kwargs, 1, "exc")):
+        return False
+    return wrapped(*args, **kwargs)
+
+
 _HOOKS = SDKHooks(
     _instruments[0],
-    "langgraph.pregel._runner",
+    "langgraph.pregel",
     (
-        Hook("", "run_with_retry", _run, ("task",)),
-        Hook("", "arun_with_retry", _arun, ("task",), (), True),
+        Hook("_runner", "run_with_retry", _run, ("task",)),
+        Hook("_runner", "arun_with_retry", _arun, ("task",), (), True),
+        Hook("_retry", "_should_retry_on", _should_retry_on, ("retry_policy", "exc")),
     ),
-    (("", ("run_with_retry",)), ("", ("arun_with_retry",))),
+    (("_runner", ("run_with_retry",)), ("_runner", ("arun_with_retry",))),
 )
 
 

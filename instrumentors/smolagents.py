@@ -27,13 +27,29 @@ step of the chain, checked before the tool runs.
 A denial leaves ``run`` as the ``__cause__`` of smolagents'
 ``AgentGenerationError``: a denied tool run becomes an error step the model
 reads, and the sticky trip denies the model call after it.
+
+A denial is never retried by smolagents' own retry loop
+(``smolagents.utils.Retrying.__call__``, around every API model's call). It
+retries any error whose text holds ``"429"`` or ``"rate limit"`` twice, the
+first time after 2 to 4 minutes' sleep, the second after 4 to 16 more: the
+text of a denial names its chain, whose random hex id holds ``"429"`` about
+once in 140 chains, and such a denial held the run that long before it
+ended, each retry denied again. So each retryer's predicate is made to refuse
+a denial (one anywhere in the error's causes) on its first call.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent, as_agent_iter, as_tool
+from ._framework import (
+    FrameworkInstrumentor,
+    argument,
+    as_agent,
+    as_agent_iter,
+    as_tool,
+    caused_by_denial,
+)
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["SmolagentsInstrumentor"]
@@ -57,12 +73,37 @@ def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return as_tool("smolagents", name, [args, kwargs], lambda: wrapped(*args, **kwargs))
 
 
+class _UnlessDenied:
+    """A retryer's predicate that never retries a denial: a denial is final."""
+
+    __slots__ = ("predicate",)
+
+    def __init__(self, predicate: Any) -> None:
+        self.predicate = predicate
+
+    def __call__(self, exc: BaseException) -> Any:
+        return not caused_by_denial(exc) and self.predicate(exc)
+
+
+def _retrying(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # Once per retryer (made before we were installed or after): its predicate wrapped.
+    predicate = getattr(instance, "retry_predicate", None)
+    if (
+        SmolagentsInstrumentor.active
+        and predicate is not None
+        and type(predicate) is not _UnlessDenied
+    ):
+        instance.retry_predicate = _UnlessDenied(predicate)
+    return wrapped(*args, **kwargs)
+
+
 _HOOKS = SDKHooks(
     _instruments[0],
     "smolagents",
     (
         Hook("agents.MultiStepAgent", "run", _run, ("task", "stream")),
         Hook("tools.Tool", "__call__", _tool),
+        Hook("utils.Retrying", "__call__", _retrying),
     ),
     (("agents.MultiStepAgent", ("run",)), ("tools.Tool", ("__call__",))),
 )

@@ -23,13 +23,27 @@ after ``Agent.name``, iterated directly or not. Every tool run
 own) is one step of the chain, checked before the tool runs.
 
 A denial leaves the call as the ``__cause__`` of Strands' ``EventLoopException``.
+
+A denial is never retried by Strands' retry strategy
+(``strands.event_loop._retry.ModelRetryStrategy.is_retryable`` says no to
+one anywhere in the error's causes): its Mistral and llama.cpp models turn any
+error whose text holds ``"rate"`` or ``"429"`` into ``ModelThrottledException``,
+retried after 4, 8, 16, 32 and 64 seconds, and a denial's text may hold either
+(an agent called ``"Strategist"``; a random chain id holds ``"429"`` about once in
+140 chains).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._framework import FrameworkInstrumentor, argument, as_agent_stream, as_tool_stream
+from ._framework import (
+    FrameworkInstrumentor,
+    argument,
+    as_agent_stream,
+    as_tool_stream,
+    caused_by_denial,
+)
 from ._hooks import Hook, SDKHooks
 
 __all__ = ["StrandsInstrumentor"]
@@ -54,6 +68,14 @@ def _tool(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return as_tool_stream("strands", tool_use.get("name"), tool_use.get("input"), stream)
 
 
+def _is_retryable(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    if StrandsInstrumentor.active and caused_by_denial(argument(args, kwargs, 0, "exception")):
+        return False
+    return wrapped(*args, **kwargs)
+
+
 _AGENT = "agent.agent.Agent"
 _EXECUTOR = "tools.executors._executor"
 _HOOKS = SDKHooks(
@@ -62,6 +84,7 @@ _HOOKS = SDKHooks(
     (
         Hook(_AGENT, "stream_async", _stream, ("prompt",)),
         Hook(_EXECUTOR, "_run_tool", _tool, ("ctx", "extra_kwargs", "tool_context")),
+        Hook("event_loop._retry.ModelRetryStrategy", "is_retryable", _is_retryable, ("exception",)),
     ),
     ((_AGENT, ("stream_async",)), (_EXECUTOR, ("_run_tool",))),
 )

@@ -12,13 +12,19 @@ test's scenario in a process forked from it after the import, with that
 test's ``VERONICA_*`` variables and a default chain built from them
 (``apps/frameworks/_report.py``). Each scenario still ends with its process,
 and the server is counted after that, as with :func:`run_app`.
+
+A run still going :data:`DUMP_AFTER` seconds after it began writes every
+thread's stack to its stderr and exits, before the test gives up on it at
+:data:`TIMEOUT`: a hang fails saying where it stood.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import tempfile
 import threading
@@ -33,6 +39,7 @@ from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps" / "frameworks"
 TIMEOUT = 300  # generous: a loaded CI machine; a run takes a few CPU seconds
+DUMP_AFTER = TIMEOUT - 60  # from the run's start, after its imports: before TIMEOUT ends
 CompletedProcess = subprocess.CompletedProcess[str]
 
 
@@ -78,6 +85,7 @@ class FrameworkApp:
         self._stderr: IO[bytes] | None = None
         self._stderr_read = 0  # what earlier scenarios' results already carried
         self._process: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
 
     def __enter__(self) -> FrameworkApp:
         self._stderr = tempfile.TemporaryFile()
@@ -89,8 +97,12 @@ class FrameworkApp:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
+            start_new_session=True,  # its group: the app and the scenarios it forks
         )
-        threading.Thread(target=self._read, args=(self._process.stdout,), daemon=True).start()
+        self._reader = threading.Thread(
+            target=self._read, args=(self._process.stdout,), daemon=True
+        )
+        self._reader.start()
         return self
 
     def _read(self, stdout: IO[str]) -> None:
@@ -137,18 +149,31 @@ class FrameworkApp:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._process is not None:
-            if self._process.stdin is not None:
-                self._process.stdin.close()  # the app's loop ends at EOF
+        process = self._process
+        if process is not None:
+            if process.stdin is not None:
+                process.stdin.close()  # the app's loop ends at EOF
             try:
-                self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-            if self._process.stdout is not None:
-                self._process.stdout.close()
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a scenario it waits for hangs
+                self._kill_group()
+                process.wait()
+            # The reader ends at EOF, once no process holds the pipe: closing it
+            # under the reader would raise in its thread, in some later test.
+            if self._reader is not None:
+                self._reader.join(timeout=30)
+                if self._reader.is_alive():  # a scenario outlived the app
+                    self._kill_group()
+                    self._reader.join()
+            if process.stdout is not None:
+                process.stdout.close()
         if self._stderr is not None:
             self._stderr.close()
+
+    def _kill_group(self) -> None:
+        assert self._process is not None
+        with contextlib.suppress(ProcessLookupError):  # every process of it has ended
+            os.killpg(self._process.pid, signal.SIGKILL)
 
 
 def _command(venv: Path, app: str, *args: str) -> list[str]:
@@ -166,6 +191,7 @@ def _environment(server: FakeLLMServer, env: dict[str, str | None]) -> dict[str,
         OTEL_METRICS_EXPORTER="none",
         OTEL_LOGS_EXPORTER="none",
         FAKE_LLM_URL=server.base_url,
+        FRAMEWORK_DUMP_AFTER_S=str(DUMP_AFTER),
         **_venvs.plain_http_tls(),
     )
     for name, value in env.items():

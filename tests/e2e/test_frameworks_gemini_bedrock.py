@@ -26,6 +26,7 @@ STEPS = 3
 SENT = 2  # under max_steps=3: model, tool, model; the second tool run is denied
 GEMINI = "/v1beta/models/gemini-2.5-flash:generateContent"
 BEDROCK = "/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream"
+CHAT = "/v1/chat/completions"  # a llama.cpp server's, OpenAI-compatible
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +141,20 @@ def test_strands_stream_async_is_named(
     result, stderr = _strands(strands_app, "stream", VERONICA_POLICY_FILE=policy)
     assert llm.request_count == SENT, stderr
     assert result["how"] == "cause" and result["agent"] == "Looper", result
+
+
+def test_strands_never_retries_a_denial_whose_text_reads_as_throttling(
+    strands_app: FrameworkApp, llm: FakeLLMServer
+) -> None:
+    # Strands' llama.cpp (and Mistral) model makes any error whose text holds
+    # "429" or "rate" a ModelThrottledException, retried after 4 s, 8 s, ... 64 s;
+    # a denial's text names its chain, here with "429" in its id. The app cuts
+    # the sleeps and shows each retry: there must be none. One step: the
+    # second call's model request is denied.
+    result, done = strands_app.run(
+        "throttled", VERONICA_MAX_STEPS="1", VERONICA_CHAIN_ID="runaway-429"
+    )
+    assert "delaying before next retry" not in done.stdout, done.stdout[-3000:]
+    assert llm.stats() == {"total": 1, "routes": {CHAT: 1}}, done.stderr[-2000:]
+    assert result["how"] == "cause" and result["reason"] == "steps", result
+    assert "runaway-429" in result["message"], result

@@ -85,6 +85,22 @@ def test_smolagents_streamed_run_is_named(
     assert result["how"] == "cause" and result["agent"] == "Looper", result
 
 
+def test_smolagents_never_retries_a_denial_whose_text_reads_as_a_rate_limit(
+    smolagents: FrameworkApp, llm: FakeLLMServer
+) -> None:
+    # smolagents retries an error whose text holds "429" twice, after 2-4 and then
+    # 4-16 minutes; a denial's text names its chain, here with "429" in its id (a
+    # random one holds it about once in 140 runs: the streamed run that hung). The
+    # app cuts the sleeps and shows each retry: there must be none.
+    result, done = smolagents.run(
+        "retries", VERONICA_MAX_STEPS=str(STEPS), VERONICA_CHAIN_ID="runaway-429"
+    )
+    assert "Retrying create" not in done.stdout, done.stdout[-3000:]
+    assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr[-2000:]
+    assert result["how"] == "cause" and result["reason"] == "steps", result
+    assert "runaway-429" in result["message"], result
+
+
 def test_ag2_runaway_stops_at_max_steps(ag2: FrameworkApp, llm: FakeLLMServer) -> None:
     result, done = ag2.run(VERONICA_MAX_STEPS=str(STEPS))
     # AG2 tool runs are steps too (AG2Instrumentor): model, tool, model, then

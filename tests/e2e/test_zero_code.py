@@ -188,3 +188,20 @@ def test_a_hostile_policy_file_refuses_every_call_naming_the_variable_and_file(
     assert f"policy file {path} (VERONICA_POLICY_FILE): cannot be loaded" in done.stderr
     assert problem in done.stderr
     assert result["raised"] == "PolicyFileError", result  # what the app's call raised
+
+
+def test_a_hung_scenario_fails_saying_where_each_thread_stood(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+) -> None:
+    # The harness's own watchdog (apps/frameworks/_report.py), cut from minutes to a
+    # second: a run that hangs dumps every thread's stack and ends, and the app goes on.
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text(
+        "import threading\n\n\ndef stuck_here():\n    threading.Event().wait()\n\n\nstuck_here()\n"
+    )
+    with pytest.raises(AssertionError, match=r"no RESULT line; exit 1\n") as failed:
+        scripts.run(str(hangs), FRAMEWORK_DUMP_AFTER_S="1")
+    assert "Timeout (0:00:01)!" in str(failed.value)
+    assert f'File "{hangs}", line 5 in stuck_here' in str(failed.value)
+    result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_MAX_STEPS="1")
+    assert result["reason"] == "steps" and printed(done) == ["step 0 ok"], done.stderr[-2000:]

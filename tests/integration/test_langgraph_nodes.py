@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typing_extensions import TypedDict
 
-from veronica_otel import ExecutionConfig, ExecutionContext
+from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext, ToolCall
 from veronica_otel._agents import current_agent
 from veronica_otel.instrumentors.langgraph import LangGraphInstrumentor
 
@@ -63,3 +63,36 @@ async def test_async_nodes_are_agents_too(instrumented: None) -> None:
     async with ExecutionContext(ExecutionConfig(max_steps=10)):
         result = await graph().ainvoke({"seen": []})
     assert result["seen"] == ["planner", "team", "critic"]
+
+
+class _NodeFailed(Exception):
+    """A node's own error, of a type LangGraph's default ``retry_on`` retries."""
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["denial", "wrapped-denial"])
+def test_a_nodes_retry_policy_never_retries_a_denial(instrumented: None, wrapped: bool) -> None:
+    from langgraph.graph import START, StateGraph
+    from langgraph.types import RetryPolicy
+
+    attempts: list[int] = []
+
+    def looper(state: State) -> dict[str, Any]:
+        attempts.append(1)
+        try:
+            with ToolCall("lookup"):  # the chain's one step is spent: denied
+                pass
+        except BudgetExceededError as denial:
+            if wrapped:
+                raise _NodeFailed("lookup failed") from denial
+            raise
+        return {}
+
+    policy = RetryPolicy(initial_interval=0, jitter=False, max_attempts=3)  # no sleep
+    built = StateGraph(State).add_node("looper", looper, retry_policy=policy)
+    compiled = built.add_edge(START, "looper").compile()
+    with ExecutionContext(ExecutionConfig(max_steps=1)):
+        with ToolCall("lookup"):
+            pass
+        with pytest.raises((BudgetExceededError, _NodeFailed)):
+            compiled.invoke({"seen": []})
+    assert len(attempts) == 1  # LangGraph's default retry_on would have run it 3 times

@@ -18,11 +18,18 @@ is what that one process sent. Before serving, the parent imports what a
 run would otherwise import in every child (:data:`WARM`: the SDKs the
 frameworks import on their first call, the price data on ours), as each
 import is most of a scenario's CPU; it calls nothing.
+
+A run (a scenario's child, or the one run without ``FRAMEWORK_SCENARIOS``)
+that is still going ``FRAMEWORK_DUMP_AFTER_S`` seconds after it began, which
+the test sets to less than it waits, writes every thread's stack to stderr and
+exits (:func:`faulthandler.dump_traceback_later`): the test's failure then
+says where the run stood, not only that no RESULT came.
 """
 
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib
 import importlib.util
 import json
@@ -106,6 +113,7 @@ def run(main: Callable[[], object] | Mapping[str, Callable[[], object]]) -> None
     """Run ``main``, or the scenario named by ``argv[1]``; or serve scenarios (see above)."""
     mains = main if isinstance(main, Mapping) else {"": main}
     if os.environ.get("FRAMEWORK_SCENARIOS") != "1":
+        _dump_if_hung()
         report(ended(mains[sys.argv[1] if len(sys.argv) > 1 else ""]))
         return
     _warm(WARM)
@@ -126,11 +134,19 @@ def _in_child(main: Callable[[], object], env: Mapping[str, str | None]) -> None
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    _dump_if_hung()  # armed here, not in the parent: its watchdog thread would not survive fork
     from veronica_otel.startup.distro import install_zero_code  # the test's harness, not the app
 
     install_zero_code()  # the default chain from this scenario's VERONICA_* variables
     report(ended(main))
     exit_as_the_interpreter_does()
+
+
+def _dump_if_hung() -> None:
+    """``FRAMEWORK_DUMP_AFTER_S`` seconds from now: every thread's stack to stderr, and exit."""
+    after = os.environ.get("FRAMEWORK_DUMP_AFTER_S")
+    if after:
+        faulthandler.dump_traceback_later(float(after), exit=True)
 
 
 def exit_as_the_interpreter_does(status: int = 0) -> None:

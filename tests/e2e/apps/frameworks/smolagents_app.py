@@ -1,11 +1,15 @@
 """A runaway smolagents ToolCallingAgent on an OpenAI-compatible server, unchanged.
 
 ``stream``: the run's steps iterated (``run(stream=True)``).
+``retries``: the default run with smolagents' retries of a model call
+written out (its ``Retrying ...`` log lines) and their sleeps cut to none.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 from _report import run
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
@@ -30,4 +34,12 @@ def stream() -> None:
         pass
 
 
-run({"": lambda: agent.run("go"), "stream": stream})
+def retries() -> None:
+    log = logging.getLogger("smolagents.models")
+    log.setLevel(logging.INFO)
+    log.addHandler(logging.StreamHandler(sys.stdout))
+    model.retryer.wait_seconds = 0  # a retry shows at once, not minutes later
+    agent.run("go")
+
+
+run({"": lambda: agent.run("go"), "stream": stream, "retries": retries})
