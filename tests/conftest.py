@@ -190,6 +190,8 @@ _ONE_WORKER = {
     "tests/integration/test_langchain.py": "anthropic",
     "tests/integration/test_langgraph_nodes.py": "anthropic",
     "tests/integration/test_groq_instrumentor.py": "anthropic",
+    "tests/integration/test_redis_numbers.py": "anthropic",  # one anthropic test each
+    "tests/unit/test_front_lanes.py": "anthropic",
 }
 
 
