@@ -4,7 +4,7 @@ Every provider page's first Python block is run as pasted, from its own file
 as ``__main__`` in a process of its own, with the real SDK against the
 bundled fake server, and must print the denial and the count the server
 received (the processes are forked from one that imported what the blocks
-import: ``apps/pasted_scripts.py``); the framework pages' sections come from
+import: :func:`tests.e2e._pasted.run_pasted`); the framework pages' sections come from
 ``docs/frameworks.md`` by the site hook, which is checked here too.
 """
 
@@ -27,9 +27,8 @@ PARTS = ("**Install:**", "**What is patched", "**What is counted and priced", "*
 sys.path.insert(0, str(DOCS))
 import hooks  # noqa: E402  (docs/ is not a package)
 
+from tests.e2e._pasted import run_pasted  # noqa: E402
 from tests.e2e.test_docs import first_python_block, snippet_environment  # noqa: E402
-
-PASTED = Path(__file__).parent / "apps" / "pasted_scripts.py"
 
 
 def test_every_provider_and_framework_has_its_page() -> None:
@@ -53,29 +52,12 @@ def snippet_runs(
 ) -> dict[str, subprocess.CompletedProcess[str]]:
     """Each provider page's first Python block, run once (its exit status and output)."""
     folder = tmp_path_factory.mktemp("pasted")
-    scripts = {}
+    scripts = []
     for page in PROVIDER_PAGES:
-        (folder / page.stem).mkdir()
-        scripts[page.stem] = folder / page.stem / "first.py"
-        scripts[page.stem].write_text(first_python_block(page), encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, str(PASTED), *map(str, scripts.values())],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=snippet_environment(),
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {
-        name: subprocess.CompletedProcess(
-            [str(script)],
-            int(script.with_suffix(".status").read_text()),
-            script.with_suffix(".out").read_text(encoding="utf-8"),
-            script.with_suffix(".err").read_text(encoding="utf-8"),
-        )
-        for name, script in scripts.items()
-    }
+        scripts.append(folder / f"{page.stem}.py")
+        scripts[-1].write_text(first_python_block(page), encoding="utf-8")
+    ran = run_pasted(scripts, folder / "runs", snippet_environment())
+    return {page.stem: result for page, result in zip(PROVIDER_PAGES, ran, strict=True)}
 
 
 @pytest.mark.parametrize("page", PROVIDER_PAGES, ids=lambda p: p.stem)

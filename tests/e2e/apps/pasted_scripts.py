@@ -1,15 +1,17 @@
 """Scripts run as pasted, each in a process of its own forked from this one.
 
-``python pasted_scripts.py SCRIPT...``: every module the scripts import at
+``python pasted_scripts.py FOLDER SCRIPT...``: every module the scripts import at
 their top level is imported here first (imported only: nothing is called),
 since those imports (an SDK, ours, OpenTelemetry) are most of what a short
-script costs. Then each script runs as ``__main__`` from its file, in its
-own folder, in a child forked from this process, one after the other, and
-ends as ``frameworks/_report.py``'s scenarios do (its threads and atexit
-handlers, not the teardown of what it inherited). Its stdout and stderr go
-to ``SCRIPT.out`` and ``SCRIPT.err`` beside it, its exit status (0, or 1
-with the traceback on stderr) to ``SCRIPT.status``. A script gets fresh
-globals: a name it uses but does not import still fails, as pasted.
+script costs. Then each script runs as ``__main__`` from its file (its
+folder first on ``sys.path``, as ``python SCRIPT`` has it) in a child forked
+from this process, one after the other, and ends as
+``frameworks/_report.py``'s scenarios do (its threads and atexit handlers,
+not the teardown of what it inherited). The N-th script (from 0) runs in
+``FOLDER/N``, which holds its stdout and stderr (``out``, ``err``) and its
+exit status (``status``: 0, or 1 with the traceback on stderr) once it
+ended. A script gets fresh globals: a name it uses but does not import still
+fails, as pasted.
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ def _import(name: str) -> None:
         importlib.import_module(name)
 
 
-def _run(script: Path) -> None:
-    """In the child: ``script`` as ``__main__``, its output to the files beside it."""
-    for fd, suffix in ((1, ".out"), (2, ".err")):
-        target = os.open(script.with_suffix(suffix), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def _run(script: Path, folder: Path) -> None:
+    """In the child: ``script`` as ``__main__`` in ``folder``, its output to files there."""
+    for fd, name in ((1, "out"), (2, "err")):
+        target = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
-    os.chdir(script.parent)
+    os.chdir(folder)
     sys.argv = [str(script)]
     sys.path[0] = str(script.parent)  # as ``python SCRIPT`` has it
     try:
@@ -64,7 +66,7 @@ def _run(script: Path) -> None:
     exit_as_the_interpreter_does()
 
 
-def main(*paths: str) -> None:
+def main(out: str, *paths: str) -> None:
     scripts = [Path(path).resolve() for path in paths]
     for script in scripts:
         for name in _imported_names(script):
@@ -72,14 +74,16 @@ def main(*paths: str) -> None:
     for name in WARM:  # what a first call imports
         _import(name)
     gc.freeze()  # a child's collections then skip (so do not copy) all this process made
-    for script in scripts:
+    for n, script in enumerate(scripts):
+        folder = Path(out, str(n))
+        folder.mkdir(parents=True)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _run(script)  # never returns
+            _run(script, folder)  # never returns
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        script.with_suffix(".status").write_text(str(status))
+        (folder / "status").write_text(str(status))
 
 
 if __name__ == "__main__":
