@@ -8,6 +8,7 @@ what the examples import (:func:`tests.e2e._pasted.run_pasted`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from subprocess import CompletedProcess
 
@@ -50,3 +51,21 @@ def test_the_quickstart_stops_the_loop_before_sending(
     out = output(runs, "quickstart.py")
     assert "denied before sending:" in out and "steps limit reached (limit 3" in out
     assert "requests the server received: 3\n" in out
+
+
+def test_the_budget_pools_example_stops_alice_at_her_hour_and_bob_at_acmes_day(
+    runs: dict[str, CompletedProcess[str]],
+) -> None:
+    lines = output(runs, "budget_pools.py").splitlines()
+    assert len(lines) == 4, lines
+    alice = re.fullmatch(
+        r"alice: stopped by pool user:alice \(steps\); room again in (\d+) s", lines[0]
+    )
+    assert alice is not None and 3540 <= int(alice.group(1)) <= 3600
+    bob = re.fullmatch(
+        r"bob: stopped by pool tenant:acme \(cost\); room again in (\d+) s", lines[1]
+    )
+    assert bob is not None and 84_960 <= int(bob.group(1)) <= 86_400
+    assert lines[2] == "calls sent: {'alice': 3, 'bob': 7} (the server saw 10)"
+    spent = re.fullmatch(r"acme spent \$(0\.\d{4}) of \$0\.005 today", lines[3])
+    assert spent is not None and 0.004 < float(spent.group(1)) <= 0.005
