@@ -23,7 +23,6 @@ import is most of a scenario's CPU; it calls nothing.
 from __future__ import annotations
 
 import atexit
-import gc
 import importlib
 import importlib.util
 import json
@@ -110,7 +109,6 @@ def run(main: Callable[[], object] | Mapping[str, Callable[[], object]]) -> None
         report(ended(mains[sys.argv[1] if len(sys.argv) > 1 else ""]))
         return
     _warm(WARM)
-    gc.freeze()  # a child's collections then skip (so do not copy) what this process made
     for line in sys.stdin:
         scenario = json.loads(line)
         sys.stdout.flush()
