@@ -146,7 +146,9 @@ _ONE_WORKER = {
     # module fixtures that run subprocesses, their tests only read the result:
     "tests/e2e/test_stainless_majors.py": "stainless_majors",  # one run per older SDK
     "tests/e2e/test_release_build.py": "release_build",  # sdist and wheel built once
-    "tests/e2e/test_cli_errors.py": "cli_errors",  # one demo run
+    "tests/e2e/test_cli_errors.py": "cli_errors",  # one demo run (tests/e2e/conftest.py)
+    "tests/e2e/test_numbers.py": "cli_errors",  # reads the same run
+    "tests/e2e/test_doc_pages.py": "doc_pages",  # the pages' snippets run once
     # one app process per framework serves all its tests (tests/e2e/_frameworks.py):
     "tests/e2e/test_frameworks_openai_2.py": "frameworks_openai_2",
     "tests/e2e/test_frameworks_openai_3.py": "frameworks_openai_3",
@@ -190,6 +192,8 @@ _ONE_WORKER = {
     "tests/integration/test_langchain.py": "anthropic",
     "tests/integration/test_langgraph_nodes.py": "anthropic",
     "tests/integration/test_groq_instrumentor.py": "anthropic",
+    "tests/integration/test_redis_numbers.py": "anthropic",  # one anthropic test each
+    "tests/unit/test_front_lanes.py": "anthropic",
 }
 
 

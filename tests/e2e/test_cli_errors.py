@@ -20,6 +20,7 @@ import pytest
 
 from veronica_otel import __version__
 
+from .conftest import DemoRun
 from .test_cli import alive
 
 PYTHON = sys.executable
@@ -143,27 +144,8 @@ def test_demo_into_an_unwritable_folder_fails_before_running(
     assert result.stdout == ""  # failed before any scenario ran
 
 
-@pytest.fixture(scope="module")
-def demo_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """One demo run for the module, in a shell whose PATH does not have the venv's scripts."""
-    cwd = tmp_path_factory.mktemp("demo")
-    result = subprocess.run(
-        [PYTHON, "-m", "veronica_otel.cli", "demo", "--out", "graphs"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env("/usr/bin:/bin"),
-        cwd=cwd,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return cwd, result
-
-
 @pytest.fixture
-def demo(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> tuple[Path, str]:
+def demo(demo_run: DemoRun) -> tuple[Path, str]:
     """The demo's folder and the command it printed to look at its graphs."""
     cwd, result = demo_run
     hint = re.search(r"^in a terminal: (.+)$", result.stdout, re.MULTILINE)
@@ -171,9 +153,7 @@ def demo(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> tuple[Path,
     return cwd, hint.group(1)
 
 
-def test_demo_prints_the_table_with_honest_counts(
-    demo_run: tuple[Path, subprocess.CompletedProcess[str]],
-) -> None:
+def test_demo_prints_the_table_with_honest_counts(demo_run: DemoRun) -> None:
     result = demo_run[1]
     lines = result.stdout.splitlines()
     rows = [line for line in lines if "contained" in line]

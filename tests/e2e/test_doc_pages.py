@@ -1,8 +1,10 @@
 """The provider and framework pages: each snippet runs as pasted, each page has its parts.
 
-Every provider page's first Python block is run in a fresh interpreter with
-the real SDK against the bundled fake server, and must print the denial and
-the count the server received; the framework pages' sections come from
+Every provider page's first Python block is run as pasted, from its own file
+as ``__main__`` in a process of its own, with the real SDK against the
+bundled fake server, and must print the denial and the count the server
+received (the processes are forked from one that imported what the blocks
+import: :func:`tests.e2e._pasted.run_pasted`); the framework pages' sections come from
 ``docs/frameworks.md`` by the site hook, which is checked here too.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +27,8 @@ PARTS = ("**Install:**", "**What is patched", "**What is counted and priced", "*
 sys.path.insert(0, str(DOCS))
 import hooks  # noqa: E402  (docs/ is not a package)
 
-from tests.e2e.test_docs import run_first_python_block  # noqa: E402
+from tests.e2e._pasted import run_pasted  # noqa: E402
+from tests.e2e.test_docs import first_python_block, snippet_environment  # noqa: E402
 
 
 def test_every_provider_and_framework_has_its_page() -> None:
@@ -42,9 +46,26 @@ def test_every_provider_and_framework_has_its_page() -> None:
         assert not missing, f"{page.name} lacks {missing}"
 
 
+@pytest.fixture(scope="module")
+def snippet_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Each provider page's first Python block, run once (its exit status and output)."""
+    folder = tmp_path_factory.mktemp("pasted")
+    scripts = []
+    for page in PROVIDER_PAGES:
+        scripts.append(folder / f"{page.stem}.py")
+        scripts[-1].write_text(first_python_block(page), encoding="utf-8")
+    ran = run_pasted(scripts, folder / "runs", snippet_environment())
+    return {page.stem: result for page, result in zip(PROVIDER_PAGES, ran, strict=True)}
+
+
 @pytest.mark.parametrize("page", PROVIDER_PAGES, ids=lambda p: p.stem)
-def test_the_provider_pages_snippet_runs_as_pasted(page: Path, tmp_path: Path) -> None:
-    result = run_first_python_block(page, tmp_path)
+def test_the_provider_pages_snippet_runs_as_pasted(
+    page: Path, snippet_runs: dict[str, subprocess.CompletedProcess[str]]
+) -> None:
+    result = snippet_runs[page.stem]
+    assert result.returncode == 0, result.stderr[-3000:]
     assert "denied before sending: chain " in result.stdout
     # The server (or the MCP tool) saw exactly the calls the chain allowed.
     assert re.search(

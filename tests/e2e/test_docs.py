@@ -16,24 +16,32 @@ README = ROOT / "README.md"
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 
 
-def run_first_python_block(page: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run the first Python block of ``page`` as pasted, in a fresh interpreter in ``cwd``."""
+def first_python_block(page: Path) -> str:
     first = re.search(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
     assert first is not None, f"{page.name} has no Python block"
-    script = cwd / "first.py"
-    script.write_text(first.group(1), encoding="utf-8")
-    env = {
+    return first.group(1)
+
+
+def snippet_environment() -> dict[str, str]:
+    """This process's environment, as a snippet's reader runs it against the bundled server."""
+    return {
         **os.environ,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no network at import
         **plain_http_tls(),  # the bundled server is plain HTTP
     }
+
+
+def run_first_python_block(page: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the first Python block of ``page`` as pasted, in a fresh interpreter in ``cwd``."""
+    script = cwd / "first.py"
+    script.write_text(first_python_block(page), encoding="utf-8")
     result = subprocess.run(
         [sys.executable, str(script)],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=180,
-        env=env,
+        env=snippet_environment(),
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]

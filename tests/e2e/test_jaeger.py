@@ -82,17 +82,33 @@ def example_venv() -> Path:
 
 
 @pytest.fixture(scope="module")
-def demo_runs(recipe: Path, jaeger: JaegerProcess) -> dict[str, dict[str, Any]]:
+def planner_critic_runs(
+    recipe: Path, jaeger: JaegerProcess, collector: JaegerProcess
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """The demo chain sent once per protocol straight to Jaeger ("direct") and
+    through the Collector ("forwarded"): each run's report."""
+    targets = {"direct": jaeger, "forwarded": collector}
+    keys = [(route, protocol) for route in targets for protocol in PROTOCOLS]
+    runs = [
+        otlp_env(targets[route], protocol, f"planner-critic-{protocol}") for route, protocol in keys
+    ]
+    return dict(zip(keys, run_planner_critic(recipe, runs), strict=True))
+
+
+@pytest.fixture(scope="module")
+def demo_runs(
+    planner_critic_runs: dict[tuple[str, str], dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
     """The demo chain sent straight to Jaeger once per protocol (its report)."""
-    return {protocol: run_planner_critic(recipe, jaeger, protocol) for protocol in PROTOCOLS}
+    return {protocol: planner_critic_runs["direct", protocol] for protocol in PROTOCOLS}
 
 
 @pytest.fixture(scope="module")
 def forwarded_runs(
-    recipe: Path, jaeger: JaegerProcess, collector: JaegerProcess
+    planner_critic_runs: dict[tuple[str, str], dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
     """The demo chain sent through the Collector once per protocol (its report)."""
-    return {protocol: run_planner_critic(recipe, collector, protocol) for protocol in PROTOCOLS}
+    return {protocol: planner_critic_runs["forwarded", protocol] for protocol in PROTOCOLS}
 
 
 @pytest.fixture
@@ -236,18 +252,25 @@ def shape(spans: list[ReadableSpan], chain_id: str) -> Counter[tuple[Any, ...]]:
     )
 
 
-def run_planner_critic(venv: Path, target: JaegerProcess, protocol: str) -> dict[str, Any]:
+def run_planner_critic(venv: Path, runs: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The app once per ``runs`` (its OTLP variables), each in a process of its own
+    forked from one that imported what they all import; their reports in order."""
     result = subprocess.run(
-        [str(venv / "bin" / "python"), str(APPS / "jaeger_planner_critic.py")],
-        env=clean_env(**otlp_env(target, protocol, f"planner-critic-{protocol}")),
+        [
+            str(venv / "bin" / "python"),
+            str(APPS / "jaeger_planner_critic.py"),
+            *(json.dumps(run) for run in runs),
+        ],
+        env=clean_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    report: dict[str, Any] = json.loads(result.stdout)
-    return report
+    reports = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(reports) == len(runs), result.stdout
+    return reports
 
 
 def run_example(

@@ -167,6 +167,37 @@ def test_a_pool_the_file_does_not_define_refuses_every_call(
     assert "VERONICA_POOLS: pool 'tenant:bob' is not defined" in done.stderr
 
 
+# -- VERONICA_POLICY_FILE: the default chain follows the file
+
+
+def test_zero_code_follows_the_policy_file(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(
+        '[limits]\nmax_cost_usd = 1.0\n[models."gpt-4o-mini"]\n'
+        'fallback = "gpt-4o"\nmax_tokens = 7\nmax_calls = 3\n'
+    )
+    result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_POLICY_FILE=str(path))
+    assert printed(done) == [f"step {i} ok" for i in range(3)], done.stderr[-2000:]
+    assert result["raised"] == "BudgetExceededError", result
+    assert 'models."gpt-4o-mini".max_calls = 3 reached' in result["message"], result
+    bodies = [r.body for r in server.requests]
+    assert [(b["model"], b["max_completion_tokens"]) for b in bodies] == [("gpt-4o", 7)] * 3
+
+
+def test_zero_code_fails_closed_on_a_malformed_policy_file(
+    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text('[models."gpt-4o-mini"]\nmax_calls = -1\n')
+    result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_POLICY_FILE=str(path))
+    problem = f'policy file {path} (VERONICA_POLICY_FILE): models."gpt-4o-mini".max_calls = -1'
+    assert problem in done.stderr
+    assert printed(done) == [] and result["raised"] is not None, result
+    assert server.count(CHAT) == 0
+
+
 # -- a hostile policy file: every call refused, naming the variable and the file
 
 

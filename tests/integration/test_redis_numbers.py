@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import anthropic
 import openai
 import pytest
 import redis
@@ -110,6 +109,8 @@ def test_openai_usage_of_1e26_tokens_is_clamped_and_trips(
 def test_anthropic_usage_of_1e26_tokens_is_clamped_and_trips(
     huge_server: FakeLLMServer, ledger: RedisLedger
 ) -> None:
+    import anthropic  # here, not at the top: collection on every worker would import it
+
     instrumentor = AnthropicInstrumentor()
     instrumentor.instrument()
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from anthropic._models import FinalRequestOptions as AnthropicOptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._models import FinalRequestOptions as OpenAIOptions
@@ -96,9 +95,14 @@ def test_openai_stream_kwarg_streams_in_both_lanes() -> None:
         assert read is not None and read.stream
 
 
-def _anthropic_options(body: dict[str, Any]) -> Any:
-    return AnthropicOptions.construct(
-        method="post", url="/v1/messages", json_data=body, span_name="anthropic.messages.create"
+def _anthropic_options(
+    body: dict[str, Any], url: str = "/v1/messages", span_name: str = "anthropic.messages.create"
+) -> Any:
+    # anthropic imported here: at the module's top, collection on every worker would import it
+    from anthropic._models import FinalRequestOptions
+
+    return FinalRequestOptions.construct(
+        method="post", url=url, json_data=body, span_name=span_name
     )
 
 
@@ -127,9 +131,7 @@ def test_anthropic_plain_lane_reads_what_the_general_reading_reads(body: dict[st
 
 
 def test_anthropic_calls_other_than_messages_create_pass_through() -> None:
-    options = AnthropicOptions.construct(
-        method="post", url="/v1/messages/count_tokens", json_data={}, span_name="other"
-    )
+    options = _anthropic_options({}, "/v1/messages/count_tokens", "other")
     assert _anthropic_request.read_call(ANTHROPIC, None, (None, options), {}, "m") is None
 
 

@@ -1,4 +1,6 @@
-"""The declarative policy file: strict validation, enforcement, prices, reload, zero code.
+"""The declarative policy file: strict validation, enforcement, prices, reload.
+
+Under zero code, the file is tested in ``tests/e2e/test_zero_code.py``.
 
 Reloads are driven by an injected clock and by rewriting the file with a new
 modification time (``os.utime``): no test sleeps.
@@ -8,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import threading
 import tomllib
@@ -22,7 +23,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests._clock import FakeClock
-from tests._zero_code import UNCHANGED_AGENT, run_instrumented
 from veronica_otel import (
     BudgetExceededError,
     ExecutionConfig,
@@ -701,41 +701,6 @@ def test_the_default_chain_takes_new_limits_and_keeps_what_it_spent(
             second.begin_call("tool", WrapOptions(operation_name="read"))
     finally:
         _propagation.set_default_context(None)
-
-
-# -- zero code ---------------------------------------------------------------------------
-
-
-def run_app(server: FakeLLMServer, policy_path: Path) -> subprocess.CompletedProcess[str]:
-    return run_instrumented(UNCHANGED_AGENT, server, VERONICA_POLICY_FILE=str(policy_path))
-
-
-def test_zero_code_follows_the_policy_file(tmp_path: Path, server: FakeLLMServer) -> None:
-    path = write(
-        tmp_path / "policy.toml",
-        '[limits]\nmax_cost_usd = 1.0\n[models."gpt-4o-mini"]\n'
-        'fallback = "gpt-4o"\nmax_tokens = 7\nmax_calls = 3\n',
-    )
-    result = run_app(server, path)
-    assert result.returncode != 0
-    assert result.stdout.splitlines() == [f"step {i} ok" for i in range(3)]
-    assert "BudgetExceededError" in result.stderr
-    assert 'models."gpt-4o-mini".max_calls = 3 reached' in result.stderr
-    bodies = [r.body for r in server.requests]
-    assert [(b["model"], b["max_completion_tokens"]) for b in bodies] == [("gpt-4o", 7)] * 3
-
-
-def test_zero_code_fails_closed_on_a_malformed_policy_file(
-    tmp_path: Path, server: FakeLLMServer
-) -> None:
-    path = write(tmp_path / "policy.toml", '[models."gpt-4o-mini"]\nmax_calls = -1\n')
-    result = run_app(server, path)
-    assert result.returncode != 0
-    assert f'policy file {path} (VERONICA_POLICY_FILE): models."gpt-4o-mini".max_calls = -1' in (
-        result.stderr
-    )
-    assert result.stdout == ""
-    assert server.count(CHAT) == 0
 
 
 def test_exported_names() -> None:
