@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import openai
@@ -30,6 +31,13 @@ def server() -> Iterator[FakeLLMServer]:
         yield fake
 
 
+@pytest.fixture
+def closing() -> Iterator[ExitStack]:
+    """Closes each test's clients (an unclosed one leaves its socket to a later GC)."""
+    with ExitStack() as stack:
+        yield stack
+
+
 def _check(name: str, arguments: Any) -> None:
     args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
     assert name == "weather"
@@ -37,8 +45,12 @@ def _check(name: str, arguments: Any) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_openai_chat_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> None:
-    client = openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
+def test_openai_chat_calls_the_declared_tool(
+    server: FakeLLMServer, closing: ExitStack, stream: bool
+) -> None:
+    client = closing.enter_context(
+        openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
+    )
     tools: Any = [
         {"type": "function", "function": {"name": "final_result", "parameters": WEATHER}},
         {"type": "function", "function": {"name": "weather", "parameters": WEATHER}},
@@ -58,8 +70,12 @@ def test_openai_chat_calls_the_declared_tool(server: FakeLLMServer, stream: bool
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_openai_responses_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> None:
-    client = openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
+def test_openai_responses_calls_the_declared_tool(
+    server: FakeLLMServer, closing: ExitStack, stream: bool
+) -> None:
+    client = closing.enter_context(
+        openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
+    )
     tools: Any = [{"type": "function", "name": "weather", "parameters": WEATHER, "strict": True}]
     if stream:
         with client.responses.stream(model="m", input="hi", tools=tools) as events:
@@ -73,10 +89,14 @@ def test_openai_responses_calls_the_declared_tool(server: FakeLLMServer, stream:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_anthropic_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> None:
+def test_anthropic_calls_the_declared_tool(
+    server: FakeLLMServer, closing: ExitStack, stream: bool
+) -> None:
     import anthropic
 
-    client = anthropic.Anthropic(base_url=server.anthropic_base_url, api_key="t", max_retries=0)
+    client = closing.enter_context(
+        anthropic.Anthropic(base_url=server.anthropic_base_url, api_key="t", max_retries=0)
+    )
     tools: Any = [{"name": "weather", "description": "w", "input_schema": WEATHER}]
     messages: Any = [{"role": "user", "content": "hi"}]
     if stream:
@@ -93,7 +113,9 @@ def test_anthropic_calls_the_declared_tool(server: FakeLLMServer, stream: bool) 
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_gemini_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> None:
+def test_gemini_calls_the_declared_tool(
+    server: FakeLLMServer, closing: ExitStack, stream: bool
+) -> None:
     from google import genai
     from google.genai import types
 
@@ -130,7 +152,9 @@ def test_gemini_typed_schema_uppercase_types(server: FakeLLMServer) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_bedrock_converse_calls_the_declared_tool(server: FakeLLMServer, stream: bool) -> None:
+def test_bedrock_converse_calls_the_declared_tool(
+    server: FakeLLMServer, closing: ExitStack, stream: bool
+) -> None:
     import boto3
     from botocore.config import Config
 
@@ -142,6 +166,7 @@ def test_bedrock_converse_calls_the_declared_tool(server: FakeLLMServer, stream:
         aws_secret_access_key="x",
         config=Config(retries={"mode": "standard", "max_attempts": 1}),
     )
+    closing.callback(client.close)
     request: Any = {
         "modelId": "anthropic.claude-x",
         "messages": [{"role": "user", "content": [{"text": "hi"}]}],
@@ -168,8 +193,10 @@ def test_bedrock_converse_calls_the_declared_tool(server: FakeLLMServer, stream:
     _check(start["name"], raw)
 
 
-def test_header_and_setter_switch_it(server: FakeLLMServer) -> None:
-    client = openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
+def test_header_and_setter_switch_it(server: FakeLLMServer, closing: ExitStack) -> None:
+    client = closing.enter_context(
+        openai.OpenAI(base_url=server.openai_base_url, api_key="t", max_retries=0)
+    )
     tools: Any = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}}]
     messages: Any = [{"role": "user", "content": "hi"}]
 
