@@ -120,6 +120,7 @@ def test_gemini_calls_the_declared_tool(
     from google.genai import types
 
     gemini = genai.Client(api_key="t", http_options=types.HttpOptions(base_url=server.base_url))
+    closing.callback(gemini.close)
     declaration = types.FunctionDeclaration(name="weather", parameters_json_schema=WEATHER)
     config = types.GenerateContentConfig(tools=[types.Tool(function_declarations=[declaration])])
     if stream:
@@ -134,11 +135,12 @@ def test_gemini_calls_the_declared_tool(
     _check(call.name or "", call.args)
 
 
-def test_gemini_typed_schema_uppercase_types(server: FakeLLMServer) -> None:
+def test_gemini_typed_schema_uppercase_types(server: FakeLLMServer, closing: ExitStack) -> None:
     from google import genai
     from google.genai import types
 
     gemini = genai.Client(api_key="t", http_options=types.HttpOptions(base_url=server.base_url))
+    closing.callback(gemini.close)
     schema = types.Schema(
         type=types.Type.OBJECT,
         properties={"city": types.Schema(type=types.Type.STRING)},
