@@ -100,6 +100,13 @@ do not read them).
 Instructions are a proxy for CPU time, not a measurement of it: an
 instruction that misses the cache costs more than one that hits.
 
+Every child must read the same bytecode: when a module is compiled in one
+child and read from its ``.pyc`` in the next, that child's count moves by up to
+a million instructions a call. Write the ``.pyc`` files first (``unset
+PYTHONDONTWRITEBYTECODE``, ``python -m compileall`` over ``src``,
+``benchmarks`` and the venvs, then one ``--dry-run``); a run where an
+instrumented variant counts clearly below the bare call is refused.
+
 Prints one JSON object to stdout; ``{"skipped": ...}`` when valgrind is not
 installed. Usage::
 
@@ -140,6 +147,9 @@ QUICK_LOW, QUICK_HIGH = 1, 6
 TARGET_OURS_OVER_OFFICIAL = 0.8
 TARGET_ENFORCEMENT_OVER_OFFICIAL = 0.2
 TARGET_OVER_BARE = 0.02
+# Between two runs of one variant at 20/220 calls the count moves by up to
+# about 40k a call; further below the bare call than this is a broken run.
+_NOISE_PER_CALL = 100_000
 # No TracerProvider: what enforcing may add, as a share of the bare call (issue 26):
 # openai 1.0 %, every other library and adapter TARGET_OVER_BARE.
 TARGETS_OVER_BARE = {"openai": 0.01}
@@ -695,10 +705,26 @@ def _measure(
         }
         if "bare" not in per_call or "enforce" not in per_call:
             continue  # left out (--skip)
+        _check_above_bare(library, per_call)
         report[library] = _ratios(
             per_call, sdk, TARGETS_OVER_BARE.get(library, TARGET_OVER_BARE), library
         )
     return report
+
+
+def _check_above_bare(library: str, per_call: dict[str, float]) -> None:
+    """Refuse a run where an instrumented variant counted clearly fewer
+    instructions than the bare call: that is no saving but a broken run (most
+    often a module compiled in one child and read from its .pyc in the next),
+    and its ratios would read as targets met."""
+    bare = per_call["bare"]
+    for kind, count in per_call.items():
+        if count < bare - _NOISE_PER_CALL:
+            raise RuntimeError(
+                f"{library}_{kind} counted {count:,.0f} instructions a call, below the bare "
+                f"call's {bare:,.0f}: the run is unreliable (were the .pyc files written "
+                "before it? see the module docstring); run it again"
+            )
 
 
 def _dry_run(libraries: tuple[str, ...]) -> dict[str, str]:
