@@ -29,7 +29,9 @@ from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps"
 KEY = "two-services-grant-key-0123456789"
-STARTUP_S = 30.0
+# A bound, not a speed: service B starts in about a second, far longer on a busy
+# machine (a run beside other jobs took past 30 s); a dead one is seen at once.
+STARTUP_S = 120.0
 
 
 def environment(llm: FakeLLMServer, **extra: str) -> dict[str, str]:

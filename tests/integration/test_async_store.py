@@ -73,7 +73,9 @@ class CountingRedis(redis.Redis):
 def counting_ledger(
     url: str, prefix: str, *, timeout: float = 2.0, **options: Any
 ) -> tuple[RedisLedger, CountingRedis]:
-    client = CountingRedis.from_url(url, socket_timeout=timeout, socket_connect_timeout=1.0)
+    # A dead store refuses at once; a long connect wait only spares a busy machine
+    # (200 connections opened at once) a "Timeout connecting" that is not the code.
+    client = CountingRedis.from_url(url, socket_timeout=timeout, socket_connect_timeout=10.0)
     return RedisLedger(client, key_prefix=prefix, **options), client
 
 
