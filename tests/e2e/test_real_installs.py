@@ -15,10 +15,11 @@ whose request counts are the truth of what was sent.
 Importing openai, the SDK and every instrumentor the recipe installs is most
 of what a run under ``opentelemetry-instrument`` costs: the runs that vary only
 their environment (distro and configurator selection, limits, threads,
-propagation) are started as :func:`started` describes, each a process of its
-own forked after those imports and started as the launcher and Python's
-start-up would start it; a start with a broken exporter, the pre-fork servers
-and the peers under zero code run the real ``opentelemetry-instrument``.
+propagation) are started by :func:`tests._zero_code.start_runs`, each a
+process of its own forked, before start-up, from one that made those imports,
+then started as the launcher and Python's start-up would start it; a start with
+a broken exporter, the pre-fork servers and the peers under zero code run the
+real ``opentelemetry-instrument``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests import _venvs
+from tests._zero_code import start_runs
 from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps"
@@ -150,15 +152,8 @@ Run = tuple[subprocess.CompletedProcess[str], FakeLLMServer, FakeLLMServer]
 
 @pytest.fixture(scope="module")
 def started(recipe: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """Every run of :data:`STARTED`, each in a process of its own, all forked from one.
-
-    ``real_install_agent.py started`` imports what start-up and the apps import,
-    then forks a child per run, which does what ``opentelemetry-instrument
-    python SCRIPT`` does before the script's first line (the launcher's
-    ``PYTHONPATH``, the ``.pth`` files, ``sitecustomize``'s ``initialize()``
-    under the run's variables) and runs the script as ``__main__``.
-    """
-    folder = tmp_path_factory.mktemp("started")
+    """Every run of :data:`STARTED`, each a process of its own forked before start-up
+    from one that imported what start-up and the apps import (:func:`start_runs`)."""
     with ExitStack() as stack:
         servers = {
             name: (
@@ -167,43 +162,26 @@ def started(recipe: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             )
             for name in STARTED
         }
-        runs = []
-        for name, (argv, env) in STARTED.items():
-            llm, service = servers[name]
-            here = f"127.0.0.1:{service.port}"
-            runs.append(
-                {
-                    "name": name,
-                    "argv": [str(arg) for arg in argv],
-                    "env": {
-                        "OPENAI_BASE_URL": llm.openai_base_url,
-                        **{key: value.replace("{service}", here) for key, value in env.items()},
-                    },
-                }
-            )
-        (folder / "runs.json").write_text(json.dumps(runs))
-        parent = subprocess.run(
-            [str(recipe / "bin" / "python"), str(AGENT), "started", str(folder)],
-            env=environment(None),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
-        ended = dict(line.split()[1:] for line in parent.stdout.splitlines() if line[:5] == "DONE ")
-        assert ended.keys() == STARTED.keys(), parent.stderr[-3000:]
-        yield {
+        runs = {
             name: (
-                subprocess.CompletedProcess(
-                    argv,
-                    int(ended[name]),
-                    (folder / f"{name}.out").read_text(),
-                    (folder / f"{name}.err").read_text(),
-                ),
-                *servers[name],
+                argv,
+                {
+                    "OPENAI_BASE_URL": servers[name][0].openai_base_url,
+                    **{
+                        key: value.replace("{service}", f"127.0.0.1:{servers[name][1].port}")
+                        for key, value in env.items()
+                    },
+                },
             )
-            for name, (argv, _) in STARTED.items()
+            for name, (argv, env) in STARTED.items()
         }
+        done = start_runs(
+            recipe / "bin" / "python",
+            runs,
+            tmp_path_factory.mktemp("started"),
+            environment(None),
+        )
+        yield {name: (done[name], *servers[name]) for name in STARTED}
 
 
 # -- the standard recipe: two distros, two configurators, bootstrap's instrumentations

@@ -18,11 +18,6 @@ since importing them is most of what a run costs, and each ends as
 the teardown of what it inherited); each run's stdout and
 stderr go to ``FOLDER/NAME:ORDER.out`` and ``.err``, and this process exits
 with the number of runs that failed.
-``... started FOLDER``: the runs listed in ``FOLDER/runs.json`` (``[{"name",
-"argv", "env"}]``), each started in a process forked from this one as
-``opentelemetry-instrument python ARGV...`` would start it (see
-:func:`started`); this process prints ``DONE <name> <wait status>`` as each
-ends.
 Each call prints ``step N ok`` or ``step N refused: <error>`` (in the peer
 mode after ``steps: `` or ``cost: ``, which then also prints
 ``<limit>: spans: {"ours": N, "theirs": M}``, the CLIENT spans made).
@@ -143,110 +138,6 @@ def peers(folder: str, *runs: str) -> int:
     return sum(os.waitpid(pid, 0)[1] != 0 for pid in children)
 
 
-# Imported by opentelemetry-instrument's start-up or by a run's first call, in a
-# venv of the standard recipe: the parent of started runs imports them once.
-_STARTUP_IMPORTS = (
-    "opentelemetry.instrumentation.auto_instrumentation",
-    "opentelemetry.sdk._configuration",
-    "opentelemetry.sdk.trace",
-    "opentelemetry.sdk.metrics",
-    "opentelemetry.sdk._logs",
-    "openai.resources.chat",
-    "httpx",
-    "httpx2",
-    "requests",
-    "grpc",
-    "veronica_otel.startup.distro",
-    "veronica_otel.instrumentors.openai",
-    "veronica_otel.instrumentors.httpx",
-    "veronica_otel.instrumentors.requests",
-    "veronica_otel.instrumentors.urllib3",
-    "genai_prices.data",
-    "genai_prices.data_snapshot",
-)
-_STARTUP_GROUPS = (
-    "opentelemetry_distro",
-    "opentelemetry_configurator",
-    "opentelemetry_instrumentor",
-    "opentelemetry_pre_instrument",
-)
-
-
-def started(folder: str) -> int:
-    """Each run of ``FOLDER/runs.json``, forked from here as a process of its own starts.
-
-    What a run costs is mostly its imports (openai, the SDK, every instrumentor
-    ``opentelemetry-bootstrap`` installed): this process imports them, and
-    the modules of every start-up entry point, and runs nothing. Each child
-    then does what ``opentelemetry-instrument python ARGV...`` does up to the
-    script's first line: takes the run's environment, puts the
-    auto-instrumentation directory and the working directory first on
-    ``PYTHONPATH`` and ``sys.path`` (the launcher), runs the ``.pth`` files of
-    site-packages (``veronica_otel_zero_code.pth`` registers its door) and
-    then ``sitecustomize`` (``initialize()``: distro, configurator,
-    instrumentors, chosen by the run's ``OTEL_PYTHON_*``), as Python's
-    start-up does, through :mod:`site`'s own functions. The script then runs
-    as ``__main__``, and the child ends as ``frameworks/_report.py``'s
-    scenarios do. Its stdout and stderr go to ``FOLDER/<name>.out``/``.err``.
-    """
-    import contextlib
-    import gc
-    import importlib
-    from importlib.metadata import entry_points
-
-    from frameworks._report import exit_as_the_interpreter_does
-
-    for name in _STARTUP_IMPORTS:
-        importlib.import_module(name)
-    for group in _STARTUP_GROUPS:
-        for entry in entry_points(group=group):
-            with contextlib.suppress(Exception):  # fails again in the run, as at start-up
-                importlib.import_module(entry.module)
-    with open(os.path.join(folder, "runs.json")) as listed:
-        runs = json.load(listed)
-    gc.freeze()  # a child's collections then leave what was imported here uncopied
-    failed = 0
-    for run in runs:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _start(folder, run)
-            exit_as_the_interpreter_does()
-        _, status = os.waitpid(pid, 0)
-        failed += status != 0
-        print("DONE", run["name"], status, flush=True)
-    return failed
-
-
-def _start(folder: str, run: dict) -> None:
-    import faulthandler
-    import runpy
-    import site
-
-    import opentelemetry.instrumentation.auto_instrumentation as auto
-
-    for fd, suffix in ((1, "out"), (2, "err")):
-        path = os.path.join(folder, f"{run['name']}.{suffix}")
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-    faulthandler.dump_traceback_later(100, exit=True)  # a hung run says where it stood
-    os.environ.update(run["env"])
-    # opentelemetry-instrument: its directory, then the working directory, first
-    launcher = [os.path.dirname(os.path.abspath(auto.__file__)), os.getcwd()]
-    os.environ["PYTHONPATH"] = os.pathsep.join(launcher)
-    script = run["argv"][0]
-    sys.argv = list(run["argv"])
-    sys.path[0:1] = [os.path.dirname(os.path.abspath(script)), *launcher]
-    # Python's start-up: the .pth files, then sitecustomize
-    for packages in site.getsitepackages():
-        site.addsitedir(packages)
-    sys.modules.pop("sitecustomize", None)  # the first on the path wins, as at start-up
-    site.execsitecustomize()
-    runpy.run_path(script, run_name="__main__")
-
-
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "plain"
     if mode == "threads":
@@ -255,7 +146,5 @@ if __name__ == "__main__":
         peer(*sys.argv[2:])
     elif mode == "peers":
         sys.exit(peers(*sys.argv[2:]))
-    elif mode == "started":
-        sys.exit(started(*sys.argv[2:]))
     else:
         plain()
