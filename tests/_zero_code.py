@@ -78,14 +78,16 @@ def start_runs(
     runs: Mapping[str, tuple[Sequence[str | Path], Mapping[str, str]]],
     folder: Path,
     environ: Mapping[str, str],
+    leave: Sequence[str] = (),
 ) -> dict[str, subprocess.CompletedProcess[str]]:
     """Each run (name: script and arguments, its variables) as a process of its own.
 
     All are forked from one ``python`` process (``e2e/apps/started.py``, run
     with ``environ``), one after the other, each before start-up and then
     started as ``opentelemetry-instrument python SCRIPT ARGS...`` would start
-    it with ``environ`` and its own variables. Returns each run's exit status
-    and output; ``folder`` keeps their files.
+    it with ``environ`` and its own variables. ``leave``: packages that process
+    must not import (each run imports them after start-up, as an app does).
+    Returns each run's exit status and output; ``folder`` keeps their files.
     """
     listed = [
         {"name": name, "argv": [str(arg) for arg in argv], "env": dict(env)}
@@ -94,7 +96,7 @@ def start_runs(
     (folder / "runs.json").write_text(json.dumps(listed))
     parent = subprocess.run(
         [str(python), str(STARTED_APP), str(folder)],
-        env=dict(environ),
+        env={**environ, "STARTED_LEAVE": ",".join(leave)},
         capture_output=True,
         text=True,
         timeout=60 + 60 * len(listed),

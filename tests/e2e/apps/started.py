@@ -7,7 +7,9 @@ status>`` as each ends; it exits with the number of runs that did not exit 0.
 
 What such a run costs is mostly its imports (openai, the SDK, the instrumentors
 installed): this process imports them (:data:`IMPORTS`, when installed, and
-the module of every start-up entry point) and runs nothing of them. Each child
+the module of every start-up entry point) and runs nothing of them; none of
+the packages ``STARTED_LEAVE`` names (comma-separated), for runs that must see
+them imported after start-up, as an app's import is. Each child
 then does what ``opentelemetry-instrument`` and Python's start-up do before the
 script's first line: takes the run's environment; puts the
 auto-instrumentation directory and the working directory first on
@@ -66,13 +68,18 @@ DUMP_AFTER_S = 100  # a hung run writes every thread's stack to its stderr, and 
 
 
 def main(folder: str) -> int:
+    leave = set(filter(None, os.environ.pop("STARTED_LEAVE", "").split(",")))
     for name in IMPORTS:
-        if importlib.util.find_spec(name.split(".", 1)[0]) is not None:
+        top = name.split(".", 1)[0]
+        if top not in leave and importlib.util.find_spec(top) is not None:
             importlib.import_module(name)
     for group in GROUPS:
         for entry in entry_points(group=group):
             with contextlib.suppress(Exception):  # fails again in the run, as at start-up
                 importlib.import_module(entry.module)
+    imported = sorted(leave & {name.split(".", 1)[0] for name in sys.modules})
+    if imported:
+        raise SystemExit(f"started.py: imported {imported}, which STARTED_LEAVE leaves out")
     with open(os.path.join(folder, "runs.json")) as listed:
         runs = json.load(listed)
     gc.freeze()  # a child's collections then leave what was imported here uncopied
