@@ -26,6 +26,7 @@ go to ``FOLDER/<name>.out`` and ``.err``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 import importlib.util
@@ -37,7 +38,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from frameworks._report import exit_as_the_interpreter_does
+from frameworks._report import in_child
 
 # Imported by start-up or by a run's first call (where installed).
 IMPORTS = (
@@ -85,12 +86,7 @@ def main(folder: str) -> int:
     gc.freeze()  # a child's collections then leave what was imported here uncopied
     failed = 0
     for run in runs:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            exit_as_the_interpreter_does(_run(folder, run))
-        _, status = os.waitpid(pid, 0)
+        status = in_child(functools.partial(_run, folder, run))
         failed += status != 0
         print("DONE", run["name"], status, flush=True)
     return failed
