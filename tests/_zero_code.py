@@ -8,14 +8,20 @@ with OpenTelemetry exporters off unless a test sets them.
 starts one zero-code process for a module whose tests vary only the script
 and its ``VERONICA_*`` variables: each runs in a process forked from it after
 openai's import, with a default chain built from those variables as start-up
-builds it (``e2e/apps/unchanged_scripts.py``).
+builds it (``e2e/apps/unchanged_scripts.py``). :func:`start_runs` starts
+runs whose start-up itself is tested (the distro and configurator chosen, a
+malformed variable): each is forked, before start-up, from one process that
+imported what start-up imports, and then started as ``opentelemetry-instrument``
+and Python's start-up start it (``e2e/apps/started.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,19 +34,21 @@ if TYPE_CHECKING:
 INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 SCRIPTS_APP = Path(__file__).parent / "e2e" / "apps" / "unchanged_scripts.py"
 UNCHANGED_AGENT = Path(__file__).parent / "e2e" / "apps" / "unchanged_agent.py"
+STARTED_APP = Path(__file__).parent / "e2e" / "apps" / "started.py"
 
 
-def run_instrumented(
-    script: Path, server: FakeLLMServer, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` under ``opentelemetry-instrument``; ``env`` overrides the defaults."""
+def environment(server: FakeLLMServer | None, **env: str) -> dict[str, str]:
+    """This process's environment for an app: no ``VERONICA_*``, ``OTEL_*``,
+    ``OPENAI_*`` or ``ANTHROPIC_*`` of its own, the fake server's URL (unless
+    ``server`` is None), exporters off; ``env`` overrides."""
     environ = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_"))
     }
+    if server is not None:
+        environ["OPENAI_BASE_URL"] = server.openai_base_url
     environ.update(
-        OPENAI_BASE_URL=server.openai_base_url,
         OPENAI_API_KEY="test-key",
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",
@@ -48,14 +56,63 @@ def run_instrumented(
         **plain_http_tls(),
     )
     environ.update(env)
+    return environ
+
+
+def run_instrumented(
+    script: Path, server: FakeLLMServer, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under ``opentelemetry-instrument``; ``env`` overrides the defaults."""
     return subprocess.run(
         [str(INSTRUMENT), sys.executable, str(script)],
-        env=environ,
+        env=environment(server, **env),
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def start_runs(
+    python: Path,
+    runs: Mapping[str, tuple[Sequence[str | Path], Mapping[str, str]]],
+    folder: Path,
+    environ: Mapping[str, str],
+    leave: Sequence[str] = (),
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Each run (name: script and arguments, its variables) as a process of its own.
+
+    All are forked from one ``python`` process (``e2e/apps/started.py``, run
+    with ``environ``), one after the other, each before start-up and then
+    started as ``opentelemetry-instrument python SCRIPT ARGS...`` would start
+    it with ``environ`` and its own variables. ``leave``: packages that process
+    must not import (each run imports them after start-up, as an app does).
+    Returns each run's exit status and output; ``folder`` keeps their files.
+    """
+    listed = [
+        {"name": name, "argv": [str(arg) for arg in argv], "env": dict(env)}
+        for name, (argv, env) in runs.items()
+    ]
+    (folder / "runs.json").write_text(json.dumps(listed))
+    parent = subprocess.run(
+        [str(python), str(STARTED_APP), str(folder)],
+        env={**environ, "STARTED_LEAVE": ",".join(leave)},
+        capture_output=True,
+        text=True,
+        timeout=60 + 60 * len(listed),
+        check=False,
+    )
+    ended = dict(line.split()[1:] for line in parent.stdout.splitlines() if line[:5] == "DONE ")
+    assert ended.keys() == runs.keys(), (parent.stdout, parent.stderr[-3000:])
+    return {
+        name: subprocess.CompletedProcess(
+            [str(arg) for arg in argv],
+            os.waitstatus_to_exitcode(int(ended[name])),
+            (folder / f"{name}.out").read_text(),
+            (folder / f"{name}.err").read_text(),
+        )
+        for name, (argv, _) in runs.items()
+    }
 
 
 def script_scenarios(server: FakeLLMServer) -> FrameworkApp:

@@ -166,6 +166,16 @@ _ONE_WORKER = {
     "tests/e2e/test_real_installs.py::test_each_peer_in_either_order_leaves_every_limit_exact": (
         "real_installs_peers"
     ),
+    # tests reading the runs of one module fixture (``started``):
+    **{
+        f"tests/e2e/test_real_installs.py::{test}": "real_installs_started"
+        for test in (
+            "test_standard_recipe_sends_exactly_max_steps",
+            "test_standard_recipe_reports_a_malformed_value_and_refuses_calls",
+            "test_threads_follow_the_chain_unless_turned_off",
+            "test_zero_code_propagates_to_your_service_and_sends_vendors_no_baggage",
+        )
+    },
     # Modules whose tests import an SDK or framework in the worker (none imports one at its
     # top, so a worker that runs none of their tests never imports it). ag2 (~3 CPU-s
     # itself) imports anthropic, google-genai, mistralai, boto3, ollama and mcp too, so the

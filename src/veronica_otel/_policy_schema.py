@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 MAX_FILE_BYTES = 1 << 20  # a policy is a few kilobytes; more is a mistake
+MAX_NESTING = 64  # brackets and braces open at once; a policy needs a handful
 _NO_VALUE = object()
 _SHOWN = 120  # longest value repr in a message
 _TOP_KEYS = (
@@ -235,6 +237,7 @@ def load_policy(path: Path) -> PolicySpec:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PolicyFileError(source, f"is not UTF-8 ({exc})") from None
+    _check_nesting(source, text)
     try:
         data = _parse_yaml(source, text) if suffix != ".toml" else _parse_toml(source, text)
         return parse_policy(data, source)
@@ -244,6 +247,42 @@ def load_policy(path: Path) -> PolicySpec:
         # A hostile file: nesting deep enough for RecursionError, an integer past
         # the conversion limit (ValueError), ... Always the file's error, named.
         raise PolicyFileError(source, f"cannot be loaded ({_describe(exc)})") from None
+
+
+# What holds a bracket that does not nest: a string (TOML's and YAML's quoted
+# forms) or a comment; else the brackets and braces themselves.
+_BRACKETS = re.compile(
+    r"""
+      \"\"\"[\s\S]*?\"\"\" | \'\'\'[\s\S]*?\'\'\'  # multi-line strings (TOML)
+    | "(?:[^"\\\n]|\\.)*"            # basic / double-quoted, with escapes
+    | '(?:[^']|'')*'                  # literal / single-quoted ('' is a quote in YAML)
+    | \#[^\n]*                         # a comment
+    | [\[\]{}]
+    """,
+    re.VERBOSE,
+)
+
+
+def _check_nesting(source: str, text: str) -> None:
+    """Refuse a file whose brackets nest past :data:`MAX_NESTING`, before parsing it.
+
+    Both parsers recurse per level: a hostile file of 100,000 ``[`` took
+    PyYAML seconds to scan before it ended in RecursionError (still caught in
+    :func:`load_policy`, for what this does not count: YAML's block nesting).
+    """
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > MAX_NESTING:
+                line = text.count("\n", 0, match.start()) + 1
+                raise PolicyFileError(
+                    source,
+                    f"is nested too deeply (over {MAX_NESTING} levels of [ and {{, line {line})",
+                )
+        elif token in ("]", "}"):
+            depth = max(depth - 1, 0)
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,11 +1,12 @@
 """The provider and framework pages: each snippet runs as pasted, each page has its parts.
 
-Every provider page's first Python block is run as pasted, from its own file
-as ``__main__`` in a process of its own, with the real SDK against the
-bundled fake server, and must print the denial and the count the server
-received (the processes are forked from one that imported what the blocks
-import: :func:`tests.e2e._pasted.run_pasted`); the framework pages' sections come from
-``docs/frameworks.md`` by the site hook, which is checked here too.
+Every provider page's first Python block, and the README's, is run as
+pasted, from its own file as ``__main__`` in a process of its own, with the
+real SDK against the bundled fake server, and must print the denial and the
+count the server received (the processes are forked from one that imported
+what the blocks import: :func:`tests.e2e._pasted.run_pasted`); the framework
+pages' sections come from ``docs/frameworks.md`` by the site hook, which is
+checked here too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+README = ROOT / "README.md"
 PROVIDER_PAGES = sorted((DOCS / "providers").glob("*.md"))
 FRAMEWORK_PAGES = sorted((DOCS / "frameworks").glob("*.md"))
 PARTS = ("**Install:**", "**What is patched", "**What is counted and priced", "**What a denial")
@@ -50,14 +52,30 @@ def test_every_provider_and_framework_has_its_page() -> None:
 def snippet_runs(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, subprocess.CompletedProcess[str]]:
-    """Each provider page's first Python block, run once (its exit status and output)."""
+    """Each provider page's first Python block, and the README's (``README``), run
+    once (its exit status and output)."""
     folder = tmp_path_factory.mktemp("pasted")
+    pages = [*PROVIDER_PAGES, README]
     scripts = []
-    for page in PROVIDER_PAGES:
+    for page in pages:
         scripts.append(folder / f"{page.stem}.py")
         scripts[-1].write_text(first_python_block(page), encoding="utf-8")
     ran = run_pasted(scripts, folder / "runs", snippet_environment())
-    return {page.stem: result for page, result in zip(PROVIDER_PAGES, ran, strict=True)}
+    return {page.stem: result for page, result in zip(pages, ran, strict=True)}
+
+
+def test_the_readmes_first_python_block_runs_as_written(
+    snippet_runs: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = snippet_runs["README"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "denied before sending:" in result.stdout
+    assert "requests the server received: 3\n" in result.stdout
+    shown = re.search(r"It prints:\n\n```text\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    assert shown is not None  # what the README says it prints is what it prints
+    for said, printed in zip(shown.group(1).splitlines(), result.stdout.splitlines(), strict=True):
+        head = said.split("...")[0]
+        assert printed.startswith(head), (said, printed)
 
 
 @pytest.mark.parametrize("page", PROVIDER_PAGES, ids=lambda p: p.stem)

@@ -11,6 +11,15 @@ whose request counts are the truth of what was sent.
   distros and two configurators, with no ``OTEL_PYTHON_*`` selection.
 - PEERS: the official ``opentelemetry-instrumentation-openai-v2``,
   OpenLLMetry's ``opentelemetry-instrumentation-openai`` and ``openlit``.
+
+Importing openai, the SDK and every instrumentor the recipe installs is most
+of what a run under ``opentelemetry-instrument`` costs: the runs that vary only
+their environment (distro and configurator selection, limits, threads,
+propagation) are started by :func:`tests._zero_code.start_runs`, each a
+process of its own forked, before start-up, from one that made those imports,
+then started as the launcher and Python's start-up would start it; a start with
+a broken exporter, the pre-fork servers and the peers under zero code run the
+real ``opentelemetry-instrument``.
 """
 
 from __future__ import annotations
@@ -21,15 +30,18 @@ import subprocess
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests import _venvs
+from tests._zero_code import start_runs
 from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps"
 AGENT = APPS / "real_install_agent.py"
+PROPAGATING = APPS / "propagating_agent.py"
 CHAT = "/v1/chat/completions"
 KEY = "k" * 32
 TIMEOUT = 120
@@ -58,11 +70,15 @@ def llm() -> Iterator[FakeLLMServer]:
         yield server
 
 
-def environment(llm: FakeLLMServer, **env: str) -> dict[str, str]:
-    """This process's environment minus any VERONICA_/OTEL_/OPENAI_ setting and PYTHONPATH."""
+def environment(llm: FakeLLMServer | None, **env: str) -> dict[str, str]:
+    """This process's environment minus any VERONICA_/OTEL_/OPENAI_ setting and PYTHONPATH.
+
+    ``llm`` None: no ``OPENAI_BASE_URL`` (each started run sets its own).
+    """
     environ = _venvs.environ_without("VERONICA_", "OTEL_", "OPENAI_", "ANTHROPIC_", "PYTHON")
+    if llm is not None:
+        environ["OPENAI_BASE_URL"] = llm.openai_base_url
     environ.update(
-        OPENAI_BASE_URL=llm.openai_base_url,
         OPENAI_API_KEY="test-key",
         OTEL_METRICS_EXPORTER="none",
         OTEL_LOGS_EXPORTER="none",
@@ -95,22 +111,85 @@ def oks(result: subprocess.CompletedProcess[str]) -> int:
     return sum(line.endswith(" ok") for line in steps(result))
 
 
+# -- runs that vary only their environment, started after the imports --------------
+
+SELECTIONS = {
+    "no-selection": {},  # whatever order the entry points come in here
+    "theirs-first": {"OTEL_PYTHON_DISTRO": "distro", "OTEL_PYTHON_CONFIGURATOR": "configurator"},
+    "ours-first": {"OTEL_PYTHON_DISTRO": "veronica", "OTEL_PYTHON_CONFIGURATOR": "veronica"},
+}
+# name: (script and arguments, environment); "{service}" is the run's own service
+STARTED: dict[str, tuple[tuple[Path | str, ...], dict[str, str]]] = {
+    **{
+        f"recipe-{name}": ((AGENT,), {"VERONICA_MAX_STEPS": "3", **selection})
+        for name, selection in SELECTIONS.items()
+    },
+    "malformed": ((AGENT,), {"VERONICA_MAX_STEPS": "3x"}),
+    **{
+        f"threads-{threads or 'default'}": ((AGENT, "threads"), {"VERONICA_THREADS": threads})
+        for threads in ("", "false")
+    },
+    **{
+        f"propagation-{name}": (
+            (PROPAGATING,),
+            {
+                "SERVICE_URL": "http://{service}/orders",
+                "VERONICA_PROPAGATE_HOSTS": "{service}",
+                "VERONICA_GRANT_KEY": KEY,
+                "VERONICA_MAX_STEPS": "10",
+                # This service sends no spend-back, so its grant's whole carve is
+                # charged (fail closed): carve 2 steps, not all 10.
+                "VERONICA_GRANT_MAX_STEPS": "2",
+                **selection,
+            },
+        )
+        for name, selection in (("any", {}), ("ours", {"OTEL_PYTHON_DISTRO": "veronica"}))
+    },
+}
+# A run's output, and its LLM and service (each run has its own: the counts are its own).
+Run = tuple[subprocess.CompletedProcess[str], FakeLLMServer, FakeLLMServer]
+
+
+@pytest.fixture(scope="module")
+def started(recipe: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    """Every run of :data:`STARTED`, each a process of its own forked before start-up
+    from one that imported what start-up and the apps import (:func:`start_runs`)."""
+    with ExitStack() as stack:
+        servers = {
+            name: (
+                stack.enter_context(FakeLLMServer(output_tokens=10)),
+                stack.enter_context(FakeLLMServer()),
+            )
+            for name in STARTED
+        }
+        runs = {
+            name: (
+                argv,
+                {
+                    "OPENAI_BASE_URL": servers[name][0].openai_base_url,
+                    **{
+                        key: value.replace("{service}", f"127.0.0.1:{servers[name][1].port}")
+                        for key, value in env.items()
+                    },
+                },
+            )
+            for name, (argv, env) in STARTED.items()
+        }
+        done = start_runs(
+            recipe / "bin" / "python",
+            runs,
+            tmp_path_factory.mktemp("started"),
+            environment(None),
+        )
+        yield {name: (done[name], *servers[name]) for name in STARTED}
+
+
 # -- the standard recipe: two distros, two configurators, bootstrap's instrumentations
 
 
-@pytest.mark.parametrize(
-    "selection",
-    [
-        {},  # whatever order the entry points come in here
-        {"OTEL_PYTHON_DISTRO": "distro", "OTEL_PYTHON_CONFIGURATOR": "configurator"},
-        {"OTEL_PYTHON_DISTRO": "veronica", "OTEL_PYTHON_CONFIGURATOR": "veronica"},
-    ],
-    ids=["no-selection", "theirs-first", "ours-first"],
-)
-def test_standard_recipe_sends_exactly_max_steps(
-    recipe: Path, llm: FakeLLMServer, selection: dict[str, str]
-) -> None:
-    result = instrumented(recipe, llm, str(AGENT), VERONICA_MAX_STEPS="3", **selection)
+@pytest.mark.parametrize("selection", SELECTIONS)
+def test_standard_recipe_sends_exactly_max_steps(started: dict[str, Run], selection: str) -> None:
+    result, llm, _ = started[f"recipe-{selection}"]
     assert llm.count(CHAT) == 3, result.stderr
     assert oks(result) == 3
     assert all("steps limit reached" in line for line in steps(result)[3:]), result.stdout
@@ -120,7 +199,8 @@ def test_standard_recipe_with_a_broken_exporter_is_still_contained(
     recipe: Path, llm: FakeLLMServer
 ) -> None:
     # The configurator raises, so opentelemetry-instrument loads no instrumentor
-    # at all: the start-up file is the door that still runs.
+    # at all: the start-up file is the door that still runs. A process started
+    # by opentelemetry-instrument itself: the door is Python's own start-up.
     result = instrumented(
         recipe, llm, str(AGENT), VERONICA_MAX_STEPS="3", OTEL_TRACES_EXPORTER="nonexistent"
     )
@@ -130,9 +210,9 @@ def test_standard_recipe_with_a_broken_exporter_is_still_contained(
 
 
 def test_standard_recipe_reports_a_malformed_value_and_refuses_calls(
-    recipe: Path, llm: FakeLLMServer
+    started: dict[str, Run],
 ) -> None:
-    result = instrumented(recipe, llm, str(AGENT), VERONICA_MAX_STEPS="3x")
+    result, llm, _ = started["malformed"]
     assert "VERONICA_MAX_STEPS='3x'" in result.stderr
     assert llm.count(CHAT) == 0
     assert all("VERONICA_MAX_STEPS" in line for line in steps(result)), result.stdout
@@ -140,10 +220,8 @@ def test_standard_recipe_reports_a_malformed_value_and_refuses_calls(
 
 
 @pytest.mark.parametrize("threads", ["", "false"])
-def test_threads_follow_the_chain_unless_turned_off(
-    recipe: Path, llm: FakeLLMServer, threads: str
-) -> None:
-    result = instrumented(recipe, llm, str(AGENT), "threads", VERONICA_THREADS=threads)
+def test_threads_follow_the_chain_unless_turned_off(started: dict[str, Run], threads: str) -> None:
+    result, llm, _ = started[f"threads-{threads or 'default'}"]
     # Carried into the pool: the chain's 2 steps; off: the pool's calls run
     # outside it (in the unlimited process default chain), all 4 sent.
     assert llm.count(CHAT) == (2 if threads == "" else 4), result.stderr
@@ -153,26 +231,13 @@ def test_threads_follow_the_chain_unless_turned_off(
 # -- zero-code propagation to your own service
 
 
-@pytest.mark.parametrize("selection", [{}, {"OTEL_PYTHON_DISTRO": "veronica"}], ids=["any", "ours"])
+@pytest.mark.parametrize("selection", ["any", "ours"])
 def test_zero_code_propagates_to_your_service_and_sends_vendors_no_baggage(
-    recipe: Path, llm: FakeLLMServer, selection: dict[str, str]
+    started: dict[str, Run], selection: str
 ) -> None:
-    with FakeLLMServer() as service:
-        result = instrumented(
-            recipe,
-            llm,
-            str(APPS / "propagating_agent.py"),
-            SERVICE_URL=f"{service.base_url}/orders",
-            VERONICA_PROPAGATE_HOSTS=f"127.0.0.1:{service.port}",
-            VERONICA_GRANT_KEY=KEY,
-            VERONICA_MAX_STEPS="10",
-            # This service sends no spend-back, so its grant's whole carve is
-            # charged (fail closed): carve 2 steps, not all 10.
-            VERONICA_GRANT_MAX_STEPS="2",
-            **selection,
-        )
-        assert result.stdout.strip() == "done", result.stderr
-        (to_service,) = service.requests
+    result, llm, service = started[f"propagation-{selection}"]
+    assert result.stdout.strip() == "done", result.stderr
+    (to_service,) = service.requests
     (to_vendor,) = llm.requests
     entries = dict(member.split("=", 1) for member in to_service.headers["baggage"].split(","))
     assert {"veronica.chain", "veronica.depth", "veronica.grant"} <= entries.keys()

@@ -3,11 +3,15 @@
 The script, the SDK and the HTTP traffic are real; the LLM is the embedded
 fake server, whose request count is the ground truth of what was sent.
 
-What start-up itself does with the environment (the limits, a malformed
-value, a configurator that fails) is tested in a process of its own per
-test. The tests that vary only the limits, the pools (``VERONICA_POOLS``),
-the policy file and the script run as scenarios
-of one zero-code process (``apps/unchanged_scripts.py``, a
+What start-up itself does with the environment (a malformed value, a
+configurator that fails, hostile propagation and vendor-guard variables, read
+by the instrumentors' own installation) is tested in a process of its own per
+run, each forked before start-up from one process that imported what start-up
+imports and then started as ``opentelemetry-instrument`` starts it
+(:func:`tests._zero_code.start_runs`); one run is the real
+``opentelemetry-instrument`` from start to end. The tests that vary only the
+limits, the pools (``VERONICA_POOLS``), the policy file and the script run as
+scenarios of one zero-code process (``apps/unchanged_scripts.py``, a
 :class:`FrameworkApp`): each in a process forked from it after openai's
 import, its default chain built from its own ``VERONICA_*`` variables.
 """
@@ -15,12 +19,21 @@ import, its default chain built from its own ``VERONICA_*`` variables.
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from tests._zero_code import UNCHANGED_AGENT, printed, run_instrumented, script_scenarios
+from tests._zero_code import (
+    UNCHANGED_AGENT,
+    environment,
+    printed,
+    run_instrumented,
+    script_scenarios,
+    start_runs,
+)
 from tests.e2e._frameworks import FrameworkApp
 from veronica_otel.testing import FakeLLMServer
 
@@ -48,6 +61,41 @@ def scripts(module_server: FakeLLMServer) -> Iterator[FrameworkApp]:
 
 def run_app(server: FakeLLMServer, **env: str) -> subprocess.CompletedProcess[str]:
     return run_instrumented(UNCHANGED_AGENT, server, **env)
+
+
+# The unchanged agent's runs whose start-up is under test: name -> its variables.
+STARTED = {
+    # The default OTLP exporter is not installed: the SDK configurator raises.
+    "exporter-fails": {"VERONICA_MAX_STEPS": "2", "OTEL_TRACES_EXPORTER": "otlp"},
+    "malformed": {"VERONICA_MAX_STEPS": "three"},
+    "bad-propagation": {
+        "VERONICA_MAX_STEPS": "3",
+        "VERONICA_PROPAGATE_HOSTS": "svc:99999",
+        "VERONICA_GRANT_KEY": "k" * 16,
+    },
+    "bad-vendor-guard": {"VERONICA_MAX_STEPS": "3", "VERONICA_VENDOR_GUARD": "contian"},
+}
+Started = dict[str, tuple[subprocess.CompletedProcess[str], FakeLLMServer]]
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
+    """Each run of :data:`STARTED`, a process of its own with an LLM of its own."""
+    with ExitStack() as stack:
+        servers = {name: stack.enter_context(FakeLLMServer(output_tokens=10)) for name in STARTED}
+        done = start_runs(
+            Path(sys.executable),
+            {
+                name: (
+                    (UNCHANGED_AGENT,),
+                    {"OPENAI_BASE_URL": servers[name].openai_base_url, **env},
+                )
+                for name, env in STARTED.items()
+            },
+            tmp_path_factory.mktemp("started"),
+            environment(None),
+        )
+        yield {name: (done[name], servers[name]) for name in STARTED}
 
 
 def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None:
@@ -88,10 +136,10 @@ def test_cost_ceiling_from_env(scripts: FrameworkApp, server: FakeLLMServer) -> 
     assert server.count(CHAT) == 0
 
 
-def test_enforcement_holds_when_the_exporter_configuration_fails(server: FakeLLMServer) -> None:
-    # The default OTLP exporter is not installed: the SDK configurator raises and
-    # opentelemetry-instrument skips every instrumentor. Ours are already in.
-    result = run_app(server, VERONICA_MAX_STEPS="2", OTEL_TRACES_EXPORTER="otlp")
+def test_enforcement_holds_when_the_exporter_configuration_fails(started: Started) -> None:
+    # The SDK configurator raises and opentelemetry-instrument skips every
+    # instrumentor. Ours are already in.
+    result, server = started["exporter-fails"]
     assert "Failed to auto initialize OpenTelemetry" in result.stderr or (
         "Configuration of" in result.stderr
     )
@@ -99,12 +147,34 @@ def test_enforcement_holds_when_the_exporter_configuration_fails(server: FakeLLM
     assert server.count("/v1/chat/completions") == 2
 
 
-def test_malformed_env_fails_closed_naming_the_variable(server: FakeLLMServer) -> None:
-    result = run_app(server, VERONICA_MAX_STEPS="three")
+def test_malformed_env_fails_closed_naming_the_variable(started: Started) -> None:
+    result, server = started["malformed"]
     assert result.returncode != 0
     assert "VERONICA_MAX_STEPS='three'" in result.stderr
     assert result.stdout == ""
     assert server.count("/v1/chat/completions") == 0
+
+
+def test_a_bad_propagation_variable_is_named_and_calls_are_refused(started: Started) -> None:
+    result, server = started["bad-propagation"]
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert server.count(CHAT) == 0
+    assert "VERONICA_PROPAGATE_HOSTS: bad port in host pattern 'svc:99999'" in result.stderr
+    # The instrumentors that read the variable say which one stopped them.
+    failures = [line for line in result.stderr.splitlines() if "could not install" in line]
+    assert failures
+    assert all("VERONICA_PROPAGATE_HOSTS" in line for line in failures)
+
+
+def test_a_bad_vendor_guard_mode_is_named_and_calls_are_refused(started: Started) -> None:
+    result, server = started["bad-vendor-guard"]
+    assert result.returncode != 0
+    assert result.stdout == ""  # not one step ran uncontained
+    assert server.count(CHAT) == 0
+    assert "VERONICA_VENDOR_GUARD must be one of contain, refuse, off, got 'contian'" in (
+        result.stderr
+    )
 
 
 def test_no_limits_set_runs_everything(scripts: FrameworkApp, server: FakeLLMServer) -> None:
@@ -204,9 +274,14 @@ def test_zero_code_fails_closed_on_a_malformed_policy_file(
 @pytest.mark.parametrize(
     ("name", "text", "problem"),
     [
-        ("deep.toml", "x = " + "[" * 100_000 + "]" * 100_000, "nested too deeply"),
-        ("huge.toml", "[limits]\nmax_steps = " + "9" * 5000 + "\n", "too many digits"),
+        ("deep.toml", "x = " + "[" * 100_000 + "]" * 100_000, "is nested too deeply (over 64"),
+        (
+            "huge.toml",
+            "[limits]\nmax_steps = " + "9" * 5000 + "\n",
+            "cannot be loaded (ValueError: an integer with too many digits)",
+        ),
     ],
+    ids=["deep", "huge"],
 )
 def test_a_hostile_policy_file_refuses_every_call_naming_the_variable_and_file(
     scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path, name: str, text: str, problem: str
@@ -216,8 +291,7 @@ def test_a_hostile_policy_file_refuses_every_call_naming_the_variable_and_file(
     result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_POLICY_FILE=str(path))
     assert printed(done) == []  # not one step ran uncontained
     assert server.count(CHAT) == 0
-    assert f"policy file {path} (VERONICA_POLICY_FILE): cannot be loaded" in done.stderr
-    assert problem in done.stderr
+    assert f"policy file {path} (VERONICA_POLICY_FILE): {problem}" in done.stderr
     assert result["raised"] == "PolicyFileError", result  # what the app's call raised
 
 

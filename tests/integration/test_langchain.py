@@ -11,31 +11,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pytest
 import wrapt
-from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.runnables import Runnable, RunnableLambda
-from langchain_core.tools import BaseTool, InjectedToolCallId, tool
-from langchain_core.tools import base as tools_base
-from langchain_openai import ChatOpenAI
-from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode
-from langgraph.prebuilt import tool_node as tool_node_module
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
-from veronica_otel.instrumentors.langchain import (
-    ContainedRunnable,
-    LangChainInstrumentor,
-    contain,
-)
 from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer, RecordedRequest, ScriptedReply
+
+if TYPE_CHECKING:  # imported for the tests by _langchain, below
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.runnables import Runnable, RunnableLambda
+    from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+    from langchain_core.tools import base as tools_base
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+    from langgraph.prebuilt import tool_node as tool_node_module
+
+    from veronica_otel.instrumentors.langchain import (
+        ContainedRunnable,
+        LangChainInstrumentor,
+        contain,
+    )
 
 MODEL = "gpt-4o-mini"
 QUESTION = {"messages": [{"role": "user", "content": "Count for me."}]}
@@ -47,6 +50,37 @@ class Counter:
 
     def __init__(self) -> None:
         self.calls: list[int] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _langchain() -> None:
+    """LangChain, LangGraph and our instrumentor, imported for this module's tests.
+
+    Imported at the module's top, every pytest-xdist worker would import them
+    while collecting (about 1.3 CPU-seconds each), although one worker runs
+    these tests (tests/conftest.py). A module fixture imports them before any
+    test's fixture turns OpenAIInstrumentor on, as an import at the top did:
+    langchain-openai imported under it left two asyncio transports unclosed.
+    """
+    global create_agent, AIMessage, ToolMessage, Runnable, RunnableLambda
+    global BaseTool, InjectedToolCallId, tool, tools_base, ChatOpenAI
+    global END, START, MessagesState, StateGraph, ToolNode, tool_node_module
+    global ContainedRunnable, LangChainInstrumentor, contain
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.runnables import Runnable, RunnableLambda
+    from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+    from langchain_core.tools import base as tools_base
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+    from langgraph.prebuilt import tool_node as tool_node_module
+
+    from veronica_otel.instrumentors.langchain import (
+        ContainedRunnable,
+        LangChainInstrumentor,
+        contain,
+    )
 
 
 @pytest.fixture

@@ -13,7 +13,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -22,7 +25,7 @@ from typing import Any
 import pytest
 import wrapt
 
-from tests._zero_code import UNCHANGED_AGENT, run_instrumented
+from tests._zero_code import UNCHANGED_AGENT, environment, start_runs
 from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel.instrumentors import InstrumentationError
 from veronica_otel.instrumentors import _hooks as hooks_module
@@ -445,15 +448,47 @@ def test_an_anthropic_release_below_the_tested_range_is_refused(
 
 # -- zero code: the unchanged app, a hook removed before instrumentation ------------------
 
+REMOVED = "openai._base_client:SyncAPIClient._sleep_for_retry"
+# Each run: the unchanged app under zero code, openai's retry hook removed as it loads.
+DRIFTED = {
+    "refused": {"VERONICA_MAX_STEPS": "3"},
+    # VERONICA_FAIL_OPEN lets the SDK's calls through its refused adapter; with
+    # the vendor guard off nothing else contains them.
+    "fail-open-unguarded": {
+        "VERONICA_MAX_STEPS": "3",
+        "VERONICA_FAIL_OPEN": "true",
+        "VERONICA_VENDOR_GUARD": "off",
+    },
+    # The adapter cannot be installed and VERONICA_FAIL_OPEN lets its calls
+    # pass it, but the HTTP vendor guard under it still contains them.
+    "fail-open-guarded": {"VERONICA_MAX_STEPS": "3", "VERONICA_FAIL_OPEN": "true"},
+}
+Drifted = dict[str, tuple[subprocess.CompletedProcess[str], FakeLLMServer]]
 
-def test_zero_code_refuses_the_apps_calls_naming_the_hook(server: FakeLLMServer) -> None:
-    result = run_instrumented(
-        DRIFT_SHIM,
-        server,
-        DRIFT_REMOVE="openai._base_client:SyncAPIClient._sleep_for_retry",
-        DRIFT_APP=str(UNCHANGED_AGENT),
-        VERONICA_MAX_STEPS="3",
-    )
+
+@pytest.fixture(scope="module")
+def drifted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drifted]:
+    """Each run of :data:`DRIFTED`, a process of its own started as zero code starts
+    (:func:`tests._zero_code.start_runs`); openai is imported by the app, after
+    start-up, so the shim removes the hook before any instrumentor sees it."""
+    with ExitStack() as stack:
+        servers = {name: stack.enter_context(FakeLLMServer(output_tokens=10)) for name in DRIFTED}
+        env = {"DRIFT_REMOVE": REMOVED, "DRIFT_APP": str(UNCHANGED_AGENT)}
+        done = start_runs(
+            Path(sys.executable),
+            {
+                name: ((DRIFT_SHIM,), {"OPENAI_BASE_URL": servers[name].openai_base_url, **extra})
+                for name, extra in DRIFTED.items()
+            },
+            tmp_path_factory.mktemp("drifted"),
+            environment(None, **env),
+            leave=("openai",),
+        )
+        yield {name: (done[name], servers[name]) for name in DRIFTED}
+
+
+def test_zero_code_refuses_the_apps_calls_naming_the_hook(drifted: Drifted) -> None:
+    result, server = drifted["refused"]
     assert result.returncode != 0
     assert "InstrumentationError" in result.stderr
     assert "SyncAPIClient._sleep_for_retry is missing" in result.stderr
@@ -461,34 +496,15 @@ def test_zero_code_refuses_the_apps_calls_naming_the_hook(server: FakeLLMServer)
     assert server.request_count == 0
 
 
-def test_zero_code_fail_open_runs_the_app_uncontained(server: FakeLLMServer) -> None:
-    # VERONICA_FAIL_OPEN lets the SDK's calls through its refused adapter; with
-    # the vendor guard off nothing else contains them.
-    result = run_instrumented(
-        DRIFT_SHIM,
-        server,
-        DRIFT_REMOVE="openai._base_client:SyncAPIClient._sleep_for_retry",
-        DRIFT_APP=str(UNCHANGED_AGENT),
-        VERONICA_MAX_STEPS="3",
-        VERONICA_FAIL_OPEN="true",
-        VERONICA_VENDOR_GUARD="off",
-    )
+def test_zero_code_fail_open_runs_the_app_uncontained(drifted: Drifted) -> None:
+    result, server = drifted["fail-open-unguarded"]
     assert result.returncode == 0, result.stderr
     assert "SyncAPIClient._sleep_for_retry is missing" in result.stderr
     assert server.count("/v1/chat/completions") == 5
 
 
-def test_zero_code_fail_open_still_meets_the_vendor_guard(server: FakeLLMServer) -> None:
-    # The adapter cannot be installed and VERONICA_FAIL_OPEN lets its calls
-    # pass it, but the HTTP vendor guard under it still contains them.
-    result = run_instrumented(
-        DRIFT_SHIM,
-        server,
-        DRIFT_REMOVE="openai._base_client:SyncAPIClient._sleep_for_retry",
-        DRIFT_APP=str(UNCHANGED_AGENT),
-        VERONICA_MAX_STEPS="3",
-        VERONICA_FAIL_OPEN="true",
-    )
+def test_zero_code_fail_open_still_meets_the_vendor_guard(drifted: Drifted) -> None:
+    result, server = drifted["fail-open-guarded"]
     assert result.returncode != 0
     assert "steps limit reached (limit 3" in result.stderr
     assert server.count("/v1/chat/completions") == 3

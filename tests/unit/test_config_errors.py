@@ -153,6 +153,53 @@ def test_a_hostile_policy_file_is_a_policy_file_error_naming_it(tmp_path: Path, 
     assert (str(copy), copy.variable) == (str(info.value), "VERONICA_POLICY_FILE")
 
 
+@pytest.mark.parametrize("kind", ["deep.toml", "deep_tables.toml", "deep.yaml"])
+def test_deep_nesting_is_refused_before_parsing_naming_the_depth(tmp_path: Path, kind: str) -> None:
+    # Refused by counting brackets, not by the parser's RecursionError after
+    # scanning the whole file (PyYAML took seconds over deep.yaml).
+    with pytest.raises(
+        PolicyFileError, match=r"nested too deeply \(over 64 levels of \[ and \{, line 1\)"
+    ):
+        PolicyFile(hostile(tmp_path, kind))
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_nesting_up_to_the_limit_is_left_to_the_parser(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"policy{suffix}"
+    deep = "[" * 64 + "]" * 64
+    path.write_text(f"x = {deep}\n" if suffix == ".toml" else f"x: {deep}\n")
+    with pytest.raises(PolicyFileError, match="is not a known key") as info:
+        PolicyFile(path)
+    assert "too deeply" not in str(info.value)
+    path.write_text(f"\n\nx = [{deep}]\n" if suffix == ".toml" else f"\n\nx: [{deep}]\n")
+    with pytest.raises(PolicyFileError, match=r"over 64 levels of .*, line 3"):
+        PolicyFile(path)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f'# {"[" * 100}\n[tools."web{"[{" * 100}"]\nmax_calls = 3\n',
+        f"# {'[' * 100}\n[tools.'web{'[{' * 100}']\nmax_calls = 3\n",
+        f'[tools."""web{"[" * 100}"""]\nmax_calls = 3\n',
+    ],
+    ids=["comment-and-basic-string", "literal-string", "multi-line-string"],
+)
+def test_brackets_in_strings_and_comments_do_not_nest(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    try:
+        (name,) = PolicyFile(path).current().tools
+    except PolicyFileError as error:  # TOML allows no multi-line string as a key
+        assert "too deeply" not in str(error)
+    else:
+        assert name.startswith("web[")
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"tools:  # {'{' * 100}\n  'web{'[' * 100}''s': {{max_calls: 3}}\n")
+    (name,) = PolicyFile(path).current().tools
+    assert name == "web" + "[" * 100 + "'s"
+
+
 @pytest.mark.parametrize("name", ["missing.toml", "with\0nul.toml", "."])
 def test_an_unreadable_policy_path_names_the_file_and_variable(tmp_path: Path, name: str) -> None:
     path = f"{tmp_path}/{name}"

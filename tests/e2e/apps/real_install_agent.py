@@ -113,13 +113,24 @@ def peer(name: str, order: str, *only: str) -> None:
 
 
 def peers(folder: str, *runs: str) -> int:
+    import gc
+    import importlib
+
     import openlit  # noqa: F401
     import opentelemetry.instrumentation.openai
+
+    # What OpenLLMetry's instrument() imports (its wrappers, openai's beta types):
+    # about 1 CPU-second in each of its two runs, else.
+    import opentelemetry.instrumentation.openai.v1
     import opentelemetry.instrumentation.openai_v2
     import opentelemetry.sdk.trace  # noqa: F401
-    from frameworks._report import exit_as_the_interpreter_does
+    from frameworks._report import WARM, exit_as_the_interpreter_does
 
     import veronica_otel.instrumentors.openai  # noqa: F401
+
+    for name in WARM:  # what a run's first call imports
+        importlib.import_module(name)
+    gc.freeze()  # a child's collections then leave what was imported here uncopied
 
     children = []
     for run in runs:

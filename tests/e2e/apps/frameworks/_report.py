@@ -149,6 +149,17 @@ def _dump_if_hung() -> None:
         faulthandler.dump_traceback_later(float(after), exit=True)
 
 
+def in_child(run: Callable[[], int]) -> int:
+    """``run()`` in a process forked from this one, ended with the status it returns
+    as the interpreter ends (:func:`exit_as_the_interpreter_does`); its wait status."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        exit_as_the_interpreter_does(run())
+    return os.waitpid(pid, 0)[1]
+
+
 def exit_as_the_interpreter_does(status: int = 0) -> None:
     """End a forked child with what the interpreter's exit does that a run is counted by.
 
