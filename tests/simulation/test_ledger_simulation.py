@@ -54,9 +54,10 @@ def test_a_thousand_seeds_with_every_fault_class_hold_every_invariant() -> None:
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_class_alone_holds_every_invariant(fault: str) -> None:
-    summary = run_many(range(300), (fault,), swarm=False, stop_at_first=True)
+    # 150 seeds a class (11 classes: 1,650 runs, beside the 1,000 mixed ones above).
+    summary = run_many(range(150), (fault,), swarm=False, stop_at_first=True)
     assert summary["failed"] == 0, _failures(summary)
-    assert summary["stats"]["sent"] > 300  # calls went out (a broken store fails every reserve)
+    assert summary["stats"]["sent"] > 150  # calls went out (a broken store fails every reserve)
 
 
 @pytest.mark.parametrize(("seed", "faults"), REGRESSIONS)
