@@ -40,7 +40,7 @@ from ._endpoints import routed
 from ._hooks import Hook
 from ._http_libs import bound_call
 from ._openai_attributes import call_attributes
-from ._openai_request import _NOT_PEER, _peer_span, read_request, rewritten
+from ._openai_request import _NOT_PEER, _peer_span, read_plain, read_request, rewritten
 from ._openai_response import _MODEL_TYPES, BOUND, account, hold
 
 __all__ = [
@@ -115,6 +115,7 @@ class OpenAIWireAdapter(StainlessAdapter):
 
     # request(cast_to, options, stream=...) read in one frame (the adapter is its first argument)
     read_request = read_request
+    read_plain = read_plain  # the shared plain lane's reader (_adapter._lane)
 
     def call_span(
         self,
