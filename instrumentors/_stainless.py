@@ -41,7 +41,7 @@ from ._hooks import Hook
 from ._http_libs import bound_call
 from ._openai_attributes import call_attributes
 from ._openai_request import _NOT_PEER, _peer_span, read_plain, read_request, rewritten
-from ._openai_response import _MODEL_TYPES, BOUND, account, hold
+from ._openai_response import _MODEL_TYPES, BOUND, account, hold, payload_lane
 
 __all__ = [
     "GUARDS",
@@ -276,6 +276,8 @@ def _payload_wrapper(adapter: OpenAIWireAdapter) -> _Wrapper:
                 call.finish()  # a raw response parsed after request() returned
         return wrapped(*args, **kwargs)
 
+    # Over a plain method (_hooks._plain): the common payload read in one frame.
+    process_response_data.veronica_lane = lambda: payload_lane(adapter, process_response_data)  # type: ignore[attr-defined]
     return process_response_data
 
 
