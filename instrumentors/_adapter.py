@@ -92,8 +92,8 @@ from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._gc_safe import pending
 from veronica_otel._policy import ALLOW
 from veronica_otel._pricing import _PER_MTOK, TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
-from veronica_otel._telemetry import _calls
 from veronica_otel._propagation import default_context
+from veronica_otel._telemetry import _calls
 from veronica_otel._trips import emit_trip
 from veronica_otel._units import MAX_COUNT
 
@@ -769,7 +769,8 @@ def _sync_wrapper(
     return contained
 
 
-def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[..., Any]:
+# One frame per call by design (issue 26): its statements are the general way's, run once each.
+def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[..., Any]:  # noqa: PLR0915
     """The hooked method's plain lane: ``contained`` (the general way) for
     everything but the common call, which it runs in this one frame.
 
@@ -794,11 +795,12 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
     whole = adapter.whole_replies
     plain_replies = adapter._plain_replies
 
-    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: PLR0915
         method = hooked.__wrapped__  # type: ignore[attr-defined]
         current = otel_current()
         ctx: Any = current.get(CONTEXT_KEY)
-        request = call = None
+        request: Request | None = None
+        call: ContainedCall | None = None
         if (
             ctx is not None
             and admitted_call() is None  # nothing above counts it (G13)
@@ -821,7 +823,7 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
                 and _active_call() is None  # no wrapped call to join: a step of its own
             ):
                 request, size = read(adapter, args, kwargs)
-                if size >= 0:
+                if request is not None and size >= 0:
                     # _describe's input bound, then admit_call's plain lane: the
                     # breaker closed, the price cached and untiered, the cap set.
                     _, model, _, n_msgs, cap, _, _, _, extra, _, _, _, writes = request
@@ -864,7 +866,7 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
                             handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
                             handle._done = False
                             handle.kind = "llm"
-                            call: ContainedCall = _new(ContainedCall)
+                            call = _new(ContainedCall)
                             call.ctx, call.handle, call.span, call.owns_span = (
                                 ctx,
                                 handle,
@@ -922,8 +924,7 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
         call.done = handle._done = True
         inp, out = call.input_tokens, call.output_tokens
         cost = -(-(inp * plain[0] + out * plain[1]) // _PER_MTOK)
-        if cost > _MAX_EXACT:
-            cost = _MAX_EXACT
+        cost = cost if cost < _MAX_EXACT else _MAX_EXACT
         tokens = inp + out
         held = handle.cost_nano  # usage reported into it before (record_usage) adds
         if held > 0:

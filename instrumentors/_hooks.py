@@ -204,6 +204,7 @@ def _plain(wrapper: Callable[..., Any], original: Any) -> Callable[..., Any]:
     :func:`._adapter._lane`) is put on as the function it makes."""
 
     lane = getattr(wrapper, "veronica_lane", None)
+    hooked: Callable[..., Any]
     if lane is not None:  # the wrapper's own plain function, a lane for its common call
         hooked = lane()
     else:

@@ -13,8 +13,8 @@ from typing import Any
 from veronica_otel._gc_safe import defer
 from veronica_otel._units import MAX_COUNT
 
-from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, no_item
 from ._adapter import admitted_call as _admitted
+from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, no_item
 from ._http_libs import bind, bound_call, is_response, settle_on_close
 from ._openai_attributes import response_attributes, stream_attributes
 
@@ -167,10 +167,10 @@ def payload_lane(adapter: Any, general: Callable[..., Any]) -> Callable[..., Any
         data = kwargs.get("data")
         if (
             type(call) is not ContainedCall  # none in flight, or a subclass's set_usage
-            or call.adapter is not adapter  # type: ignore[union-attr]
-            or call.done  # type: ignore[union-attr]
+            or call.adapter is not adapter
+            or call.done
             or type(data) is not dict
-            or call.request.stream  # type: ignore[union-attr]
+            or call.request.stream
             or (BOUND[0] and bound_call(kwargs.get("response")) is not None)  # read later
         ):
             return general(method.__get__(self, type(self)), self, args, kwargs)
