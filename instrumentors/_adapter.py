@@ -867,16 +867,22 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
                             handle._done = False
                             handle.kind = "llm"
                             call = _new(ContainedCall)
-                            call.ctx, call.handle, call.span, call.owns_span = (
-                                ctx,
-                                handle,
-                                UNTRACED_SPAN,
-                                True,
-                            )
-                            call.provider, call.model, call.prices = provider, model, prices
-                            call.input_bound, call.output_cap = bound, cap
-                            call.breaker, call.probe = breaker, object()
-                            call.request, call.adapter, call.http_attempts = request, adapter, True
+                            call.__dict__ = {  # one dict, not a store a field
+                                "ctx": ctx,
+                                "handle": handle,
+                                "span": UNTRACED_SPAN,
+                                "owns_span": True,
+                                "provider": provider,
+                                "model": model,
+                                "prices": prices,
+                                "input_bound": bound,
+                                "output_cap": cap,
+                                "breaker": breaker,
+                                "probe": object(),
+                                "request": request,
+                                "adapter": adapter,
+                                "http_attempts": True,
+                            }
         if call is None:  # the general way
             return contained(method.__get__(self, type(self)), self, args, kwargs, request)
         # The sync wrapper's send and G10 table on an error (its rules, copied).
