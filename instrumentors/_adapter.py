@@ -774,14 +774,15 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
     """The hooked method's plain lane: ``contained`` (the general way) for
     everything but the common call, which it runs in this one frame.
 
-    The common call: an adapter with a :attr:`~ProviderAdapter.read_plain`
-    reader, a sync method of a class (``_hooks._plain`` puts this function
-    over it), no TracerProvider, no span but one that does not record, no
-    baggage, no suppression, no call admitted above, a chain whose plain lane
-    is open (``Admission._lane``: in process, a root, no policies, pools,
-    deadline or repeat limit; no trip, no cancellation, no agents, no wrapped
-    call to join), a plain request (its input bytes read), a closed
-    in-process breaker, a cached untiered price and a cap the request sets.
+    The common call: in a chain (the active one or the process default), an
+    adapter with a :attr:`~ProviderAdapter.read_plain` reader, a sync method
+    of a class (``_hooks._plain`` puts this function over it), no
+    TracerProvider, no span but one that does not record, no baggage, no
+    suppression, no call admitted above, a chain whose plain lane is open
+    (``Admission._lane``: in process, a root, no policies, pools, deadline
+    or repeat limit; no trip, no cancellation, no agents, no wrapped call to
+    join), a plain request (its input bytes read), a closed in-process
+    breaker, a cached untiered price and a cap the request sets.
     Every rule it applies is copied from the general way and named where it
     is: ``_describe`` (the input bound), ``admit_call``'s plain lane (the
     worst case, the reservation, the handle), ``admit`` (the call), the sync
@@ -799,6 +800,8 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
         method = hooked.__wrapped__  # type: ignore[attr-defined]
         current = otel_current()
         ctx: Any = current.get(CONTEXT_KEY)
+        if ctx is None:  # no active chain: the process default (zero code), or none
+            ctx = default_context(current)
         request: Request | None = None
         call: ContainedCall | None = None
         if (

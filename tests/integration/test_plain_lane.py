@@ -76,11 +76,31 @@ for name, body in BODIES.items():
             "reserved": reserved[:], "cost": snap.cost_usd, "tokens": snap.tokens,
             "steps": snap.steps, "held": snap.reserved_usd, "general": bool(described),
         }
+# The process default chain (zero code) takes the lane too; baggage sends it the general way.
+from veronica_otel import _propagation
+for way in ("lane", "general"):
+    default = ExecutionContext(config)
+    _propagation.set_default_context(default)
+    chain.append(default)
+    reserved.clear()
+    described.clear()
+    token = None if way == "lane" else context.attach(baggage.set_baggage("app", "1"))
+    sys.setprofile(profile)
+    client.chat.completions.create(model="gpt-4o-mini", **BODIES["plain"])
+    sys.setprofile(None)
+    if token is not None:
+        context.detach(token)
+    snap = default.snapshot()
+    out.setdefault("default chain", {})[way] = {
+        "reserved": reserved[:], "cost": snap.cost_usd, "tokens": snap.tokens,
+        "steps": snap.steps, "held": snap.reserved_usd, "general": bool(described),
+    }
+_propagation.set_default_context(None)
 print(json.dumps(out))
 """
 
 # Requests the lane takes (the rest are left to the general way).
-_LANE = {"plain", "two messages, a name", "unicode"}
+_LANE = {"plain", "two messages, a name", "unicode", "default chain"}
 
 
 def test_the_plain_lane_and_the_general_way_agree() -> None:
@@ -94,7 +114,7 @@ def test_the_plain_lane_and_the_general_way_agree() -> None:
         )
         assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
-    assert len(out) == 7
+    assert len(out) == 8
     for name, ways in out.items():
         lane, general = ways["lane"], ways["general"]
         assert general["general"] is True, name
