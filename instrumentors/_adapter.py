@@ -594,6 +594,17 @@ def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -
     call.finish(error)
 
 
+def _failed(
+    adapter: ProviderAdapter, call: ContainedCall, error: BaseException
+) -> BudgetExceededError | None:
+    """Settle a sync call whose SDK call raised ``error`` (:func:`_fail`); our
+    denial to raise from it when the SDK wrapped one in its own error (None:
+    re-raise ``error``)."""
+    _fail(adapter, call, error)
+    denial = _denial(call, error)
+    return None if denial is error else denial
+
+
 def _settle(adapter: ProviderAdapter, call: ContainedCall, reply: Any, is_async: bool) -> Any:
     try:
         request = call.request
@@ -742,9 +753,8 @@ def _sync_wrapper(
         try:
             reply = wrapped(*args, **kwargs)
         except BaseException as exc:
-            _fail(adapter, call, exc)
-            denial = _denial(call, exc)
-            if denial is None or denial is exc:
+            denial = _failed(adapter, call, exc)
+            if denial is None:
                 raise
             raise denial from exc  # the SDK wrapped our denial in its own error
         finally:
@@ -896,9 +906,8 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
             else:  # another wrapper under ours (wrapt): bound, as it expects
                 reply = method.__get__(self, type(self))(*args, **kwargs)
         except BaseException as exc:
-            _fail(adapter, call, exc)
-            denial = _denial(call, exc)
-            if denial is None or denial is exc:
+            denial = _failed(adapter, call, exc)
+            if denial is None:
                 raise
             raise denial from exc  # the SDK wrapped our denial in its own error
         finally:
