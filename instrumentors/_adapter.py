@@ -27,6 +27,13 @@ Everything else lives here once: the chain lookup, the span, admission (one
 ``rate_limit_ms`` wait, the clamp and fallback, the G10 failure table,
 settlement, and the mark that keeps a call counted once (DESIGN G13).
 
+The plain lane: an adapter that reads its common request in one frame
+(:attr:`~ProviderAdapter.read_plain`) gets, over a sync SDK method, one plain
+function (:func:`_lane`) that runs the common call (no TracerProvider, a plain
+chain, a plain request, a whole reply with plain usage) from its read to its
+commit in that frame, with the general way's rules, copied; anything else
+takes the general way from where it left.
+
 Counted once: while an admitted call runs, :data:`ADMITTED` holds it. Another
 adapter underneath (litellm over the ``openai`` SDK) and the HTTP vendor guard
 see it and do not admit the call again. The vendor guard instead reports each
