@@ -821,88 +821,86 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
             ctx = default_context(current)
         request: Request | None = None
         call: ContainedCall | None = None
-        if (
-            ctx is not None
-            and admitted_call() is None  # nothing above counts it (G13)
-            and getattr(trace, "_TRACER_PROVIDER", True) is None  # no span to start
-            and type(current.get(_SPAN_KEY, INVALID_SPAN)) is NonRecordingSpan  # no peer's
-            and not current.get(_SUPPRESS_KEY)
-            and not current.get(_SUPPRESS_KEY_PLAIN)
-            and not current.get(_BAGGAGE_KEY)  # none to strip before the send
-            and not _agents._limited_in_code
-        ):
+        if ctx is not None and admitted_call() is None:  # else passed through, or counted above
+            # What _describe would read next: read here, and left to it when the lane is not taken.
+            request, size = read(adapter, args, kwargs)
             admission = ctx._admission
             state = admission._state
             lane = admission._lane
             if (
-                lane is not None
+                size >= 0
+                and request is not None
+                and lane is not None
+                and getattr(trace, "_TRACER_PROVIDER", True) is None  # no span to start
+                and type(current.get(_SPAN_KEY, INVALID_SPAN)) is NonRecordingSpan  # no peer's
+                and not current.get(_SUPPRESS_KEY)
+                and not current.get(_SUPPRESS_KEY_PLAIN)
+                and not current.get(_BAGGAGE_KEY)  # none to strip before the send
+                and not _agents._limited_in_code
                 and not state.agents_named
                 and not pending  # nothing left by garbage collection to settle first
                 and state.trip is None
                 and not admission._token.cancelled
                 and _active_call() is None  # no wrapped call to join: a step of its own
             ):
-                request, size = read(adapter, args, kwargs)
-                if request is not None and size >= 0:
-                    # _describe's input bound, then admit_call's plain lane: the
-                    # breaker closed, the price cached and untiered, the cap set.
-                    _, model, _, n_msgs, cap, _, _, _, extra, _, _, _, writes = request
-                    key = (provider, model)
-                    breaker = _BREAKERS.get(key)
-                    table = admission._prices
-                    if table is None:
-                        table = _pricing._default_table
-                    prices = None if table is None else table._cache.get(key)
-                    worst = None if prices is None else prices._untiered
-                    bound = (
-                        size
-                        + (n_msgs if n_msgs > 1 else 1) * TOKENS_PER_MESSAGE
-                        + TOKENS_PER_REQUEST
-                        + extra
+                # _describe's input bound, then admit_call's plain lane: the
+                # breaker closed, the price cached and untiered, the cap set.
+                _, model, _, n_msgs, cap, _, _, _, extra, _, _, _, writes = request
+                key = (provider, model)
+                breaker = _BREAKERS.get(key)
+                table = admission._prices
+                if table is None:
+                    table = _pricing._default_table
+                prices = None if table is None else table._cache.get(key)
+                worst = None if prices is None else prices._untiered
+                bound = (
+                    size
+                    + (n_msgs if n_msgs > 1 else 1) * TOKENS_PER_MESSAGE
+                    + TOKENS_PER_REQUEST
+                    + extra
+                )
+                if (
+                    worst is not None
+                    and type(breaker) is CircuitBreaker
+                    and breaker._state is _CLOSED
+                    and type(cap) is int
+                    and 0 <= cap <= MAX_COUNT
+                    and bound <= MAX_COUNT
+                ):
+                    cost = -(
+                        -(bound * (worst[0] if writes else worst[1]) + cap * worst[2]) // _PER_MTOK
                     )
-                    if (
-                        worst is not None
-                        and type(breaker) is CircuitBreaker
-                        and breaker._state is _CLOSED
-                        and type(cap) is int
-                        and 0 <= cap <= MAX_COUNT
-                        and bound <= MAX_COUNT
-                    ):
-                        cost = -(
-                            -(bound * (worst[0] if writes else worst[1]) + cap * worst[2])
-                            // _PER_MTOK
-                        )
-                        reservation = lane[0](lane[1], lane[2], cost, bound + cap)
-                        if reservation is not None:
-                            # admit_call's handle and admit's call, every field
-                            # each sets (PlainCall.__new__, ContainedCall.__init__).
-                            handle: CallHandle = _new(PlainCall)
-                            handle.context = admission._settlement
-                            handle.reservation = reservation
-                            handle.decision = ALLOW
-                            handle.model = model
-                            handle.policy_context = handle.agents = None
-                            handle.cost_nano = handle.tokens = -1
-                            handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
-                            handle._done = False
-                            handle.kind = "llm"
-                            call = _new(ContainedCall)
-                            call.__dict__ = {  # one dict, not a store a field
-                                "ctx": ctx,
-                                "handle": handle,
-                                "span": UNTRACED_SPAN,
-                                "owns_span": True,
-                                "provider": provider,
-                                "model": model,
-                                "prices": prices,
-                                "input_bound": bound,
-                                "output_cap": cap,
-                                "breaker": breaker,
-                                "probe": object(),
-                                "request": request,
-                                "adapter": adapter,
-                                "http_attempts": True,
-                            }
+                    reservation = lane[0](lane[1], lane[2], cost, bound + cap)
+                    if reservation is not None:
+                        # admit_call's handle and admit's call, every field
+                        # each sets (PlainCall.__new__, ContainedCall.__init__).
+                        handle: CallHandle = _new(PlainCall)
+                        handle.context = admission._settlement
+                        handle.reservation = reservation
+                        handle.decision = ALLOW
+                        handle.model = model
+                        handle.policy_context = handle.agents = None
+                        handle.cost_nano = handle.tokens = -1
+                        handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
+                        handle._done = False
+                        handle.kind = "llm"
+                        call = _new(ContainedCall)
+                        call.__dict__ = {  # one dict, not a store a field
+                            "ctx": ctx,
+                            "handle": handle,
+                            "span": UNTRACED_SPAN,
+                            "owns_span": True,
+                            "provider": provider,
+                            "model": model,
+                            "prices": prices,
+                            "input_bound": bound,
+                            "output_cap": cap,
+                            "breaker": breaker,
+                            "probe": object(),
+                            "request": request,
+                            "adapter": adapter,
+                            "http_attempts": True,
+                        }
         if call is None:  # the general way
             return contained(method.__get__(self, type(self)), self, args, kwargs, request)
         # The sync wrapper's send and G10 table on an error (its rules, copied).
