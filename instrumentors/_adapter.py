@@ -27,6 +27,13 @@ Everything else lives here once: the chain lookup, the span, admission (one
 ``rate_limit_ms`` wait, the clamp and fallback, the G10 failure table,
 settlement, and the mark that keeps a call counted once (DESIGN G13).
 
+The plain lane: an adapter that reads its common request in one frame
+(:attr:`~ProviderAdapter.read_plain`) gets, over a sync SDK method, one plain
+function (:func:`_lane`) that runs the common call (no TracerProvider, a plain
+chain, a plain request, a whole reply with plain usage) from its read to its
+commit in that frame, with the general way's rules, copied; anything else
+takes the general way from where it left.
+
 Counted once: while an admitted call runs, :data:`ADMITTED` holds it. Another
 adapter underneath (litellm over the ``openai`` SDK) and the HTTP vendor guard
 see it and do not admit the call again. The vendor guard instead reports each
@@ -70,6 +77,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Collection
+from types import FunctionType
 from typing import Any, ClassVar, NamedTuple
 
 from opentelemetry import context as otel_context
@@ -77,23 +85,32 @@ from opentelemetry import trace
 from opentelemetry.baggage import _BAGGAGE_KEY
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from opentelemetry.context.context import Context
+from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from veronica_otel import _agents
+from veronica_otel import _agents, _pricing
 from veronica_otel._agents import current_agent
 from veronica_otel._attributes import GEN_AI_REQUEST_MAX_TOKENS
+from veronica_otel._breaker import CircuitBreaker, CircuitState
+from veronica_otel._call import ACTIVE_CALL, CallHandle, PlainCall
 from veronica_otel._chain_span import remaining_attributes
 from veronica_otel._context import CONTEXT_KEY, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
-from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
+from veronica_otel._gc_safe import pending
+from veronica_otel._policy import ALLOW
+from veronica_otel._pricing import _PER_MTOK, TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
 from veronica_otel._propagation import default_context
+from veronica_otel._telemetry import _calls
 from veronica_otel._trips import emit_trip
+from veronica_otel._units import MAX_COUNT
 
 from ._admit import CallSpec, _list_bytes, _mark_denied, _utf8_bytes, aadmit, admit
 from ._bounds import BOUND_USD, BoundedCall, bounded, how_to_bound
+from ._breakers import _breakers as _BREAKERS  # read-only here: a dict hit, no call
 from ._breakers import never_connected
 from ._common import (
     _CURRENT,
+    _MAX_EXACT,
     _SUPPRESS_KEY_PLAIN,
     UNTRACED_SPAN,
     AsyncContainedStream,
@@ -128,6 +145,9 @@ ADMITTED: contextvars.ContextVar[ContainedCall | None] = contextvars.ContextVar(
     "veronica_admitted_call", default=None
 )
 admitted_call = ADMITTED.get
+_active_call = ACTIVE_CALL.get
+_CLOSED = CircuitState.CLOSED
+_new = object.__new__
 
 
 def _counted_above(adapter: ProviderAdapter, above: ContainedCall) -> bool:
@@ -224,6 +244,14 @@ class ProviderAdapter:
     _plain_streams: ClassVar[bool] = True
     _plain_spans: ClassVar[bool] = True
     _plain_replies: ClassVar[bool] = True
+    #: The plain lane's reader (:func:`_lane`), ``(adapter, args, kwargs) ->
+    #: (request, input_bytes)``: the request :meth:`read_request` reads, and the
+    #: UTF-8 bytes of its input (``_utf8_bytes(request.input_parts)``) when it
+    #: is plain: one choice, priced under the adapter's own provider, no span
+    #: attributes; -1 for any other. None: the adapter has no lane. An adapter
+    #: with one and a :meth:`call_span` returns None for a span that does not
+    #: record (the lane takes no span where one of those is current).
+    read_plain: ClassVar[Callable[..., tuple[Request | None, int]] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -466,7 +494,10 @@ def _describe(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     method: str,
+    request: Request | None = None,
 ) -> tuple[Any, Request, CallSpec, Any, bool, otel_context.Context] | None:
+    """The call's chain, request, spec and span (None: passed through).
+    ``request``: read already (by the plain lane, which left it here)."""
     above = ADMITTED.get()
     if above is not None and _counted_above(adapter, above):
         return None  # a layer above admitted this call: counted there (G13)
@@ -476,9 +507,10 @@ def _describe(
         ctx = default_context(current)  # the process default, or none
         if ctx is None:
             return None
-    request = adapter.read_request(instance, args, kwargs, method)
     if request is None:
-        return None
+        request = adapter.read_request(instance, args, kwargs, method)
+        if request is None:
+            return None
     if not request[_PRICED]:  # admitted at its configured bound, if it has one
         request = bounded(ctx, request.provider or adapter.provider, request)
     # Every field at once: one unpacking, not a descriptor call per field read.
@@ -567,6 +599,17 @@ def _fail(adapter: ProviderAdapter, call: ContainedCall, error: BaseException) -
         call.finish(error, billed=False)
         return
     call.finish(error)
+
+
+def _failed(
+    adapter: ProviderAdapter, call: ContainedCall, error: BaseException
+) -> BudgetExceededError | None:
+    """Settle a sync call whose SDK call raised ``error`` (:func:`_fail`); our
+    denial to raise from it when the SDK wrapped one in its own error (None:
+    re-raise ``error``)."""
+    _fail(adapter, call, error)
+    denial = _denial(call, error)
+    return None if denial is error else denial
 
 
 def _settle(adapter: ProviderAdapter, call: ContainedCall, reply: Any, is_async: bool) -> Any:
@@ -671,9 +714,13 @@ def _sync_wrapper(
     adapter: ProviderAdapter, method: str, otherwise: Callable[..., Any] | None
 ) -> Callable[..., Any]:
     def contained(
-        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        wrapped: Any,
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        request: Request | None = None,
     ) -> Any:
-        described = _describe(adapter, instance, args, kwargs, method)
+        described = _describe(adapter, instance, args, kwargs, method, request)
         if described is None:
             if _passes(adapter, otherwise):
                 return wrapped(*args, **kwargs)
@@ -713,9 +760,8 @@ def _sync_wrapper(
         try:
             reply = wrapped(*args, **kwargs)
         except BaseException as exc:
-            _fail(adapter, call, exc)
-            denial = _denial(call, exc)
-            if denial is None or denial is exc:
+            denial = _failed(adapter, call, exc)
+            if denial is None:
                 raise
             raise denial from exc  # the SDK wrapped our denial in its own error
         finally:
@@ -735,7 +781,192 @@ def _sync_wrapper(
                 return reply
         return _settle(adapter, call, reply, False)
 
+    if adapter.read_plain is not None:
+        contained.veronica_lane = lambda: _lane(adapter, contained)  # type: ignore[attr-defined]
     return contained
+
+
+# One frame per call by design (issue 26): its statements are the general way's, run once each.
+def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[..., Any]:  # noqa: PLR0915
+    """The hooked method's plain lane: ``contained`` (the general way) for
+    everything but the common call, which it runs in this one frame.
+
+    The common call: in a chain (the active one or the process default), an
+    adapter with a :attr:`~ProviderAdapter.read_plain` reader, a sync method
+    of a class (``_hooks._plain`` puts this function over it), no
+    TracerProvider, no span but one that does not record, no baggage, no
+    suppression, no call admitted above, a chain whose plain lane is open
+    (``Admission._lane``: in process, a root, no policies, pools, deadline
+    or repeat limit; no trip, no cancellation, no agents, no wrapped call to
+    join), a plain request (its input bytes read), a closed in-process
+    breaker, a cached untiered price and a cap the request sets.
+    Every rule it applies is copied from the general way and named where it
+    is: ``_describe`` (the input bound), ``admit_call``'s plain lane (the
+    worst case, the reservation, the handle), ``admit`` (the call), the sync
+    wrapper (the send, the G10 table on an error) and ``ContainedCall.finish``
+    with ``PlainCall.commit`` (a whole reply with plain usage). Anything else,
+    at any of these points, goes the general way (before anything is held,
+    or, once admitted, to the shared settlement).
+    """
+    read: Callable[..., tuple[Request | None, int]] = type(adapter).read_plain  # type: ignore[assignment]
+    provider = adapter.provider
+    whole = adapter.whole_replies
+    plain_replies = adapter._plain_replies
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: PLR0915
+        method = hooked.__wrapped__  # type: ignore[attr-defined]
+        current = otel_current()
+        ctx: Any = current.get(CONTEXT_KEY)
+        if ctx is None:  # no active chain: the process default (zero code), or none
+            ctx = default_context(current)
+        request: Request | None = None
+        call: ContainedCall | None = None
+        if ctx is not None and admitted_call() is None:  # else passed through, or counted above
+            # What _describe would read next: read here, and left to it when the lane is not taken.
+            request, size = read(adapter, args, kwargs)
+            admission = ctx._admission
+            state = admission._state
+            lane = admission._lane
+            if (
+                size >= 0
+                and request is not None
+                and lane is not None
+                and getattr(trace, "_TRACER_PROVIDER", True) is None  # no span to start
+                and type(current.get(_SPAN_KEY, INVALID_SPAN)) is NonRecordingSpan  # no peer's
+                and not current.get(_SUPPRESS_KEY)
+                and not current.get(_SUPPRESS_KEY_PLAIN)
+                and not current.get(_BAGGAGE_KEY)  # none to strip before the send
+                and not _agents._limited_in_code
+                and not state.agents_named
+                and not pending  # nothing left by garbage collection to settle first
+                and state.trip is None
+                and not admission._token.cancelled
+                and _active_call() is None  # no wrapped call to join: a step of its own
+            ):
+                # _describe's input bound, then admit_call's plain lane: the
+                # breaker closed, the price cached and untiered, the cap set.
+                _, model, _, n_msgs, cap, _, _, _, extra, _, _, _, writes = request
+                key = (provider, model)
+                breaker = _BREAKERS.get(key)
+                table = admission._prices
+                if table is None:
+                    table = _pricing._default_table
+                prices = None if table is None else table._cache.get(key)
+                worst = None if prices is None else prices._untiered
+                bound = (
+                    size
+                    + (n_msgs if n_msgs > 1 else 1) * TOKENS_PER_MESSAGE
+                    + TOKENS_PER_REQUEST
+                    + extra
+                )
+                if (
+                    worst is not None
+                    and type(breaker) is CircuitBreaker
+                    and breaker._state is _CLOSED
+                    and type(cap) is int
+                    and 0 <= cap <= MAX_COUNT
+                    and bound <= MAX_COUNT
+                ):
+                    cost = -(
+                        -(bound * (worst[0] if writes else worst[1]) + cap * worst[2]) // _PER_MTOK
+                    )
+                    reservation = lane[0](lane[1], lane[2], cost, bound + cap)
+                    if reservation is not None:
+                        # admit_call's handle and admit's call, every field
+                        # each sets (PlainCall.__new__, ContainedCall.__init__).
+                        handle: CallHandle = _new(PlainCall)
+                        handle.context = admission._settlement
+                        handle.reservation = reservation
+                        handle.decision = ALLOW
+                        handle.model = model
+                        handle.policy_context = handle.agents = None
+                        handle.cost_nano = handle.tokens = -1
+                        handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
+                        handle._done = False
+                        handle.kind = "llm"
+                        call = _new(ContainedCall)
+                        call.__dict__ = {  # one dict, not a store a field
+                            "ctx": ctx,
+                            "handle": handle,
+                            "span": UNTRACED_SPAN,
+                            "owns_span": True,
+                            "provider": provider,
+                            "model": model,
+                            "prices": prices,
+                            "input_bound": bound,
+                            "output_cap": cap,
+                            "breaker": breaker,
+                            "probe": object(),
+                            "request": request,
+                            "adapter": adapter,
+                            "http_attempts": True,
+                        }
+        if call is None:  # the general way
+            return contained(method.__get__(self, type(self)), self, args, kwargs, request)
+        # The sync wrapper's send and G10 table on an error (its rules, copied).
+        mark = ADMITTED.set(call)
+        try:
+            if type(method) is FunctionType:  # the SDK's own method: no binding
+                reply = method(self, *args, **kwargs)
+            else:  # another wrapper under ours (wrapt): bound, as it expects
+                reply = method.__get__(self, type(self))(*args, **kwargs)
+        except BaseException as exc:
+            denial = _failed(adapter, call, exc)
+            if denial is None:
+                raise
+            raise denial from exc  # the SDK wrapped our denial in its own error
+        finally:
+            ADMITTED.reset(mark)
+        if type(reply) not in whole:
+            return _settle(adapter, call, reply, False)
+        if call.done:
+            return reply  # settled already (its payload said all): nothing to read
+        if not plain_replies:
+            return _settle(adapter, call, reply, False)
+        # A whole reply: ContainedCall.finish's plain usage (input and output
+        # tokens, nothing lost or retried), committed as PlainCall.commit
+        # commits it, with no span to end and a breaker with nothing to reset
+        # (finish's own tests); anything else, finish.
+        handle = call.handle
+        plain = call.prices._plain  # type: ignore[union-attr]
+        breaker = call.breaker
+        if (
+            not call.usage_seen
+            or plain is None
+            or call.sends > 1
+            or call.lost_attempts
+            or call.cached_tokens
+            or call.reasoning_tokens
+            or call.cache_write_tokens
+            or handle._done
+            or breaker._state is not _CLOSED  # type: ignore[union-attr]
+            or breaker._failures  # type: ignore[union-attr]
+        ):
+            call.finish()
+            return reply
+        call.done = handle._done = True
+        inp, out = call.input_tokens, call.output_tokens
+        cost = -(-(inp * plain[0] + out * plain[1]) // _PER_MTOK)
+        cost = cost if cost < _MAX_EXACT else _MAX_EXACT
+        tokens = inp + out
+        held = handle.cost_nano  # usage reported into it before (record_usage) adds
+        if held > 0:
+            cost += held
+        held = handle.tokens
+        if held > 0:
+            tokens += held
+        handle.cost_nano, handle.tokens = cost, tokens
+        try:
+            context: Any = handle.context
+            ledger, level, state = context._fast
+            overrun = ledger.commit_one(level, state, handle.reservation, cost, tokens)
+            if overrun is not None or handle.metrics:
+                context._finished(handle, None, cost, overrun)
+        except Exception:
+            _logger.exception("settling an instrumented call failed")
+        return reply
+
+    return hooked
 
 
 def _detach(stripped: object, mark: contextvars.Token[Any], span_token: object) -> None:

@@ -198,11 +198,20 @@ def _plain(wrapper: Callable[..., Any], original: Any) -> Callable[..., Any]:
     bound method and the instance. It keeps ``wrapt``'s shape where it
     matters, as the transport hooks do (``_attempts``): ``__wrapped__`` is
     what it calls, read per call (a wrapper under it can be spliced out,
-    :mod:`._unwrap`), and ``veronica_hook`` names ``wrapper`` (``is_ours``)."""
+    :mod:`._unwrap`), and ``veronica_hook`` names ``wrapper`` (``is_ours``).
+    A wrapper with a ``veronica_lane`` (a factory of such a function, which
+    runs its common call in that one frame and hands the rest to ``wrapper``:
+    :func:`._adapter._lane`) is put on as the function it makes."""
 
-    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        method = hooked.__wrapped__  # type: ignore[attr-defined]
-        return wrapper(method.__get__(self, type(self)), self, args, kwargs)
+    lane = getattr(wrapper, "veronica_lane", None)
+    hooked: Callable[..., Any]
+    if lane is not None:  # the wrapper's own plain function, a lane for its common call
+        hooked = lane()
+    else:
+
+        def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            method = hooked.__wrapped__  # type: ignore[attr-defined]
+            return wrapper(method.__get__(self, type(self)), self, args, kwargs)
 
     # __wrapped__, name, docs, and what a decorator set on the method (which
     # wrapt's proxy would show through it)

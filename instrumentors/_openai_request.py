@@ -140,6 +140,16 @@ def read_request(
     """The call a Stainless ``request(cast_to, options, stream=...)`` describes (the
     SDK's ``FinalRequestOptions``); None when it is not a billable call of a route
     we know (passed through). ``adapter``'s ``read_request``."""
+    return read_plain(adapter, args, kwargs)[0]
+
+
+def read_plain(
+    adapter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Request | None, int]:
+    """:func:`read_request`'s request, and the UTF-8 bytes of its input when it is a
+    plain chat (messages only, each a dict of strings, one choice: the input
+    bound's walk, ``_utf8_bytes(request.input_parts)``, in this frame); -1 for
+    any other. ``adapter``'s ``read_plain``: the shared lane's reader (``_adapter``)."""
     options: Any = args[1] if len(args) > 1 else kwargs.get("options")
     url = options.url
     route: Any
@@ -150,7 +160,7 @@ def read_request(
     else:
         route = _route(options)
     if route is None:
-        return None
+        return None, -1
     body = options.json_data
     if type(body) is not dict or options.extra_json is not None:
         body = _body(options)
@@ -159,22 +169,34 @@ def read_request(
         model = str(model or "unknown")
     stream = True if kwargs.get("stream") else body.get("stream") is True
     if route is not _CHAT or not _GENERAL_KEYS.isdisjoint(body):
-        return _general(adapter.provider, route, body, model, stream)
+        return _general(adapter.provider, route, body, model, stream), -1
     # A plain chat: messages only, one choice. Its hidden input (openai_hidden)
     # can only be in a message whose content is not a string.
     messages = body.get("messages")
     n_messages = 1
+    size = -1
     if type(messages) is list:
         n_messages = len(messages)
+        # _utf8_bytes([messages]): 1 for the outer list, 1 per message, and per
+        # message 2 per key and the bytes of its keys and values; a value that
+        # is not a str (a join's TypeError) leaves the walk to the general way.
+        size = 1 + n_messages
         for message in messages:
             if type(message) is not dict or type(message.get("content")) is not str:
-                return _general(adapter.provider, route, body, model, stream)
+                return _general(adapter.provider, route, body, model, stream), -1
+            if size >= 0:
+                try:
+                    text = "".join(message) + "".join(message.values())
+                except TypeError:
+                    size = -1
+                    continue
+                size += 2 * len(message) + (len(text) if text.isascii() else len(text.encode()))
     cap = body.get("max_completion_tokens")
     if cap is None:
         cap = body.get("max_tokens")
     if cap is not None and type(cap) is not int:
         cap = _requested_cap(body, _CHAT[2])[0]
-    return _request_of(
+    request = _request_of(
         Request,
         (
             "chat",
@@ -192,6 +214,7 @@ def read_request(
             True,  # cache_writes
         ),
     )
+    return request, size
 
 
 def _general(

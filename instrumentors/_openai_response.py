@@ -6,14 +6,16 @@ from __future__ import annotations
 import importlib
 import logging
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from types import FunctionType
 from typing import Any
 
 from veronica_otel._gc_safe import defer
 from veronica_otel._units import MAX_COUNT
 
+from ._adapter import admitted_call as _admitted
 from ._common import AsyncContainedStream, ContainedCall, ContainedStream, get_field, no_item
-from ._http_libs import bind, is_response, settle_on_close
+from ._http_libs import bind, bound_call, is_response, settle_on_close
 from ._openai_attributes import response_attributes, stream_attributes
 
 # The logger users filter on, as before this module was split out of openai.py.
@@ -116,40 +118,8 @@ def account(call: ContainedCall, data: Any) -> None:
     if type(data) is not dict and not isinstance(data, Mapping):
         return
     pending = call.pending_attributes
-    if not call.request.stream:
-        usage = data.get("usage")
-        if type(usage) is dict and type(call) is ContainedCall:
-            # _usage then ContainedCall.set_usage (its rule, copied) for the common
-            # report: plain chat counts, and every detail zero or absent; anything
-            # else (another shape, a subclass's set_usage) goes the general way.
-            get = usage.get
-            inp, out = get("prompt_tokens"), get("completion_tokens")
-            details_in, details_out = get("prompt_tokens_details"), get("completion_tokens_details")
-            if (
-                type(inp) is int
-                and type(out) is int
-                and 0 <= inp <= MAX_COUNT
-                and 0 <= out <= MAX_COUNT
-                and (
-                    not details_in
-                    or (
-                        type(details_in) is dict
-                        and not details_in.get("cached_tokens")
-                        and not details_in.get("cache_write_tokens")
-                    )
-                )
-                and (
-                    not details_out
-                    or (type(details_out) is dict and not details_out.get("reasoning_tokens"))
-                )
-            ):
-                call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
-                call.input_tokens, call.output_tokens = inp, out
-                call.usage_seen = True
-            else:
-                _usage(call, usage)
-        else:
-            _usage(call, usage)
+    if not call.request.stream:  # (a payload of a call in flight: payload_lane reads it)
+        _usage(call, data.get("usage"))
         if pending is not None:
             response_attributes(pending, data)
         return
@@ -181,6 +151,69 @@ def account(call: ContainedCall, data: Any) -> None:
                     _add_output_bytes(call, get_field(function, "arguments"))
         _usage(call, data.get("usage"))
     call.check_alive()
+
+
+def payload_lane(adapter: Any, general: Callable[..., Any]) -> Callable[..., Any]:
+    """``_process_response_data``'s hook as one plain function (``_hooks._plain``):
+    a whole reply's payload parsed inside ``request()`` (the call in flight,
+    ``adapter``'s, none bound to the response) read in this frame, its plain
+    chat usage set as ``ContainedCall.set_usage`` sets it (its rule, copied:
+    both counts ints in range, every detail zero or absent); anything else,
+    ``general`` (the ``wrapt``-shaped hook, :func:`account`)."""
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        method = hooked.__wrapped__  # type: ignore[attr-defined]
+        call = _admitted()
+        data = kwargs.get("data")
+        if (
+            type(call) is not ContainedCall  # none in flight, or a subclass's set_usage
+            or call.adapter is not adapter
+            or call.done
+            or type(data) is not dict
+            or call.request.stream
+            or (BOUND[0] and bound_call(kwargs.get("response")) is not None)  # read later
+        ):
+            return general(method.__get__(self, type(self)), self, args, kwargs)
+        try:
+            usage = data.get("usage")
+            if type(usage) is dict:
+                get = usage.get
+                inp, out = get("prompt_tokens"), get("completion_tokens")
+                details_in = get("prompt_tokens_details")
+                details_out = get("completion_tokens_details")
+                if (
+                    type(inp) is int
+                    and type(out) is int
+                    and 0 <= inp <= MAX_COUNT
+                    and 0 <= out <= MAX_COUNT
+                    and (
+                        not details_in
+                        or (
+                            type(details_in) is dict
+                            and not details_in.get("cached_tokens")
+                            and not details_in.get("cache_write_tokens")
+                        )
+                    )
+                    and (
+                        not details_out
+                        or (type(details_out) is dict and not details_out.get("reasoning_tokens"))
+                    )
+                ):
+                    call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
+                    call.input_tokens, call.output_tokens = inp, out
+                    call.usage_seen = True
+                else:
+                    _usage(call, usage)
+            pending = call.pending_attributes
+            if pending is not None:
+                response_attributes(pending, data)
+        except Exception:
+            _logger.exception("reading usage from a %s payload failed", adapter.package)
+        if type(method) is FunctionType:  # the SDK's own method: no binding
+            return method(self, *args, **kwargs)
+        return method.__get__(self, type(self))(*args, **kwargs)
+
+    return hooked
 
 
 def _add_output_bytes(call: ContainedCall, text: Any) -> None:

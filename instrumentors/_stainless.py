@@ -40,8 +40,8 @@ from ._endpoints import routed
 from ._hooks import Hook
 from ._http_libs import bound_call
 from ._openai_attributes import call_attributes
-from ._openai_request import _NOT_PEER, _peer_span, read_request, rewritten
-from ._openai_response import _MODEL_TYPES, BOUND, account, hold
+from ._openai_request import _NOT_PEER, _peer_span, read_plain, read_request, rewritten
+from ._openai_response import _MODEL_TYPES, BOUND, account, hold, payload_lane
 
 __all__ = [
     "GUARDS",
@@ -115,6 +115,7 @@ class OpenAIWireAdapter(StainlessAdapter):
 
     # request(cast_to, options, stream=...) read in one frame (the adapter is its first argument)
     read_request = read_request
+    read_plain = read_plain  # the shared plain lane's reader (_adapter._lane)
 
     def call_span(
         self,
@@ -275,6 +276,8 @@ def _payload_wrapper(adapter: OpenAIWireAdapter) -> _Wrapper:
                 call.finish()  # a raw response parsed after request() returned
         return wrapped(*args, **kwargs)
 
+    # Over a plain method (_hooks._plain): the common payload read in one frame.
+    process_response_data.veronica_lane = lambda: payload_lane(adapter, process_response_data)  # type: ignore[attr-defined]
     return process_response_data
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+from openai._models import FinalRequestOptions
 
 from tests._bounds import text_bytes
 from veronica_otel._pricing import TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
-from veronica_otel.instrumentors._admit import input_bound
+from veronica_otel.instrumentors._admit import _utf8_bytes, input_bound
+from veronica_otel.instrumentors._openai_request import read_plain, read_request
+from veronica_otel.instrumentors.openai import OpenAIAdapter
 
 roles = st.sampled_from(["system", "user", "assistant", "tool"])
 messages = st.lists(
@@ -117,3 +120,36 @@ def test_a_usage_count_that_is_not_a_number_is_unreadable() -> None:
     from veronica_otel.instrumentors._common import token_count
 
     assert token_count("many") is None
+
+
+# openai's plain lane reads a chat request's input bytes in its own frame
+# (_openai_request.read_plain): the same count as the walk, the same request.
+plain_messages = st.lists(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.text(max_size=40) | st.none() | st.integers(),
+        max_size=3,
+    ).map(lambda message: {**message, "content": message.get("content") or "hi"}),
+    max_size=5,
+)
+
+
+@given(plain_messages, st.none() | st.integers(0, 10**6), st.booleans())
+def test_the_plain_lane_reads_what_the_walk_counts(
+    msgs: list[dict[str, object]], cap: int | None, extra: bool
+) -> None:
+    body: dict[str, object] = {"model": "gpt-4o-mini", "messages": msgs}
+    if cap is not None:
+        body["max_tokens"] = cap
+    options = FinalRequestOptions.construct(
+        method="post",
+        url="/chat/completions",
+        json_data=body,
+        extra_json={"user": "u"} if extra else None,
+    )
+    adapter = OpenAIAdapter()
+    request, size = read_plain(adapter, (object, options), {})
+    assert request == read_request(adapter, None, (object, options), {}, "request")
+    assert request is not None and request.cap == cap
+    plain = all(type(v) is str for m in msgs for v in m.values())
+    assert size == (_utf8_bytes(request.input_parts) if plain else -1)
