@@ -177,6 +177,46 @@ def test_clients_of_other_services_between_bedrock_calls_pass_and_bedrock_still_
     assert server.request_count == 4
 
 
+def test_the_plain_hook_routes_as_make_api_call_does(
+    server: FakeLLMServer, backoff: Backoff, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_make_api_call_lane's function (what ``_hooks`` puts over the method where it
+    reads a ``veronica_lane``) contains Bedrock calls and passes the rest as
+    _make_api_call does, over the method it wraps."""
+    import functools
+
+    import botocore.client
+    from botocore.parsers import ResponseParserError
+
+    from veronica_otel.instrumentors import bedrock
+
+    original = botocore.client.BaseClient.__dict__["_make_api_call"]
+    hooked = bedrock._make_api_call_lane()
+    functools.update_wrapper(hooked, original)
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", hooked)
+    runtime, other, sts = (
+        _client(server.base_url),
+        _client(server.base_url),
+        _client(server.base_url, "sts"),
+    )
+    try:
+        with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
+            _converse(runtime)
+            with pytest.raises(ResponseParserError):  # the fake server has no STS: sent as it is
+                sts.get_caller_identity()
+            _converse(other)
+            _converse(runtime)
+            with pytest.raises(BudgetExceededError):  # an unknown model: denied, unsent
+                runtime.converse(modelId="no-such-model", messages=MESSAGES)
+    finally:
+        for client in (runtime, other, sts):
+            client.close()
+    assert ctx.snapshot().steps == 3  # the STS call is no step
+    assert ctx.snapshot().cost_usd == pytest.approx(3 * _cost(HAIKU))
+    assert server.count(_converse_path(HAIKU)) == 3
+    assert server.request_count == 4
+
+
 def test_uncapped_converse_is_clamped_to_what_the_budget_buys(
     server: FakeLLMServer, runtime: Any
 ) -> None:
