@@ -62,6 +62,7 @@ from ._bedrock_request import (
     arguments,
     invoke_request,
     read_converse,
+    read_plain,
     refused_request,
     rewrite_converse,
     rewrite_invoke,
@@ -101,6 +102,9 @@ class _Converse(_Bedrock):
 
     # The request, the reply and its items read without a frame of their own.
     read_request = read_converse
+    # The shared lane's reader: ``Converse``'s only (_make_api_call_lane sends
+    # no other operation there; it reads no stream).
+    read_plain = staticmethod(read_plain)
 
     def rewrite(
         self,
@@ -268,7 +272,12 @@ def _make_api_call_lane() -> Callable[..., Any]:
     """:func:`_make_api_call` as the plain function ``_hooks`` puts over the method
     (its ``veronica_lane``, where ``_hooks`` reads one): the route found and the
     call sent in this one frame, without a bound method and a frame of its own
-    between them. Its rules are _make_api_call's, copied (tested to agree)."""
+    between them; a ``Converse`` call goes to the shared lane of its wrapper where
+    there is one (its common call in one frame, read by read_plain). Its rules are
+    _make_api_call's, copied (tested to agree)."""
+    converse_route = _ROUTES[("bedrock-runtime", "Converse")]
+    make_lane = getattr(converse_route[0], "veronica_lane", None)
+    converse = None if make_lane is None else make_lane()
 
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
         method = hooked.__wrapped__  # type: ignore[attr-defined]  # read per call: spliced out
@@ -278,6 +287,9 @@ def _make_api_call_lane() -> Callable[..., Any]:
             if type(method) is FunctionType:  # botocore's own method: no binding
                 return method(self, *args, **kwargs)
             return method.__get__(self, type(self))(*args, **kwargs)
+        if route is converse_route and converse is not None:
+            converse.__wrapped__ = method  # what it sends: this hook's, as it is now
+            return converse(self, *args, **kwargs)
         return route[0](method.__get__(self, type(self)), self, args, kwargs)
 
     return hooked

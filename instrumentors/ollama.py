@@ -72,7 +72,7 @@ reservation.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from veronica_otel._attributes import (
@@ -139,7 +139,7 @@ _OPTIONS = {
 }
 _CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
 _MISSING = object()  # no ``options`` dict: _cap reads what there is
-_UNSEEN = object()  # read_plain was not given the client
+_LOCAL_HOST = object()  # read_plain's client by default: one _lane found local
 # The keys of the SDK's chat body read_plain reads plain (the SDK drops what is None).
 _CHAT_PATH = ("/api/chat",)  # ``_request``'s url, as the SDK's chat() passes it
 _PLAIN_CHAT = frozenset(("model", "messages", "tools", "stream", "options", "keep_alive", "think"))
@@ -274,23 +274,24 @@ def _hosted(instance: Any, model: str) -> bool:
 
 
 def read_plain(
-    adapter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], instance: Any = _UNSEEN
+    adapter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], instance: Any = _LOCAL_HOST
 ) -> tuple[Request | None, int]:
     """The request of a ``Client._request(cls, method, url, ...)`` call, and the UTF-8
     bytes of its input (``_utf8_bytes(request.input_parts)``, as ``_describe`` walks
     it) when it is a plain chat: the SDK's own (a bare path, a dict body) with
-    messages of strings only, no tools, format, images or context, and a local
-    model; -1 for any other. ``instance``: the client (its host says whether the
-    call is hosted); not given, nothing is read (``None, -1``: read_request reads).
-    The shared lane's reader (``ProviderAdapter.read_plain``) and read_request's."""
-    if instance is _UNSEEN:
-        return None, -1
+    messages of strings only, no tools, format, images or context, a cap, and a
+    local model; -1 for any other. ``instance``: the client, whose host says
+    whether the call is hosted; by default one :func:`_lane` found local, and
+    then anything but a plain chat is not read (``None, -1``: read_request reads
+    it). The local lane's reader (``ProviderAdapter.read_plain``) and read_request's."""
     body = kwargs.get("json")
     if args[2:3] != _CHAT_PATH or type(body) is not dict:  # not the SDK's chat
+        if instance is _LOCAL_HOST:
+            return None, -1
         return _read_request(instance, args, kwargs, args[2] if len(args) > 2 else None), -1
     messages = body.get("messages")
     if type(messages) is not list or not messages or not body.keys() <= _PLAIN_CHAT:
-        return _chat(instance, body, kwargs), -1
+        return _other(instance, body, kwargs)
     # The plain chat: _chat's rules for it (_cap's common case and _hosted
     # inline), and _list_bytes([messages])'s count: 1 for the outer list, 1 per
     # message, per message 2 per key and the bytes of its keys and values. A
@@ -298,31 +299,35 @@ def read_plain(
     size = 1 + len(messages)
     for message in messages:
         if type(message) is not dict or "images" in message:
-            return _chat(instance, body, kwargs), -1
+            return _other(instance, body, kwargs)
         try:
             text = "".join(message) + "".join(message.values())
         except TypeError:  # a value that is not a str (tool calls)
-            return _chat(instance, body, kwargs), -1
+            return _other(instance, body, kwargs)
         size += 2 * len(message) + (len(text) if text.isascii() else len(text.encode()))
-    if body.get("tools"):
-        return _chat(instance, body, kwargs), -1
     model = body.get("model")
     if type(model) is not str or not model:
         model = "unknown"
     options = body.get("options")
     cap = options.get("num_predict") if type(options) is dict else None
-    if type(cap) is not int:
-        return _chat(instance, body, kwargs), -1
-    try:
-        base = instance._client._base_url
-    except AttributeError:
-        base = None
+    if type(cap) is not int or body.get("tools"):
+        return _other(instance, body, kwargs)
+    if instance is _LOCAL_HOST:
+        base = None  # the host is local: only the tag can say hosted
+    else:
+        try:
+            base = instance._client._base_url
+        except AttributeError:
+            base = None
     if (":" in model and model.rpartition(":")[2].endswith("cloud")) or (
-        last[1]
-        if (last := _CLOUD_HOSTS[0])[0] is base and base is not None
-        else _cloud_host(_base_url(instance))
+        instance is not _LOCAL_HOST
+        and (
+            last[1]
+            if (last := _CLOUD_HOSTS[0])[0] is base and base is not None
+            else _cloud_host(_base_url(instance))
+        )
     ):
-        return _chat(instance, body, kwargs), -1  # hosted: priced under ollama.cloud
+        return _other(instance, body, kwargs)  # hosted: priced under ollama.cloud
     return _request_of(
         Request,
         (
@@ -341,6 +346,14 @@ def read_plain(
             False,  # cache_writes: Ollama bills no cache writes
         ),
     ), size
+
+
+def _other(
+    instance: Any, body: dict[str, Any], kwargs: dict[str, Any]
+) -> tuple[Request | None, int]:
+    """read_plain's answer for a chat that is not plain: _chat's request, or none
+    read for a client :func:`_lane` found local (read_request reads it)."""
+    return (None, -1) if instance is _LOCAL_HOST else (_chat(instance, body, kwargs), -1)
 
 
 def _chat(instance: Any, body: dict[str, Any], kwargs: dict[str, Any]) -> Request:
@@ -408,7 +421,6 @@ class OllamaAdapter(ProviderAdapter):
     """How ``ollama`` calls read; see the module docs."""
 
     provider = PROVIDER
-    read_plain = staticmethod(read_plain)
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -533,10 +545,47 @@ async def _atool_call(
 
 # The reply read without a frame of its own (once per call).
 OllamaAdapter.read_reply = staticmethod(_read_usage)  # type: ignore[method-assign,assignment]
-_ADAPTER = OllamaAdapter()
+
+
+class _LocalOllama(OllamaAdapter):
+    """The adapter of calls from a client whose host :func:`_lane` found local: its
+    reader (read_plain, by default) reads only their plain chat."""
+
+    read_plain = staticmethod(read_plain)
+
+
+_ADAPTER, _LOCAL = OllamaAdapter(), _LocalOllama()
 # Model calls go straight to the contained wrapper; what it does not admit, to the tools.
 _request = wrapper(_ADAPTER, "_request", otherwise=_tool_call)
 _arequest = wrapper(_ADAPTER, "_request", is_async=True, otherwise=_atool_call)
+_local_request = wrapper(_LOCAL, "_request", otherwise=_tool_call)
+
+
+def _lane() -> Callable[..., Any]:
+    """``_request`` as the plain function ``_hooks`` puts over the method (its
+    ``veronica_lane``, where the contained wrapper of a reader has one: the
+    shared lane). A client whose host is not ollama.com (_hosted's host rule,
+    copied) goes to the shared lane of :data:`_LOCAL`, which reads its plain
+    chat there; any other call, to ``_request``."""
+    local = _local_request.veronica_lane()  # type: ignore[attr-defined]
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        method = hooked.__wrapped__  # type: ignore[attr-defined]  # read per call: spliced out
+        try:
+            base = self._client._base_url
+        except AttributeError:
+            base = None
+        last = _CLOUD_HOSTS[0]
+        if base is None or (last[1] if last[0] is base else _cloud_host(_base_url(self))):
+            return _request(method.__get__(self, type(self)), self, args, kwargs)
+        local.__wrapped__ = method  # what it sends: this hook's, as it is now
+        return local(self, *args, **kwargs)
+
+    return hooked
+
+
+if hasattr(_local_request, "veronica_lane"):  # the shared lane (not there: _request alone)
+    _request.veronica_lane = _lane  # type: ignore[attr-defined]
 
 
 _PATCHES = (
