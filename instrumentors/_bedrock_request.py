@@ -214,28 +214,26 @@ def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[
     return kwargs.get("operation_name", args[0] if args else ""), kwargs.get("api_params", {})
 
 
-def read_plain(
-    adapter: object, args: tuple[Any, ...], kwargs: dict[str, Any], method: str = "Converse"
-) -> tuple[Request, int]:
-    """A ``_make_api_call`` of ``Converse`` (unless ``method`` says): read_converse's
-    request, and the UTF-8 bytes of its input (``_utf8_bytes(request.input_parts)``,
-    as ``_describe`` walks it) when it is plain: messages only, each a role and
-    text blocks; -1 for any other. A reader for the shared lane
-    (``ProviderAdapter.read_plain``)."""
-    size = [-1]
-    return read_converse(adapter, None, args, kwargs, method, size), size[0]
-
-
 def read_converse(
+    adapter: object, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+) -> Request:
+    """The Converse adapter's ``read_request``: :func:`read_plain`'s request, its
+    input's bytes not counted."""
+    return read_plain(adapter, args, kwargs, method, sized=False)[0]
+
+
+def read_plain(
     adapter: object,
-    instance: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    method: str,
-    sized: list[int] | None = None,
-) -> Request:
-    """The Converse adapter's ``read_request`` (:func:`converse_request`'s, in one
-    frame). ``sized``: where read_plain's input bytes go (None: not counted)."""
+    method: str = "Converse",
+    sized: bool = True,
+) -> tuple[Request, int]:
+    """A ``_make_api_call`` of ``Converse`` (unless ``method`` says), read in one frame
+    (:func:`converse_request`'s), and the UTF-8 bytes of its input
+    (``_utf8_bytes(request.input_parts)``, as ``_describe`` walks it) when it is
+    plain: messages only, each a role and text blocks; -1 for any other (and
+    when not ``sized``). The shared lane's reader (``ProviderAdapter.read_plain``)."""
     params = args[1] if len(args) >= 2 else arguments(args, kwargs)[1]
     get = params.get
     model = get("modelId")
@@ -260,9 +258,7 @@ def read_converse(
     # 1 per message; per message of a role and content blocks, 2 per key and the
     # bytes of its keys ("rolecontent") and its role, and 1 per block; per text
     # block, 2 for its key and the bytes of "text" and its text. Anything else: -1.
-    size = (
-        -1 if sized is None or type(messages) is not list or len(parts) != 1 else 1 + len(messages)
-    )
+    size = 1 + len(messages) if sized and type(messages) is list and len(parts) == 1 else -1
     if type(messages) is list:
         n_messages = len(messages)
         # _unseen's common case, inline: text blocks only (it skips them), so
@@ -324,9 +320,7 @@ def read_converse(
         True,
         cache_writes,
     )
-    if sized is not None:
-        sized[0] = size
-    return _request_of(Request, request)
+    return _request_of(Request, request), size
 
 
 def _unseen(messages: object, model: str) -> tuple[int, bool]:
