@@ -217,7 +217,23 @@ def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[
 def read_converse(
     adapter: object, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
 ) -> Request:
-    """The Converse adapter's ``read_request`` (:func:`converse_request`'s, in one frame)."""
+    """The Converse adapter's ``read_request``: :func:`read_plain`'s request, its
+    input's bytes not counted."""
+    return read_plain(adapter, args, kwargs, method, sized=False)[0]
+
+
+def read_plain(
+    adapter: object,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    method: str = "Converse",
+    sized: bool = True,
+) -> tuple[Request, int]:
+    """A ``_make_api_call`` of ``Converse`` (unless ``method`` says), read in one frame
+    (:func:`converse_request`'s), and the UTF-8 bytes of its input
+    (``_utf8_bytes(request.input_parts)``, as ``_describe`` walks it) when it is
+    plain: messages only, each a role and text blocks; -1 for any other (and
+    when not ``sized``). The shared lane's reader (``ProviderAdapter.read_plain``)."""
     params = args[1] if len(args) >= 2 else arguments(args, kwargs)[1]
     get = params.get
     model = get("modelId")
@@ -225,19 +241,12 @@ def read_converse(
     messages = get("messages")
     system = get("system")
     tools = get("toolConfig")
+    more, variables = get("additionalModelRequestFields"), get("promptVariables")
     # What is sent as input (a field left out is not).
-    parts = list(
-        filter(
-            _PRESENT,
-            (
-                system,
-                messages,
-                tools,
-                get("additionalModelRequestFields"),
-                get("promptVariables"),
-            ),
-        )
-    )
+    if system is None and tools is None and more is None and variables is None:
+        parts: list[object] = [] if messages is None else [messages]
+    else:
+        parts = list(filter(_PRESENT, (system, messages, tools, more, variables)))
     config = get("inferenceConfig")
     cap = (
         config.get("maxTokens")
@@ -245,6 +254,11 @@ def read_converse(
         else None
     )
     cap = cap if type(cap) is int and cap >= 0 else None
+    # _list_bytes([messages])'s count while parts is that: 1 for the outer list,
+    # 1 per message; per message of a role and content blocks, 2 per key and the
+    # bytes of its keys ("rolecontent") and its role, and 1 per block; per text
+    # block, 2 for its key and the bytes of "text" and its text. Anything else: -1.
+    size = 1 + len(messages) if sized and type(messages) is list and len(parts) == 1 else -1
     if type(messages) is list:
         n_messages = len(messages)
         # _unseen's common case, inline: text blocks only (it skips them), so
@@ -257,11 +271,30 @@ def read_converse(
                     if type(block) is not dict or "text" not in block:
                         plain = False
                         break
+                    if size >= 0:
+                        text = block["text"]
+                        size = (
+                            size + 6 + (len(text) if text.isascii() else len(text.encode()))
+                            if len(block) == 1 and type(text) is str
+                            else -1
+                        )
+                if size >= 0:
+                    role = message.get("role")
+                    size = (
+                        size
+                        + 15
+                        + len(content)
+                        + (len(role) if role.isascii() else len(role.encode()))
+                        if len(message) == 2 and type(role) is str
+                        else -1
+                    )
             elif type(message) is not dict:
                 plain = False
+            else:
+                size = -1
             if not plain:
                 break
-        extra, cache_writes = (0, False) if plain else _unseen(messages, model)
+        extra, cache_writes, size = (0, False, size) if plain else (*_unseen(messages, model), -1)
     else:
         n_messages = len(messages) if isinstance(messages, list) else 1
         extra, cache_writes = _unseen(messages, model)
@@ -272,24 +305,22 @@ def read_converse(
         cache_writes = _cache_point(system) or _cache_point(
             tools.get("tools") if isinstance(tools, Mapping) else None
         )
-    return _request_of(
-        Request,
-        (
-            "chat",
-            model,
-            parts,
-            n_messages,
-            cap,
-            cap is None,  # clampable
-            1,
-            method == "ConverseStream",
-            extra,
-            None,
-            None,
-            True,
-            cache_writes,
-        ),
+    request = (
+        "chat",
+        model,
+        parts,
+        n_messages,
+        cap,
+        cap is None,  # clampable
+        1,
+        method == "ConverseStream",
+        extra,
+        None,
+        None,
+        True,
+        cache_writes,
     )
+    return _request_of(Request, request), size
 
 
 def _unseen(messages: object, model: str) -> tuple[int, bool]:

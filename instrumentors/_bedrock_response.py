@@ -94,24 +94,37 @@ def _converse_usage(call: ContainedCall, usage: object) -> None:
 
 
 def converse_reply(call: ContainedCall, reply: Any) -> None:
-    if type(reply) is not dict and not isinstance(reply, Mapping):
-        return
-    usage = reply.get("usage")
+    try:  # the plain reply: usage of input and output tokens alone (no cache reads or writes)
+        usage = reply["usage"]
+        inp, out = usage["inputTokens"], usage["outputTokens"]
+        plain = not usage.get("cacheReadInputTokens") and not usage.get("cacheWriteInputTokens")
+    except (KeyError, TypeError, AttributeError):  # not there, not a mapping
+        plain = False
+    # Two plain counts, each in set_usage's range (their sum within it: stricter;
+    # a negative one makes ``inp | out`` negative): set as ContainedCall.set_usage
+    # sets them (its rule, copied; _set's sum is the input itself); anything
+    # else, the general rules below.
     if (
-        type(usage) is dict
-        and not usage.get("cacheReadInputTokens")
-        and not usage.get("cacheWriteInputTokens")
-    ):  # no cache reads or writes: _set's sum is the input itself (_set's rule, its frames cut)
-        inp: Any = usage.get("inputTokens")
-        out: Any = usage.get("outputTokens")
-        plain = type(inp) is int and type(out) is int and type(call) is ContainedCall
-        if plain and 0 <= inp <= MAX_COUNT and 0 <= out <= MAX_COUNT:  # set_usage's rule, copied
-            call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
-            call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
+        plain
+        and type(inp) is int is type(out)
+        and (inp | out) >= 0
+        and inp + out <= MAX_COUNT
+        and type(call) is ContainedCall
+    ):
+        call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
+        call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
+    elif type(reply) is dict or isinstance(reply, Mapping):
+        usage = reply.get("usage")
+        if (
+            type(usage) is dict
+            and not usage.get("cacheReadInputTokens")
+            and not usage.get("cacheWriteInputTokens")
+        ):  # no cache reads or writes: _set's sum is the input itself
+            call.set_usage(usage.get("inputTokens"), usage.get("outputTokens"))
         else:
-            call.set_usage(inp, out)
+            _converse_usage(call, usage)
     else:
-        _converse_usage(call, usage)
+        return
     if call.pending_attributes is not None:
         _finish_reason(call, reply.get("stopReason"))
         _request_id(call, reply)

@@ -50,6 +50,7 @@ import importlib.util
 import sys
 import weakref
 from collections.abc import Callable, Collection
+from types import FunctionType
 from typing import Any
 
 import wrapt
@@ -61,6 +62,7 @@ from ._bedrock_request import (
     arguments,
     invoke_request,
     read_converse,
+    read_plain,
     refused_request,
     rewrite_converse,
     rewrite_invoke,
@@ -100,6 +102,9 @@ class _Converse(_Bedrock):
 
     # The request, the reply and its items read without a frame of their own.
     read_request = read_converse
+    # The shared lane's reader: ``Converse``'s only (_make_api_call_lane sends
+    # no other operation there; it reads no stream).
+    read_plain = staticmethod(read_plain)
 
     def rewrite(
         self,
@@ -261,6 +266,36 @@ def _make_api_call(
     if route is None and (route := _route(instance, args, kwargs)) is None:
         return wrapped(*args, **kwargs)
     return route[0](wrapped, instance, args, kwargs)
+
+
+def _make_api_call_lane() -> Callable[..., Any]:
+    """:func:`_make_api_call` as the plain function ``_hooks`` puts over the method
+    (its ``veronica_lane``, where ``_hooks`` reads one): the route found and the
+    call sent in this one frame, without a bound method and a frame of its own
+    between them; a ``Converse`` call goes to the shared lane of its wrapper where
+    there is one (its common call in one frame, read by read_plain). Its rules are
+    _make_api_call's, copied (tested to agree)."""
+    converse_route = _ROUTES[("bedrock-runtime", "Converse")]
+    make_lane = getattr(converse_route[0], "veronica_lane", None)
+    converse = None if make_lane is None else make_lane()
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        method = hooked.__wrapped__  # type: ignore[attr-defined]  # read per call: spliced out
+        last, service = _LAST[0]
+        route = _ROUTES.get((service, args[0])) if len(args) == 2 and last() is self.meta else None
+        if route is None and (route := _route(self, args, kwargs)) is None:
+            if type(method) is FunctionType:  # botocore's own method: no binding
+                return method(self, *args, **kwargs)
+            return method.__get__(self, type(self))(*args, **kwargs)
+        if route is converse_route and converse is not None:
+            converse.__wrapped__ = method  # what it sends: this hook's, as it is now
+            return converse(self, *args, **kwargs)
+        return route[0](method.__get__(self, type(self)), self, args, kwargs)
+
+    return hooked
+
+
+_make_api_call.veronica_lane = _make_api_call_lane  # type: ignore[attr-defined]
 
 
 async def _amake_api_call(

@@ -121,6 +121,7 @@ def _route(path: object) -> _Route | None:
 
 
 _NOTHING: dict[str, Any] = {}
+_ABSENT = (None, ...)  # a body key left out: None, or the SDK's OMIT
 
 
 def _images(body: dict[str, Any]) -> int:
@@ -197,61 +198,111 @@ def _read_request(path: object, raw: Any, method: str) -> Request | None:
     )
 
 
-class _CohereAdapter(ProviderAdapter):
-    provider = "cohere"
-
-    def read_request(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
-    ) -> Request | None:
-        if kwargs.get("method") != "POST":
-            return None
-        path = args[0] if args else kwargs.get("path")
-        raw = kwargs.get("json")
-        if path != "v2/chat" or type(raw) is not dict:
-            return _read_request(path, raw, method)
-        # v2 chat, the SDK's dict body: _read_request's rules for its route in one
-        # frame (OMIT is ``...``, which fails every type test below).
-        get = raw.get
-        named = get("model")
-        messages = get("messages")
-        parts = []
-        for part in (messages, get("tools"), get("documents"), get("response_format")):
-            if part is not None and part is not ...:
-                parts.append(part)
-        cap = get("max_tokens")
-        extra = 0
-        if type(messages) is list and get("inputs") is None and get("images") is None:
-            n_messages = len(messages)
-            for message in messages:  # a text message (a str content) shows no image
-                if type(message) is not dict or type(message.get("content")) is not str:
-                    extra = _images(raw) * _IMAGE_TOKENS
-                    break
+def read_plain(
+    adapter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str = "request"
+) -> tuple[Request | None, int]:
+    """The request of an ``HttpClient`` call (``request``, unless ``method`` says), and
+    the UTF-8 bytes of its input (``_utf8_bytes(request.input_parts)``, as
+    ``_describe`` walks it) when it is a plain v2 chat: messages whose keys and
+    values are all strings, nothing else as input; -1 for any other. The shared
+    lane's reader (``ProviderAdapter.read_plain``: the ``request`` hook's, never a
+    stream's) and read_request's."""
+    if kwargs.get("method") != "POST":
+        return None, -1
+    path = args[0] if args else kwargs.get("path")
+    raw = kwargs.get("json")
+    if path != "v2/chat" or type(raw) is not dict:
+        return _read_request(path, raw, method), -1
+    # v2 chat, the SDK's dict body: _read_request's rules for its route in one
+    # frame (OMIT is ``...``, which fails every type test below).
+    get = raw.get
+    named = get("model")
+    model = named if type(named) is str and named else "unknown"
+    messages = get("messages")
+    tools, documents, schema = get("tools"), get("documents"), get("response_format")
+    cap = get("max_tokens")
+    if (
+        type(messages) is list
+        and tools in _ABSENT
+        and documents in _ABSENT
+        and schema in _ABSENT
+        and get("inputs") is None
+        and get("images") is None
+    ):
+        # Plain text messages: no image (_images counts none), and
+        # _list_bytes([messages])'s count: 1 for the outer list, 1 per message,
+        # per message 2 per key and the bytes of its keys and values.
+        size = 1 + len(messages)
+        for message in messages:
+            if type(message) is not dict:
+                break
+            try:
+                text = "".join(message) + "".join(message.values())
+            except TypeError:  # content blocks, tool calls: the general rules below
+                break
+            size += 2 * len(message) + (len(text) if text.isascii() else len(text.encode()))
         else:
-            history = get("chat_history")
-            n_messages = (
-                len(messages)
-                if type(messages) is list
-                else (len(history) + 1 if type(history) is list else 1)
-            )
-            extra = _images(raw) * _IMAGE_TOKENS
-        return _request_of(
-            Request,
-            (
+            request = (
                 "chat",
-                named if type(named) is str and named else "unknown",
-                parts,
-                n_messages,
+                model,
+                [messages],
+                len(messages),
                 cap if type(cap) is int else None,
                 True,  # clampable: max_tokens
                 1,
                 method in _STREAMS,
-                extra,
+                0,
                 None,
                 None,
                 True,
                 True,
-            ),
+            )
+            return _request_of(Request, request), size
+    parts = []
+    for part in (messages, tools, documents, schema):
+        if part is not None and part is not ...:
+            parts.append(part)
+    extra = 0
+    if type(messages) is list and get("inputs") is None and get("images") is None:
+        n_messages = len(messages)
+        for message in messages:  # a text message (a str content) shows no image
+            if type(message) is not dict or type(message.get("content")) is not str:
+                extra = _images(raw) * _IMAGE_TOKENS
+                break
+    else:
+        history = get("chat_history")
+        n_messages = (
+            len(messages)
+            if type(messages) is list
+            else (len(history) + 1 if type(history) is list else 1)
         )
+        extra = _images(raw) * _IMAGE_TOKENS
+    request = (
+        "chat",
+        model,
+        parts,
+        n_messages,
+        cap if type(cap) is int else None,
+        True,  # clampable: max_tokens
+        1,
+        method in _STREAMS,
+        extra,
+        None,
+        None,
+        True,
+        True,
+    )
+    return _request_of(Request, request), -1
+
+
+class _CohereAdapter(ProviderAdapter):
+    provider = "cohere"
+    read_plain = staticmethod(read_plain)
+
+    def read_request(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+    ) -> Request | None:
+        return read_plain(self, args, kwargs, method)[0]
 
     def rewrite(
         self,
@@ -285,15 +336,21 @@ class _CohereAdapter(ProviderAdapter):
         except UnicodeDecodeError:
             data = reply.json()
         if type(data) is dict:
-            # v2's billed units, both counts plain: set as ContainedCall.set_usage
-            # sets them (its rule, copied); anything else reads by _read_usage.
-            usage = data.get("usage")
-            counts = usage.get("billed_units") if type(usage) is dict else None
-            get = counts.get if type(counts) is dict else _NOTHING.get
-            inp: Any = get("input_tokens")
-            out: Any = get("output_tokens")
-            plain = type(inp) is int and type(out) is int and type(call) is ContainedCall
-            if plain and 0 <= inp <= MAX_COUNT and 0 <= out <= MAX_COUNT:
+            # v2's billed units, both counts plain and each in set_usage's range
+            # (their sum within it: stricter; a negative one makes ``inp | out``
+            # negative): set as ContainedCall.set_usage sets them (its rule,
+            # copied); anything else reads by _read_usage.
+            try:
+                counts = data["usage"]["billed_units"]
+                inp, out = counts["input_tokens"], counts["output_tokens"]
+            except (KeyError, TypeError):  # not there, or not a dict
+                inp = out = None
+            if (
+                type(inp) is int is type(out)
+                and (inp | out) >= 0
+                and inp + out <= MAX_COUNT
+                and type(call) is ContainedCall
+            ):
                 call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
                 call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
             else:
@@ -304,9 +361,11 @@ class _CohereAdapter(ProviderAdapter):
         # Decoded once: the SDK's own ``reply.json()``, its next step, takes ours. A
         # reply without an instance dict (or whose ``json`` is a property) decodes again.
         # (A weak reference back: no cycle keeps a reply the SDK never decodes.)
-        held = getattr(reply, "__dict__", None)
-        if type(held) is dict:
-            held["json"] = partial(_decoded, ref(reply), data)
+        try:
+            held = reply.__dict__
+        except AttributeError:  # no instance dict (slots): decoded again
+            held = {}
+        held["json"] = partial(_decoded, ref(reply), data)
 
 
 def _decoded(reply_ref: ref[Any], data: Any, **kwargs: Any) -> Any:
@@ -375,7 +434,13 @@ def _read_event(call: ContainedCall, payload: bytes) -> None:
         _attributes(attributes, event)
 
 
-_ADAPTER = _CohereAdapter()
+class _CohereStreams(_CohereAdapter):
+    """The ``stream`` hooks' adapter: no shared lane (its reader reads ``request``'s calls)."""
+
+    read_plain = None  # type: ignore[assignment]
+
+
+_ADAPTER, _STREAMS_ADAPTER = _CohereAdapter(), _CohereStreams()
 _SIGNATURE = (("path",), ("method", "json"))
 _PATCHES = (
     Hook("HttpClient", "request", wrapper(_ADAPTER, "request"), *_SIGNATURE),
@@ -386,8 +451,8 @@ _PATCHES = (
         *_SIGNATURE,
         True,
     ),
-    Hook("HttpClient", "stream", wrapper(_ADAPTER, "stream"), *_SIGNATURE),
-    Hook("AsyncHttpClient", "stream", wrapper(_ADAPTER, "astream"), *_SIGNATURE),
+    Hook("HttpClient", "stream", wrapper(_STREAMS_ADAPTER, "stream"), *_SIGNATURE),
+    Hook("AsyncHttpClient", "stream", wrapper(_STREAMS_ADAPTER, "astream"), *_SIGNATURE),
 )
 _GUARDS = (
     ("HttpClient", ("request",)),

@@ -72,7 +72,7 @@ reservation.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from veronica_otel._attributes import (
@@ -139,7 +139,10 @@ _OPTIONS = {
 }
 _CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
 _MISSING = object()  # no ``options`` dict: _cap reads what there is
-_CHAT_ARGS = (None, None, "/api/chat")  # what the chat lane reads of ``_request``'s arguments
+_LOCAL_HOST = object()  # read_plain's client by default: one _lane found local
+# The keys of the SDK's chat body read_plain reads plain (the SDK drops what is None).
+_CHAT_PATH = ("/api/chat",)  # ``_request``'s url, as the SDK's chat() passes it
+_PLAIN_CHAT = frozenset(("model", "messages", "tools", "stream", "options", "keep_alive", "think"))
 # A Request from its fields without NamedTuple's Python-level __new__ (once per call).
 _request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
 
@@ -227,9 +230,9 @@ def _read_request(
     if type(body) is not dict:
         body = dict(body) if isinstance(body, Mapping) else {}
     operation, keys = route if route is not None else (path.rpartition("/")[2], ())
-    if operation == "chat":  # the chat lane reads it (a full URL, a body not a dict)
-        chat = _ADAPTER.read_request(instance, _CHAT_ARGS, {**kwargs, "json": body}, "_request")
-        if route is None and chat is not None:  # a path no route names: the whole body, no cap
+    if operation == "chat":  # _chat reads it (a full URL, a body not a dict)
+        chat = _chat(instance, body, kwargs)
+        if route is None:  # a path no route names: the whole body, no cap
             chat = chat._replace(input_parts=[body], cap=DEFAULT_MAX_OUTPUT_TOKENS, clampable=False)
         return chat
     model = named if type(named := body.get("model")) is str and named else "unknown"
@@ -270,6 +273,150 @@ def _hosted(instance: Any, model: str) -> bool:
     return last[1] if last[0] is base and base is not None else _cloud_host(_base_url(instance))
 
 
+def read_plain(
+    adapter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], instance: Any = _LOCAL_HOST
+) -> tuple[Request | None, int]:
+    """The request of a ``Client._request(cls, method, url, ...)`` call, and the UTF-8
+    bytes of its input (``_utf8_bytes(request.input_parts)``, as ``_describe`` walks
+    it) when it is a plain chat: the SDK's own (a bare path, a dict body) with
+    messages of strings only, no tools, format, images or context, a cap, and a
+    local model; -1 for any other. ``instance``: the client, whose host says
+    whether the call is hosted; by default one :func:`_lane` found local, and
+    then anything but a plain chat is not read (``None, -1``: read_request reads
+    it). The local lane's reader (``ProviderAdapter.read_plain``) and read_request's."""
+    body = kwargs.get("json")
+    if args[2:3] != _CHAT_PATH or type(body) is not dict:  # not the SDK's chat
+        if instance is _LOCAL_HOST:
+            return None, -1
+        return _read_request(instance, args, kwargs, args[2] if len(args) > 2 else None), -1
+    messages = body.get("messages")
+    if type(messages) is not list or not messages or not body.keys() <= _PLAIN_CHAT:
+        return _other(instance, body, kwargs)
+    # The plain chat: _chat's rules for it (_cap's common case and _hosted
+    # inline), and _list_bytes([messages])'s count: 1 for the outer list, 1 per
+    # message, per message 2 per key and the bytes of its keys and values. A
+    # message with images, tools or anything but a string is read by _chat.
+    size = 1 + len(messages)
+    for message in messages:
+        if type(message) is not dict or "images" in message:
+            return _other(instance, body, kwargs)
+        try:
+            text = "".join(message) + "".join(message.values())
+        except TypeError:  # a value that is not a str (tool calls)
+            return _other(instance, body, kwargs)
+        size += 2 * len(message) + (len(text) if text.isascii() else len(text.encode()))
+    model = body.get("model")
+    if type(model) is not str or not model:
+        model = "unknown"
+    options = body.get("options")
+    cap = options.get("num_predict") if type(options) is dict else None
+    if type(cap) is not int or body.get("tools"):
+        return _other(instance, body, kwargs)
+    if instance is _LOCAL_HOST:
+        base = None  # the host is local: only the tag can say hosted
+    else:
+        try:
+            base = instance._client._base_url
+        except AttributeError:
+            base = None
+    if (":" in model and model.rpartition(":")[2].endswith("cloud")) or (
+        instance is not _LOCAL_HOST
+        and (
+            last[1]
+            if (last := _CLOUD_HOSTS[0])[0] is base and base is not None
+            else _cloud_host(_base_url(instance))
+        )
+    ):
+        return _other(instance, body, kwargs)  # hosted: priced under ollama.cloud
+    return _request_of(
+        Request,
+        (
+            "chat",
+            model,
+            [messages],
+            len(messages),
+            cap if cap > 0 else None,
+            True,  # clampable: options.num_predict
+            1,
+            bool(kwargs.get("stream")),
+            0,
+            None,
+            None,
+            True,  # priced
+            False,  # cache_writes: Ollama bills no cache writes
+        ),
+    ), size
+
+
+def _other(
+    instance: Any, body: dict[str, Any], kwargs: dict[str, Any]
+) -> tuple[Request | None, int]:
+    """read_plain's answer for a chat that is not plain: _chat's request, or none
+    read for a client :func:`_lane` found local (read_request reads it)."""
+    return (None, -1) if instance is _LOCAL_HOST else (_chat(instance, body, kwargs), -1)
+
+
+def _chat(instance: Any, body: dict[str, Any], kwargs: dict[str, Any]) -> Request:
+    """The SDK's chat (a dict body) read_plain does not read plain (_cap and
+    _hosted inline, their rules copied); _read_request hands every other chat here."""
+    model = body.get("model")
+    if type(model) is not str or not model:
+        model = "unknown"
+    messages = body.get("messages")
+    n_messages, images = 1, 0
+    if messages:
+        if type(messages) is list:
+            for message in messages:
+                if type(message) is dict and message.get("images"):
+                    images += len(message["images"])
+            if images:
+                messages = _without_images(messages)
+            n_messages = len(messages)
+        parts: list[object] = [messages]
+    else:
+        parts = []
+    if tools := body.get("tools"):
+        parts.append(tools)
+    if schema := body.get("format"):
+        parts.append(schema)
+    if body.get("images"):
+        images += len(body["images"])
+    context = body.get("context")
+    options = body.get("options")
+    value = options.get("num_predict") if type(options) is dict else _MISSING
+    if type(value) is int:
+        cap, clampable = (value if value > 0 else None), True
+    else:
+        cap, clampable = _cap(options)
+    try:
+        base = instance._client._base_url
+    except AttributeError:
+        base = None
+    hosted = (":" in model and model.rpartition(":")[2].endswith("cloud")) or (
+        last[1]
+        if (last := _CLOUD_HOSTS[0])[0] is base and base is not None
+        else _cloud_host(_base_url(instance))
+    )
+    return _request_of(
+        Request,
+        (
+            "chat",
+            model,
+            parts,
+            n_messages,
+            cap,
+            clampable,
+            1,
+            bool(kwargs.get("stream")),
+            (len(context) if type(context) is list else 0) + images * IMAGE_TOKENS,
+            None,
+            CLOUD_PROVIDER if hosted else None,
+            True,  # priced
+            False,  # cache_writes: Ollama bills no cache writes
+        ),
+    )
+
+
 class OllamaAdapter(ProviderAdapter):
     """How ``ollama`` calls read; see the module docs."""
 
@@ -278,69 +425,7 @@ class OllamaAdapter(ProviderAdapter):
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
     ) -> Request | None:
-        url = args[2] if len(args) > 2 else None
-        body = kwargs.get("json")
-        if type(url) is not str or url != "/api/chat" or type(body) is not dict:
-            return _read_request(instance, args, kwargs, url)
-        # The SDK's chat (a bare path, a dict body), in one frame (_cap's common
-        # case and _hosted inline, their rules copied); _read_request hands
-        # every other chat here.
-        model = body.get("model")
-        if type(model) is not str or not model:
-            model = "unknown"
-        messages = body.get("messages")
-        n_messages, images = 1, 0
-        if messages:
-            if type(messages) is list:
-                for message in messages:
-                    if type(message) is dict and message.get("images"):
-                        images += len(message["images"])
-                if images:
-                    messages = _without_images(messages)
-                n_messages = len(messages)
-            parts: list[object] = [messages]
-        else:
-            parts = []
-        if tools := body.get("tools"):
-            parts.append(tools)
-        if schema := body.get("format"):
-            parts.append(schema)
-        if body.get("images"):
-            images += len(body["images"])
-        context = body.get("context")
-        options = body.get("options")
-        value = options.get("num_predict") if type(options) is dict else _MISSING
-        if type(value) is int:
-            cap, clampable = (value if value > 0 else None), True
-        else:
-            cap, clampable = _cap(options)
-        try:
-            base = instance._client._base_url
-        except AttributeError:
-            base = None
-        hosted = (":" in model and model.rpartition(":")[2].endswith("cloud")) or (
-            last[1]
-            if (last := _CLOUD_HOSTS[0])[0] is base and base is not None
-            else _cloud_host(_base_url(instance))
-        )
-        return _request_of(
-            Request,
-            (
-                "chat",
-                model,
-                parts,
-                n_messages,
-                cap,
-                clampable,
-                1,
-                bool(kwargs.get("stream")),
-                (len(context) if type(context) is list else 0) + images * IMAGE_TOKENS,
-                None,
-                CLOUD_PROVIDER if hosted else None,
-                True,  # priced
-                False,  # cache_writes: Ollama bills no cache writes
-            ),
-        )
+        return read_plain(self, args, kwargs, instance)[0]
 
     def request_attributes(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], request: Request
@@ -390,17 +475,21 @@ def _read_usage(call: ContainedCall, reply: Any) -> None:
     """Usage and response attributes of a reply or a stream's last chunk."""
     # The counts first: a model reply has them as fields, while asking it for
     # ``usage`` (only /v1/systemone's reply has one) raises inside pydantic.
-    inp = getattr(reply, "prompt_eval_count", None)
-    out = getattr(reply, "eval_count", None)
-    if inp is not None or out is not None:  # Ollama omits a count that is 0
-        inp, out = inp or 0, out or 0
-        # ContainedCall.set_usage(inp, out)'s rule for plain counts, copied (else asked)
-        plain = type(inp) is int and type(out) is int and type(call) is ContainedCall
-        if plain and 0 <= inp <= MAX_COUNT and 0 <= out <= MAX_COUNT:
+    try:  # ChatResponse and GenerateResponse fields (None: Ollama omits a count that is 0)
+        inp, out = reply.prompt_eval_count, reply.eval_count
+    except AttributeError:
+        inp = getattr(reply, "prompt_eval_count", None)
+        out = getattr(reply, "eval_count", None)
+    # Two plain counts, each in set_usage's range (their sum within it: stricter,
+    # and a negative one makes ``inp | out`` negative).
+    if type(inp) is int is type(out) and (inp | out) >= 0 and inp + out <= MAX_COUNT:
+        if type(call) is ContainedCall:  # ContainedCall.set_usage(inp, out)'s rule, copied
             call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
             call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
         else:
             call.set_usage(inp, out)
+    elif inp is not None or out is not None:
+        call.set_usage(inp or 0, out or 0)
     else:
         usage = getattr(reply, "usage", None)  # /v1/systemone: input_tokens, output_tokens
         if usage is not None:
@@ -456,10 +545,47 @@ async def _atool_call(
 
 # The reply read without a frame of its own (once per call).
 OllamaAdapter.read_reply = staticmethod(_read_usage)  # type: ignore[method-assign,assignment]
-_ADAPTER = OllamaAdapter()
+
+
+class _LocalOllama(OllamaAdapter):
+    """The adapter of calls from a client whose host :func:`_lane` found local: its
+    reader (read_plain, by default) reads only their plain chat."""
+
+    read_plain = staticmethod(read_plain)
+
+
+_ADAPTER, _LOCAL = OllamaAdapter(), _LocalOllama()
 # Model calls go straight to the contained wrapper; what it does not admit, to the tools.
 _request = wrapper(_ADAPTER, "_request", otherwise=_tool_call)
 _arequest = wrapper(_ADAPTER, "_request", is_async=True, otherwise=_atool_call)
+_local_request = wrapper(_LOCAL, "_request", otherwise=_tool_call)
+
+
+def _lane() -> Callable[..., Any]:
+    """``_request`` as the plain function ``_hooks`` puts over the method (its
+    ``veronica_lane``, where the contained wrapper of a reader has one: the
+    shared lane). A client whose host is not ollama.com (_hosted's host rule,
+    copied) goes to the shared lane of :data:`_LOCAL`, which reads its plain
+    chat there; any other call, to ``_request``."""
+    local = _local_request.veronica_lane()  # type: ignore[attr-defined]
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        method = hooked.__wrapped__  # type: ignore[attr-defined]  # read per call: spliced out
+        try:
+            base = self._client._base_url
+        except AttributeError:
+            base = None
+        last = _CLOUD_HOSTS[0]
+        if base is None or (last[1] if last[0] is base else _cloud_host(_base_url(self))):
+            return _request(method.__get__(self, type(self)), self, args, kwargs)
+        local.__wrapped__ = method  # what it sends: this hook's, as it is now
+        return local(self, *args, **kwargs)
+
+    return hooked
+
+
+if hasattr(_local_request, "veronica_lane"):  # the shared lane (not there: _request alone)
+    _request.veronica_lane = _lane  # type: ignore[attr-defined]
 
 
 _PATCHES = (

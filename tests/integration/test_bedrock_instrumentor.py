@@ -14,7 +14,7 @@ import pytest_asyncio
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
+from veronica_otel import BudgetExceededError, ChainSnapshot, ExecutionConfig, ExecutionContext
 from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors import InstrumentationError
@@ -160,19 +160,55 @@ def test_clients_of_other_services_between_bedrock_calls_pass_and_bedrock_still_
 ) -> None:
     # A Bedrock client's service is read once (the last client kept): another
     # client in between, of Bedrock or of another service, is read afresh.
+    assert _between_other_clients(server, runtime).steps == 3  # the STS call is no step
+    assert server.count(_converse_path(HAIKU)) == 3
+    assert server.request_count == 4
+
+
+def _between_other_clients(server: FakeLLMServer, runtime: Any) -> ChainSnapshot:
+    """Converse calls on ``runtime`` with another Bedrock client's and an STS call
+    between them, in one chain: its snapshot."""
     from botocore.parsers import ResponseParserError
 
-    other = _client(server.base_url)
-    sts = _client(server.base_url, "sts")
-    with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
-        _converse(runtime)
-        with pytest.raises(ResponseParserError):  # the fake server has no STS: sent as it is
-            sts.get_caller_identity()
-        _converse(other)
-        _converse(runtime)
-    other.close()
-    sts.close()
-    assert ctx.snapshot().steps == 3  # the STS call is no step
+    other, sts = _client(server.base_url), _client(server.base_url, "sts")
+    try:
+        with ExecutionContext(ExecutionConfig(max_cost_usd=1.0)) as ctx:
+            _converse(runtime)
+            with pytest.raises(ResponseParserError):  # the fake server has no STS: sent as it is
+                sts.get_caller_identity()
+            _converse(other)
+            _converse(runtime)
+            with pytest.raises(BudgetExceededError):  # an unknown model: denied, unsent
+                runtime.converse(modelId="no-such-model", messages=MESSAGES)
+    finally:
+        other.close()
+        sts.close()
+    return ctx.snapshot()
+
+
+def test_the_plain_hook_routes_as_make_api_call_does(
+    server: FakeLLMServer, backoff: Backoff, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_make_api_call_lane's function (what ``_hooks`` puts over the method where it
+    reads a ``veronica_lane``) contains Bedrock calls and passes the rest as
+    _make_api_call does, over the method it wraps."""
+    import functools
+
+    import botocore.client
+
+    from veronica_otel.instrumentors import bedrock
+
+    original = botocore.client.BaseClient.__dict__["_make_api_call"]
+    hooked = bedrock._make_api_call_lane()
+    functools.update_wrapper(hooked, original)
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", hooked)
+    runtime = _client(server.base_url)
+    try:
+        snap = _between_other_clients(server, runtime)
+    finally:
+        runtime.close()
+    assert snap.steps == 3  # the STS call is no step
+    assert snap.cost_usd == pytest.approx(3 * _cost(HAIKU))
     assert server.count(_converse_path(HAIKU)) == 3
     assert server.request_count == 4
 

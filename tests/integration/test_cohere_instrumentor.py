@@ -28,6 +28,7 @@ from veronica_otel._pricing import default_price_table
 from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors import InstrumentationError
 from veronica_otel.instrumentors import _hooks as hooks_module
+from veronica_otel.instrumentors._admit import _utf8_bytes
 from veronica_otel.instrumentors.cohere import CohereInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
@@ -251,12 +252,28 @@ def test_the_v2_chat_lane_reads_what_the_general_path_reads() -> None:
         {"model": MODEL, "messages": MESSAGES, "images": ["aGk="], "inputs": ...},
         {"model": MODEL, "messages": "not a list", "chat_history": [1, 2]},
         {"model": 7, "messages": [object()]},
+        {"model": MODEL, "messages": [*MESSAGES, {"role": "assistant", "content": "héllo ✓"}]},
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}],
+        },
     ]
     read = adapter_module._ADAPTER.read_request
+    plain_lanes = 0
     for body in bodies:
         for method in ("request", "stream"):
-            lane = read(None, ("v2/chat",), {"method": "POST", "json": body}, method)
+            kwargs = {"method": "POST", "json": body}
+            lane = read(None, ("v2/chat",), kwargs, method)
             assert lane == adapter_module._read_request("v2/chat", body, method)
+            # The plain lane (messages of strings only): its input bytes are the byte walk's.
+            request, size = adapter_module.read_plain(None, ("v2/chat",), kwargs, method)
+            assert request == lane
+            if size >= 0:
+                plain_lanes += 1
+                assert size == _utf8_bytes(request.input_parts)
+    assert plain_lanes == 4  # bodies 0 and 6, each method
+    # The stream hooks have no plain lane (read_plain reads request()'s calls).
+    assert adapter_module._STREAMS_ADAPTER.read_plain is None
     images = read(None, ("v2/chat",), {"method": "POST", "json": bodies[1]}, "request")
     assert images is not None and images.extra_input_tokens == adapter_module._IMAGE_TOKENS
     assert read(None, ("v2/chat",), {"method": "GET", "json": bodies[0]}, "request") is None

@@ -32,6 +32,7 @@ from veronica_otel._pricing import DEFAULT_MAX_OUTPUT_TOKENS, PriceTable, UnitPr
 from veronica_otel._units import nano_to_usd
 from veronica_otel.instrumentors import InstrumentationError
 from veronica_otel.instrumentors import _hooks as hooks_module
+from veronica_otel.instrumentors._admit import _utf8_bytes
 from veronica_otel.instrumentors.ollama import IMAGE_TOKENS, OllamaInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
@@ -299,14 +300,50 @@ def test_the_chat_lane_reads_what_the_general_rules_read(server: FakeLLMServer) 
             0,
         ),
         ({"model": MODEL, "options": None}, [], 1, 0),
+        # the plain chat (read_plain's lane): strings only, a cap, no tools
+        (
+            {
+                "model": MODEL,
+                "messages": [*MESSAGES, plain],
+                "tools": [],
+                "options": {"num_predict": 3},
+            },
+            [[*MESSAGES, plain]],
+            2,
+            0,
+        ),
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "héllo ✓"}],
+                "options": {"num_predict": 0},
+            },
+            [[{"role": "user", "content": "héllo ✓"}]],
+            1,
+            0,
+        ),
     ]
     read = adapter_module.OllamaAdapter().read_request
+    plain_lanes = 0
     for host in (server.base_url, "https://ollama.com"):
         with _local(host) as local:
             for body, parts, n_messages, extra in cases:
                 kwargs = {"json": body, "stream": False}
                 lane = read(local, (dict, "POST", CHAT), kwargs, "_request")
                 assert lane is not None
+                # The plain lane reads what the general chat rules read, and its
+                # input bytes are the byte walk's; for a client found local (no
+                # client given: the local lane's) it reads the plain chat alone.
+                request, size = adapter_module.read_plain(None, (dict, "POST", CHAT), kwargs, local)
+                assert request == lane == adapter_module._chat(local, body, kwargs)
+                if size >= 0:
+                    plain_lanes += 1
+                    assert size == _utf8_bytes(request.input_parts)
+                    assert (request.provider, host) == (None, server.base_url)
+                if host == server.base_url:
+                    assert adapter_module.read_plain(None, (dict, "POST", CHAT), kwargs) == (
+                        (request, size) if size >= 0 else (None, -1)
+                    )
                 assert (lane.operation, lane.input_parts, lane.n_messages) == (
                     "chat",
                     parts,
@@ -323,6 +360,38 @@ def test_the_chat_lane_reads_what_the_general_rules_read(server: FakeLLMServer) 
                 assert other == lane._replace(
                     input_parts=[body], cap=DEFAULT_MAX_OUTPUT_TOKENS, clampable=False
                 )
+    assert plain_lanes == 2  # the plain cases on the local host (a hosted call is not plain)
+
+
+def test_the_local_lane_takes_local_clients_and_hands_the_rest_to_request(
+    server: FakeLLMServer, instrumented: OllamaInstrumentor
+) -> None:
+    """Where the shared lane exists, ``_request``'s plain function sends a local
+    client's calls by the lane of the local adapter (its reader reads their plain
+    chat) and a hosted client's by ``_request``: each priced as before. Without
+    one, ``_request`` is the hook as it is."""
+    from veronica_otel.instrumentors import ollama as adapter_module
+
+    if not hasattr(adapter_module._local_request, "veronica_lane"):
+        assert not hasattr(adapter_module._request, "veronica_lane")
+        return
+    hooked = _client_module().Client.__dict__["_request"]
+    assert hooked.veronica_hook is adapter_module._request  # the lane, found as ours
+    cloud = PriceTable({"ollama:*": UnitPrices(0, 0, 0, 0), "ollama.cloud:*": PRICED})
+    with _local(server.base_url) as local:
+        with ExecutionContext(ExecutionConfig(max_cost_usd=1.0), price_table=cloud) as ctx:
+            _chat(local)  # the plain chat: the lane
+            _chat(local, model="glm-4.6:cloud")  # a cloud tag: the general way, in the lane
+            local.generate(model=MODEL, prompt="hi", options={"num_predict": 3})
+        with (
+            ExecutionContext(ExecutionConfig(max_cost_usd=1.0), price_table=FREE),
+            _local("https://ollama.com") as hosted,
+            pytest.raises(BudgetExceededError),
+        ):
+            _chat(hosted)  # hosted: ollama.cloud, unpriced here: denied unsent
+    assert ctx.snapshot().steps == 3
+    assert ctx.snapshot().cost_usd == nano_to_usd(PRICED.cost_nano(INPUT, OUTPUT))
+    assert server.request_count == 3
 
 
 def test_legacy_embeddings_report_no_usage_and_commit_the_reservation(

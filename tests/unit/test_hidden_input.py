@@ -110,3 +110,43 @@ def test_converse_reads_text_only_messages_in_its_lane_as_the_general_walk_does(
         assert (read.extra_input_tokens, read.cache_writes) == (extra, cache_writes)
     assert _bedrock_request._unseen(shapes[3], CLAUDE)[0] == ANTHROPIC_IMAGE_TOKENS
     assert _bedrock_request._unseen(shapes[4], CLAUDE)[1]
+
+
+def test_converse_plain_reader_counts_the_input_as_the_byte_walk_does() -> None:
+    """read_plain's input bytes (a role and text blocks per message, messages only)
+    are ``_utf8_bytes`` of the request's input; any other shape reads -1, and the
+    request is read_converse's either way."""
+    from veronica_otel.instrumentors import _bedrock_request
+    from veronica_otel.instrumentors._admit import _utf8_bytes
+
+    two = [
+        {"role": "user", "content": [{"text": "héllo ✓"}, {"text": ""}]},
+        {"content": [], "role": "assistant"},
+    ]
+    plain: list[dict[str, Any]] = [
+        {"messages": two, "inferenceConfig": {"maxTokens": 5}},
+        {"messages": [], "inferenceConfig": {"maxTokens": 5}},
+        {"messages": [{"role": "ü", "content": [{"text": "a"}]}]},
+    ]
+    general: list[dict[str, Any]] = [
+        {"messages": two, "system": [{"text": "s"}]},
+        {"messages": [{"role": "user", "content": [{"text": "a", "cachePoint": {}}]}]},
+        {"messages": [{"role": "user", "content": [{"text": 7}]}]},
+        {"messages": [{"role": "user", "content": "text", "x": 1}]},
+        {"messages": [{"role": "user", "content": [{"text": "a"}], "x": "y"}]},
+        {"messages": [{"role": 1, "content": [{"text": "a"}]}]},
+        {"messages": [{"role": "user"}]},
+        {"messages": [{"role": "user", "content": [{"image": {}}]}]},
+        {"messages": "not a list"},
+        {},
+    ]
+    for given, expect_plain in [(p, True) for p in plain] + [(p, False) for p in general]:
+        params = {"modelId": CLAUDE, **given}
+        for method in ("Converse", "ConverseStream"):
+            args = (method, params)
+            request, size = _bedrock_request.read_plain(None, args, {}, method)
+            assert request == _bedrock_request.read_converse(None, None, args, {}, method)
+            assert request == converse_request(params, method == "ConverseStream")
+            assert (size >= 0) is expect_plain, params
+            if expect_plain:
+                assert size == _utf8_bytes(request.input_parts)
