@@ -109,13 +109,29 @@ def _warm(modules: tuple[str, ...]) -> None:
             importlib.import_module(name)
 
 
-def run(main: Callable[[], object] | Mapping[str, Callable[[], object]]) -> None:
-    """Run ``main``, or the scenario named by ``argv[1]``; or serve scenarios (see above)."""
+Scenarios = Mapping[str, Callable[[], object]]
+HOSTED: dict[str, Scenarios] = {}  # app file name -> its scenarios, under ``host.py``
+
+
+def run(main: Callable[[], object] | Scenarios) -> None:
+    """Run ``main``, or the scenario named by ``argv[1]``; or serve scenarios (see above).
+
+    Under ``host.py`` (``FRAMEWORK_HOST=1``) the app's scenarios are only
+    registered, by its file name: the host serves them with its other apps'.
+    """
     mains = main if isinstance(main, Mapping) else {"": main}
+    if os.environ.get("FRAMEWORK_HOST") == "1":
+        HOSTED[os.path.basename(sys.argv[0])] = mains
+        return
     if os.environ.get("FRAMEWORK_SCENARIOS") != "1":
         _dump_if_hung()
         report(ended(mains[sys.argv[1] if len(sys.argv) > 1 else ""]))
         return
+    serve(lambda scenario: mains[scenario["scenario"]])
+
+
+def serve(choose: Callable[[dict[str, Any]], Callable[[], object]]) -> None:
+    """For each scenario line on stdin, ``choose(scenario)`` run in a forked child (see above)."""
     _warm(WARM)
     for line in sys.stdin:
         scenario = json.loads(line)
@@ -123,7 +139,7 @@ def run(main: Callable[[], object] | Mapping[str, Callable[[], object]]) -> None
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _in_child(mains[scenario["scenario"]], scenario["env"])  # never returns
+            _in_child(choose(scenario), scenario["env"])  # never returns
         _, status = os.waitpid(pid, 0)
         print(f"DONE {status}", flush=True)
 
