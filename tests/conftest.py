@@ -196,6 +196,10 @@ _ONE_WORKER = {
     "tests/integration/test_mcp_instrumentor.py": "ag2",
     # anthropic (~1.5 CPU-s), LangChain and LangGraph (~1.4), groq:
     "tests/unit/test_endpoint_table.py": "anthropic",  # each SDK's resources walked once
+    # ... and openai's resource modules walked again (every one imported, its
+    # sources read) where they already are, not on a worker of their own:
+    "tests/integration/test_openai_realtime.py::"
+    "test_every_websocket_manager_of_the_sdk_is_hooked": "anthropic",
     "tests/integration/test_anthropic_instrumentor.py": "anthropic",
     "tests/integration/test_failure_paths_anthropic.py": "anthropic",
     "tests/integration/test_deployment_model_ids.py": "anthropic",
