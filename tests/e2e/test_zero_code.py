@@ -127,6 +127,34 @@ def test_unchanged_langchain_tools_trip_at_exactly_max_steps(
     assert result["raised"] == "BudgetExceededError" and result["reason"] == "steps", result
 
 
+CLIENTS = ("google-genai", "bedrock", "mistralai", "cohere", "ollama", "litellm", "requests")
+
+
+def test_every_provider_client_is_contained_with_zero_code(
+    scripts: FrameworkApp, server: FakeLLMServer
+) -> None:
+    # One script calls google-genai, Bedrock (boto3), mistralai, cohere, ollama,
+    # litellm and a plain ``requests.post`` to a provider path (the vendor
+    # guard), each once, then each again, under VERONICA_MAX_STEPS equal to the
+    # number of clients: each first call reaches the fake server, no second one
+    # does. It imports those SDKs itself, after start-up, as an app does.
+    clients = CLIENTS
+    result, done = scripts.run(
+        str(APPS / "unchanged_providers.py"),
+        FAKE_LLM_URL=server.base_url,
+        VERONICA_MAX_STEPS=str(len(clients)),
+        # the local model is priced at zero only by configuration; no cost ceiling here
+    )
+    assert result["raised"] is None, (result, done.stderr[-3000:])
+    # The app's own lines (litellm prints banners of its own on stdout).
+    lines = [line for line in printed(done) if line.split(" ")[0] in clients]
+    first, second = lines[: len(clients)], lines[len(clients) :]
+    assert first == [f"{name} sent" for name in clients], done.stdout + done.stderr
+    # Every second call refused, each as our own error (no SDK wrapper of it).
+    assert second == [f"{name} refused BudgetExceededError" for name in clients], done.stdout
+    assert server.request_count == len(clients)
+
+
 def test_cost_ceiling_from_env(scripts: FrameworkApp, server: FakeLLMServer) -> None:
     # Each call reserves (clamped) the whole remaining budget, so a tiny ceiling
     # admits calls only while what is left can still buy an answer.
