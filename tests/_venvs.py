@@ -299,10 +299,15 @@ FRAMEWORKS_OPENAI_2: tuple[tuple[str, ...], ...] = (
 FRAMEWORK_ADK: tuple[tuple[str, ...], ...] = ((f"{OURS}[google-genai]", "google-adk"),)
 # strands-agents sends through boto3 Bedrock by default.
 FRAMEWORK_STRANDS: tuple[tuple[str, ...], ...] = ((f"{OURS}[bedrock]", "strands-agents"),)
-# smolagents with its OpenAI-compatible model, AG2 on openai, and dspy.
+# smolagents with its OpenAI-compatible model, AG2 on openai, and dspy: each alone
+# (benchmarks/bench_frameworks.py), and the three in one venv for the tests (pip
+# resolves them together to the versions it picks for each alone).
 FRAMEWORK_SMOLAGENTS: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "smolagents[openai]"),)
 FRAMEWORK_AG2: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "ag2[openai]"),)
 FRAMEWORK_DSPY: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "dspy"),)
+FRAMEWORKS_TEXT: tuple[tuple[str, ...], ...] = (
+    (f"{OURS}[openai]", "smolagents[openai]", "ag2[openai]", "dspy"),
+)
 
 
 def environ_without(*prefixes: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ scenario: :class:`FrameworkApp` starts the app once for a module and runs each
 test's scenario in a process forked from it after the import, with that
 test's ``VERONICA_*`` variables and a default chain built from them
 (``apps/frameworks/_report.py``). Each scenario still ends with its process,
-and the server is counted after that, as with :func:`run_app`. The apps of
+and the server is counted after that, as after a run of its own. The apps of
 one venv can share that process (:meth:`FrameworkApp.hosting`,
 ``apps/frameworks/host.py``): what they all import (OpenTelemetry's start-up,
 openai, pydantic) is then imported once, and each scenario still runs in a
@@ -55,31 +55,12 @@ def framework_venv(name: str) -> Path:
         pytest.fail(f"building the {name} venv: {_venvs.build_error(exc)}")
 
 
-def run_app(
-    venv: Path, app: str, server: FakeLLMServer, *args: str, **env: str | None
-) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """Run ``apps/frameworks/<app>`` under zero code; its RESULT and the process.
-
-    ``env`` overrides the defaults; a ``None`` value removes the variable.
-    """
-    done = subprocess.run(
-        _command(venv, app, *args),
-        cwd=APPS,
-        env=_environment(server, env),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    return _result(done), done
-
-
 class FrameworkApp:
     """``apps/frameworks/<app>`` started once under zero code, serving scenarios.
 
     ``env`` is the whole process's (a ``None`` value removes a variable).
-    Use as a context manager; :meth:`run` is :func:`run_app` for one
-    scenario, in a process forked from this one after its imports.
+    Use as a context manager; :meth:`run` runs one scenario, as a run of the
+    app of its own would, in a process forked from this one after its imports.
     """
 
     def __init__(

@@ -77,13 +77,17 @@ def outcome(exc: BaseException | None) -> dict[str, Any]:
     return result
 
 
+class Result(dict[str, Any]):
+    """What a scenario returns to report itself, in place of how it ended."""
+
+
 def ended(main: Callable[[], object]) -> dict[str, Any]:
-    """How ``main()`` ended (see :func:`outcome`)."""
+    """How ``main()`` ended (see :func:`outcome`), or the :class:`Result` it returned."""
     try:
-        main()
+        returned = main()
     except BaseException as exc:  # the test reads how it ended
         return outcome(exc)
-    return outcome(None)
+    return returned if isinstance(returned, Result) else outcome(None)
 
 
 def report(result: dict[str, Any]) -> None:
