@@ -248,10 +248,6 @@ FLOOR: tuple[tuple[str, ...], ...] = (
     ),
 )
 
-# This checkout beside google-adk, which pins opentelemetry-api/sdk <= 1.44:
-# unpinned, so pip must find the newest google-adk that fits with us.
-ADK: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "google-adk"),)
-
 # The Stainless SDKs at the majors agent frameworks pin (crewai, llama-index and
 # strands pin openai<3; anthropic below 2), one venv per shape of their base
 # client: openai 2.54 with anthropic 0.79 (retries through ``_sleep_for_retry``,
@@ -299,13 +295,19 @@ FRAMEWORKS_OPENAI_2: tuple[tuple[str, ...], ...] = (
     (f"{OURS}[openai]", "crewai", "llama-index-core", "llama-index-llms-openai"),
 )
 # google-adk pins opentelemetry-api/sdk <= 1.44; our floor is 1.41.
+# Unpinned beside us, so pip must find the newest google-adk that fits with us.
 FRAMEWORK_ADK: tuple[tuple[str, ...], ...] = ((f"{OURS}[google-genai]", "google-adk"),)
 # strands-agents sends through boto3 Bedrock by default.
 FRAMEWORK_STRANDS: tuple[tuple[str, ...], ...] = ((f"{OURS}[bedrock]", "strands-agents"),)
-# smolagents with its OpenAI-compatible model, AG2 on openai, and dspy.
+# smolagents with its OpenAI-compatible model, AG2 on openai, and dspy: each alone
+# (benchmarks/bench_frameworks.py), and the three in one venv for the tests (pip
+# resolves them together to the versions it picks for each alone).
 FRAMEWORK_SMOLAGENTS: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "smolagents[openai]"),)
 FRAMEWORK_AG2: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "ag2[openai]"),)
 FRAMEWORK_DSPY: tuple[tuple[str, ...], ...] = ((f"{OURS}[openai]", "dspy"),)
+FRAMEWORKS_TEXT: tuple[tuple[str, ...], ...] = (
+    (f"{OURS}[openai]", "smolagents[openai]", "ag2[openai]", "dspy"),
+)
 
 
 def environ_without(*prefixes: str) -> dict[str, str]:

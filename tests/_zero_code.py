@@ -23,7 +23,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tests._venvs import plain_http_tls
 from veronica_otel.testing import FakeLLMServer
@@ -130,6 +130,25 @@ def script_scenarios(server: FakeLLMServer) -> FrameworkApp:
         server,
         PYTHONPATH=os.environ.get("PYTHONPATH"),  # these sources, as run_instrumented's
     )
+
+
+class ScriptRuns:
+    """A :func:`script_scenarios` process's runs aimed at ``server``.
+
+    The process is shared (the session's ``zero_code_scripts`` fixture): each
+    run gets ``server``'s address (``OPENAI_BASE_URL``, ``OPENAI_API_BASE``,
+    ``FAKE_LLM_URL``) in its own environment, which the scripts read when they
+    make their clients, so a module counts what its own server received.
+    """
+
+    def __init__(self, scripts: FrameworkApp, server: FakeLLMServer) -> None:
+        self._scripts, self._server = scripts, server
+
+    def run(self, script: str, **env: str | None) -> tuple[dict[str, Any], CompletedProcess]:
+        """``script`` as a scenario: see :meth:`FrameworkApp.run`."""
+        url = self._server.openai_base_url
+        aimed = {"OPENAI_BASE_URL": url, "OPENAI_API_BASE": url}
+        return self._scripts.run(script, **aimed, **{"FAKE_LLM_URL": self._server.base_url, **env})
 
 
 def printed(done: CompletedProcess) -> list[str]:

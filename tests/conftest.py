@@ -111,6 +111,19 @@ def _threads_left_alone() -> Iterator[None]:
     assert not held, f"the test left thread propagation on, held by {held}"
 
 
+@pytest.fixture(scope="session")
+def zero_code_scripts() -> Iterator[Any]:
+    """One zero-code process running unchanged scripts as scenarios, for every module
+    of this worker that runs them (:func:`tests._zero_code.script_scenarios`): its
+    start-up and openai's import once, not once per module. A module aims its runs
+    at its own server with :class:`tests._zero_code.ScriptRuns`."""
+    from tests._zero_code import script_scenarios
+    from veronica_otel.testing import FakeLLMServer
+
+    with FakeLLMServer() as unused, script_scenarios(unused) as scripts:
+        yield scripts
+
+
 @pytest.fixture
 def python_sigint() -> Iterator[None]:
     """Python's own SIGINT handler (KeyboardInterrupt), whatever this run inherited.
@@ -161,7 +174,9 @@ _ONE_WORKER = {
     "tests/e2e/test_frameworks_gemini_bedrock.py": "frameworks_gemini_bedrock",
     "tests/e2e/test_examples.py": "examples",  # each example run once, read by many tests
     "tests/e2e/test_zero_code.py": "zero_code",  # one zero-code process serves its scenarios
-    "tests/integration/test_zero_code_redis.py": "zero_code_redis",  # likewise
+    "tests/integration/test_zero_code_redis.py": "zero_code",  # the same process serves it
+    "tests/integration/test_redis_cluster.py::"
+    "test_two_unchanged_processes_share_a_chain_on_the_cluster": "zero_code",  # likewise
     # a single test (every parametrisation of it) sharing its module fixture's runs:
     "tests/e2e/test_real_installs.py::test_each_peer_in_either_order_leaves_every_limit_exact": (
         "real_installs_peers"
@@ -196,6 +211,10 @@ _ONE_WORKER = {
     "tests/integration/test_mcp_instrumentor.py": "ag2",
     # anthropic (~1.5 CPU-s), LangChain and LangGraph (~1.4), groq:
     "tests/unit/test_endpoint_table.py": "anthropic",  # each SDK's resources walked once
+    # ... and openai's resource modules walked again (every one imported, its
+    # sources read) where they already are, not on a worker of their own:
+    "tests/integration/test_openai_realtime.py::"
+    "test_every_websocket_manager_of_the_sdk_is_hooked": "anthropic",
     "tests/integration/test_anthropic_instrumentor.py": "anthropic",
     "tests/integration/test_failure_paths_anthropic.py": "anthropic",
     "tests/integration/test_deployment_model_ids.py": "anthropic",

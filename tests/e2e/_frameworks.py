@@ -11,7 +11,11 @@ scenario: :class:`FrameworkApp` starts the app once for a module and runs each
 test's scenario in a process forked from it after the import, with that
 test's ``VERONICA_*`` variables and a default chain built from them
 (``apps/frameworks/_report.py``). Each scenario still ends with its process,
-and the server is counted after that, as with :func:`run_app`.
+and the server is counted after that, as after a run of its own. The apps of
+one venv can share that process (:meth:`FrameworkApp.hosting`,
+``apps/frameworks/host.py``): what they all import (OpenTelemetry's start-up,
+openai, pydantic) is then imported once, and each scenario still runs in a
+child of its own with its app's framework imported as before.
 
 A run still going :data:`DUMP_AFTER` seconds after it began writes every
 thread's stack to its stderr and exits, before the test gives up on it at
@@ -51,35 +55,18 @@ def framework_venv(name: str) -> Path:
         pytest.fail(f"building the {name} venv: {_venvs.build_error(exc)}")
 
 
-def run_app(
-    venv: Path, app: str, server: FakeLLMServer, *args: str, **env: str | None
-) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """Run ``apps/frameworks/<app>`` under zero code; its RESULT and the process.
-
-    ``env`` overrides the defaults; a ``None`` value removes the variable.
-    """
-    done = subprocess.run(
-        _command(venv, app, *args),
-        cwd=APPS,
-        env=_environment(server, env),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    return _result(done), done
-
-
 class FrameworkApp:
     """``apps/frameworks/<app>`` started once under zero code, serving scenarios.
 
     ``env`` is the whole process's (a ``None`` value removes a variable).
-    Use as a context manager; :meth:`run` is :func:`run_app` for one
-    scenario, in a process forked from this one after its imports.
+    Use as a context manager; :meth:`run` runs one scenario, as a run of the
+    app of its own would, in a process forked from this one after its imports.
     """
 
-    def __init__(self, venv: Path, app: str, server: FakeLLMServer, **env: str | None) -> None:
-        self._command = _command(venv, app)
+    def __init__(
+        self, venv: Path, app: str, server: FakeLLMServer, *apps: str, **env: str | None
+    ) -> None:
+        self._command = _command(venv, app, *apps)
         self._environ = _environment(server, {**env, "FRAMEWORK_SCENARIOS": "1"})
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr: IO[bytes] | None = None
@@ -110,11 +97,26 @@ class FrameworkApp:
             self._lines.put(line)
         self._lines.put(None)
 
+    @classmethod
+    def hosting(
+        cls, venv: Path, apps: tuple[str, ...], server: FakeLLMServer, **env: str | None
+    ) -> FrameworkApp:
+        """``apps`` (of ``venv``) in one process (``host.py``); :meth:`app` gives each one."""
+        return cls(venv, "host.py", server, *apps, **env)
+
+    def app(self, name: str) -> HostedApp:
+        """App ``name`` of those :meth:`hosting` started, its scenarios run by ``.run``."""
+        return HostedApp(self, name)
+
     def run(self, *args: str, **env: str | None) -> tuple[dict[str, Any], CompletedProcess]:
         """Scenario ``args[0]`` (the app's default without one) under ``env``, once."""
+        return self._scenario({"scenario": args[0] if args else "", "env": env}, args)
+
+    def _scenario(
+        self, scenario: dict[str, Any], args: tuple[str, ...]
+    ) -> tuple[dict[str, Any], CompletedProcess]:
         assert self._process is not None and self._process.stdin is not None
         assert self._stderr is not None
-        scenario = {"scenario": args[0] if args else "", "env": env}
         try:
             self._process.stdin.write(json.dumps(scenario) + "\n")
             self._process.stdin.flush()
@@ -174,6 +176,17 @@ class FrameworkApp:
         assert self._process is not None
         with contextlib.suppress(ProcessLookupError):  # every process of it has ended
             os.killpg(self._process.pid, signal.SIGKILL)
+
+
+class HostedApp:
+    """One app of a :meth:`FrameworkApp.hosting` process: :meth:`run` as ``FrameworkApp.run``."""
+
+    def __init__(self, host: FrameworkApp, name: str) -> None:
+        self._host, self._name = host, name
+
+    def run(self, *args: str, **env: str | None) -> tuple[dict[str, Any], CompletedProcess]:
+        scenario = {"app": self._name, "scenario": args[0] if args else "", "env": env}
+        return self._host._scenario(scenario, args)
 
 
 def _command(venv: Path, app: str, *args: str) -> list[str]:

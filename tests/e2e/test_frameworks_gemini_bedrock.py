@@ -7,12 +7,14 @@ runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
 after the process exited: Strands' and ADK's tool runs are steps too (2 model
 requests), and nothing is sent after the denial. google-adk pins
 ``opentelemetry-api<=1.44``: it must resolve beside us (the newest ADK, not a
-fallback to 1.x). Each framework is imported once for its tests
+fallback to an older one with looser pins). Each framework is imported once for its tests
 (:class:`FrameworkApp`).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,9 @@ SENT = 2  # under max_steps=3: model, tool, model; the second tool run is denied
 GEMINI = "/v1beta/models/gemini-2.5-flash:generateContent"
 BEDROCK = "/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream"
 CHAT = "/v1/chat/completions"  # a llama.cpp server's, OpenAI-compatible
+# The newest google-adk on the package index when this test was written: a
+# resolution that picks anything older fell back to dodge a conflict with us.
+ADK_NEWEST = (2, 13, 0)
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +88,20 @@ def _adk(app: FrameworkApp, **env: str) -> dict[str, object]:
     return result
 
 
-def test_google_adk_resolves_beside_us(adk: Path) -> None:
+def test_google_adk_resolves_beside_us_at_its_newest(adk: Path) -> None:
+    # pip chose these, unpinned (the venv's only other requirement is us): the
+    # ADK app's tests above and below run in it, so its start-up imports our
+    # distro beside google.adk, and its calls are contained.
     site = next((adk / "lib").glob("python*/site-packages"))
-    adk_versions = [p.name for p in site.glob("google_adk-*.dist-info")]
-    assert adk_versions and not adk_versions[0].startswith("google_adk-1."), adk_versions
+    found = {
+        re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower(): dist.version
+        for dist in importlib.metadata.distributions(path=[str(site)])
+    }
+    assert "veronica-otel" in found, found
+    adk_version = tuple(int(part) for part in found["google-adk"].split(".")[:3])
+    assert adk_version >= ADK_NEWEST, found  # no fall-back to an old google-adk
+    api = tuple(int(part) for part in found["opentelemetry-api"].split(".")[:2])
+    assert (1, 41) <= api <= (1, 44), found  # within google-adk's pin and our floor
 
 
 def test_google_adk_runaway_stops_at_max_steps(adk_app: FrameworkApp, llm: FakeLLMServer) -> None:

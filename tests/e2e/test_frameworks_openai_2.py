@@ -5,7 +5,8 @@ As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
 runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
 after the process exited, the run ends with ours and nothing is sent after it:
 crewAI's and LlamaIndex's tool runs are steps too (2 model requests). Each
-framework is imported once for its tests (:class:`FrameworkApp`).
+framework is imported once for its tests, both in one process
+(:meth:`FrameworkApp.hosting`); each test's run is still a process of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import FrameworkApp, agent_policy, framework_venv
+from tests.e2e._frameworks import FrameworkApp, HostedApp, agent_policy, framework_venv
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
@@ -41,18 +42,24 @@ def llm(server: FakeLLMServer) -> FakeLLMServer:
 
 
 @pytest.fixture(scope="module")
-def crewai(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    with FrameworkApp(venv, "crewai_app.py", server, CREWAI_DISABLE_TELEMETRY="true") as app:
-        yield app
+def apps(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp.hosting(
+        venv, ("crewai_app.py", "llama_index_app.py"), server, CREWAI_DISABLE_TELEMETRY="true"
+    ) as host:
+        yield host
 
 
-@pytest.fixture(scope="module")
-def llama_index(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    with FrameworkApp(venv, "llama_index_app.py", server) as app:
-        yield app
+@pytest.fixture
+def crewai(apps: FrameworkApp) -> HostedApp:
+    return apps.app("crewai_app.py")
 
 
-def test_crewai_runaway_stops_at_max_steps(crewai: FrameworkApp, llm: FakeLLMServer) -> None:
+@pytest.fixture
+def llama_index(apps: FrameworkApp) -> HostedApp:
+    return apps.app("llama_index_app.py")
+
+
+def test_crewai_runaway_stops_at_max_steps(crewai: HostedApp, llm: FakeLLMServer) -> None:
     result, done = crewai.run(VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr
     # crewAI logs the failed call and retries it; the trip is sticky, so the
@@ -61,9 +68,7 @@ def test_crewai_runaway_stops_at_max_steps(crewai: FrameworkApp, llm: FakeLLMSer
     assert result["reason"] == "steps"
 
 
-def test_llama_index_runaway_stops_at_max_steps(
-    llama_index: FrameworkApp, llm: FakeLLMServer
-) -> None:
+def test_llama_index_runaway_stops_at_max_steps(llama_index: HostedApp, llm: FakeLLMServer) -> None:
     result, done = llama_index.run(VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr
     assert all(r.body.get("stream") is True for r in llm.requests)  # it streams by default
@@ -72,7 +77,7 @@ def test_llama_index_runaway_stops_at_max_steps(
 
 
 def test_crewai_agent_limit_by_its_role(
-    crewai: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    crewai: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = crewai.run(VERONICA_POLICY_FILE=policy)
@@ -81,7 +86,7 @@ def test_crewai_agent_limit_by_its_role(
 
 
 def test_llama_index_agent_limit_by_its_name(
-    llama_index: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    llama_index: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     # FunctionAgent(name="Looper"): its model calls and its tool runs are Looper's.
     policy = agent_policy(tmp_path, "Looper", STEPS)

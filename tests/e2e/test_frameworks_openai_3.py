@@ -7,7 +7,8 @@ reply asks for another tool call, so the loop never ends on its own) under
 model requests reach the server (model, tool, model; the second tool run is
 denied), the run ends with our denial, and the count is taken after the process exited, so
 nothing was sent after it. Each framework is imported once for its tests
-(:class:`FrameworkApp`).
+(:class:`FrameworkApp`), all three in one process
+(:meth:`FrameworkApp.hosting`): each test's run is still a process of its own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import FrameworkApp, agent_policy, framework_venv
+from tests.e2e._frameworks import FrameworkApp, HostedApp, agent_policy, framework_venv
 from veronica_otel.testing import FakeLLMServer
 
 STEPS = 3
@@ -42,25 +43,30 @@ def llm(server: FakeLLMServer) -> FakeLLMServer:
 
 
 @pytest.fixture(scope="module")
-def openai_agents(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    with FrameworkApp(venv, "openai_agents_app.py", server) as app:
-        yield app
+def apps(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    with FrameworkApp.hosting(
+        venv, ("openai_agents_app.py", "pydantic_ai_app.py", "langgraph_app.py"), server
+    ) as host:
+        yield host
 
 
-@pytest.fixture(scope="module")
-def pydantic_ai(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    with FrameworkApp(venv, "pydantic_ai_app.py", server) as app:
-        yield app
+@pytest.fixture
+def openai_agents(apps: FrameworkApp) -> HostedApp:
+    return apps.app("openai_agents_app.py")
 
 
-@pytest.fixture(scope="module")
-def langgraph(venv: Path, server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    with FrameworkApp(venv, "langgraph_app.py", server) as app:
-        yield app
+@pytest.fixture
+def pydantic_ai(apps: FrameworkApp) -> HostedApp:
+    return apps.app("pydantic_ai_app.py")
+
+
+@pytest.fixture
+def langgraph(apps: FrameworkApp) -> HostedApp:
+    return apps.app("langgraph_app.py")
 
 
 def test_openai_agents_runaway_stops_at_max_steps(
-    openai_agents: FrameworkApp, llm: FakeLLMServer
+    openai_agents: HostedApp, llm: FakeLLMServer
 ) -> None:
     result, done = openai_agents.run("runaway", VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
@@ -72,7 +78,7 @@ def test_openai_agents_runaway_stops_at_max_steps(
 
 
 def test_openai_agents_handoff_loop_per_agent_limit(
-    openai_agents: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    openai_agents: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Alpha", 2)
     result, done = openai_agents.run("handoffs", VERONICA_POLICY_FILE=policy)
@@ -84,7 +90,7 @@ def test_openai_agents_handoff_loop_per_agent_limit(
 
 
 def test_openai_agents_streamed_run_is_named(
-    openai_agents: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    openai_agents: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = openai_agents.run("streamed", VERONICA_POLICY_FILE=policy)
@@ -94,9 +100,7 @@ def test_openai_agents_streamed_run_is_named(
     assert result["agent"] == "Looper", result
 
 
-def test_pydantic_ai_runaway_stops_at_max_steps(
-    pydantic_ai: FrameworkApp, llm: FakeLLMServer
-) -> None:
+def test_pydantic_ai_runaway_stops_at_max_steps(pydantic_ai: HostedApp, llm: FakeLLMServer) -> None:
     result, done = pydantic_ai.run(VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {"/v1/responses": SENT}}, done.stderr
     # Not a ModelAPIError, so no retry and no FallbackModel fallback: it leaves
@@ -106,7 +110,7 @@ def test_pydantic_ai_runaway_stops_at_max_steps(
     assert result["reason"] == "steps"
 
 
-def test_langgraph_runaway_stops_at_max_steps(langgraph: FrameworkApp, llm: FakeLLMServer) -> None:
+def test_langgraph_runaway_stops_at_max_steps(langgraph: HostedApp, llm: FakeLLMServer) -> None:
     result, done = langgraph.run(VERONICA_MAX_STEPS=str(STEPS))
     # LangChain tool runs are steps too (LangChainInstrumentor): model, tool,
     # model, then the second tool run is denied; 2 model requests were sent.
@@ -116,7 +120,7 @@ def test_langgraph_runaway_stops_at_max_steps(langgraph: FrameworkApp, llm: Fake
 
 
 def test_pydantic_ai_agent_limit_by_its_name(
-    pydantic_ai: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    pydantic_ai: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = pydantic_ai.run(VERONICA_POLICY_FILE=policy)
@@ -125,7 +129,7 @@ def test_pydantic_ai_agent_limit_by_its_name(
 
 
 def test_langgraph_node_limit_by_its_name(
-    langgraph: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    langgraph: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     # The ReAct graph is the node "Looper" of an outer graph (a supervisor's
     # sub-agent): its model and tool runs are Looper's. Model, tool, model,

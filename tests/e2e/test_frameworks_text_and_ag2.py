@@ -1,5 +1,5 @@
-"""smolagents, AG2 and dspy, contained with zero code, each in its own venv
-(:data:`tests._venvs.FRAMEWORK_SMOLAGENTS`, ``FRAMEWORK_AG2``, ``FRAMEWORK_DSPY``).
+"""smolagents, AG2 and dspy, contained with zero code, in one venv
+(:data:`tests._venvs.FRAMEWORKS_TEXT`).
 
 As in ``test_frameworks_openai_3.py``: a real agent with one tool against the
 runaway fake server under ``VERONICA_MAX_STEPS=3``, counted at the server
@@ -7,10 +7,11 @@ after the process exited. dspy's ReAct asks for tools in its own text fields,
 not the API's tool calls, so its runaway model is a responder answering in
 dspy's chat format with another ``lookup`` every turn; and dspy sends through
 its own raw-socket client unless the call goes through LiteLLM, which
-``DSPyInstrumentor`` makes every call in a chain do. smolagents and AG2 are
-imported once for their tests (:class:`FrameworkApp`); AG2's tests include
-an unchanged agent's tool runs counted as steps and two agents of which a
-policy file bounds one.
+``DSPyInstrumentor`` makes every call in a chain do. The three are imported
+once for their tests, in one process (:meth:`FrameworkApp.hosting`): each
+test's run is still a process of its own. AG2's tests include an unchanged
+agent's tool runs counted as steps and two agents of which a policy file
+bounds one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._frameworks import FrameworkApp, agent_policy, framework_venv, run_app
+from tests.e2e._frameworks import FrameworkApp, HostedApp, agent_policy, framework_venv
 from veronica_otel.testing import FakeLLMServer, RecordedRequest
 
 STEPS = 3
@@ -45,21 +46,30 @@ def llm(server: FakeLLMServer) -> FakeLLMServer:
 
 
 @pytest.fixture(scope="module")
-def smolagents(server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    venv = framework_venv("FRAMEWORK_SMOLAGENTS")
-    with FrameworkApp(venv, "smolagents_app.py", server) as app:
-        yield app
+def apps(server: FakeLLMServer) -> Iterator[FrameworkApp]:
+    venv = framework_venv("FRAMEWORKS_TEXT")
+    with FrameworkApp.hosting(
+        venv, ("smolagents_app.py", "ag2_app.py", "dspy_app.py"), server
+    ) as host:
+        yield host
 
 
-@pytest.fixture(scope="module")
-def ag2(server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    with FrameworkApp(framework_venv("FRAMEWORK_AG2"), "ag2_app.py", server) as app:
-        yield app
+@pytest.fixture
+def smolagents(apps: FrameworkApp) -> HostedApp:
+    return apps.app("smolagents_app.py")
 
 
-def test_smolagents_runaway_stops_at_max_steps(
-    smolagents: FrameworkApp, llm: FakeLLMServer
-) -> None:
+@pytest.fixture
+def ag2(apps: FrameworkApp) -> HostedApp:
+    return apps.app("ag2_app.py")
+
+
+@pytest.fixture
+def dspy(apps: FrameworkApp) -> HostedApp:
+    return apps.app("dspy_app.py")
+
+
+def test_smolagents_runaway_stops_at_max_steps(smolagents: HostedApp, llm: FakeLLMServer) -> None:
     result, done = smolagents.run(VERONICA_MAX_STEPS=str(STEPS))
     assert llm.stats() == {"total": SENT, "routes": {CHAT: SENT}}, done.stderr[-2000:]
     # smolagents wraps a model error: ours is the __cause__ of its AgentGenerationError.
@@ -68,7 +78,7 @@ def test_smolagents_runaway_stops_at_max_steps(
 
 
 def test_smolagents_agent_limit_by_its_name(
-    smolagents: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    smolagents: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = smolagents.run(VERONICA_POLICY_FILE=policy)
@@ -77,7 +87,7 @@ def test_smolagents_agent_limit_by_its_name(
 
 
 def test_smolagents_streamed_run_is_named(
-    smolagents: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    smolagents: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     policy = agent_policy(tmp_path, "Looper", STEPS)
     result, done = smolagents.run("stream", VERONICA_POLICY_FILE=policy)
@@ -86,7 +96,7 @@ def test_smolagents_streamed_run_is_named(
 
 
 def test_smolagents_never_retries_a_denial_whose_text_reads_as_a_rate_limit(
-    smolagents: FrameworkApp, llm: FakeLLMServer
+    smolagents: HostedApp, llm: FakeLLMServer
 ) -> None:
     # smolagents retries an error whose text holds "429" twice, after 2-4 and then
     # 4-16 minutes; a denial's text names its chain, here with "429" in its id (a
@@ -101,7 +111,7 @@ def test_smolagents_never_retries_a_denial_whose_text_reads_as_a_rate_limit(
     assert "runaway-429" in result["message"], result
 
 
-def test_ag2_runaway_stops_at_max_steps(ag2: FrameworkApp, llm: FakeLLMServer) -> None:
+def test_ag2_runaway_stops_at_max_steps(ag2: HostedApp, llm: FakeLLMServer) -> None:
     result, done = ag2.run(VERONICA_MAX_STEPS=str(STEPS))
     # AG2 tool runs are steps too (AG2Instrumentor): model, tool, model, then
     # the second tool run is denied; 2 model requests were sent.
@@ -110,7 +120,7 @@ def test_ag2_runaway_stops_at_max_steps(ag2: FrameworkApp, llm: FakeLLMServer) -
     assert result["reason"] == "steps"
 
 
-def test_ag2_agent_limit_by_its_name(ag2: FrameworkApp, llm: FakeLLMServer, tmp_path: Path) -> None:
+def test_ag2_agent_limit_by_its_name(ag2: HostedApp, llm: FakeLLMServer, tmp_path: Path) -> None:
     policy = agent_policy(tmp_path, "Looper", 3)
     result, done = ag2.run(VERONICA_POLICY_FILE=policy)
     # Looper's model, tool, model; its second tool run is denied, and so is
@@ -120,7 +130,7 @@ def test_ag2_agent_limit_by_its_name(ag2: FrameworkApp, llm: FakeLLMServer, tmp_
 
 
 def test_ag2_tool_runs_are_steps_and_the_next_model_call_is_never_sent(
-    ag2: FrameworkApp, llm: FakeLLMServer
+    ag2: HostedApp, llm: FakeLLMServer
 ) -> None:
     result, done = ag2.run(VERONICA_MAX_STEPS="4")
     # Model, tool, model, tool: both tools ran, and the 5th step (a model call) is never sent.
@@ -130,7 +140,7 @@ def test_ag2_tool_runs_are_steps_and_the_next_model_call_is_never_sent(
 
 
 def test_ag2_agents_get_their_limits_from_the_policy_file(
-    ag2: FrameworkApp, llm: FakeLLMServer, tmp_path: Path
+    ag2: HostedApp, llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     # The critic is bounded by its table, the planner by the file's [limits] only.
     policy = tmp_path / "policy.toml"
@@ -152,17 +162,12 @@ def _sent_with(server: FakeLLMServer, prompt: str) -> int:
     )
 
 
-def test_dspy_react_runaway_stops_at_max_steps(llm: FakeLLMServer) -> None:
-    venv = framework_venv("FRAMEWORK_DSPY")
-
+def test_dspy_react_runaway_stops_at_max_steps(dspy: HostedApp, llm: FakeLLMServer) -> None:
     def dspy_turn(request: RecordedRequest) -> str:
         return DSPY_TURN
 
     llm.set_responder(dspy_turn)
-    result, done = run_app(
-        venv,
-        "dspy_app.py",
-        llm,
+    result, done = dspy.run(
         VERONICA_MAX_STEPS=str(STEPS),
         LITELLM_LOCAL_MODEL_COST_MAP="True",  # no network fetch at import
         OPENAI_BASE_URL=None,  # no environment gateway: dspy would choose its native client

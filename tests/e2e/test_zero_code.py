@@ -12,8 +12,9 @@ imports and then started as ``opentelemetry-instrument`` starts it
 ``opentelemetry-instrument`` from start to end. The tests that vary only the
 limits, the pools (``VERONICA_POOLS``), the policy file and the script run as
 scenarios of one zero-code process (``apps/unchanged_scripts.py``, a
-:class:`FrameworkApp`): each in a process forked from it after openai's
-import, its default chain built from its own ``VERONICA_*`` variables.
+:class:`FrameworkApp` the worker's modules share: the ``zero_code_scripts``
+fixture): each in a process forked from it after openai's import, its default
+chain built from its own ``VERONICA_*`` variables.
 """
 
 from __future__ import annotations
@@ -28,13 +29,12 @@ import pytest
 
 from tests._zero_code import (
     UNCHANGED_AGENT,
+    ScriptRuns,
     environment,
     printed,
     run_instrumented,
-    script_scenarios,
     start_runs,
 )
-from tests.e2e._frameworks import FrameworkApp
 from veronica_otel.testing import FakeLLMServer
 
 APPS = Path(__file__).parent / "apps"
@@ -54,9 +54,8 @@ def server(module_server: FakeLLMServer) -> FakeLLMServer:
 
 
 @pytest.fixture(scope="module")
-def scripts(module_server: FakeLLMServer) -> Iterator[FrameworkApp]:
-    with script_scenarios(module_server) as app:
-        yield app
+def scripts(zero_code_scripts: ScriptRuns, module_server: FakeLLMServer) -> ScriptRuns:
+    return ScriptRuns(zero_code_scripts, module_server)
 
 
 def run_app(server: FakeLLMServer, **env: str) -> subprocess.CompletedProcess[str]:
@@ -108,7 +107,7 @@ def test_unchanged_app_trips_at_exactly_max_steps(server: FakeLLMServer) -> None
 
 
 def test_unchanged_mcp_agent_trips_at_exactly_max_steps(
-    scripts: FrameworkApp, server: FakeLLMServer
+    scripts: ScriptRuns, server: FakeLLMServer
 ) -> None:
     # The distro patches the mcp client when the app imports it: no code, no entry point.
     agent = APPS / "unchanged_mcp_agent.py"
@@ -118,7 +117,7 @@ def test_unchanged_mcp_agent_trips_at_exactly_max_steps(
 
 
 def test_unchanged_langchain_tools_trip_at_exactly_max_steps(
-    scripts: FrameworkApp, server: FakeLLMServer
+    scripts: ScriptRuns, server: FakeLLMServer
 ) -> None:
     # The distro patches BaseTool when the app imports langchain_core.
     app = APPS / "unchanged_langchain_tools.py"
@@ -127,7 +126,34 @@ def test_unchanged_langchain_tools_trip_at_exactly_max_steps(
     assert result["raised"] == "BudgetExceededError" and result["reason"] == "steps", result
 
 
-def test_cost_ceiling_from_env(scripts: FrameworkApp, server: FakeLLMServer) -> None:
+CLIENTS = ("google-genai", "bedrock", "mistralai", "cohere", "ollama", "litellm", "requests")
+
+
+def test_every_provider_client_is_contained_with_zero_code(
+    scripts: ScriptRuns, server: FakeLLMServer
+) -> None:
+    # One script calls google-genai, Bedrock (boto3), mistralai, cohere, ollama,
+    # litellm and a plain ``requests.post`` to a provider path (the vendor
+    # guard), each once, then each again, under VERONICA_MAX_STEPS equal to the
+    # number of clients: each first call reaches the fake server, no second one
+    # does. It imports those SDKs itself, after start-up, as an app does.
+    clients = CLIENTS
+    result, done = scripts.run(
+        str(APPS / "unchanged_providers.py"),  # FAKE_LLM_URL: the server's (ScriptRuns)
+        VERONICA_MAX_STEPS=str(len(clients)),
+        # the local model is priced at zero only by configuration; no cost ceiling here
+    )
+    assert result["raised"] is None, (result, done.stderr[-3000:])
+    # The app's own lines (litellm prints banners of its own on stdout).
+    lines = [line for line in printed(done) if line.split(" ")[0] in clients]
+    first, second = lines[: len(clients)], lines[len(clients) :]
+    assert first == [f"{name} sent" for name in clients], done.stdout + done.stderr
+    # Every second call refused, each as our own error (no SDK wrapper of it).
+    assert second == [f"{name} refused BudgetExceededError" for name in clients], done.stdout
+    assert server.request_count == len(clients)
+
+
+def test_cost_ceiling_from_env(scripts: ScriptRuns, server: FakeLLMServer) -> None:
     # Each call reserves (clamped) the whole remaining budget, so a tiny ceiling
     # admits calls only while what is left can still buy an answer.
     result, done = scripts.run(str(UNCHANGED_AGENT), VERONICA_MAX_COST_USD="0.0000001")
@@ -177,7 +203,7 @@ def test_a_bad_vendor_guard_mode_is_named_and_calls_are_refused(started: Started
     )
 
 
-def test_no_limits_set_runs_everything(scripts: FrameworkApp, server: FakeLLMServer) -> None:
+def test_no_limits_set_runs_everything(scripts: ScriptRuns, server: FakeLLMServer) -> None:
     result, done = scripts.run(str(UNCHANGED_AGENT))
     assert result["raised"] is None and done.returncode == 0, (result, done.stderr[-2000:])
     assert printed(done) == [f"step {i} ok" for i in range(5)]
@@ -185,7 +211,7 @@ def test_no_limits_set_runs_everything(scripts: FrameworkApp, server: FakeLLMSer
 
 
 def test_the_zero_code_example_runs_as_its_readme_says(
-    scripts: FrameworkApp, server: FakeLLMServer
+    scripts: ScriptRuns, server: FakeLLMServer
 ) -> None:
     example = Path(__file__).parents[2] / "examples" / "zero_code" / "agent.py"
     result, done = scripts.run(str(example), VERONICA_MAX_STEPS="5", VERONICA_MAX_COST_USD="0.01")
@@ -211,7 +237,7 @@ def pools_policy(tmp_path: Path) -> str:
 
 
 def test_the_default_chain_stops_at_the_pool_the_variable_names(
-    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+    scripts: ScriptRuns, server: FakeLLMServer, tmp_path: Path
 ) -> None:
     result, done = scripts.run(
         str(UNCHANGED_AGENT),
@@ -225,7 +251,7 @@ def test_the_default_chain_stops_at_the_pool_the_variable_names(
 
 
 def test_a_pool_the_file_does_not_define_refuses_every_call(
-    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+    scripts: ScriptRuns, server: FakeLLMServer, tmp_path: Path
 ) -> None:
     result, done = scripts.run(
         str(UNCHANGED_AGENT),
@@ -241,7 +267,7 @@ def test_a_pool_the_file_does_not_define_refuses_every_call(
 
 
 def test_zero_code_follows_the_policy_file(
-    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+    scripts: ScriptRuns, server: FakeLLMServer, tmp_path: Path
 ) -> None:
     path = tmp_path / "policy.toml"
     path.write_text(
@@ -257,7 +283,7 @@ def test_zero_code_follows_the_policy_file(
 
 
 def test_zero_code_fails_closed_on_a_malformed_policy_file(
-    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+    scripts: ScriptRuns, server: FakeLLMServer, tmp_path: Path
 ) -> None:
     path = tmp_path / "policy.toml"
     path.write_text('[models."gpt-4o-mini"]\nmax_calls = -1\n')
@@ -284,7 +310,7 @@ def test_zero_code_fails_closed_on_a_malformed_policy_file(
     ids=["deep", "huge"],
 )
 def test_a_hostile_policy_file_refuses_every_call_naming_the_variable_and_file(
-    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path, name: str, text: str, problem: str
+    scripts: ScriptRuns, server: FakeLLMServer, tmp_path: Path, name: str, text: str, problem: str
 ) -> None:
     path = tmp_path / name
     path.write_text(text)
@@ -296,7 +322,7 @@ def test_a_hostile_policy_file_refuses_every_call_naming_the_variable_and_file(
 
 
 def test_a_hung_scenario_fails_saying_where_each_thread_stood(
-    scripts: FrameworkApp, server: FakeLLMServer, tmp_path: Path
+    scripts: ScriptRuns, server: FakeLLMServer, tmp_path: Path
 ) -> None:
     # The harness's own watchdog (apps/frameworks/_report.py), cut from minutes to a
     # second: a run that hangs dumps every thread's stack and ends, and the app goes on.

@@ -22,7 +22,8 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import MovedError
 
-from tests._zero_code import UNCHANGED_AGENT, printed, script_scenarios
+from tests._zero_code import UNCHANGED_AGENT, ScriptRuns, printed
+from tests.e2e._frameworks import FrameworkApp
 from tests.integration.test_fork import in_child
 from veronica_otel import (
     Decision,
@@ -382,13 +383,16 @@ def llm() -> Iterator[FakeLLMServer]:
 
 
 def test_two_unchanged_processes_share_a_chain_on_the_cluster(
-    llm: FakeLLMServer, redis_cluster: RedisClusterProcess, redis_prefix: str
+    llm: FakeLLMServer,
+    redis_cluster: RedisClusterProcess,
+    redis_prefix: str,
+    zero_code_scripts: FrameworkApp,
 ) -> None:
     """The first names every node; the second one node and VERONICA_REDIS_CLUSTER.
 
     Each a process of its own, forked from one zero-code process after openai's
     import, its default chain built from its own variables as start-up builds
-    it (:func:`tests._zero_code.script_scenarios`)."""
+    it (:func:`tests._zero_code.script_scenarios`, the worker's shared one)."""
     probe = RedisLedger.from_url(redis_cluster.url, key_prefix=redis_prefix)
     chain = chain_on(redis_cluster, probe, 2, "nightly-")
     shared = {
@@ -397,16 +401,16 @@ def test_two_unchanged_processes_share_a_chain_on_the_cluster(
         "VERONICA_MAX_STEPS": "6",
     }
     agent = str(UNCHANGED_AGENT)
-    with script_scenarios(llm) as agents:
-        first, done = agents.run(agent, VERONICA_REDIS_URL=redis_cluster.url, **shared)
-        assert first["raised"] is None and done.returncode == 0, (first, done.stderr[-2000:])
-        assert len(printed(done)) == 5  # 5 steps of 6
-        second, done = agents.run(
-            agent,
-            VERONICA_REDIS_URL=f"redis://127.0.0.1:{redis_cluster.ports[0]}",
-            VERONICA_REDIS_CLUSTER="true",
-            **shared,
-        )
+    agents = ScriptRuns(zero_code_scripts, llm)
+    first, done = agents.run(agent, VERONICA_REDIS_URL=redis_cluster.url, **shared)
+    assert first["raised"] is None and done.returncode == 0, (first, done.stderr[-2000:])
+    assert len(printed(done)) == 5  # 5 steps of 6
+    second, done = agents.run(
+        agent,
+        VERONICA_REDIS_URL=f"redis://127.0.0.1:{redis_cluster.ports[0]}",
+        VERONICA_REDIS_CLUSTER="true",
+        **shared,
+    )
     assert printed(done) == ["step 0 ok"]  # the 6th step, then the trip
     assert second["raised"] == "BudgetExceededError", second
     assert "steps limit reached" in second["message"]

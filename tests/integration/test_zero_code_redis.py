@@ -1,7 +1,8 @@
 """Zero code across processes: one chain, or one pool, in Redis/Valkey.
 
 Each run of the unchanged agent is a process of its own, forked from one
-zero-code process after openai's import (:func:`tests._zero_code.script_scenarios`),
+zero-code process after openai's import (:func:`tests._zero_code.script_scenarios`,
+shared with ``test_zero_code.py``),
 with its default chain built from its own ``VERONICA_*`` variables as start-up
 builds it: ``VERONICA_CHAIN_ID`` names one chain both processes share,
 ``VERONICA_POOLS`` a pool the chains of their own draw from.
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._zero_code import UNCHANGED_AGENT, printed, script_scenarios
+from tests._zero_code import UNCHANGED_AGENT, ScriptRuns, printed
 from tests.e2e._frameworks import FrameworkApp
 from veronica_otel.distributed import RedisLedger
 from veronica_otel.testing import FakeLLMServer
@@ -36,13 +37,12 @@ def llm(module_llm: FakeLLMServer) -> FakeLLMServer:
 
 
 @pytest.fixture(scope="module")
-def agents(module_llm: FakeLLMServer) -> Iterator[FrameworkApp]:
-    with script_scenarios(module_llm) as app:
-        yield app
+def agents(zero_code_scripts: FrameworkApp, module_llm: FakeLLMServer) -> ScriptRuns:
+    return ScriptRuns(zero_code_scripts, module_llm)
 
 
 def test_two_unchanged_processes_share_one_chain(
-    agents: FrameworkApp, llm: FakeLLMServer, redis_url: str, redis_prefix: str
+    agents: ScriptRuns, llm: FakeLLMServer, redis_url: str, redis_prefix: str
 ) -> None:
     shared = {
         "VERONICA_REDIS_URL": redis_url,
@@ -64,7 +64,7 @@ def test_two_unchanged_processes_share_one_chain(
 
 
 def test_bad_chain_id_fails_closed_naming_the_variable(
-    agents: FrameworkApp, llm: FakeLLMServer
+    agents: ScriptRuns, llm: FakeLLMServer
 ) -> None:
     result, done = agents.run(AGENT, VERONICA_CHAIN_ID="has spaces", VERONICA_MAX_STEPS="3")
     assert result["raised"] is not None and printed(done) == [], result
@@ -73,7 +73,7 @@ def test_bad_chain_id_fails_closed_naming_the_variable(
 
 
 def test_two_processes_with_chains_of_their_own_share_the_tenants_pool(
-    agents: FrameworkApp, llm: FakeLLMServer, redis_url: str, redis_prefix: str, tmp_path: Path
+    agents: ScriptRuns, llm: FakeLLMServer, redis_url: str, redis_prefix: str, tmp_path: Path
 ) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text('[pools."tenant:acme"]\nmax_steps = 7\nwindow = "1d"\n', encoding="utf-8")

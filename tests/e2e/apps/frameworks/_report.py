@@ -77,13 +77,17 @@ def outcome(exc: BaseException | None) -> dict[str, Any]:
     return result
 
 
+class Result(dict[str, Any]):
+    """What a scenario returns to report itself, in place of how it ended."""
+
+
 def ended(main: Callable[[], object]) -> dict[str, Any]:
-    """How ``main()`` ended (see :func:`outcome`)."""
+    """How ``main()`` ended (see :func:`outcome`), or the :class:`Result` it returned."""
     try:
-        main()
+        returned = main()
     except BaseException as exc:  # the test reads how it ended
         return outcome(exc)
-    return outcome(None)
+    return returned if isinstance(returned, Result) else outcome(None)
 
 
 def report(result: dict[str, Any]) -> None:
@@ -109,13 +113,29 @@ def _warm(modules: tuple[str, ...]) -> None:
             importlib.import_module(name)
 
 
-def run(main: Callable[[], object] | Mapping[str, Callable[[], object]]) -> None:
-    """Run ``main``, or the scenario named by ``argv[1]``; or serve scenarios (see above)."""
+Scenarios = Mapping[str, Callable[[], object]]
+HOSTED: dict[str, Scenarios] = {}  # app file name -> its scenarios, under ``host.py``
+
+
+def run(main: Callable[[], object] | Scenarios) -> None:
+    """Run ``main``, or the scenario named by ``argv[1]``; or serve scenarios (see above).
+
+    Under ``host.py`` (``FRAMEWORK_HOST=1``) the app's scenarios are only
+    registered, by its file name: the host serves them with its other apps'.
+    """
     mains = main if isinstance(main, Mapping) else {"": main}
+    if os.environ.get("FRAMEWORK_HOST") == "1":
+        HOSTED[os.path.basename(sys.argv[0])] = mains
+        return
     if os.environ.get("FRAMEWORK_SCENARIOS") != "1":
         _dump_if_hung()
         report(ended(mains[sys.argv[1] if len(sys.argv) > 1 else ""]))
         return
+    serve(lambda scenario: mains[scenario["scenario"]])
+
+
+def serve(choose: Callable[[dict[str, Any]], Callable[[], object]]) -> None:
+    """For each scenario line on stdin, ``choose(scenario)`` run in a forked child (see above)."""
     _warm(WARM)
     for line in sys.stdin:
         scenario = json.loads(line)
@@ -123,7 +143,7 @@ def run(main: Callable[[], object] | Mapping[str, Callable[[], object]]) -> None
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _in_child(mains[scenario["scenario"]], scenario["env"])  # never returns
+            _in_child(choose(scenario), scenario["env"])  # never returns
         _, status = os.waitpid(pid, 0)
         print(f"DONE {status}", flush=True)
 
