@@ -10,6 +10,7 @@ never a traceback. Also runnable as ``python -m veronica_otel.cli``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import shutil
@@ -36,6 +37,16 @@ _OPENAI_EXTRA = (
 def _fail(command: str, problem: str) -> int:
     print(f"veronica-otel {command}: {problem}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _openai_missing() -> str | None:
+    """Why the demo cannot use the openai SDK when it is not installed at all
+    (found without importing it), or None."""
+    try:
+        found = importlib.util.find_spec("openai") is not None
+    except (ImportError, ValueError):  # a broken entry in sys.modules: the import says why
+        found = True
+    return None if found else f"needs the openai SDK, which is not installed ({_OPENAI_EXTRA})"
 
 
 def _openai_problem() -> str | None:
@@ -76,7 +87,9 @@ def runnable_cli() -> str:
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    problem = _openai_problem() or _unwritable(args.out)
+    # The folder is checked before openai is imported (about a CPU-second), so
+    # a bad --out fails at once; a missing SDK fails before the folder is made.
+    problem = _openai_missing() or _unwritable(args.out) or _openai_problem()
     if problem is not None:
         return _fail("demo", problem)
     from ._demo import run_demo, trace_to_graph
