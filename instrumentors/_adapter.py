@@ -252,6 +252,10 @@ class ProviderAdapter:
     #: with one and a :meth:`call_span` returns None for a span that does not
     #: record (the lane takes no span where one of those is current).
     read_plain: ClassVar[Callable[..., tuple[Request | None, int]] | None] = None
+    #: The hooked method's keyword argument that carries the SDK's own span for
+    #: the call, None when the SDK's tracing is off: where it is None (or
+    #: absent), :meth:`call_span` is not asked. None: always asked.
+    span_kwarg: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -539,7 +543,9 @@ def _describe(
             writes,
         ),
     )
-    if not adapter._plain_spans:
+    if not adapter._plain_spans and (
+        adapter.span_kwarg is None or kwargs.get(adapter.span_kwarg) is not None
+    ):
         span = adapter.call_span(instance, args, kwargs, request, agent, current)
         if span is not None:
             return ctx, request, spec, span, False, current

@@ -80,6 +80,13 @@ def _utf8_bytes(value: object) -> int:
 
 def _list_bytes(sequence: list[object]) -> int:
     total = len(sequence)  # 1 per item
+    if total and type(sequence[-1]) is list:
+        # A request's input parts, [messages] or [system, messages]: the last
+        # list's items walked in this frame after the others, not in a frame
+        # of their own (the same sum: 1 per item of each list, then its bytes).
+        inner: list[object] = sequence[-1]  # type: ignore[assignment]
+        sequence = inner if total == 1 else [*sequence[:-1], *inner]
+        total += len(inner)
     for item in sequence:
         kind = type(item)
         if kind is dict:
