@@ -126,7 +126,7 @@ def admit_call(
             # ledger level stepped (None: anything unusual, asked the general
             # way). The lane's chain has no policies, agents or pools, so the
             # call settles there too (PlainCall.commit).
-            reservation = lane[0](lane[1], lane[2], cost_nano, tokens)  # step(counters, limits)
+            reservation = lane[0].plain_step(lane[1], lane[2], cost_nano, tokens)
             if reservation is not None:
                 # new_call(PlainCall, settlement, reservation, None, ALLOW), its
                 # model and metric flag, in this frame: every field
