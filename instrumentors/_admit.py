@@ -42,6 +42,8 @@ from ._common import UNTRACED_SPAN, ContainedCall, _note_trip
 
 __all__ = ["CallSpec", "aadmit", "admit", "input_bound"]
 
+_new = object.__new__
+
 _logger = logging.getLogger(__name__)
 
 
@@ -181,18 +183,18 @@ def admit(
         raise
     handle, cap, clamped, _, fallback, prices = answer
     try:
-        # _contained, inline (once per sync call)
-        call = ContainedCall(
-            ctx,
-            handle,
-            span,
-            owns_span,
-            provider,
-            model if fallback is None else fallback,
-            prices,
-            bound,
-            cap,
-        )
+        # _contained, inline (once per sync call), with ContainedCall.__init__'s
+        # stores, in its order, without its frame
+        call = _new(ContainedCall)
+        call.ctx = ctx
+        call.handle = handle
+        call.span = span
+        call.owns_span = owns_span
+        call.provider = provider
+        call.model = model if fallback is None else fallback
+        call.prices = prices
+        call.input_bound = bound
+        call.output_cap = cap
         call.breaker, call.probe = breaker, probe
         if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
             _record_admission(ctx, span, owns_span, call, answer)
