@@ -935,23 +935,25 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
                         handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
                         handle._done = False
                         handle.kind = "llm"
+                        # Stored a field at a time, in __init__'s order: the
+                        # instance keeps the class's shared keys and inline
+                        # values (a dict of its own outgrows pymalloc's blocks
+                        # as the call's usage and attempts are set: a malloc).
                         call = _new(ContainedCall)
-                        call.__dict__ = {  # one dict, not a store a field
-                            "ctx": ctx,
-                            "handle": handle,
-                            "span": UNTRACED_SPAN,
-                            "owns_span": True,
-                            "provider": provider,
-                            "model": model,
-                            "prices": prices,
-                            "input_bound": bound,
-                            "output_cap": cap,
-                            "breaker": breaker,
-                            "probe": object(),
-                            "request": request,
-                            "adapter": adapter,
-                            "http_attempts": True,
-                        }
+                        call.ctx = ctx
+                        call.handle = handle
+                        call.span = UNTRACED_SPAN
+                        call.owns_span = True
+                        call.provider = provider
+                        call.model = model
+                        call.prices = prices
+                        call.input_bound = bound
+                        call.output_cap = cap
+                        call.breaker = breaker
+                        call.probe = object()
+                        call.request = request
+                        call.adapter = adapter
+                        call.http_attempts = True
         if call is None:  # the general way
             return contained(method.__get__(self, type(self)), self, args, kwargs, request, size)
         # The sync wrapper's send and G10 table on an error (its rules, copied).
