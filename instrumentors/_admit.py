@@ -86,7 +86,7 @@ def _list_bytes(sequence: list[object]) -> int:
         # A request's input parts, [messages] or [system, messages]: the last
         # list's items walked in this frame after the others, not in a frame
         # of their own (the same sum: 1 per item of each list, then its bytes).
-        inner: list[object] = sequence[-1]  # type: ignore[assignment]
+        inner: list[object] = sequence[-1]
         sequence = inner if total == 1 else [*sequence[:-1], *inner]
         total += len(inner)
     for item in sequence:
