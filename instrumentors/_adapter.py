@@ -820,9 +820,12 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
     breaker, a cached untiered price and a cap the request sets.
     Every rule it applies is copied from the general way and named where it
     is: ``_describe`` (the input bound), ``admit_call``'s plain lane (the
-    worst case, the reservation, the handle), ``admit`` (the call), the sync
-    wrapper (the send, the G10 table on an error) and ``ContainedCall.finish``
-    with ``PlainCall.commit`` (a whole reply with plain usage). Anything else,
+    worst case, the handle) with ``LocalLedger.plain_step`` (the reservation,
+    under the ledger's lock), ``admit`` (the call), the sync wrapper (the
+    send, the G10 table on an error) and ``ContainedCall.finish`` with
+    ``PlainCall.commit`` and ``LocalLedger.commit_one`` (a whole reply with
+    plain usage, less than was reserved; more, or exactly it, is committed
+    by ``commit_one`` itself). Anything else,
     at any of these points, goes the general way (before anything is held,
     or, once admitted, to the shared settlement).
     """
