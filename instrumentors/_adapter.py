@@ -97,6 +97,8 @@ from veronica_otel._chain_span import remaining_attributes
 from veronica_otel._context import CONTEXT_KEY, ExecutionContext
 from veronica_otel._errors import BudgetExceededError, TripEvent
 from veronica_otel._gc_safe import pending
+from veronica_otel._ledger import _one_step
+from veronica_otel._ledger import _settle as _settle_queued
 from veronica_otel._policy import ALLOW
 from veronica_otel._pricing import _PER_MTOK, TOKENS_PER_MESSAGE, TOKENS_PER_REQUEST
 from veronica_otel._propagation import default_context
@@ -252,6 +254,10 @@ class ProviderAdapter:
     #: with one and a :meth:`call_span` returns None for a span that does not
     #: record (the lane takes no span where one of those is current).
     read_plain: ClassVar[Callable[..., tuple[Request | None, int]] | None] = None
+    #: The hooked method's keyword argument that carries the SDK's own span for
+    #: the call, None when the SDK's tracing is off: where it is None (or
+    #: absent), :meth:`call_span` is not asked. None: always asked.
+    span_kwarg: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -495,9 +501,11 @@ def _describe(
     kwargs: dict[str, Any],
     method: str,
     request: Request | None = None,
+    size: int = -1,
 ) -> tuple[Any, Request, CallSpec, Any, bool, otel_context.Context] | None:
     """The call's chain, request, spec and span (None: passed through).
-    ``request``: read already (by the plain lane, which left it here)."""
+    ``request``: read already (by the plain lane, which left it here), with
+    ``size``, the UTF-8 bytes of its input its reader counted (-1: none)."""
     above = ADMITTED.get()
     if above is not None and _counted_above(adapter, above):
         return None  # a layer above admitted this call: counted there (G13)
@@ -525,8 +533,15 @@ def _describe(
             provider,
             op,
             model,
-            # input_bound(parts, n_messages), without its two frames for a list
-            (_list_bytes(parts) if type(parts) is list else _utf8_bytes(parts))
+            # input_bound(parts, n_messages), without its two frames for a list,
+            # and with no walk where the plain reader counted the bytes
+            (
+                size
+                if size >= 0
+                else _list_bytes(parts)
+                if type(parts) is list
+                else _utf8_bytes(parts)
+            )
             + (n_msgs if n_msgs > 1 else 1) * TOKENS_PER_MESSAGE
             + TOKENS_PER_REQUEST
             + extra,
@@ -539,7 +554,9 @@ def _describe(
             writes,
         ),
     )
-    if not adapter._plain_spans:
+    if not adapter._plain_spans and (
+        adapter.span_kwarg is None or kwargs.get(adapter.span_kwarg) is not None
+    ):
         span = adapter.call_span(instance, args, kwargs, request, agent, current)
         if span is not None:
             return ctx, request, spec, span, False, current
@@ -719,8 +736,9 @@ def _sync_wrapper(
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         request: Request | None = None,
+        size: int = -1,
     ) -> Any:
-        described = _describe(adapter, instance, args, kwargs, method, request)
+        described = _describe(adapter, instance, args, kwargs, method, request, size)
         if described is None:
             if _passes(adapter, otherwise):
                 return wrapped(*args, **kwargs)
@@ -802,9 +820,12 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
     breaker, a cached untiered price and a cap the request sets.
     Every rule it applies is copied from the general way and named where it
     is: ``_describe`` (the input bound), ``admit_call``'s plain lane (the
-    worst case, the reservation, the handle), ``admit`` (the call), the sync
-    wrapper (the send, the G10 table on an error) and ``ContainedCall.finish``
-    with ``PlainCall.commit`` (a whole reply with plain usage). Anything else,
+    worst case, the handle) with ``LocalLedger.plain_step`` (the reservation,
+    under the ledger's lock), ``admit`` (the call), the sync wrapper (the
+    send, the G10 table on an error) and ``ContainedCall.finish`` with
+    ``PlainCall.commit`` and ``LocalLedger.commit_one`` (a whole reply with
+    plain usage, less than was reserved; more, or exactly it, is committed
+    by ``commit_one`` itself). Anything else,
     at any of these points, goes the general way (before anything is held,
     or, once admitted, to the shared settlement).
     """
@@ -820,6 +841,7 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
         if ctx is None:  # no active chain: the process default (zero code), or none
             ctx = default_context(current)
         request: Request | None = None
+        size = -1
         call: ContainedCall | None = None
         if ctx is not None and admitted_call() is None:  # else passed through, or counted above
             # What _describe would read next: read here, and left to it when the lane is not taken.
@@ -870,7 +892,39 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
                     cost = -(
                         -(bound * (worst[0] if writes else worst[1]) + cap * worst[2]) // _PER_MTOK
                     )
-                    reservation = lane[0](lane[1], lane[2], cost, bound + cap)
+                    # LocalLedger.plain_step's rule, copied (one frame less): under
+                    # the ledger's lock, on a level with no trip or override, the
+                    # step, tokens and cost within its limits are taken, its
+                    # one-step reservation reused while its amounts are the
+                    # same; else None (the general way re-checks under the lock).
+                    ledger, live, limits = lane
+                    tokens = bound + cap
+                    reservation = None
+                    lock = ledger._lock
+                    lock.acquire()
+                    try:
+                        if live.trip is None and live.override is None:
+                            steps = live.steps + 1
+                            if (
+                                (limits.steps is None or steps <= limits.steps)
+                                and (
+                                    limits.tokens is None
+                                    or live.tokens + live.reserved_tokens + tokens <= limits.tokens
+                                )
+                                and (
+                                    limits.cost_nano is None
+                                    or live.cost_nano + live.reserved_nano + cost
+                                    <= limits.cost_nano
+                                )
+                            ):
+                                live.steps = steps
+                                live.reserved_nano += cost
+                                live.reserved_tokens += tokens
+                                reservation = ledger._one
+                                if reservation.cost_nano != cost or reservation.tokens != tokens:
+                                    reservation = ledger._one = _one_step(cost, tokens)
+                    finally:
+                        lock.release()
                     if reservation is not None:
                         # admit_call's handle and admit's call, every field
                         # each sets (PlainCall.__new__, ContainedCall.__init__).
@@ -884,25 +938,27 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
                         handle.metrics = getattr(_calls, "_real_instrument", _calls) is not None
                         handle._done = False
                         handle.kind = "llm"
+                        # Stored a field at a time, in __init__'s order: the
+                        # instance keeps the class's shared keys and inline
+                        # values (a dict of its own outgrows pymalloc's blocks
+                        # as the call's usage and attempts are set: a malloc).
                         call = _new(ContainedCall)
-                        call.__dict__ = {  # one dict, not a store a field
-                            "ctx": ctx,
-                            "handle": handle,
-                            "span": UNTRACED_SPAN,
-                            "owns_span": True,
-                            "provider": provider,
-                            "model": model,
-                            "prices": prices,
-                            "input_bound": bound,
-                            "output_cap": cap,
-                            "breaker": breaker,
-                            "probe": object(),
-                            "request": request,
-                            "adapter": adapter,
-                            "http_attempts": True,
-                        }
+                        call.ctx = ctx
+                        call.handle = handle
+                        call.span = UNTRACED_SPAN
+                        call.owns_span = True
+                        call.provider = provider
+                        call.model = model
+                        call.prices = prices
+                        call.input_bound = bound
+                        call.output_cap = cap
+                        call.breaker = breaker
+                        call.probe = object()
+                        call.request = request
+                        call.adapter = adapter
+                        call.http_attempts = True
         if call is None:  # the general way
-            return contained(method.__get__(self, type(self)), self, args, kwargs, request)
+            return contained(method.__get__(self, type(self)), self, args, kwargs, request, size)
         # The sync wrapper's send and G10 table on an error (its rules, copied).
         mark = ADMITTED.set(call)
         try:
@@ -958,10 +1014,37 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
         handle.cost_nano, handle.tokens = cost, tokens
         try:
             context: Any = handle.context
-            ledger, level, state = context._fast
-            overrun = ledger.commit_one(level, state, handle.reservation, cost, tokens)
-            if overrun is not None or handle.metrics:
-                context._finished(handle, None, cost, overrun)
+            reservation = handle.reservation
+            held_cost, held_tokens = reservation.cost_nano, reservation.tokens
+            if (
+                cost <= held_cost
+                and tokens <= held_tokens
+                and (cost != held_cost or tokens != held_tokens)
+            ):
+                # LocalLedger.commit_one's rule for less than was reserved, copied
+                # (one frame less): under the ledger's lock, the queued exact
+                # commits applied, the reservation moved out and the usage in;
+                # it crosses no ceiling (no overrun). The chain's one level is
+                # the lane's (state.fast, as context._fast).
+                ledger, live, _ = lane
+                lock = ledger._lock
+                lock.acquire()
+                try:
+                    if live.settled:
+                        _settle_queued(live)
+                    live.reserved_nano -= held_cost
+                    live.reserved_tokens -= held_tokens
+                    live.cost_nano += cost
+                    live.tokens += tokens
+                finally:
+                    lock.release()
+                if handle.metrics:
+                    context._finished(handle, None, cost, None)
+            else:  # exactly the reservation (queued), or over it (a trip to read)
+                ledger, level, state = context._fast
+                overrun = ledger.commit_one(level, state, reservation, cost, tokens)
+                if overrun is not None or handle.metrics:
+                    context._finished(handle, None, cost, overrun)
         except Exception:
             _logger.exception("settling an instrumented call failed")
         return reply

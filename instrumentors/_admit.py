@@ -42,6 +42,8 @@ from ._common import UNTRACED_SPAN, ContainedCall, _note_trip
 
 __all__ = ["CallSpec", "aadmit", "admit", "input_bound"]
 
+_new = object.__new__
+
 _logger = logging.getLogger(__name__)
 
 
@@ -80,6 +82,13 @@ def _utf8_bytes(value: object) -> int:
 
 def _list_bytes(sequence: list[object]) -> int:
     total = len(sequence)  # 1 per item
+    if total and type(sequence[-1]) is list:
+        # A request's input parts, [messages] or [system, messages]: the last
+        # list's items walked in this frame after the others, not in a frame
+        # of their own (the same sum: 1 per item of each list, then its bytes).
+        inner: list[object] = sequence[-1]
+        sequence = inner if total == 1 else [*sequence[:-1], *inner]
+        total += len(inner)
     for item in sequence:
         kind = type(item)
         if kind is dict:
@@ -174,18 +183,18 @@ def admit(
         raise
     handle, cap, clamped, _, fallback, prices = answer
     try:
-        # _contained, inline (once per sync call)
-        call = ContainedCall(
-            ctx,
-            handle,
-            span,
-            owns_span,
-            provider,
-            model if fallback is None else fallback,
-            prices,
-            bound,
-            cap,
-        )
+        # _contained, inline (once per sync call), with ContainedCall.__init__'s
+        # stores, in its order, without its frame
+        call = _new(ContainedCall)
+        call.ctx = ctx
+        call.handle = handle
+        call.span = span
+        call.owns_span = owns_span
+        call.provider = provider
+        call.model = model if fallback is None else fallback
+        call.prices = prices
+        call.input_bound = bound
+        call.output_cap = cap
         call.breaker, call.probe = breaker, probe
         if span is not UNTRACED_SPAN and span.is_recording():  # no TracerProvider: no frame
             _record_admission(ctx, span, owns_span, call, answer)

@@ -106,11 +106,11 @@ class Admission:
         # The common chain, decided once: in process, a root with no deadline,
         # handoffs, policies, pools or repeat limit. admit_call reserves its
         # plain calls straight from the ledger (state.fast) with no
-        # begin_priced_call frame: (its step, its live counters, its limits);
+        # begin_priced_call frame: (its ledger, its live counters, its limits);
         # None: every call goes there.
         fast = state.fast
         self._lane = (
-            (fast[0].plain_step, fast[2], fast[1].limits)
+            (fast[0], fast[2], fast[1].limits)
             if fast is not None and not state.checked and not state.repeats_limited
             else None
         )

@@ -19,7 +19,7 @@ from ._call import ACTIVE_CALL, CallHandle, PlainCall, joins_wrapped_call
 from ._call_spec import Admitted, CallSpec, call_signature
 from ._clamp import OutputClamp
 from ._gc_safe import pending
-from ._ledger import LedgerState, LocalLedger
+from ._ledger import LedgerState, LocalLedger, _one_step
 from ._policy import ALLOW
 from ._pools import PoolRoom, pool_room
 from ._pricing import _PER_MTOK, DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices, default_price_table
@@ -37,7 +37,8 @@ _CLOSED = CircuitState.CLOSED
 _active_call = ACTIVE_CALL.get  # bound once: one C call per admission
 
 
-def admit_call(
+# One frame for the common call by design (issue 26): the ledger's plain step, inline.
+def admit_call(  # noqa: PLR0915
     self: Admission,
     spec: CallSpec,
     breaker: CircuitBreaker | None = None,
@@ -126,7 +127,36 @@ def admit_call(
             # ledger level stepped (None: anything unusual, asked the general
             # way). The lane's chain has no policies, agents or pools, so the
             # call settles there too (PlainCall.commit).
-            reservation = lane[0](lane[1], lane[2], cost_nano, tokens)  # step(counters, limits)
+            # LocalLedger.plain_step's rule, copied (one frame less): under the
+            # ledger's lock, on a level with no trip or override, the step,
+            # tokens and cost within its limits are taken, its one-step
+            # reservation reused while its amounts are the same; else None.
+            ledger, live, limits = lane
+            reservation = None
+            lock = ledger._lock
+            lock.acquire()
+            try:
+                if live.trip is None and live.override is None:
+                    steps = live.steps + 1
+                    if (
+                        (limits.steps is None or steps <= limits.steps)
+                        and (
+                            limits.tokens is None
+                            or live.tokens + live.reserved_tokens + tokens <= limits.tokens
+                        )
+                        and (
+                            limits.cost_nano is None
+                            or live.cost_nano + live.reserved_nano + cost_nano <= limits.cost_nano
+                        )
+                    ):
+                        live.steps = steps
+                        live.reserved_nano += cost_nano
+                        live.reserved_tokens += tokens
+                        reservation = ledger._one
+                        if reservation.cost_nano != cost_nano or reservation.tokens != tokens:
+                            reservation = ledger._one = _one_step(cost_nano, tokens)
+            finally:
+                lock.release()
             if reservation is not None:
                 # new_call(PlainCall, settlement, reservation, None, ALLOW), its
                 # model and metric flag, in this frame: every field

@@ -26,15 +26,16 @@ from veronica_otel.instrumentors.openai import OpenAIInstrumentor
 from veronica_otel.testing import FakeLLMServer
 
 server = FakeLLMServer(output_tokens=5).__enter__()
+big = FakeLLMServer(output_tokens=5, input_tokens=900).__enter__()  # over any input bound here
 reserved = []  # the chain's reservation while each HTTP request is sent
 chain = []
-def client(retries=0):
+def client(retries=0, at=server):
     return openai.OpenAI(
-        base_url=server.openai_base_url, api_key="k", max_retries=retries,
+        base_url=at.openai_base_url, api_key="k", max_retries=retries,
         http_client=httpx2.Client(event_hooks={"request": [
             lambda request: reserved.append(chain[-1].snapshot().reserved_usd)]}),
     )
-CLIENT, RETRYING = client(), client(retries=1)
+CLIENT, RETRYING, OVER = client(), client(retries=1), client(at=big)
 PLAIN = dict(messages=[{"role": "user", "content": "hi"}], max_tokens=5)
 # name: (body, client, failures the server answers first, max_steps). A denial
 # drops the model's unused breaker: the call after it makes one the general way.
@@ -51,6 +52,7 @@ CASES = {
     "no step left": (PLAIN, CLIENT, 0, 0),
     "a null value": (dict(messages=[{"role": "user", "content": "x", "name": None}],
                           max_tokens=5), CLIENT, 0, 50),
+    "usage over the reservation": (PLAIN, OVER, 0, 50),
     "no cap (clamped)": (dict(messages=[{"role": "user", "content": "hi"}]), CLIENT, 0, 50),
     "tools": (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=5, tools=[
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
@@ -59,6 +61,8 @@ CASES = {
                     CLIENT, 0, 50),
 }
 described = []
+def sent_count():
+    return server.count("/v1/chat/completions") + big.count("/v1/chat/completions")
 DESCRIBE = _adapter._describe.__code__
 def profile(frame, event, arg):
     if event == "call" and frame.f_code is DESCRIBE:
@@ -69,7 +73,7 @@ def run(ctx, body, sdk, failures, way):
     described.clear()
     chain.append(ctx)
     server.fail_next(failures) if failures else None
-    sent = server.count("/v1/chat/completions")
+    sent = sent_count()
     token = None if way == "lane" else context.attach(baggage.set_baggage("app", "1"))
     sys.setprofile(profile)
     try:
@@ -85,7 +89,7 @@ def run(ctx, body, sdk, failures, way):
     return {
         "reserved": reserved[:], "cost": snap.cost_usd, "tokens": snap.tokens,
         "steps": snap.steps, "retries": snap.retries, "held": snap.reserved_usd,
-        "raised": raised, "sent": server.count("/v1/chat/completions") - sent,
+        "raised": raised, "sent": sent_count() - sent,
         "general": bool(described),
     }
 
@@ -108,11 +112,15 @@ for way in ("lane", "general"):
     out.setdefault("default chain", {})[way] = run(default, PLAIN, CLIENT, 0, way)
 _propagation.set_default_context(None)
 server.__exit__(None, None, None)
+big.__exit__(None, None, None)
 print(json.dumps(out))
 """
 
 # Requests the lane takes (the rest are left to the general way).
-_LANE = {"plain", "two messages, a name", "unicode", "an HTTP error", "retried", "default chain"}
+_LANE = {
+    *("plain", "two messages, a name", "unicode", "an HTTP error", "retried"),
+    *("usage over the reservation", "default chain"),
+}
 
 
 def test_the_plain_lane_and_the_general_way_agree() -> None:
@@ -125,7 +133,7 @@ def test_the_plain_lane_and_the_general_way_agree() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
-    assert len(out) == 11
+    assert len(out) == 12
     for name, ways in out.items():
         lane, general = ways["lane"], ways["general"]
         assert general["general"] is True, name
@@ -144,3 +152,5 @@ def test_the_plain_lane_and_the_general_way_agree() -> None:
     assert (retried["raised"], retried["sent"], retried["retries"]) == (None, 2, 1)
     assert out["no step left"]["lane"]["raised"] == "BudgetExceededError"
     assert out["no step left"]["lane"]["sent"] == 0
+    over = out["usage over the reservation"]["lane"]  # committed as used, over what was held
+    assert over["sent"] == 1 and over["tokens"] > 900 and over["cost"] > over["reserved"][0]

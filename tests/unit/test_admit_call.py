@@ -382,3 +382,24 @@ def test_the_lanes_handle_holds_every_field_new_call_sets() -> None:
         assert not hasattr(handle, "joined")
         handle.commit(3, 4)
         assert ctx.snapshot().tokens == 4
+
+
+@pytest.mark.usefixtures("no_agent_limits")
+def test_admits_call_holds_every_field_contained_call_sets() -> None:
+    # admit builds its ContainedCall field by field (__init__'s, inline): it
+    # must hold what ContainedCall(...) holds, and the breaker and probe.
+    from veronica_otel.instrumentors._admit import admit
+    from veronica_otel.instrumentors._common import UNTRACED_SPAN, ContainedCall
+
+    table = PriceTable({"openai:m": UnitPrices(1, 1, 1, 1)})
+    table.lookup("openai", "m")
+    with _chain(table, True) as ctx:
+        spec = CallSpec("openai", "chat", "m", 10, 5, False)
+        call, _, _ = admit(ctx, UNTRACED_SPAN, True, spec)
+        made = ContainedCall(
+            ctx, call.handle, UNTRACED_SPAN, True, "openai", "m", call.prices, 10, 5
+        )
+        made.breaker, made.probe = call.breaker, call.probe
+        assert vars(call) == vars(made)
+        call.finish(sent=False)
+        assert ctx.snapshot().steps == 0
