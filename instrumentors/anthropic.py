@@ -80,11 +80,13 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
+from opentelemetry.trace import NonRecordingSpan
+
 from veronica_otel._errors import BudgetExceededError
 
 from ._adapter import ADMITTED, Request
 from ._anthropic_attributes import call_attributes
-from ._anthropic_request import PROVIDER, read_call, rewritten
+from ._anthropic_request import PROVIDER, read_call, read_plain, rewritten
 from ._anthropic_response import account, hold, read_message
 from ._common import ContainedCall
 from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
@@ -117,6 +119,7 @@ class _AnthropicAdapter(StainlessAdapter):
     whole_replies = _MODEL_TYPES
     # request(cast_to, options) read in one frame (the adapter is its first argument)
     read_request = read_call
+    read_plain = read_plain  # the shared plain lane's reader (_adapter._lane)
 
     def call_span(
         self,
@@ -128,7 +131,12 @@ class _AnthropicAdapter(StainlessAdapter):
         current: Any,
     ) -> Any:
         sdk_call = kwargs.get("call")  # the SDK's own span, current already (None: off)
-        return None if sdk_call is None else getattr(sdk_call, "span", None)
+        if sdk_call is None:
+            return None
+        span = getattr(sdk_call, "span", None)
+        # One that does not record is none (the plain lane takes no span where
+        # one is current: _adapter.ProviderAdapter.read_plain).
+        return None if type(span) is NonRecordingSpan else span
 
     request_attributes = call_attributes
 
