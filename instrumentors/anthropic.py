@@ -87,7 +87,7 @@ from veronica_otel._errors import BudgetExceededError
 from ._adapter import ADMITTED, Request
 from ._anthropic_attributes import call_attributes
 from ._anthropic_request import PROVIDER, read_call, read_plain, rewritten
-from ._anthropic_response import account, hold, read_message
+from ._anthropic_response import account, hold, payload_lane, read_message
 from ._common import ContainedCall
 from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
 from ._endpoints import routed
@@ -201,8 +201,12 @@ def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             retry = False
         else:
             retry = call.begin_try(taken if type(taken) is int else 0)
+        # check_alive's ctx.ensure_active(poll=not call._async_stream), inline:
+        # every attempt passes here (a keyword call and a frame less).
+        polling = call.ctx._polling
         try:
-            call.ctx.ensure_active(poll=not call._async_stream)  # check_alive's, inline
+            if polling.due() and not call._async_stream:
+                polling.read_store()
         except BudgetExceededError as exc:
             if _stops(retry, exc):
                 raise
@@ -248,6 +252,8 @@ def _payload_wrapper(adapter: _AnthropicAdapter) -> Any:
                 _logger.exception("reading usage from an anthropic payload failed")
         return wrapped(*args, **kwargs)
 
+    # Over a plain method (_hooks._plain): a whole message's plain usage read in one frame.
+    process_response_data.veronica_lane = lambda: payload_lane(adapter, process_response_data)  # type: ignore[attr-defined]
     return process_response_data
 
 
