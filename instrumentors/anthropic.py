@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from types import FunctionType
 from typing import Any
 
 from opentelemetry.trace import NonRecordingSpan
@@ -191,26 +192,53 @@ def _retries_taken(kwargs: dict[str, Any]) -> int:
     return taken if type(taken) is int else 0
 
 
+def _attempt_lane() -> Any:
+    """``_attempt_request``'s hook as one plain function (``_hooks._plain``): the
+    attempt checked, then sent, in this frame."""
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        call = ADMITTED.get()  # in_flight(_ADAPTER), inline: every attempt passes here
+        if call is not None and call.adapter is _ADAPTER:
+            # Raised without a __cause__: the SDK does not retry it; nothing is sent.
+            taken = kwargs.get("retries_taken", 0)
+            if type(taken) is int and taken == 0 and not call.tries:
+                call.tries = 1  # begin_try's first attempt (nothing to draw), without its frame
+                retry = False
+            else:
+                retry = call.begin_try(taken if type(taken) is int else 0)
+            # check_alive's ctx.ensure_active(poll=not call._async_stream), inline:
+            # every attempt passes here (a keyword call and a frame less).
+            polling = call.ctx._polling
+            try:
+                if polling.due() and not call._async_stream:
+                    polling.read_store()
+            except BudgetExceededError as exc:
+                if _stops(retry, exc):
+                    raise
+        method = hooked.__wrapped__  # type: ignore[attr-defined]
+        if type(method) is FunctionType:  # the SDK's own method: no binding
+            return method(self, *args, **kwargs)
+        return method.__get__(self, type(self))(*args, **kwargs)
+
+    return hooked
+
+
+def _send(bound: Any, *args: Any, **kwargs: Any) -> Any:
+    return bound(*args, **kwargs)
+
+
+# The plain function over a bound method: ``self`` is what it sends through.
+_ATTEMPT = _attempt_lane()
+_ATTEMPT.__wrapped__ = _send
+
+
 def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = ADMITTED.get()  # in_flight(_ADAPTER), inline: every attempt passes here
-    if call is not None and call.adapter is _ADAPTER:
-        # Raised without a __cause__: the SDK does not retry it; nothing is sent.
-        taken = kwargs.get("retries_taken", 0)
-        if type(taken) is int and taken == 0 and not call.tries:
-            call.tries = 1  # begin_try's first attempt (nothing to draw), without its frame
-            retry = False
-        else:
-            retry = call.begin_try(taken if type(taken) is int else 0)
-        # check_alive's ctx.ensure_active(poll=not call._async_stream), inline:
-        # every attempt passes here (a keyword call and a frame less).
-        polling = call.ctx._polling
-        try:
-            if polling.due() and not call._async_stream:
-                polling.read_store()
-        except BudgetExceededError as exc:
-            if _stops(retry, exc):
-                raise
-    return wrapped(*args, **kwargs)
+    """``_attempt_request``'s ``wrapt`` wrapper (a method another wrapper holds):
+    :func:`_attempt_lane`'s check, then ``wrapped``."""
+    return _ATTEMPT(wrapped, *args, **kwargs)
+
+
+_attempt.veronica_lane = _attempt_lane  # type: ignore[attr-defined]
 
 
 async def _aattempt(
