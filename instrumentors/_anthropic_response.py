@@ -15,6 +15,7 @@ from veronica_otel._units import MAX_COUNT
 from ._adapter import admitted_call as _admitted
 from ._anthropic_attributes import response_attributes
 from ._common import (
+    UNTRACED_SPAN,
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
@@ -53,8 +54,8 @@ def payload_lane(adapter: Any, general: Callable[..., Any]) -> Callable[..., Any
     """``_process_response_data``'s hook as one plain function (``_hooks._plain``):
     a whole message parsed inside ``request()`` (the call in flight,
     ``adapter``'s, none bound to the response) whose usage is plain counts,
-    read and settled in this frame; anything else, ``general`` (the
-    ``wrapt``-shaped hook: :func:`account`)."""
+    read in this frame (and settled, where a span ends with the body);
+    anything else, ``general`` (the ``wrapt``-shaped hook: :func:`account`)."""
 
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
         method = hooked.__wrapped__  # type: ignore[attr-defined]
@@ -98,8 +99,11 @@ def payload_lane(adapter: Any, general: Callable[..., Any]) -> Callable[..., Any
                     call.cached_tokens, call.cache_write_tokens = read, write
                     call.reasoning_tokens = 0
                     call.usage_seen = True
-                    # Settle now: the SDK ends its span when the body ends, right after.
-                    call.finish()
+                    if call.span is not UNTRACED_SPAN:
+                        # Settle now: the SDK ends its span when the body ends, right after.
+                        call.finish()
+                    # Else nothing to end: settled as request() returns (the shared
+                    # lane's commit, _adapter._lane; the adapter reads no reply).
                 except Exception:
                     _logger.exception("reading usage from an anthropic payload failed")
                 if type(method) is FunctionType:  # the SDK's own method: no binding

@@ -88,7 +88,7 @@ from veronica_otel._errors import BudgetExceededError
 from ._adapter import ADMITTED, Request
 from ._anthropic_attributes import call_attributes
 from ._anthropic_request import PROVIDER, read_call, read_plain, rewritten
-from ._anthropic_response import account, hold, payload_lane, read_message
+from ._anthropic_response import account, hold, payload_lane
 from ._common import ContainedCall
 from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
 from ._endpoints import routed
@@ -154,12 +154,11 @@ class _AnthropicAdapter(StainlessAdapter):
     def is_stream(self, reply: Any, request: Request) -> bool:
         return True  # every reply is held: a stream, a raw response, or read now
 
-    def read_reply(self, call: ContainedCall, reply: Any) -> None:
-        # A parsed message whose payload the hook did not settle (wrap_stream's rules).
-        if self.tried and not call.tries and not call.attempts:
-            call.finish(sent=False)  # a client middleware answered: nothing was sent
-        else:
-            read_message(call, reply)
+    # No read_reply: a parsed message (a whole reply) was read by the payload
+    # hook as the SDK parsed it, and settled there, or, with no span to end
+    # (untraced), its plain usage left to settle as request() returns (the
+    # shared lane commits it in its frame: _adapter._lane); one whose usage was
+    # not read settles at the reservation.
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         if self.tried and not call.tries and not call.attempts:

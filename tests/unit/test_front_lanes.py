@@ -23,7 +23,7 @@ from veronica_otel.instrumentors._adapter import ADMITTED
 from veronica_otel.instrumentors._admit import CallSpec, _utf8_bytes, admit, input_bound
 from veronica_otel.instrumentors._anthropic_response import account as anthropic_account
 from veronica_otel.instrumentors._anthropic_response import payload_lane as anthropic_payload_lane
-from veronica_otel.instrumentors._common import ContainedCall
+from veronica_otel.instrumentors._common import UNTRACED_SPAN, ContainedCall
 from veronica_otel.instrumentors._openai_response import _usage
 from veronica_otel.instrumentors._openai_response import account as openai_account
 from veronica_otel.instrumentors.anthropic import _ADAPTER as ANTHROPIC
@@ -282,6 +282,18 @@ def test_anthropic_payload_lane_reads_plain_counts_and_leaves_the_rest_to_accoun
         message = {"type": "message", "usage": thinking}
         assert _through_anthropic_payload_lane(call, message) == ["general"]
         assert call.done and call.reasoning_tokens == 2
+        call = _call(ctx)  # no span to end: left to settle as request() returns
+        call.span = UNTRACED_SPAN
+        assert _through_anthropic_payload_lane(call, {"type": "message", "usage": plain}) == []
+        assert (
+            call.usage_seen
+            and not call.done
+            and (call.input_tokens, call.output_tokens)
+            == (
+                10,
+                5,
+            )
+        )
         call = _call(ctx)  # a stream event: account's
         event = {"type": "message_start", "message": {}}
         assert _through_anthropic_payload_lane(call, event) == ["general"]
