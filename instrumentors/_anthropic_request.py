@@ -64,7 +64,10 @@ def read_plain(
     the UTF-8 bytes of its input (the input bound's walk,
     ``_utf8_bytes(request.input_parts)``, in this frame); -1 for any other
     body. ``adapter``'s ``read_plain``: the shared lane's reader (``_adapter``)."""
-    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
+    try:  # the SDK passes both positionally
+        options: Any = args[1]
+    except IndexError:
+        options = kwargs.get("options")
     try:  # messages_body's first test, without its frames
         body = options.json_data if options.span_name == _CREATE else None
     except Exception:
@@ -81,23 +84,21 @@ def read_plain(
     ):
         return read_request(body), -1
     # _utf8_bytes(parts): 1 per part, the system prompt's bytes, 1 for each
-    # message and, per message, 2 per key and the bytes of its keys and values;
-    # a value that is not a str (a join's TypeError) leaves the walk to the
-    # general way. anthropic_hidden finds nothing here unless a message's
-    # content is blocks (read_request reads those).
+    # message and, per message, 2 per key and the bytes of its keys and values.
+    # A message that is not a dict of strings (content blocks, a value of
+    # another type: a join's TypeError) is read and walked the general way
+    # (anthropic_hidden finds nothing here unless a message's content is blocks).
     size = 1 + len(messages)
     if system is not None:
         size += 1 + (len(system) if system.isascii() else len(system.encode()))
     for message in messages:
         if type(message) is not dict or type(message.get("content")) is not str:
             return read_request(body), -1
-        if size >= 0:
-            try:
-                text = "".join(message) + "".join(message.values())
-            except TypeError:
-                size = -1
-                continue
-            size += 2 * len(message) + (len(text) if text.isascii() else len(text.encode()))
+        try:
+            text = "".join(message) + "".join(message.values())
+        except TypeError:
+            return read_request(body), -1
+        size += 2 * len(message) + (len(text) if text.isascii() else len(text.encode()))
     model = body.get("model")
     if type(model) is not str or not model:
         model = str(model or "unknown")
