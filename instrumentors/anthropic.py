@@ -36,6 +36,9 @@ In detail (``_request`` stands for ``request`` where there is none):
   ``veronica.*`` baggage is not in the context the SDK injects into the
   request headers. The check lives here, not in a span processor, because the
   SDK swallows errors raised while its span starts.
+  Untraced, a plain request (text messages, a text system prompt, nothing
+  hidden: ``read_plain``) runs its common call in one frame
+  (:func:`~._adapter._lane`).
 - ``SyncAPIClient._attempt_request`` / ``AsyncAPIClient._attempt_request``:
   once per attempt, each ``call_next`` of a middleware included. Every
   attempt after the first (an SDK retry, or a middleware sending again) is a
@@ -46,7 +49,9 @@ In detail (``_request`` stands for ``request`` where there is none):
   the backoff (the openai SDK's hook, :mod:`._stainless`).
 - ``BaseClient._process_response_data``: every parsed payload, stream events
   included. Records usage, keeps streamed text, and cuts a stream at the next
-  event once the chain trips or its deadline passes.
+  event once the chain trips or its deadline passes. A whole message settles
+  its call here (the SDK ends its span right after), or, with no span at all,
+  as ``_request`` returns (the lane's commit).
 
 Every HTTP send is also reported by the transport hooks (:mod:`._attempts`),
 as for every adapter: a resend the SDK's hooks never see (a custom transport
@@ -63,8 +68,9 @@ What a call that did not end well costs (DESIGN G10): the shared table
 reply, a connection never made, or an error once the send began, which may
 have reached the provider and costs the reservation); a 2xx reply a
 middleware dropped after sending again was billed too, and costs the
-reservation. A reply that arrives with neither the attempt hook nor the
-transport having seen a send came from a client middleware: released. Usage
+reservation. A stream or raw response that arrives with neither the attempt
+hook nor the transport having seen a send came from a client middleware:
+released (a parsed message costs what its payload said, as any). Usage
 counts only from the final report (``message_delta`` or a whole message): a
 stream cut before it costs the reservation.
 
