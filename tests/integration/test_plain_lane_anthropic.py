@@ -85,11 +85,12 @@ def run(ctx, body, sdk, failures, way):
     )
 
 AnthropicInstrumentor().instrument()
+LIMITS = dict(max_cost_usd=5.0, max_tokens=100_000, max_retries_total=5)
 def config(steps=50):
-    return ExecutionConfig(max_cost_usd=5.0, max_steps=steps, max_tokens=100_000,
-                           max_retries_total=5)
-with ExecutionContext(config()) as ctx:  # the model's breaker and price, made the general way
-    chains.append(ctx)
+    return ExecutionConfig(max_steps=steps, **LIMITS)
+# The model's breaker and price, made the general way before the cases.
+chains.append(ExecutionContext(config()))
+with chains[-1]:
     OFF.messages.create(model="claude-3-5-haiku-latest", max_tokens=5, messages=HI)
 out = {}
 for name, (body, sdk, failures, steps, lane) in CASES.items():
