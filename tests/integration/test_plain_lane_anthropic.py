@@ -46,6 +46,9 @@ CASES = {
         {"role": "user", "content": "and?"}]), OFF, 0, 50, True),
     "unicode": (dict(system="sé", messages=[{"role": "user", "content": "héllo ☃ 日本"}]),
                 OFF, 0, 50, True),
+    # Thinking is output, within max_tokens: nothing hidden in the input.
+    "thinking": (dict(messages=HI, thinking={"type": "enabled", "budget_tokens": 1024}),
+                 OFF, 0, 50, True),
     "an HTTP error": (dict(messages=HI), OFF, 1, 50, True),
     "retried": (dict(messages=HI), RETRYING, 1, 50, True),
     "no step left": (dict(messages=HI), OFF, 0, 0, False),  # the admission lane's: denied
@@ -114,7 +117,7 @@ def test_anthropic_plain_lane_and_the_general_way_agree() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
-    assert len(out) == 14
+    assert len(out) == 15
     same = ("held_at_send", "cost", "tokens", "steps", "retries", "raised", "sent")
     for name, ways in out.items():
         lane, general = ways["lane"], ways["general"]
