@@ -52,16 +52,29 @@ def read_call(
     adapter: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
 ) -> Request | None:
     """The ``messages.create`` call a ``request(cast_to, options)`` sends (None:
-    another call, passed through). ``adapter``'s ``read_request``, in one frame
-    for a plain body: text messages, a text system prompt, no tools."""
-    options: Any = args[1] if len(args) > 1 else kwargs.get("options")
+    another call, passed through). ``adapter``'s ``read_request``."""
+    return read_plain(adapter, args, kwargs)[0]
+
+
+def read_plain(
+    adapter: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Request | None, int]:
+    """:func:`read_call`'s request, in one frame for a plain body (text messages,
+    each a dict of strings, a text system prompt, no tools, nothing hidden), and
+    the UTF-8 bytes of its input (the input bound's walk,
+    ``_utf8_bytes(request.input_parts)``, in this frame); -1 for any other
+    body. ``adapter``'s ``read_plain``: the shared lane's reader (``_adapter``)."""
+    try:  # the SDK passes both positionally
+        options: Any = args[1]
+    except IndexError:
+        options = kwargs.get("options")
     try:  # messages_body's first test, without its frames
         body = options.json_data if options.span_name == _CREATE else None
     except Exception:
         body = None
     if type(body) is not dict:
         body = messages_body(options)  # no span name, another body: the general test
-        return None if body is None else read_request(body)
+        return (None if body is None else read_request(body)), -1
     system = body.get("system")
     messages = body.get("messages")
     if (
@@ -69,16 +82,28 @@ def read_call(
         or (system is not None and type(system) is not str)
         or not _GENERAL_KEYS.isdisjoint(body)
     ):
-        return read_request(body)
-    # anthropic_hidden finds nothing here unless a message's content is blocks.
+        return read_request(body), -1
+    # _utf8_bytes(parts): 1 per part, the system prompt's bytes, 1 for each
+    # message and, per message, 2 per key and the bytes of its keys and values.
+    # A message that is not a dict of strings (content blocks, a value of
+    # another type: a join's TypeError) is read and walked the general way
+    # (anthropic_hidden finds nothing here unless a message's content is blocks).
+    size = 1 + len(messages)
+    if system is not None:
+        size += 1 + (len(system) if system.isascii() else len(system.encode()))
     for message in messages:
         if type(message) is not dict or type(message.get("content")) is not str:
-            return read_request(body)
+            return read_request(body), -1
+        try:
+            text = "".join(message) + "".join(message.values())
+        except TypeError:
+            return read_request(body), -1
+        size += 2 * len(message) + (len(text) if text.isascii() else len(text.encode()))
     model = body.get("model")
     if type(model) is not str or not model:
         model = str(model or "unknown")
     cap = body.get("max_tokens")
-    return _request_of(
+    request = _request_of(
         Request,
         (
             "chat",
@@ -96,6 +121,7 @@ def read_call(
             False,  # cache_writes: nothing marked to cache
         ),
     )
+    return request, size
 
 
 def _cap(cap: object) -> int | None:

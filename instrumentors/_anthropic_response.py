@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from types import FunctionType
 from typing import Any
 
 from veronica_otel._gc_safe import defer
 from veronica_otel._units import MAX_COUNT
 
+from ._adapter import admitted_call as _admitted
 from ._anthropic_attributes import response_attributes
 from ._common import (
+    UNTRACED_SPAN,
     AsyncContainedStream,
     ContainedCall,
     ContainedStream,
@@ -20,7 +23,8 @@ from ._common import (
     no_item,
     token_count,
 )
-from ._openai_response import _MODEL_TYPES, _result_types, bind_later
+from ._http_libs import bound_call
+from ._openai_response import _MODEL_TYPES, BOUND, _result_types, bind_later
 
 # The logger users filter on, as before this module was split out of anthropic.py.
 _logger = logging.getLogger(__name__.rpartition(".")[0] + ".anthropic")
@@ -44,6 +48,70 @@ def _usage_of(call: ContainedCall) -> _Usage:
     if usage is None:
         usage = call.reading = _Usage()
     return usage  # type: ignore[no-any-return]
+
+
+def payload_lane(adapter: Any, general: Callable[..., Any]) -> Callable[..., Any]:
+    """``_process_response_data``'s hook as one plain function (``_hooks._plain``):
+    a whole message parsed inside ``request()`` (the call in flight,
+    ``adapter``'s, none bound to the response) whose usage is plain counts,
+    read in this frame (and settled, where a span ends with the body);
+    anything else, ``general`` (the ``wrapt``-shaped hook: :func:`account`)."""
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        method = hooked.__wrapped__  # type: ignore[attr-defined]
+        call = _admitted()
+        data = kwargs.get("data")
+        usage = data.get("usage") if type(data) is dict else None
+        if (
+            type(usage) is dict
+            and type(call) is ContainedCall  # a subclass's set_usage is asked
+            and call.adapter is adapter
+            and not call.done
+            and data.get("type") == "message"  # type: ignore[union-attr]
+            and call.reading is None  # no stream report read before
+            and not usage.get("output_tokens_details")
+            and not (BOUND[0] and bound_call(kwargs.get("response")) is not None)  # read later
+        ):
+            get = usage.get
+            inp, out = get("input_tokens"), get("output_tokens")
+            read = get("cache_read_input_tokens") or 0
+            write = get("cache_creation_input_tokens") or 0
+            if (  # type tests and int compares: each one specialised opcode
+                type(inp) is int
+                and type(out) is int
+                and type(read) is int
+                and type(write) is int
+                and inp >= 0
+                and read >= 0
+                and write >= 0
+                and 0 <= out <= MAX_COUNT
+                and inp + read + write <= MAX_COUNT  # each part too
+            ):
+                # account's reading of a whole message: its attributes, then
+                # _read_usage, _apply and set_usage(total, out, read, 0, write),
+                # their rules copied for plain counts (read <= total, nothing to
+                # clamp, no thinking detail), then settled.
+                try:
+                    pending = call.pending_attributes
+                    if pending is not None:
+                        response_attributes(pending, "message", data)  # type: ignore[arg-type]
+                    call.input_tokens, call.output_tokens = inp + read + write, out
+                    call.cached_tokens, call.cache_write_tokens = read, write
+                    call.reasoning_tokens = 0
+                    call.usage_seen = True
+                    if call.span is not UNTRACED_SPAN:
+                        # Settle now: the SDK ends its span when the body ends, right after.
+                        call.finish()
+                    # Else nothing to end: settled as request() returns (the shared
+                    # lane's commit, _adapter._lane; the adapter reads no reply).
+                except Exception:
+                    _logger.exception("reading usage from an anthropic payload failed")
+                if type(method) is FunctionType:  # the SDK's own method: no binding
+                    return method(self, *args, **kwargs)
+                return method.__get__(self, type(self))(*args, **kwargs)
+        return general(method.__get__(self, type(self)), self, args, kwargs)
+
+    return hooked
 
 
 def hold(call: ContainedCall, result: Any) -> Any:
@@ -90,8 +158,9 @@ def account(call: ContainedCall, data: Any) -> None:
         response_attributes(call.pending_attributes, kind, data)
     if kind == "content_block_delta":
         _delta(call, data.get("delta"))
-    elif kind == "message":  # a whole message (not streamed)
-        _whole_usage(call, data.get("usage"))
+    elif kind == "message":  # a whole message (not streamed; plain counts: payload_lane)
+        _read_usage(call, data.get("usage"))
+        _apply(call)
         # Settle now: the SDK ends its span when the body ends, right after.
         call.finish()
         return
@@ -112,39 +181,6 @@ def account(call: ContainedCall, data: Any) -> None:
 def _delta(call: ContainedCall, delta: Any) -> None:
     if isinstance(delta, Mapping) and delta.get("type") == "text_delta":
         call.add_text(str(delta.get("text") or ""))
-
-
-def _whole_usage(call: ContainedCall, usage: Any) -> None:
-    """A whole message's usage, read and applied at once (:func:`_read_usage`
-    then :func:`_apply`, without their frames when every count is a plain one)."""
-    if type(usage) is dict and call.reading is None and not usage.get("output_tokens_details"):
-        get = usage.get
-        inp, out = get("input_tokens"), get("output_tokens")
-        read, write = get("cache_read_input_tokens") or 0, get("cache_creation_input_tokens") or 0
-        if (
-            type(inp) is int
-            and type(out) is int
-            and type(read) is int
-            and type(write) is int
-            and inp >= 0
-            and read >= 0
-            and write >= 0
-            and 0 <= out <= MAX_COUNT
-        ):
-            total = inp + read + write  # each part at most MAX_COUNT when the sum is
-            if type(call) is ContainedCall and total <= MAX_COUNT:
-                # set_usage(total, out, read, 0, write), its rule copied for plain
-                # counts (a subclass's set_usage is asked): read <= total, nothing
-                # to clamp, no reasoning detail.
-                call.input_tokens, call.output_tokens = total, out
-                call.cached_tokens, call.cache_write_tokens = read, write
-                call.reasoning_tokens = 0
-                call.usage_seen = True
-            else:
-                call.set_usage(total, out, read, 0, write)
-            return
-    _read_usage(call, usage)
-    _apply(call)
 
 
 def _read_usage(call: ContainedCall, usage: Any) -> None:

@@ -36,6 +36,9 @@ In detail (``_request`` stands for ``request`` where there is none):
   ``veronica.*`` baggage is not in the context the SDK injects into the
   request headers. The check lives here, not in a span processor, because the
   SDK swallows errors raised while its span starts.
+  Untraced, a plain request (text messages, a text system prompt, nothing
+  hidden: ``read_plain``) runs its common call in one frame
+  (:func:`~._adapter._lane`).
 - ``SyncAPIClient._attempt_request`` / ``AsyncAPIClient._attempt_request``:
   once per attempt, each ``call_next`` of a middleware included. Every
   attempt after the first (an SDK retry, or a middleware sending again) is a
@@ -46,7 +49,9 @@ In detail (``_request`` stands for ``request`` where there is none):
   the backoff (the openai SDK's hook, :mod:`._stainless`).
 - ``BaseClient._process_response_data``: every parsed payload, stream events
   included. Records usage, keeps streamed text, and cuts a stream at the next
-  event once the chain trips or its deadline passes.
+  event once the chain trips or its deadline passes. A whole message settles
+  its call here (the SDK ends its span right after), or, with no span at all,
+  as ``_request`` returns (the lane's commit).
 
 Every HTTP send is also reported by the transport hooks (:mod:`._attempts`),
 as for every adapter: a resend the SDK's hooks never see (a custom transport
@@ -63,8 +68,9 @@ What a call that did not end well costs (DESIGN G10): the shared table
 reply, a connection never made, or an error once the send began, which may
 have reached the provider and costs the reservation); a 2xx reply a
 middleware dropped after sending again was billed too, and costs the
-reservation. A reply that arrives with neither the attempt hook nor the
-transport having seen a send came from a client middleware: released. Usage
+reservation. A stream or raw response that arrives with neither the attempt
+hook nor the transport having seen a send came from a client middleware:
+released (a parsed message costs what its payload said, as any). Usage
 counts only from the final report (``message_delta`` or a whole message): a
 stream cut before it costs the reservation.
 
@@ -78,14 +84,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from types import FunctionType
 from typing import Any
+
+from opentelemetry.trace import NonRecordingSpan
 
 from veronica_otel._errors import BudgetExceededError
 
 from ._adapter import ADMITTED, Request
 from ._anthropic_attributes import call_attributes
-from ._anthropic_request import PROVIDER, read_call, rewritten
-from ._anthropic_response import account, hold, read_message
+from ._anthropic_request import PROVIDER, read_call, read_plain, rewritten
+from ._anthropic_response import account, hold, payload_lane
 from ._common import ContainedCall
 from ._endpoints import ANTHROPIC as ANTHROPIC_ENDPOINTS
 from ._endpoints import routed
@@ -117,6 +126,7 @@ class _AnthropicAdapter(StainlessAdapter):
     whole_replies = _MODEL_TYPES
     # request(cast_to, options) read in one frame (the adapter is its first argument)
     read_request = read_call
+    read_plain = read_plain  # the shared plain lane's reader (_adapter._lane)
 
     def call_span(
         self,
@@ -128,7 +138,12 @@ class _AnthropicAdapter(StainlessAdapter):
         current: Any,
     ) -> Any:
         sdk_call = kwargs.get("call")  # the SDK's own span, current already (None: off)
-        return None if sdk_call is None else getattr(sdk_call, "span", None)
+        if sdk_call is None:
+            return None
+        span = getattr(sdk_call, "span", None)
+        # One that does not record is none (the plain lane takes no span where
+        # one is current: _adapter.ProviderAdapter.read_plain).
+        return None if type(span) is NonRecordingSpan else span
 
     request_attributes = call_attributes
 
@@ -145,12 +160,11 @@ class _AnthropicAdapter(StainlessAdapter):
     def is_stream(self, reply: Any, request: Request) -> bool:
         return True  # every reply is held: a stream, a raw response, or read now
 
-    def read_reply(self, call: ContainedCall, reply: Any) -> None:
-        # A parsed message whose payload the hook did not settle (wrap_stream's rules).
-        if self.tried and not call.tries and not call.attempts:
-            call.finish(sent=False)  # a client middleware answered: nothing was sent
-        else:
-            read_message(call, reply)
+    # No read_reply: a parsed message (a whole reply) was read by the payload
+    # hook as the SDK parsed it, and settled there, or, with no span to end
+    # (untraced), its plain usage left to settle as request() returns (the
+    # shared lane commits it in its frame: _adapter._lane); one whose usage was
+    # not read settles at the reservation.
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         if self.tried and not call.tries and not call.attempts:
@@ -183,22 +197,53 @@ def _retries_taken(kwargs: dict[str, Any]) -> int:
     return taken if type(taken) is int else 0
 
 
+def _attempt_lane() -> Any:
+    """``_attempt_request``'s hook as one plain function (``_hooks._plain``): the
+    attempt checked, then sent, in this frame."""
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        call = ADMITTED.get()  # in_flight(_ADAPTER), inline: every attempt passes here
+        if call is not None and call.adapter is _ADAPTER:
+            # Raised without a __cause__: the SDK does not retry it; nothing is sent.
+            taken = kwargs.get("retries_taken", 0)
+            if type(taken) is int and taken == 0 and not call.tries:
+                call.tries = 1  # begin_try's first attempt (nothing to draw), without its frame
+                retry = False
+            else:
+                retry = call.begin_try(taken if type(taken) is int else 0)
+            # check_alive's ctx.ensure_active(poll=not call._async_stream), inline:
+            # every attempt passes here (a keyword call and a frame less).
+            polling = call.ctx._polling
+            try:
+                if polling.due() and not call._async_stream:
+                    polling.read_store()
+            except BudgetExceededError as exc:
+                if _stops(retry, exc):
+                    raise
+        method = hooked.__wrapped__  # type: ignore[attr-defined]
+        if type(method) is FunctionType:  # the SDK's own method: no binding
+            return method(self, *args, **kwargs)
+        return method.__get__(self, type(self))(*args, **kwargs)
+
+    return hooked
+
+
+def _send(bound: Any, *args: Any, **kwargs: Any) -> Any:
+    return bound(*args, **kwargs)
+
+
+# The plain function over a bound method: ``self`` is what it sends through.
+_ATTEMPT = _attempt_lane()
+_ATTEMPT.__wrapped__ = _send
+
+
 def _attempt(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call = ADMITTED.get()  # in_flight(_ADAPTER), inline: every attempt passes here
-    if call is not None and call.adapter is _ADAPTER:
-        # Raised without a __cause__: the SDK does not retry it; nothing is sent.
-        taken = kwargs.get("retries_taken", 0)
-        if type(taken) is int and taken == 0 and not call.tries:
-            call.tries = 1  # begin_try's first attempt (nothing to draw), without its frame
-            retry = False
-        else:
-            retry = call.begin_try(taken if type(taken) is int else 0)
-        try:
-            call.ctx.ensure_active(poll=not call._async_stream)  # check_alive's, inline
-        except BudgetExceededError as exc:
-            if _stops(retry, exc):
-                raise
-    return wrapped(*args, **kwargs)
+    """``_attempt_request``'s ``wrapt`` wrapper (a method another wrapper holds):
+    :func:`_attempt_lane`'s check, then ``wrapped``."""
+    return _ATTEMPT(wrapped, *args, **kwargs)
+
+
+_attempt.veronica_lane = _attempt_lane  # type: ignore[attr-defined]
 
 
 async def _aattempt(
@@ -240,6 +285,8 @@ def _payload_wrapper(adapter: _AnthropicAdapter) -> Any:
                 _logger.exception("reading usage from an anthropic payload failed")
         return wrapped(*args, **kwargs)
 
+    # Over a plain method (_hooks._plain): a whole message's plain usage read in one frame.
+    process_response_data.veronica_lane = lambda: payload_lane(adapter, process_response_data)  # type: ignore[attr-defined]
     return process_response_data
 
 

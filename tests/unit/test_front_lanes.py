@@ -19,10 +19,11 @@ from opentelemetry import trace
 from veronica_otel import ExecutionConfig, ExecutionContext
 from veronica_otel._units import MAX_COUNT
 from veronica_otel.instrumentors import _anthropic_request, _openai_request
-from veronica_otel.instrumentors._admit import CallSpec, admit, input_bound
-from veronica_otel.instrumentors._anthropic_response import _apply, _read_usage
+from veronica_otel.instrumentors._adapter import ADMITTED
+from veronica_otel.instrumentors._admit import CallSpec, _utf8_bytes, admit, input_bound
 from veronica_otel.instrumentors._anthropic_response import account as anthropic_account
-from veronica_otel.instrumentors._common import ContainedCall
+from veronica_otel.instrumentors._anthropic_response import payload_lane as anthropic_payload_lane
+from veronica_otel.instrumentors._common import UNTRACED_SPAN, ContainedCall
 from veronica_otel.instrumentors._openai_response import _usage
 from veronica_otel.instrumentors._openai_response import account as openai_account
 from veronica_otel.instrumentors.anthropic import _ADAPTER as ANTHROPIC
@@ -133,6 +134,44 @@ def test_anthropic_plain_lane_reads_what_the_general_reading_reads(body: dict[st
 def test_anthropic_calls_other_than_messages_create_pass_through() -> None:
     options = _anthropic_options({}, "/v1/messages/count_tokens", "other")
     assert _anthropic_request.read_call(ANTHROPIC, None, (None, options), {}, "m") is None
+    assert _anthropic_request.read_plain(ANTHROPIC, (None, options), {}) == (None, -1)
+
+
+_text = st.text(max_size=12)
+_message = st.dictionaries(
+    st.sampled_from(("role", "name", "id")), st.one_of(_text, st.none(), st.integers()), max_size=2
+).flatmap(lambda extra: st.builds(lambda content: {**extra, "content": content}, _text))
+_block = st.fixed_dictionaries({"type": st.sampled_from(("text", "image")), "text": _text})
+_anthropic_bodies = st.fixed_dictionaries(
+    {"model": st.one_of(_text, st.none()), "messages": st.lists(_message, max_size=4)},
+    optional={
+        "system": st.one_of(_text, st.lists(_block, max_size=2)),
+        "max_tokens": st.one_of(st.integers(-1, 10**6), st.booleans(), st.none()),
+        "stream": st.booleans(),
+        "tools": st.lists(st.fixed_dictionaries({"name": _text}), max_size=1),
+        "cache_control": st.just({"type": "ephemeral"}),
+        "temperature": st.floats(0, 1),
+    },
+)
+
+
+@settings(deadline=None, max_examples=300)
+@given(_anthropic_bodies)
+def test_anthropic_read_plain_reads_the_request_and_the_input_bytes_the_general_way_reads(
+    body: dict[str, Any],
+) -> None:
+    request, size = _anthropic_request.read_plain(ANTHROPIC, (None, _anthropic_options(body)), {})
+    assert request == _anthropic_request.read_request(body)
+    assert request is not None
+    if size >= 0:  # taken: the input bound's walk, exactly, and nothing hidden
+        assert size == _utf8_bytes(request.input_parts)
+        assert request.extra_input_tokens == 0 and not request.cache_writes
+    plain = (
+        type(body.get("system", "")) is str
+        and not {"tools", "cache_control"} & body.keys()
+        and all(type(value) is str for message in body["messages"] for value in message.values())
+    )
+    assert (size >= 0) is plain
 
 
 def _call(ctx: ExecutionContext, stream: bool = False) -> ContainedCall:
@@ -183,25 +222,82 @@ def test_openai_usage_lane_keeps_what_set_usage_keeps(
         assert fast.handle.cost_nano == general.handle.cost_nano
 
 
-@settings(deadline=None, max_examples=150)
-@given(counts, counts, counts, counts)
+class _Client:
+    def _process_response_data(self, *, data: object, response: object = None) -> object:
+        return data
+
+
+def _through_anthropic_payload_lane(call: ContainedCall, data: dict[str, Any]) -> list[str]:
+    """``data`` read by anthropic's payload lane, as the SDK parses it in ``call``
+    (admitted, in flight): which way it went (``["general"]``: to account)."""
+    went: list[str] = []
+
+    def general(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        went.append("general")
+        anthropic_account(call, kwargs["data"])
+        return wrapped(*args, **kwargs)
+
+    hooked = anthropic_payload_lane(ANTHROPIC, general)
+    hooked.__wrapped__ = _Client._process_response_data  # type: ignore[attr-defined]
+    call.adapter = ANTHROPIC
+    mark = ADMITTED.set(call)
+    try:
+        assert hooked(_Client(), data=data, response=None) is data  # passed on
+    finally:
+        ADMITTED.reset(mark)
+    return went
+
+
+@settings(deadline=None, max_examples=200)
+@given(counts, counts, counts, counts, st.one_of(st.none(), counts))
 def test_anthropic_whole_message_lane_keeps_what_the_general_reading_keeps(
-    inp: Any, out: Any, read: Any, write: Any
+    inp: Any, out: Any, read: Any, write: Any, thinking: Any
 ) -> None:
     usage: dict[str, Any] = {"input_tokens": inp, "output_tokens": out}
     if read is not None:
         usage["cache_read_input_tokens"] = read
     if write is not None:
         usage["cache_creation_input_tokens"] = write
+    if thinking is not None:
+        usage["output_tokens_details"] = {"thinking_tokens": thinking}
+    message = {"type": "message", "id": "msg_1", "usage": usage}
     with ExecutionContext(ExecutionConfig(max_steps=10)) as ctx:
         fast, general = _call(ctx), _call(ctx)
-        anthropic_account(fast, {"type": "message", "usage": usage})  # settles it
-        _read_usage(general, usage)
-        _apply(general)
+        _through_anthropic_payload_lane(fast, message)  # settles it
+        anthropic_account(general, message)  # the reading of every other payload
         assert _usage_state(fast) == _usage_state(general)
-        general.finish()
-        assert fast.done
+        assert fast.done and general.done
         assert fast.handle.cost_nano == general.handle.cost_nano
+        assert fast.handle.tokens == general.handle.tokens
+
+
+def test_anthropic_payload_lane_reads_plain_counts_and_leaves_the_rest_to_account() -> None:
+    plain = {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 0}
+    thinking = {**plain, "output_tokens_details": {"thinking_tokens": 2}}
+    with ExecutionContext(ExecutionConfig(max_steps=10)) as ctx:
+        call = _call(ctx)
+        assert _through_anthropic_payload_lane(call, {"type": "message", "usage": plain}) == []
+        assert call.done and (call.input_tokens, call.output_tokens) == (10, 5)
+        call = _call(ctx)
+        message = {"type": "message", "usage": thinking}
+        assert _through_anthropic_payload_lane(call, message) == ["general"]
+        assert call.done and call.reasoning_tokens == 2
+        call = _call(ctx)  # no span to end: left to settle as request() returns
+        call.span = UNTRACED_SPAN
+        assert _through_anthropic_payload_lane(call, {"type": "message", "usage": plain}) == []
+        assert (
+            call.usage_seen
+            and not call.done
+            and (call.input_tokens, call.output_tokens)
+            == (
+                10,
+                5,
+            )
+        )
+        call = _call(ctx)  # a stream event: account's
+        event = {"type": "message_start", "message": {}}
+        assert _through_anthropic_payload_lane(call, event) == ["general"]
+        assert not call.done
 
 
 def test_finish_plain_lane_commits_the_general_amounts() -> None:
