@@ -921,8 +921,15 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
             return _settle(adapter, call, reply, False)
         if call.done:
             return reply  # settled already (its payload said all): nothing to read
-        if not plain_replies:
-            return _settle(adapter, call, reply, False)
+        if not plain_replies:  # _settle's read of a whole reply (its rule, copied), no frame
+            try:
+                adapter.read_reply(call, reply)
+            except Exception:
+                _logger.exception(
+                    "reading a %s reply failed; its reservation is committed", provider
+                )
+            if call.done:
+                return reply  # settled by its reader (an error status the SDK raises next)
         # A whole reply: ContainedCall.finish's plain usage (input and output
         # tokens, nothing lost or retried), committed as PlainCall.commit
         # commits it, with no span to end and a breaker with nothing to reset
