@@ -421,6 +421,9 @@ class OllamaAdapter(ProviderAdapter):
     """How ``ollama`` calls read; see the module docs."""
 
     provider = PROVIDER
+    # The SDK's replies of a call not streamed (filled as its hooks go on, by
+    # _lane): read and settled as they return, in the shared lane's frame.
+    whole_replies: set[type] = set()  # noqa: RUF012 (one set, shared and filled once)
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -567,6 +570,16 @@ def _lane() -> Callable[..., Any]:
     shared lane). A client whose host is not ollama.com (_hosted's host rule,
     copied) goes to the shared lane of :data:`_LOCAL`, which reads its plain
     chat there; any other call, to ``_request``."""
+    from ollama import _types  # imported with the client this hooks
+
+    OllamaAdapter.whole_replies.update(
+        (
+            _types.ChatResponse,
+            _types.GenerateResponse,
+            _types.EmbedResponse,
+            _types.EmbeddingsResponse,
+        )
+    )
     local = _local_request.veronica_lane()  # type: ignore[attr-defined]
 
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
