@@ -98,8 +98,12 @@ class _Bedrock(ProviderAdapter):
 
 
 class _Converse(_Bedrock):
-    """``Converse`` and ``ConverseStream`` (``response["stream"]`` is held)."""
+    """``Converse`` and ``ConverseStream`` (:class:`_ConverseStream`: its
+    ``response["stream"]`` is held)."""
 
+    # Converse's reply: botocore's parsed dict, read and settled as it returns
+    # (in the shared lane's frame).
+    whole_replies = frozenset((dict,))
     # The request, the reply and its items read without a frame of their own.
     read_request = read_converse
     # The shared lane's reader: ``Converse``'s only (_make_api_call_lane sends
@@ -122,6 +126,12 @@ class _Converse(_Bedrock):
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         return _held(self, call, reply, "stream", is_async)
+
+
+class _ConverseStream(_Converse):
+    """``ConverseStream``: its reply, a dict too, holds the stream (no reply is whole)."""
+
+    whole_replies = frozenset()
 
 
 class _Invoke(_Bedrock):
@@ -182,7 +192,8 @@ def _held(
     return reply
 
 
-_CONVERSE, _INVOKE, _REFUSE = _Converse(), _Invoke(), _Refused()
+_CONVERSE, _CONVERSE_STREAM = _Converse(), _ConverseStream()
+_INVOKE, _REFUSE = _Invoke(), _Refused()
 _Route = tuple[Callable[..., Any], Callable[..., Any]]
 
 
@@ -192,7 +203,7 @@ def _pair(adapter: ProviderAdapter, operation: str) -> _Route:
 
 _ROUTES: dict[tuple[str, str], _Route] = {
     ("bedrock-runtime", "Converse"): _pair(_CONVERSE, "Converse"),
-    ("bedrock-runtime", "ConverseStream"): _pair(_CONVERSE, "ConverseStream"),
+    ("bedrock-runtime", "ConverseStream"): _pair(_CONVERSE_STREAM, "ConverseStream"),
     ("bedrock-runtime", "InvokeModel"): _pair(_INVOKE, "InvokeModel"),
     ("bedrock-runtime", "InvokeModelWithResponseStream"): _pair(
         _INVOKE, "InvokeModelWithResponseStream"
