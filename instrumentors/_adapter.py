@@ -252,6 +252,10 @@ class ProviderAdapter:
     #: with one and a :meth:`call_span` returns None for a span that does not
     #: record (the lane takes no span where one of those is current).
     read_plain: ClassVar[Callable[..., tuple[Request | None, int]] | None] = None
+    #: Whether :attr:`read_plain` is also given the hooked method's instance,
+    #: ``(adapter, args, kwargs, instance)``: a request that depends on the
+    #: client (ollama's host), read with no frame before the lane's.
+    plain_reads_instance: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -809,6 +813,7 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
     or, once admitted, to the shared settlement).
     """
     read: Callable[..., tuple[Request | None, int]] = type(adapter).read_plain  # type: ignore[assignment]
+    with_instance = adapter.plain_reads_instance
     provider = adapter.provider
     whole = adapter.whole_replies
     plain_replies = adapter._plain_replies
@@ -823,7 +828,9 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
         call: ContainedCall | None = None
         if ctx is not None and admitted_call() is None:  # else passed through, or counted above
             # What _describe would read next: read here, and left to it when the lane is not taken.
-            request, size = read(adapter, args, kwargs)
+            request, size = (
+                read(adapter, args, kwargs, self) if with_instance else read(adapter, args, kwargs)
+            )
             admission = ctx._admission
             state = admission._state
             lane = admission._lane
