@@ -32,7 +32,8 @@ from veronica_otel.testing import FakeLLMServer
 server = FakeLLMServer(output_tokens=5).__enter__()
 for instrumentor in (OllamaInstrumentor, CohereInstrumentor, BedrockInstrumentor):
     instrumentor().instrument()
-PRICES = PriceTable({"ollama:*": UnitPrices(1_000_000, 2_000_000, 0, 0)})
+PRICES = PriceTable({"ollama:*": UnitPrices(1_000_000, 2_000_000, 0, 0),
+                     "ollama.cloud:*": UnitPrices(3_000_000, 4_000_000, 0, 0)})
 LOCAL = ollama.Client(host=server.base_url)
 CO = cohere.ClientV2(api_key="k", base_url=server.base_url)
 CO_RETRYING = cohere.ClientV2(api_key="k", base_url=server.base_url)
@@ -46,8 +47,8 @@ AWS, AWS_RETRYING = aws(1), aws(2)
 MESSAGES = [{"role": "user", "content": "hello there"}]
 CONVERSE = [{"role": "user", "content": [{"text": "hello there"}]}]
 BEDROCK_MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
-def ollama_chat():
-    return LOCAL.chat(model="llama3.2", messages=MESSAGES, options={"num_predict": 5})
+def ollama_chat(model="llama3.2"):
+    return LOCAL.chat(model=model, messages=MESSAGES, options={"num_predict": 5})
 def cohere_chat(client=CO, **more):
     return client.chat(model="command-a-03-2025", messages=MESSAGES, max_tokens=5, **more)
 def converse(client=AWS):
@@ -58,6 +59,8 @@ CASES = {
     "ollama": (ollama_chat, None, 50, True),
     "ollama, an HTTP error": (ollama_chat, 400, 50, True),
     "ollama, no step left": (ollama_chat, None, 0, False),  # the general way denies it
+    # hosted (a cloud tag): priced under ollama.cloud, the general way
+    "ollama, a cloud tag": (lambda: ollama_chat("glm-4.6:cloud"), None, 50, False),
     "cohere": (cohere_chat, None, 50, True),
     "cohere, an HTTP error": (cohere_chat, 400, 50, True),
     "cohere, retried": (lambda: cohere_chat(
@@ -124,7 +127,7 @@ def test_the_lane_of_adapters_that_read_their_reply_agrees_with_the_general_way(
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     out, taken = result["out"], set(result["lane"])
-    assert len(out) == 10
+    assert len(out) == 11
     for name, ways in out.items():
         lane, general = ways["lane"], ways["general"]
         assert general["general"] is True, name
@@ -140,6 +143,9 @@ def test_the_lane_of_adapters_that_read_their_reply_agrees_with_the_general_way(
         assert error["raised"] is not None and error["cost"] == 0 and error["steps"] == 1
         assert error["tokens"] == 0, adapter  # an HTTP error reply is billed nothing
     assert out["ollama"]["lane"]["cost"] > 0  # priced: the usage committed, not zero
+    # About the same tokens at ollama.cloud's dearer price: hosted, not read as local.
+    cloud = out["ollama, a cloud tag"]["lane"]
+    assert cloud["cost"] > 1.5 * out["ollama"]["lane"]["cost"]
     for name in ("cohere, retried", "bedrock, retried"):
         retried = out[name]["lane"]
         assert (retried["raised"], retried["sent"], retried["retries"]) == (None, 2, 1), name
