@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from veronica_otel._attributes import (
     GEN_AI_PROVIDER_NAME,
@@ -139,6 +139,7 @@ _OPTIONS = {
 }
 _CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
 _MISSING = object()  # no ``options`` dict: _cap reads what there is
+_WHOLE: set[type] = set()  # OllamaAdapter.whole_replies, filled by _lane
 # The keys of the SDK's chat body read_plain reads plain (the SDK drops what is None).
 _CHAT_PATH = ("/api/chat",)  # ``_request``'s url, as the SDK's chat() passes it
 _PLAIN_CHAT = frozenset(("model", "messages", "tools", "stream", "options", "keep_alive", "think"))
@@ -440,12 +441,12 @@ class OllamaAdapter(ProviderAdapter):
     provider = PROVIDER
     # The SDK's replies of a call not streamed (filled as its hooks go on, by
     # _lane): read and settled as they return, in the shared lane's frame.
-    whole_replies: set[type] = set()  # noqa: RUF012 (one set, shared and filled once)
+    whole_replies: ClassVar[Collection[type]] = _WHOLE
     # The shared lane's reader, given the client (its host says hosted or local).
     read_plain = staticmethod(read_plain)
     plain_reads_instance = True
     # The reply read without a frame of its own (once per call).
-    read_reply = staticmethod(_read_usage)  # type: ignore[assignment]
+    read_reply = staticmethod(_read_usage)
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -537,7 +538,7 @@ _ADAPTER = OllamaAdapter()
 # Model calls go straight to the contained wrapper; what it does not admit, to the tools.
 _request = wrapper(_ADAPTER, "_request", otherwise=_tool_call)
 _arequest = wrapper(_ADAPTER, "_request", is_async=True, otherwise=_atool_call)
-_shared_lane = getattr(_request, "veronica_lane", None)
+_shared_lane: Callable[[], Callable[..., Any]] | None = getattr(_request, "veronica_lane", None)
 
 
 def _lane() -> Callable[..., Any]:
@@ -545,7 +546,7 @@ def _lane() -> Callable[..., Any]:
     with the SDK's whole replies known."""
     from ollama import _types  # imported with the client this hooks
 
-    OllamaAdapter.whole_replies.update(
+    _WHOLE.update(
         (
             _types.ChatResponse,
             _types.GenerateResponse,
