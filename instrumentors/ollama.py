@@ -543,17 +543,14 @@ _shared_lane: Callable[[], Callable[..., Any]] | None = getattr(_request, "veron
 
 def _lane() -> Callable[..., Any]:
     """The shared lane ``_hooks`` puts over ``_request`` (its ``veronica_lane``),
-    with the SDK's whole replies known."""
+    with the SDK's whole replies known (a type this version lacks is left out: its
+    replies settle the general way, by ``_settle``)."""
     from ollama import _types  # imported with the client this hooks
 
-    _WHOLE.update(
-        (
-            _types.ChatResponse,
-            _types.GenerateResponse,
-            _types.EmbedResponse,
-            _types.EmbeddingsResponse,
-        )
-    )
+    for name in ("ChatResponse", "GenerateResponse", "EmbedResponse", "EmbeddingsResponse"):
+        found = getattr(_types, name, None)
+        if isinstance(found, type):
+            _WHOLE.add(found)
     return _shared_lane()  # type: ignore[misc]
 
 
