@@ -258,6 +258,10 @@ class ProviderAdapter:
     #: the call, None when the SDK's tracing is off: where it is None (or
     #: absent), :meth:`call_span` is not asked. None: always asked.
     span_kwarg: ClassVar[str | None] = None
+    #: Whether :attr:`read_plain` is also given the hooked method's instance,
+    #: ``(adapter, args, kwargs, instance)``: a request that depends on the
+    #: client (ollama's host), read with no frame before the lane's.
+    plain_reads_instance: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -830,6 +834,7 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
     or, once admitted, to the shared settlement).
     """
     read: Callable[..., tuple[Request | None, int]] = type(adapter).read_plain  # type: ignore[assignment]
+    with_instance = adapter.plain_reads_instance
     provider = adapter.provider
     whole = adapter.whole_replies
     plain_replies = adapter._plain_replies
@@ -845,7 +850,9 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
         call: ContainedCall | None = None
         if ctx is not None and admitted_call() is None:  # else passed through, or counted above
             # What _describe would read next: read here, and left to it when the lane is not taken.
-            request, size = read(adapter, args, kwargs)
+            request, size = (
+                read(adapter, args, kwargs, self) if with_instance else read(adapter, args, kwargs)
+            )
             admission = ctx._admission
             state = admission._state
             lane = admission._lane
@@ -977,8 +984,15 @@ def _lane(adapter: ProviderAdapter, contained: Callable[..., Any]) -> Callable[.
             return _settle(adapter, call, reply, False)
         if call.done:
             return reply  # settled already (its payload said all): nothing to read
-        if not plain_replies:
-            return _settle(adapter, call, reply, False)
+        if not plain_replies:  # _settle's read of a whole reply (its rule, copied), no frame
+            try:
+                adapter.read_reply(call, reply)
+            except Exception:
+                _logger.exception(
+                    "reading a %s reply failed; its reservation is committed", provider
+                )
+            if call.done:
+                return reply  # settled by its reader (an error status the SDK raises next)
         # A whole reply: ContainedCall.finish's plain usage (input and output
         # tokens, nothing lost or retried), committed as PlainCall.commit
         # commits it, with no span to end and a breaker with nothing to reset

@@ -21,7 +21,7 @@ spend (made later, inside AWS) not metered.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from operator import is_not
 from typing import Any
@@ -137,6 +137,9 @@ _S3_INPUT_BOUND = 1_000_000
 _PRESENT = partial(is_not, None)  # filter's test, in C: the value is not None
 # A Request from its fields without NamedTuple's Python-level __new__ (once per call).
 _request_of = tuple.__new__  # every Request field, in order (a new field goes here too)
+# The Bedrock client seen last (bedrock.py's routing keeps it): a weak reference to
+# its ``meta`` and its service. The shared lane's reader reads a Converse call of it.
+LAST: list[tuple[Callable[[], Any], str]] = [(lambda: None, "")]
 # Converse document formats that are plain text: their bytes bound their tokens.
 _TEXT_DOCUMENTS = frozenset(("txt", "md", "csv", "html"))
 # An image for a family other than Anthropic's (whose most is ANTHROPIC_IMAGE_TOKENS):
@@ -219,21 +222,35 @@ def read_converse(
 ) -> Request:
     """The Converse adapter's ``read_request``: :func:`read_plain`'s request, its
     input's bytes not counted."""
-    return read_plain(adapter, args, kwargs, method, sized=False)[0]
+    return read_plain(adapter, args, kwargs, None, method, sized=False)[0]  # type: ignore[return-value]
 
 
 def read_plain(
     adapter: object,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    instance: Any = None,
     method: str = "Converse",
     sized: bool = True,
-) -> tuple[Request, int]:
+) -> tuple[Request | None, int]:
     """A ``_make_api_call`` of ``Converse`` (unless ``method`` says), read in one frame
     (:func:`converse_request`'s), and the UTF-8 bytes of its input
     (``_utf8_bytes(request.input_parts)``, as ``_describe`` walks it) when it is
     plain: messages only, each a role and text blocks; -1 for any other (and
-    when not ``sized``). The shared lane's reader (``ProviderAdapter.read_plain``)."""
+    when not ``sized``). The shared lane's reader (``ProviderAdapter.read_plain``)
+    over every AWS call of ``instance`` (a client): only a ``bedrock-runtime``
+    ``Converse`` of the client seen last (:data:`LAST`, botocore passing both
+    arguments by position) is read; any other, none (``None, -1``: the hook's
+    routing sends it)."""
+    if instance is not None:
+        last, service = LAST[0]
+        if (
+            len(args) != 2
+            or args[0] != "Converse"
+            or service != "bedrock-runtime"
+            or last() is not instance.meta
+        ):
+            return None, -1
     params = args[1] if len(args) >= 2 else arguments(args, kwargs)[1]
     get = params.get
     model = get("modelId")

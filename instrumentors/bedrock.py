@@ -50,14 +50,14 @@ import importlib.util
 import sys
 import weakref
 from collections.abc import Callable, Collection
-from types import FunctionType
 from typing import Any
 
 import wrapt
 
-from ._adapter import ProviderAdapter, Request, denial_in, http_status, wrapper
+from ._adapter import ProviderAdapter, Request, _lane, denial_in, http_status, wrapper
 from ._bedrock_request import (
     FREE,
+    LAST,
     REFUSED,
     arguments,
     invoke_request,
@@ -98,13 +98,18 @@ class _Bedrock(ProviderAdapter):
 
 
 class _Converse(_Bedrock):
-    """``Converse`` and ``ConverseStream`` (``response["stream"]`` is held)."""
+    """``Converse`` and ``ConverseStream`` (:class:`_ConverseStream`: its
+    ``response["stream"]`` is held)."""
 
+    # Converse's reply: botocore's parsed dict, read and settled as it returns
+    # (in the shared lane's frame).
+    whole_replies = frozenset((dict,))
     # The request, the reply and its items read without a frame of their own.
     read_request = read_converse
-    # The shared lane's reader: ``Converse``'s only (_make_api_call_lane sends
-    # no other operation there; it reads no stream).
+    # The shared lane's reader, given the client: ``Converse``'s only (it reads no
+    # stream); the lane is the hook over every AWS call (_make_api_call's lane).
     read_plain = staticmethod(read_plain)
+    plain_reads_instance = True
 
     def rewrite(
         self,
@@ -122,6 +127,12 @@ class _Converse(_Bedrock):
 
     def wrap_stream(self, call: ContainedCall, reply: Any, is_async: bool) -> Any:
         return _held(self, call, reply, "stream", is_async)
+
+
+class _ConverseStream(_Converse):
+    """``ConverseStream``: its reply, a dict too, holds the stream (no reply is whole)."""
+
+    whole_replies = frozenset()
 
 
 class _Invoke(_Bedrock):
@@ -182,7 +193,8 @@ def _held(
     return reply
 
 
-_CONVERSE, _INVOKE, _REFUSE = _Converse(), _Invoke(), _Refused()
+_CONVERSE, _CONVERSE_STREAM = _Converse(), _ConverseStream()
+_INVOKE, _REFUSE = _Invoke(), _Refused()
 _Route = tuple[Callable[..., Any], Callable[..., Any]]
 
 
@@ -192,7 +204,7 @@ def _pair(adapter: ProviderAdapter, operation: str) -> _Route:
 
 _ROUTES: dict[tuple[str, str], _Route] = {
     ("bedrock-runtime", "Converse"): _pair(_CONVERSE, "Converse"),
-    ("bedrock-runtime", "ConverseStream"): _pair(_CONVERSE, "ConverseStream"),
+    ("bedrock-runtime", "ConverseStream"): _pair(_CONVERSE_STREAM, "ConverseStream"),
     ("bedrock-runtime", "InvokeModel"): _pair(_INVOKE, "InvokeModel"),
     ("bedrock-runtime", "InvokeModelWithResponseStream"): _pair(
         _INVOKE, "InvokeModelWithResponseStream"
@@ -206,7 +218,7 @@ for _service, _operations in REFUSED.items():
 # The Bedrock client seen last: a weak reference to its ``meta`` and its service. A
 # process's client asks again every call: its service is read once, and its
 # needs-retry handler (_stop_retrying_denials) is known to be registered.
-_LAST: list[tuple[Callable[[], Any], str]] = [(lambda: None, "")]
+_LAST = LAST
 
 
 def _route(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Route | None:
@@ -257,45 +269,29 @@ def _stop_retrying_denials(client: Any) -> None:
 
 
 def _make_api_call(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    wrapped: Any,
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    request: Request | None = None,
+    size: int = -1,
 ) -> Any:
+    """Route a call to its adapter's wrapper, or send it (another AWS service).
+    ``request`` and ``size`` (its input bytes): a Converse call's, read by the
+    shared lane, which left it here."""
     # The client seen last asks again (botocore passes both arguments by
     # position): its routes without _route's frame; anything else asks _route.
     last, service = _LAST[0]
     route = _ROUTES.get((service, args[0])) if len(args) == 2 and last() is instance.meta else None
     if route is None and (route := _route(instance, args, kwargs)) is None:
         return wrapped(*args, **kwargs)
-    return route[0](wrapped, instance, args, kwargs)
+    return route[0](wrapped, instance, args, kwargs, request, size)
 
 
-def _make_api_call_lane() -> Callable[..., Any]:
-    """:func:`_make_api_call` as the plain function ``_hooks`` puts over the method
-    (its ``veronica_lane``, where ``_hooks`` reads one): the route found and the
-    call sent in this one frame, without a bound method and a frame of its own
-    between them; a ``Converse`` call goes to the shared lane of its wrapper where
-    there is one (its common call in one frame, read by read_plain). Its rules are
-    _make_api_call's, copied (tested to agree)."""
-    converse_route = _ROUTES[("bedrock-runtime", "Converse")]
-    make_lane = getattr(converse_route[0], "veronica_lane", None)
-    converse = None if make_lane is None else make_lane()
-
-    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        method = hooked.__wrapped__  # type: ignore[attr-defined]  # read per call: spliced out
-        last, service = _LAST[0]
-        route = _ROUTES.get((service, args[0])) if len(args) == 2 and last() is self.meta else None
-        if route is None and (route := _route(self, args, kwargs)) is None:
-            if type(method) is FunctionType:  # botocore's own method: no binding
-                return method(self, *args, **kwargs)
-            return method.__get__(self, type(self))(*args, **kwargs)
-        if route is converse_route and converse is not None:
-            converse.__wrapped__ = method  # what it sends: this hook's, as it is now
-            return converse(self, *args, **kwargs)
-        return route[0](method.__get__(self, type(self)), self, args, kwargs)
-
-    return hooked
-
-
-_make_api_call.veronica_lane = _make_api_call_lane  # type: ignore[attr-defined]
+# The plain function ``_hooks`` puts over the method (its ``veronica_lane``): the
+# shared lane of Converse, whose reader reads a Converse call of the Bedrock client
+# seen last and leaves any other call to _make_api_call (the lane's general way).
+_make_api_call.veronica_lane = lambda: _lane(_CONVERSE, _make_api_call)  # type: ignore[attr-defined]
 
 
 async def _amake_api_call(

@@ -51,9 +51,9 @@ call is admitted there with the in-process ledger's synchronous path.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 from weakref import ref
 
 from veronica_otel._attributes import GEN_AI_RESPONSE_FINISH_REASONS, GEN_AI_RESPONSE_ID
@@ -76,6 +76,7 @@ _CONTEXT_BOUND = 256_000
 # bound is above every per-image count we know of (Mistral's is 4,160).
 _IMAGE_TOKENS = 16_384
 _STREAMS = frozenset(("stream", "astream"))
+_WHOLE: set[type] = set()  # _CohereAdapter.whole_replies, filled by _request_lane
 
 
 class _Route(NamedTuple):
@@ -298,6 +299,9 @@ def read_plain(
 class _CohereAdapter(ProviderAdapter):
     provider = "cohere"
     read_plain = staticmethod(read_plain)
+    # ``request()``'s reply, an ``httpx.Response`` (filled as the hooks go on, by
+    # _request_lane): read and settled as it returns, in the shared lane's frame.
+    whole_replies: ClassVar[Collection[type]] = _WHOLE
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -435,15 +439,31 @@ def _read_event(call: ContainedCall, payload: bytes) -> None:
 
 
 class _CohereStreams(_CohereAdapter):
-    """The ``stream`` hooks' adapter: no shared lane (its reader reads ``request``'s calls)."""
+    """The ``stream`` hooks' adapter: no shared lane (its reader reads ``request``'s
+    calls), no whole reply (a stream's context manager)."""
 
     read_plain = None  # type: ignore[assignment]
+    whole_replies = ()
 
 
 _ADAPTER, _STREAMS_ADAPTER = _CohereAdapter(), _CohereStreams()
+_request = wrapper(_ADAPTER, "request")
+_shared_lane: Callable[[], Callable[..., Any]] | None = getattr(_request, "veronica_lane", None)
+
+
+def _request_lane() -> Callable[..., Any]:
+    """The shared lane ``_hooks`` puts over ``request()``, with its reply type known whole."""
+    import httpx  # the SDK's HTTP library, imported with it
+
+    _WHOLE.add(httpx.Response)
+    return _shared_lane()  # type: ignore[misc]
+
+
+if _shared_lane is not None:
+    _request.veronica_lane = _request_lane  # type: ignore[attr-defined]
 _SIGNATURE = (("path",), ("method", "json"))
 _PATCHES = (
-    Hook("HttpClient", "request", wrapper(_ADAPTER, "request"), *_SIGNATURE),
+    Hook("HttpClient", "request", _request, *_SIGNATURE),
     Hook(
         "AsyncHttpClient",
         "request",

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from veronica_otel._attributes import (
     GEN_AI_PROVIDER_NAME,
@@ -139,7 +139,7 @@ _OPTIONS = {
 }
 _CLOUD_HOSTS: list[tuple[object, bool]] = [(None, False)]
 _MISSING = object()  # no ``options`` dict: _cap reads what there is
-_LOCAL_HOST = object()  # read_plain's client by default: one _lane found local
+_WHOLE: set[type] = set()  # OllamaAdapter.whole_replies, filled by _lane
 # The keys of the SDK's chat body read_plain reads plain (the SDK drops what is None).
 _CHAT_PATH = ("/api/chat",)  # ``_request``'s url, as the SDK's chat() passes it
 _PLAIN_CHAT = frozenset(("model", "messages", "tools", "stream", "options", "keep_alive", "think"))
@@ -274,24 +274,21 @@ def _hosted(instance: Any, model: str) -> bool:
 
 
 def read_plain(
-    adapter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], instance: Any = _LOCAL_HOST
+    adapter: Any, args: tuple[Any, ...], kwargs: dict[str, Any], instance: Any
 ) -> tuple[Request | None, int]:
-    """The request of a ``Client._request(cls, method, url, ...)`` call, and the UTF-8
-    bytes of its input (``_utf8_bytes(request.input_parts)``, as ``_describe`` walks
-    it) when it is a plain chat: the SDK's own (a bare path, a dict body) with
-    messages of strings only, no tools, format, images or context, a cap, and a
-    local model; -1 for any other. ``instance``: the client, whose host says
-    whether the call is hosted; by default one :func:`_lane` found local, and
-    then anything but a plain chat is not read (``None, -1``: read_request reads
-    it). The local lane's reader (``ProviderAdapter.read_plain``) and read_request's."""
+    """The request of a ``Client._request(cls, method, url, ...)`` call on ``instance``
+    (the client, whose host says whether the call is hosted), and the UTF-8 bytes
+    of its input (``_utf8_bytes(request.input_parts)``, as ``_describe`` walks it)
+    when it is a plain chat: the SDK's own (a bare path, a dict body) with messages
+    of strings only, no tools, format, images or context, a cap, and a local model;
+    -1 for any other. The shared lane's reader (``ProviderAdapter.read_plain``, given
+    the client) and read_request's."""
     body = kwargs.get("json")
     if args[2:3] != _CHAT_PATH or type(body) is not dict:  # not the SDK's chat
-        if instance is _LOCAL_HOST:
-            return None, -1
         return _read_request(instance, args, kwargs, args[2] if len(args) > 2 else None), -1
     messages = body.get("messages")
     if type(messages) is not list or not messages or not body.keys() <= _PLAIN_CHAT:
-        return _other(instance, body, kwargs)
+        return _chat(instance, body, kwargs), -1
     # The plain chat: _chat's rules for it (_cap's common case and _hosted
     # inline), and _list_bytes([messages])'s count: 1 for the outer list, 1 per
     # message, per message 2 per key and the bytes of its keys and values. A
@@ -299,11 +296,11 @@ def read_plain(
     size = 1 + len(messages)
     for message in messages:
         if type(message) is not dict or "images" in message:
-            return _other(instance, body, kwargs)
+            return _chat(instance, body, kwargs), -1
         try:
             text = "".join(message) + "".join(message.values())
         except TypeError:  # a value that is not a str (tool calls)
-            return _other(instance, body, kwargs)
+            return _chat(instance, body, kwargs), -1
         size += 2 * len(message) + (len(text) if text.isascii() else len(text.encode()))
     model = body.get("model")
     if type(model) is not str or not model:
@@ -311,23 +308,17 @@ def read_plain(
     options = body.get("options")
     cap = options.get("num_predict") if type(options) is dict else None
     if type(cap) is not int or body.get("tools"):
-        return _other(instance, body, kwargs)
-    if instance is _LOCAL_HOST:
-        base = None  # the host is local: only the tag can say hosted
-    else:
-        try:
-            base = instance._client._base_url
-        except AttributeError:
-            base = None
-    if (":" in model and model.rpartition(":")[2].endswith("cloud")) or (
-        instance is not _LOCAL_HOST
-        and (
-            last[1]
-            if (last := _CLOUD_HOSTS[0])[0] is base and base is not None
-            else _cloud_host(_base_url(instance))
-        )
+        return _chat(instance, body, kwargs), -1
+    # _hosted's rules: the client's host (the last answer kept), then the tag.
+    try:
+        base = instance._client._base_url
+    except AttributeError:
+        base = None
+    last = _CLOUD_HOSTS[0]
+    if (last[1] if last[0] is base and base is not None else _cloud_host(_base_url(instance))) or (
+        ":" in model and model.rpartition(":")[2].endswith("cloud")
     ):
-        return _other(instance, body, kwargs)  # hosted: priced under ollama.cloud
+        return _chat(instance, body, kwargs), -1  # hosted: priced under ollama.cloud
     return _request_of(
         Request,
         (
@@ -346,14 +337,6 @@ def read_plain(
             False,  # cache_writes: Ollama bills no cache writes
         ),
     ), size
-
-
-def _other(
-    instance: Any, body: dict[str, Any], kwargs: dict[str, Any]
-) -> tuple[Request | None, int]:
-    """read_plain's answer for a chat that is not plain: _chat's request, or none
-    read for a client :func:`_lane` found local (read_request reads it)."""
-    return (None, -1) if instance is _LOCAL_HOST else (_chat(instance, body, kwargs), -1)
 
 
 def _chat(instance: Any, body: dict[str, Any], kwargs: dict[str, Any]) -> Request:
@@ -417,10 +400,53 @@ def _chat(instance: Any, body: dict[str, Any], kwargs: dict[str, Any]) -> Reques
     )
 
 
+def _read_usage(call: ContainedCall, reply: Any) -> None:
+    """Usage and response attributes of a reply or a stream's last chunk."""
+    # The counts first: a model reply has them as fields, while asking it for
+    # ``usage`` (only /v1/systemone's reply has one) raises inside pydantic.
+    try:  # ChatResponse and GenerateResponse fields (None: Ollama omits a count that is 0)
+        inp, out = reply.prompt_eval_count, reply.eval_count
+    except AttributeError:
+        inp = getattr(reply, "prompt_eval_count", None)
+        out = getattr(reply, "eval_count", None)
+    # Two plain counts, each in set_usage's range (their sum within it: stricter,
+    # and a negative one makes ``inp | out`` negative).
+    if type(inp) is int is type(out) and (inp | out) >= 0 and inp + out <= MAX_COUNT:
+        if type(call) is ContainedCall:  # ContainedCall.set_usage(inp, out)'s rule, copied
+            call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
+            call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
+        else:
+            call.set_usage(inp, out)
+    elif inp is not None or out is not None:
+        call.set_usage(inp or 0, out or 0)
+    else:
+        usage = getattr(reply, "usage", None)  # /v1/systemone: input_tokens, output_tokens
+        if usage is not None:
+            call.set_usage(
+                getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
+            )
+    attributes = call.pending_attributes
+    if attributes is not None:
+        model = getattr(reply, "model", None)
+        if type(model) is str:
+            attributes[GEN_AI_RESPONSE_MODEL] = model
+        reason = getattr(reply, "done_reason", None)
+        if type(reason) is str:
+            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
+
+
 class OllamaAdapter(ProviderAdapter):
     """How ``ollama`` calls read; see the module docs."""
 
     provider = PROVIDER
+    # The SDK's replies of a call not streamed (filled as its hooks go on, by
+    # _lane): read and settled as they return, in the shared lane's frame.
+    whole_replies: ClassVar[Collection[type]] = _WHOLE
+    # The shared lane's reader, given the client (its host says hosted or local).
+    read_plain = staticmethod(read_plain)
+    plain_reads_instance = True
+    # The reply read without a frame of its own (once per call).
+    read_reply = staticmethod(_read_usage)
 
     def read_request(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str
@@ -471,41 +497,6 @@ class OllamaAdapter(ProviderAdapter):
             _read_usage(call, item)
 
 
-def _read_usage(call: ContainedCall, reply: Any) -> None:
-    """Usage and response attributes of a reply or a stream's last chunk."""
-    # The counts first: a model reply has them as fields, while asking it for
-    # ``usage`` (only /v1/systemone's reply has one) raises inside pydantic.
-    try:  # ChatResponse and GenerateResponse fields (None: Ollama omits a count that is 0)
-        inp, out = reply.prompt_eval_count, reply.eval_count
-    except AttributeError:
-        inp = getattr(reply, "prompt_eval_count", None)
-        out = getattr(reply, "eval_count", None)
-    # Two plain counts, each in set_usage's range (their sum within it: stricter,
-    # and a negative one makes ``inp | out`` negative).
-    if type(inp) is int is type(out) and (inp | out) >= 0 and inp + out <= MAX_COUNT:
-        if type(call) is ContainedCall:  # ContainedCall.set_usage(inp, out)'s rule, copied
-            call.cached_tokens = call.cache_write_tokens = call.reasoning_tokens = 0
-            call.input_tokens, call.output_tokens, call.usage_seen = inp, out, True
-        else:
-            call.set_usage(inp, out)
-    elif inp is not None or out is not None:
-        call.set_usage(inp or 0, out or 0)
-    else:
-        usage = getattr(reply, "usage", None)  # /v1/systemone: input_tokens, output_tokens
-        if usage is not None:
-            call.set_usage(
-                getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
-            )
-    attributes = call.pending_attributes
-    if attributes is not None:
-        model = getattr(reply, "model", None)
-        if type(model) is str:
-            attributes[GEN_AI_RESPONSE_MODEL] = model
-        reason = getattr(reply, "done_reason", None)
-        if type(reason) is str:
-            attributes[GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
-
-
 def _tool(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolCall | None:
     """A ``web_search`` / ``web_fetch`` call as a contained tool call (None: not one).
 
@@ -543,48 +534,27 @@ async def _atool_call(
         return await wrapped(*args, **kwargs)
 
 
-# The reply read without a frame of its own (once per call).
-OllamaAdapter.read_reply = staticmethod(_read_usage)  # type: ignore[method-assign,assignment]
-
-
-class _LocalOllama(OllamaAdapter):
-    """The adapter of calls from a client whose host :func:`_lane` found local: its
-    reader (read_plain, by default) reads only their plain chat."""
-
-    read_plain = staticmethod(read_plain)
-
-
-_ADAPTER, _LOCAL = OllamaAdapter(), _LocalOllama()
+_ADAPTER = OllamaAdapter()
 # Model calls go straight to the contained wrapper; what it does not admit, to the tools.
 _request = wrapper(_ADAPTER, "_request", otherwise=_tool_call)
 _arequest = wrapper(_ADAPTER, "_request", is_async=True, otherwise=_atool_call)
-_local_request = wrapper(_LOCAL, "_request", otherwise=_tool_call)
+_shared_lane: Callable[[], Callable[..., Any]] | None = getattr(_request, "veronica_lane", None)
 
 
 def _lane() -> Callable[..., Any]:
-    """``_request`` as the plain function ``_hooks`` puts over the method (its
-    ``veronica_lane``, where the contained wrapper of a reader has one: the
-    shared lane). A client whose host is not ollama.com (_hosted's host rule,
-    copied) goes to the shared lane of :data:`_LOCAL`, which reads its plain
-    chat there; any other call, to ``_request``."""
-    local = _local_request.veronica_lane()  # type: ignore[attr-defined]
+    """The shared lane ``_hooks`` puts over ``_request`` (its ``veronica_lane``),
+    with the SDK's whole replies known (a type this version lacks is left out: its
+    replies settle the general way, by ``_settle``)."""
+    from ollama import _types  # imported with the client this hooks
 
-    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        method = hooked.__wrapped__  # type: ignore[attr-defined]  # read per call: spliced out
-        try:
-            base = self._client._base_url
-        except AttributeError:
-            base = None
-        last = _CLOUD_HOSTS[0]
-        if base is None or (last[1] if last[0] is base else _cloud_host(_base_url(self))):
-            return _request(method.__get__(self, type(self)), self, args, kwargs)
-        local.__wrapped__ = method  # what it sends: this hook's, as it is now
-        return local(self, *args, **kwargs)
-
-    return hooked
+    for name in ("ChatResponse", "GenerateResponse", "EmbedResponse", "EmbeddingsResponse"):
+        found = getattr(_types, name, None)
+        if isinstance(found, type):
+            _WHOLE.add(found)
+    return _shared_lane()  # type: ignore[misc]
 
 
-if hasattr(_local_request, "veronica_lane"):  # the shared lane (not there: _request alone)
+if _shared_lane is not None:
     _request.veronica_lane = _lane  # type: ignore[attr-defined]
 
 

@@ -189,7 +189,7 @@ def _between_other_clients(server: FakeLLMServer, runtime: Any) -> ChainSnapshot
 def test_the_plain_hook_routes_as_make_api_call_does(
     server: FakeLLMServer, backoff: Backoff, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """_make_api_call_lane's function (what ``_hooks`` puts over the method where it
+    """_make_api_call's lane (the function ``_hooks`` puts over the method where it
     reads a ``veronica_lane``) contains Bedrock calls and passes the rest as
     _make_api_call does, over the method it wraps."""
     import functools
@@ -199,7 +199,7 @@ def test_the_plain_hook_routes_as_make_api_call_does(
     from veronica_otel.instrumentors import bedrock
 
     original = botocore.client.BaseClient.__dict__["_make_api_call"]
-    hooked = bedrock._make_api_call_lane()
+    hooked = bedrock._make_api_call.veronica_lane()  # type: ignore[attr-defined]
     functools.update_wrapper(hooked, original)
     monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", hooked)
     runtime = _client(server.base_url)

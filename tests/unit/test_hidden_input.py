@@ -144,7 +144,7 @@ def test_converse_plain_reader_counts_the_input_as_the_byte_walk_does() -> None:
         params = {"modelId": CLAUDE, **given}
         for method in ("Converse", "ConverseStream"):
             args = (method, params)
-            request, size = _bedrock_request.read_plain(None, args, {}, method)
+            request, size = _bedrock_request.read_plain(None, args, {}, None, method)
             assert request == _bedrock_request.read_converse(None, None, args, {}, method)
             assert request == converse_request(params, method == "ConverseStream")
             assert (size >= 0) is expect_plain, params
