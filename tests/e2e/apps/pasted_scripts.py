@@ -26,7 +26,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from frameworks._report import WARM, exit_as_the_interpreter_does
+from frameworks._report import WARM, exit_as_the_interpreter_does, no_collection
 
 
 def _imported_names(script: Path) -> list[str]:
@@ -68,9 +68,7 @@ def _run(script: Path, folder: Path) -> None:
 
 
 def main(out: str, *paths: str) -> None:
-    # No collection while importing: each full one walks every object the imports made
-    # so far (about a quarter of their CPU for a dozen SDKs), and they make few cycles.
-    gc.disable()
+    no_collection()  # while importing what the scripts import (each child collects)
     scripts = [Path(path).resolve() for path in paths]
     for script in scripts:
         for name in _imported_names(script):
