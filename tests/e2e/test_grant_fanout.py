@@ -2,19 +2,19 @@
 
 Service B runs under uvicorn in its own process (``apps/service_b.py``), once
 on a process-local ledger and once on a real Valkey it shares with the
-caller. The caller (``apps/fanout_client.py``, another process) opens a chain
-with ``max_steps=4`` and sends 8 or 32 requests at once, each asking B for
-LLM calls. The fake LLM server's request count is the ground truth of what B
-sent. The spend-back attacks run in this process against a small HTTP
+caller (:func:`fan_out`, in this process: B is the other service) opens a
+chain with ``max_steps=4`` and sends 8 or 32 requests at once, each asking B
+for LLM calls. The fake LLM server's request count is the ground truth of what
+B sent. The spend-back attacks run in this process against a small HTTP
 server that answers with whatever header the test chose.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import asyncio
+import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,17 +23,16 @@ from urllib.parse import unquote
 import httpx2
 import pytest
 
-from veronica_otel import ExecutionConfig, ExecutionContext
+from veronica_otel import BudgetExceededError, ExecutionConfig, ExecutionContext
 from veronica_otel._grants import GrantKeys, NonceCache, Spent, sign_spent, verify_grant
 from veronica_otel._ledger import Level, Limits
+from veronica_otel.distributed import RedisLedger
 from veronica_otel.instrumentors.httpx import HTTPXInstrumentor
 from veronica_otel.testing import FakeLLMServer, RedisServerProcess, find_redis_server
 
 from .test_two_services import (
-    APPS,
     KEY,
     ServiceB,
-    environment,
     grant_header,
     start_service_b,
     stop,
@@ -75,21 +74,45 @@ def shared_b(
     stop(service)
 
 
+async def _one(client: httpx2.AsyncClient, path: str) -> dict[str, Any]:
+    try:
+        response = await client.get(path)
+    except BudgetExceededError as exc:
+        return {"status": None, "denied": exc.reason}
+    return {"status": response.status_code, "made": response.json().get("made", 0)}
+
+
 def fan_out(
-    llm: FakeLLMServer, url: str, n: int, calls: int, *extra: str, **env: str
+    url: str, n: int, calls: int, redis_url: str | None = None, **grant: float
 ) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, str(APPS / "fanout_client.py"), url, str(n), str(calls), *extra],
-        env=environment(llm, **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    report: dict[str, Any] = json.loads(result.stdout)
-    report["stderr"] = result.stderr
-    return report
+    """One chain (``max_steps=4``, 1 USD; on the Valkey at ``redis_url`` when given)
+    sending ``n`` requests at once to B's ``/agent?calls=CALLS`` with httpx2, its
+    grants capped by ``grant`` (``grant_max_steps``, ``grant_max_cost_usd``): each
+    request's status (or why it was not sent), what B says it made, and the chain's
+    counters afterwards. In this process, as a caller's service would run it."""
+    instrumentor = HTTPXInstrumentor()
+    instrumentor.instrument(propagate_hosts="127.0.0.1", grant_key=KEY, **grant)
+    ledger = RedisLedger.from_url(redis_url) if redis_url is not None else None
+
+    async def send() -> list[dict[str, Any]]:
+        async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
+            return await asyncio.gather(*(_one(client, f"/agent?calls={calls}") for _ in range(n)))
+
+    config = ExecutionConfig(max_steps=4, max_cost_usd=1.0)
+    try:
+        with ExecutionContext(config, chain_id=f"job-{uuid.uuid4().hex[:8]}", ledger=ledger) as ctx:
+            results = asyncio.run(send())
+            snap = ctx.snapshot()
+    finally:
+        instrumentor.uninstrument()
+        if ledger is not None:
+            ledger.close()
+    return {
+        "results": results,
+        "steps": snap.steps,
+        "cost_usd": snap.cost_usd,
+        "reserved_usd": snap.reserved_usd,
+    }
 
 
 @pytest.mark.parametrize("n", [8, 32])
@@ -98,7 +121,7 @@ def test_concurrent_requests_never_spend_more_than_the_callers_chain(
 ) -> None:
     llm.reset()
     # Each request asks B for 2 calls; each grant carves one step and 0.1 USD.
-    report = fan_out(llm, local_b.url, n, 2, "1", "0.1")
+    report = fan_out(local_b.url, n, 2, grant_max_steps=1, grant_max_cost_usd=0.1)
     sent = [r for r in report["results"] if r["status"] == 200]
     denied = [r for r in report["results"] if r["status"] is None]
     assert len(sent) == 4 and len(denied) == n - 4
@@ -112,7 +135,7 @@ def test_without_a_cap_the_first_grant_takes_what_is_left(
     llm: FakeLLMServer, local_b: ServiceB
 ) -> None:
     llm.reset()
-    report = fan_out(llm, local_b.url, 8, 3)
+    report = fan_out(local_b.url, 8, 3)
     made = sum(r.get("made", 0) for r in report["results"])
     assert made == 3 and llm.count(CHAT) == 3
     assert report["steps"] == 3  # what B used, the unused step released
@@ -123,7 +146,7 @@ def test_on_one_shared_valkey_b_charges_the_callers_chain_exactly(
     llm: FakeLLMServer, shared_b: ServiceB, valkey: RedisServerProcess, n: int
 ) -> None:
     llm.reset()
-    report = fan_out(llm, shared_b.url, n, 2, VERONICA_REDIS_URL=valkey.url)
+    report = fan_out(shared_b.url, n, 2, redis_url=valkey.url)
     made = sum(r.get("made", 0) for r in report["results"])
     assert made == llm.count(CHAT) == 4  # the caller's ceiling held across the fan-out
     assert report["steps"] == 4  # charged once, directly: not twice, not zero
@@ -131,15 +154,16 @@ def test_on_one_shared_valkey_b_charges_the_callers_chain_exactly(
 
 
 def test_a_stripped_spend_back_commits_the_whole_carve(
-    llm: FakeLLMServer, local_b: ServiceB
+    llm: FakeLLMServer, local_b: ServiceB, caplog: pytest.LogCaptureFixture
 ) -> None:
     llm.reset()
-    report = fan_out(llm, f"{local_b.url}/via-gateway", 1, 1, "3")
+    caplog.set_level(logging.WARNING, "veronica_otel")
+    report = fan_out(f"{local_b.url}/via-gateway", 1, 1, grant_max_steps=3)
     assert report["results"] == [{"status": 200, "made": 1}]
     assert llm.count(CHAT) == 1
     assert report["steps"] == 3  # B used 1; the caller cannot know: all 3 carved are spent
     assert report["cost_usd"] == pytest.approx(1.0)  # and the cost carved with them
-    assert "veronica-spent header not trusted (missing)" in report["stderr"]
+    assert "veronica-spent header not trusted (missing)" in caplog.text
 
 
 def test_a_grant_for_another_service_is_refused_by_b(local_b: ServiceB) -> None:

@@ -64,6 +64,7 @@ def runs(*settings: str) -> int:
     ``frameworks/_report.py``'s scenarios do; one after the other, each
     printing its line. Returns how many failed.
     """
+    gc.disable()  # while the runs' imports run here (frameworks/_report.py's no_collection)
     import opentelemetry.exporter.otlp.proto.grpc.trace_exporter
     import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
     from frameworks._report import WARM, exit_as_the_interpreter_does
@@ -77,6 +78,7 @@ def runs(*settings: str) -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            gc.enable()  # collected as a run of its own is
             os.environ.update(json.loads(run))
             try:
                 main(instrumented())

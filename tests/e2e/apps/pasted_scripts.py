@@ -26,7 +26,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from frameworks._report import WARM, exit_as_the_interpreter_does
+from frameworks._report import WARM, exit_as_the_interpreter_does, no_collection
 
 
 def _imported_names(script: Path) -> list[str]:
@@ -47,6 +47,7 @@ def _import(name: str) -> None:
 
 def _run(script: Path, folder: Path) -> None:
     """In the child: ``script`` as ``__main__`` in ``folder``, its output to files there."""
+    gc.enable()  # collected as in any process (the parent's imports ran without)
     for fd, name in ((1, "out"), (2, "err")):
         target = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
@@ -67,6 +68,7 @@ def _run(script: Path, folder: Path) -> None:
 
 
 def main(out: str, *paths: str) -> None:
+    no_collection()  # while importing what the scripts import (each child collects)
     scripts = [Path(path).resolve() for path in paths]
     for script in scripts:
         for name in _imported_names(script):

@@ -116,6 +116,7 @@ def peers(folder: str, *runs: str) -> int:
     import gc
     import importlib
 
+    gc.disable()  # while the runs' imports run here (frameworks/_report.py's no_collection)
     import openlit  # noqa: F401
     import opentelemetry.instrumentation.openai
 
@@ -138,6 +139,7 @@ def peers(folder: str, *runs: str) -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            gc.enable()  # collected as a run of its own is
             for fd, suffix in ((1, "out"), (2, "err")):
                 path = os.path.join(folder, f"{run}.{suffix}")
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -38,7 +38,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from frameworks._report import in_child
+from frameworks._report import in_child, no_collection
 
 # Imported by start-up or by a run's first call (where installed).
 IMPORTS = (
@@ -69,6 +69,7 @@ DUMP_AFTER_S = 100  # a hung run writes every thread's stack to its stderr, and 
 
 
 def main(folder: str) -> int:
+    no_collection()  # while start-up's imports run here (each run collects: in_child)
     leave = set(filter(None, os.environ.pop("STARTED_LEAVE", "").split(",")))
     for name in IMPORTS:
         top = name.split(".", 1)[0]

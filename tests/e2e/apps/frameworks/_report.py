@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import importlib
 import importlib.util
 import json
@@ -137,6 +138,7 @@ def run(main: Callable[[], object] | Scenarios) -> None:
 def serve(choose: Callable[[dict[str, Any]], Callable[[], object]]) -> None:
     """For each scenario line on stdin, ``choose(scenario)`` run in a forked child (see above)."""
     _warm(WARM)
+    gc.freeze()  # a child's collections then skip (so do not copy) what this process made
     for line in sys.stdin:
         scenario = json.loads(line)
         sys.stdout.flush()
@@ -149,6 +151,7 @@ def serve(choose: Callable[[dict[str, Any]], Callable[[], object]]) -> None:
 
 
 def _in_child(main: Callable[[], object], env: Mapping[str, str | None]) -> None:
+    gc.enable()  # collected as a run of its own is (its parent may not: no_collection)
     for name, value in env.items():
         if value is None:
             os.environ.pop(name, None)
@@ -169,6 +172,17 @@ def _dump_if_hung() -> None:
         faulthandler.dump_traceback_later(float(after), exit=True)
 
 
+def no_collection() -> None:
+    """No garbage collection in this process from now on (its forked children collect).
+
+    For a parent about to import what its children share: each full collection
+    walks every object imported so far, about a quarter of the imports' CPU for a
+    dozen SDKs or a framework, and imports make few cycles. A child forked by
+    :func:`serve` or :func:`in_child` collects again (``gc.enable``).
+    """
+    gc.disable()
+
+
 def in_child(run: Callable[[], int]) -> int:
     """``run()`` in a process forked from this one, ended with the status it returns
     as the interpreter ends (:func:`exit_as_the_interpreter_does`); its wait status."""
@@ -176,6 +190,7 @@ def in_child(run: Callable[[], int]) -> int:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
+        gc.enable()  # collected as a run of its own is (its parent may not: no_collection)
         exit_as_the_interpreter_does(run())
     return os.waitpid(pid, 0)[1]
 
