@@ -181,14 +181,15 @@ def litellm_leaks_collected() -> Iterator[None]:
     import inspect
     import sys
     import warnings
-    import weakref
 
-    made: list[weakref.ref[asyncio.BaseEventLoop]] = []
+    # Held, not weakly referenced: a loop litellm drops mid-module would be garbage
+    # that a later test's collection finds unclosed (seen: the async test's).
+    made: list[asyncio.BaseEventLoop] = []
     init = asyncio.BaseEventLoop.__init__
 
     def recorded(loop: asyncio.BaseEventLoop) -> None:
         init(loop)
-        made.append(weakref.ref(loop))
+        made.append(loop)
 
     asyncio.BaseEventLoop.__init__ = recorded  # type: ignore[method-assign]
     try:
@@ -206,8 +207,8 @@ def litellm_leaks_collected() -> Iterator[None]:
                     with contextlib.suppress(Exception):
                         close()
             cache.flush_cache()
-        for ref in made:
-            loop = ref()
-            if loop is not None and not loop.is_running() and not loop.is_closed():
+        for loop in made:
+            if not loop.is_running() and not loop.is_closed():
                 loop.close()
+        made.clear()
         gc.collect()

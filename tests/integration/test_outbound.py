@@ -237,10 +237,12 @@ def test_llm_vendors_never_get_veronica_baggage_even_on_an_allowed_host(
         HTTPXInstrumentor(), propagate_hosts="127.0.0.1", grant_key=KEY, enable_otel_http=True
     )
     with FakeLLMServer(output_tokens=5) as llm, chain():
-        client = openai.OpenAI(base_url=llm.openai_base_url, api_key="test", max_retries=0)
-        client.chat.completions.create(
-            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
-        )
+        # Closed here: an open client's socket, left to garbage collection, fails
+        # whichever later test a collection runs in (filterwarnings = error).
+        with openai.OpenAI(base_url=llm.openai_base_url, api_key="test", max_retries=0) as client:
+            client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+            )
         # A raw request to the same server, from outside the SDK, is not a vendor call.
         httpx2.get(f"{llm.base_url}/health")
         sdk_call, raw_call = llm.requests

@@ -277,21 +277,26 @@ def test_a_node_down_fails_its_chains_closed_and_queued_commits_land_when_it_is_
     call already sent is queued, and replayed once the node is back with its data."""
     with RedisClusterProcess(tmp_path, binary=redis_binary, durable=True) as cluster:
         ledger = RedisLedger.from_url(cluster.url, fail_open=False)
-        cid = chain_on(cluster, ledger, 2, "outage-")
-        path = [Level(cid, Limits(cost_nano=10 * U))]
-        sent = ledger.reserve(path, 2 * U, 0)
-        assert isinstance(sent, Reservation)
-        cluster.nodes[2].kill()
-        assert ledger.commit(path, sent, 2 * U, 0) is None  # never raises into the call
-        assert ledger.pending == 1
-        with pytest.raises(LedgerUnavailableError):
-            ledger.reserve(path, U, 0)
-        cluster.nodes[2].start()  # same port, same data and cluster identity
-        cluster.wait_ok()
-        assert ledger.flush() == 0
-        snap = ledger.snapshot(cid)
-        assert (snap.cost_nano, snap.reserved_nano, snap.steps) == (2 * U, 0, 1)
-        assert isinstance(ledger.reserve(path, U, 0), Reservation)
+        try:
+            cid = chain_on(cluster, ledger, 2, "outage-")
+            path = [Level(cid, Limits(cost_nano=10 * U))]
+            sent = ledger.reserve(path, 2 * U, 0)
+            assert isinstance(sent, Reservation)
+            cluster.nodes[2].kill()
+            assert ledger.commit(path, sent, 2 * U, 0) is None  # never raises into the call
+            assert ledger.pending == 1
+            with pytest.raises(LedgerUnavailableError):
+                ledger.reserve(path, U, 0)
+            cluster.nodes[2].start()  # same port, same data and cluster identity
+            cluster.wait_ok()
+            assert ledger.flush() == 0
+            snap = ledger.snapshot(cid)
+            assert (snap.cost_nano, snap.reserved_nano, snap.steps) == (2 * U, 0, 1)
+            assert isinstance(ledger.reserve(path, U, 0), Reservation)
+        finally:
+            # Its sockets closed here, not by a later test's garbage collection
+            # (filterwarnings = error fails whatever test that runs in).
+            ledger.close()
 
 
 def test_an_unreachable_cluster_fails_open_to_a_local_ledger_when_asked() -> None:
