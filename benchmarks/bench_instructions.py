@@ -53,10 +53,14 @@ are imported from it, so both measure the same thing):
 Each variant runs in a child process under cachegrind (``--cache-sim=no``),
 making real SDK calls over loopback to the in-process
 :class:`~veronica_otel.testing.FakeLLMServer` of this (parent) process, so
-the server's work is not counted. The child has an SDK ``TracerProvider``
-whose batch processor never exports during the run (a long delay and a queue
-larger than the run), so every span costs the same and no background thread
-runs. Each variant runs twice, with ``--low`` and ``--high`` timed calls after
+the server's work is not counted. Where the interpreter's heap and stack land
+moves a call's count by up to ~10k instructions over the same code, so each
+variant runs in ``--layouts`` layouts (three by default: its environment
+padded by 0, 700 and 2,900 bytes) and each count is the median of them, the
+per-layout counts reported beside it (``per_layout``). The child has an SDK
+``TracerProvider`` whose batch processor never exports during the run (a long
+delay and a queue larger than the run), so every span costs the same and no
+background thread runs. Each variant runs twice, with ``--low`` and ``--high`` timed calls after
 the same warm-up; instructions per call is the difference of the two totals
 over the difference of the call counts, which cancels start-up and
 interpreter exit. Hash randomisation is fixed (``PYTHONHASHSEED=0``) and
@@ -124,6 +128,7 @@ import importlib.metadata
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -154,6 +159,13 @@ _NOISE_PER_CALL = 100_000
 # openai 1.0 %, every other library and adapter TARGET_OVER_BARE.
 TARGETS_OVER_BARE = {"openai": 0.01}
 OUTPUT_TOKENS = 5
+# Where the interpreter's heap and stack land moves a call's count by up to
+# ~10k (openai, no SDK: 69-80k added over the same code, measured with three
+# paddings): each count is the median over these paddings of the child's
+# environment, each a layout of its own.
+LAYOUT_PADS = (0, 700, 2900)
+DEFAULT_LAYOUTS = len(LAYOUT_PADS)
+_PAD_VARIABLE = "VERONICA_BENCH_LAYOUT_PAD"
 VARIANTS = {
     "openai": ("openai_bare", "openai_observe", "openai_floor", "openai_span", "openai_enforce"),
     "anthropic": (
@@ -630,8 +642,10 @@ def _count(
     python: str = sys.executable,
     *,
     valgrind: bool = True,
+    layout: int = 0,
 ) -> int:
-    """Instructions the child executed in all, start-up and exit included."""
+    """Instructions the child executed in all, start-up and exit included.
+    ``layout``: which of :data:`LAYOUT_PADS` pads the child's environment."""
     tool = ("valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null")
     command = [
         *(tool if valgrind else ()),
@@ -647,7 +661,7 @@ def _count(
         server.anthropic_base_url,
         *(() if sdk else ("--no-sdk",)),
     ]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "PYTHONHASHSEED": "0", _PAD_VARIABLE: "x" * LAYOUT_PADS[layout]}
     done = subprocess.run(
         command, check=False, capture_output=True, text=True, env=env, timeout=1800
     )
@@ -669,6 +683,7 @@ def _measure(
     peers: dict[str, str] | None = None,
     python: str = sys.executable,
     skip: frozenset[str] = frozenset(),
+    layouts: int = DEFAULT_LAYOUTS,
 ) -> dict[str, Any]:
     peers = peers or {}
     variants = {
@@ -681,34 +696,44 @@ def _measure(
         # No SDK: every span is a no-op, so there is no telemetry floor to measure.
         if (sdk or not v.endswith(("_floor", "_span"))) and v not in skip
         for n in (low, high)
+        for layout in range(layouts)
     ]
     # Every openai variant but a peer of its own venv in one environment (the
     # classic peers' venv when there is one); each peer in the venv that holds it.
     pythons = {
         v: peers.get(v) or (python if v.startswith("openai_") else sys.executable)
-        for v, _, _ in jobs
+        for v, _, _, _ in jobs
     }
     with FakeLLMServer(output_tokens=OUTPUT_TOKENS) as server:
         with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-            counts = pool.map(lambda job: _count(*job, server, pythons[job[0]]), jobs)
+            counts = pool.map(
+                lambda job: _count(*job[:3], server, pythons[job[0]], layout=job[3]), jobs
+            )
             totals = dict(zip(jobs, counts, strict=True))
         requests = len(server.requests)
-    expected_requests = sum(WARMUP_CALLS + n for _, n, _ in jobs)
+    expected_requests = sum(WARMUP_CALLS + n for _, n, _, _ in jobs)
     if requests != expected_requests:
         raise RuntimeError(f"the server saw {requests} requests, expected {expected_requests}")
     report: dict[str, Any] = {}
     for library in libraries:
-        per_call = {
-            v.split("_", 1)[1]: (totals[(v, high, sdk)] - totals[(v, low, sdk)]) / (high - low)
+        by_layout = {
+            v.split("_", 1)[1]: [
+                (totals[(v, high, sdk, i)] - totals[(v, low, sdk, i)]) / (high - low)
+                for i in range(layouts)
+            ]
             for v in variants[library]
-            if (v, high, sdk) in totals
+            if (v, high, sdk, 0) in totals
         }
+        per_call = {kind: statistics.median(counts) for kind, counts in by_layout.items()}
         if "bare" not in per_call or "enforce" not in per_call:
             continue  # left out (--skip)
         _check_above_bare(library, per_call)
         report[library] = _ratios(
             per_call, sdk, TARGETS_OVER_BARE.get(library, TARGET_OVER_BARE), library
         )
+        report[library]["per_layout"] = {
+            kind: [round(c) for c in counts] for kind, counts in by_layout.items()
+        }
     return report
 
 
@@ -876,6 +901,13 @@ def main() -> int:
     )
     parser.add_argument("--low", type=int, help=f"timed calls in the short run ({DEFAULT_LOW})")
     parser.add_argument("--high", type=int, help=f"timed calls in the long run ({DEFAULT_HIGH})")
+    parser.add_argument(
+        "--layouts",
+        type=int,
+        choices=range(1, len(LAYOUT_PADS) + 1),
+        default=DEFAULT_LAYOUTS,
+        help=f"memory layouts each count is the median of ({DEFAULT_LAYOUTS}; 1: faster, noisier)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--openai-url", help=argparse.SUPPRESS)
@@ -909,7 +941,9 @@ def main() -> int:
         "warmup_calls": WARMUP_CALLS,
         "libraries": list(libraries),
         "adapters": list(adapters),
-        "per_call": "(instructions at high - instructions at low) / (high - low)",
+        "per_call": "(instructions at high - instructions at low) / (high - low), the median "
+        "over the layouts",
+        "layouts": [f"{_PAD_VARIABLE} of {pad} bytes" for pad in LAYOUT_PADS[: args.layouts]],
     }
     if args.dry_run:
         report["dry_run"] = _dry_run((*libraries, *adapters))
@@ -929,14 +963,25 @@ def main() -> int:
         report["peers"] = {"python": peers, "measured": list(peers), "missing": missing}
     if libraries and args.only != "no-sdk":
         report.update(
-            _measure(libraries, low, high, sdk=True, peers=peers, python=python, skip=skip)
+            _measure(
+                libraries,
+                low,
+                high,
+                sdk=True,
+                peers=peers,
+                python=python,
+                skip=skip,
+                layouts=args.layouts,
+            )
         )
         _print_officials(report)
     # No SDK: the peers observe nothing; enforce over bare is what containment costs.
     # The other adapters run only here: their target is a share of the bare call.
     no_sdk = (*(() if args.quick else libraries), *adapters)
     if no_sdk and args.only != "sdk":
-        report["no_sdk"] = _measure(no_sdk, low, high, sdk=False, python=python, skip=skip)
+        report["no_sdk"] = _measure(
+            no_sdk, low, high, sdk=False, python=python, skip=skip, layouts=args.layouts
+        )
         report["no_sdk_shares"] = _shares(report["no_sdk"])
     return emit(report)
 

@@ -147,6 +147,10 @@ def test_bench_instructions_counts_an_adapter_over_its_bare_call() -> None:
     assert abs(ollama["added_over_bare"]["enforce"] - (counts["enforce"] - counts["bare"])) <= 1
     assert ollama["ratios"]["over_bare"]["enforce"] > 1
     assert "met_over_bare" in ollama["targets"]
+    # Each count is the median of its layouts' counts, each reported beside it.
+    for kind, per_layout in ollama["per_layout"].items():
+        assert len(per_layout) == len(result["parameters"]["layouts"]) == 3  # type: ignore[index]
+        assert counts[kind] == sorted(per_layout)[1]
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
