@@ -690,7 +690,7 @@ def _measure(
         lib: (*VARIANTS[lib], *(p for p in peers if p.startswith(f"{lib}_"))) for lib in libraries
     }
     jobs = [
-        (v, n, sdk)
+        (v, n, sdk, layout)
         for lib in libraries
         for v in variants[lib]
         # No SDK: every span is a no-op, so there is no telemetry floor to measure.
