@@ -8,7 +8,6 @@ import threading
 from typing import Protocol
 
 from ._ledger import Level, Reservation
-from ._ledger import _settle as _settle_queued
 from ._policy import PolicyContext, PolicyDecision
 from ._units import nano_to_usd
 
@@ -206,31 +205,7 @@ class PlainCall(CallHandle):
         # Settlement.settle's sent branch for a call with no agents and no
         # policy context, on its chain's one level (settle's ``fast`` case).
         ledger, level, state = context._fast  # type: ignore[attr-defined]
-        reservation = self.reservation
-        held_cost, held_tokens = reservation.cost_nano, reservation.tokens
-        if (
-            cost <= held_cost
-            and tokens <= held_tokens
-            and (cost != held_cost or tokens != held_tokens)
-        ):
-            # LocalLedger.commit_one's rule for less than was reserved, copied
-            # (one frame less): under the ledger's lock, the queued exact commits
-            # applied, the reservation moved out and the usage in; no overrun.
-            lock = ledger._lock
-            lock.acquire()
-            try:
-                if state.settled:
-                    _settle_queued(state)
-                state.reserved_nano -= held_cost
-                state.reserved_tokens -= held_tokens
-                state.cost_nano += cost
-                state.tokens += tokens
-            finally:
-                lock.release()
-            if self.metrics:
-                context._finished(self, error, cost, None)  # type: ignore[attr-defined]
-            return
-        overrun = ledger.commit_one(level, state, reservation, cost, tokens)
+        overrun = ledger.commit_one(level, state, self.reservation, cost, tokens)
         if overrun is not None or self.metrics:
             context._finished(self, error, cost, overrun)  # type: ignore[attr-defined]
 

@@ -19,7 +19,7 @@ from ._call import ACTIVE_CALL, CallHandle, PlainCall, joins_wrapped_call
 from ._call_spec import Admitted, CallSpec, call_signature
 from ._clamp import OutputClamp
 from ._gc_safe import pending
-from ._ledger import LedgerState, LocalLedger, _one_step
+from ._ledger import LedgerState, LocalLedger
 from ._policy import ALLOW
 from ._pools import PoolRoom, pool_room
 from ._pricing import _PER_MTOK, DEFAULT_MAX_OUTPUT_TOKENS, UnitPrices, default_price_table
@@ -127,36 +127,8 @@ def admit_call(  # noqa: PLR0915
             # ledger level stepped (None: anything unusual, asked the general
             # way). The lane's chain has no policies, agents or pools, so the
             # call settles there too (PlainCall.commit).
-            # LocalLedger.plain_step's rule, copied (one frame less): under the
-            # ledger's lock, on a level with no trip or override, the step,
-            # tokens and cost within its limits are taken, its one-step
-            # reservation reused while its amounts are the same; else None.
             ledger, live, limits = lane
-            reservation = None
-            lock = ledger._lock
-            lock.acquire()
-            try:
-                if live.trip is None and live.override is None:
-                    steps = live.steps + 1
-                    if (
-                        (limits.steps is None or steps <= limits.steps)
-                        and (
-                            limits.tokens is None
-                            or live.tokens + live.reserved_tokens + tokens <= limits.tokens
-                        )
-                        and (
-                            limits.cost_nano is None
-                            or live.cost_nano + live.reserved_nano + cost_nano <= limits.cost_nano
-                        )
-                    ):
-                        live.steps = steps
-                        live.reserved_nano += cost_nano
-                        live.reserved_tokens += tokens
-                        reservation = ledger._one
-                        if reservation.cost_nano != cost_nano or reservation.tokens != tokens:
-                            reservation = ledger._one = _one_step(cost_nano, tokens)
-            finally:
-                lock.release()
+            reservation = ledger.plain_step(live, limits, cost_nano, tokens)
             if reservation is not None:
                 # new_call(PlainCall, settlement, reservation, None, ALLOW), its
                 # model and metric flag, in this frame: every field
