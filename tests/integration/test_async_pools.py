@@ -18,7 +18,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from tests.integration.test_async_store import wait_until_blocked
+from tests.integration.test_async_store import cancel_in_flight
 from tests.integration.test_redis_pools import Store, U, _close, lifetime, open_store
 from veronica_otel import LocalLedger
 from veronica_otel._errors import TripEvent
@@ -172,8 +172,7 @@ async def test_a_pooled_reserve_cancelled_in_flight_leaks_nothing(
     admin.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
     try:
         task = asyncio.create_task(ledger.areserve(path, 5 * U, 0, pools=pools))
-        await asyncio.to_thread(wait_until_blocked, redis_url, 1)
-        task.cancel()  # the pooled reserve is in the store's hands, its reply not back
+        await cancel_in_flight(task, redis_url)  # the pooled reserve's reply not back
         with pytest.raises(asyncio.CancelledError):
             await task
         assert ledger.pending == 1  # the joined release of its id, queued at once
@@ -211,8 +210,7 @@ async def test_a_pooled_commit_cancelled_on_a_cluster_still_settles_every_pool(
         admin.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
         try:
             task = asyncio.create_task(ledger.acommit(path, held, 3 * U, 0))
-            await asyncio.to_thread(wait_until_blocked, url, 1)
-            task.cancel()
+            await cancel_in_flight(task, url)
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert ledger.pending == 2  # the chain's commit and the pools'

@@ -308,15 +308,34 @@ async def test_an_async_stream_is_cut_by_a_trip_made_elsewhere_polling_asynchron
 # -- cancellation -------------------------------------------------------------------
 
 
-def wait_until_blocked(url: str, count: int) -> None:
+def _wait_until_blocked(url: str, count: int) -> None:
     """Until ``count`` clients wait on the paused store (their command arrived)."""
     admin = redis.Redis.from_url(url)
     try:
         deadline = time.monotonic() + 5.0
         while int(admin.info("clients")["blocked_clients"]) < count:
-            assert time.monotonic() < deadline, "the reserve never reached the store"
+            assert time.monotonic() < deadline, "the command never reached the store"
     finally:
         admin.close()
+
+
+# Loop turns for a sent command's coroutine to leave its send (three suffice).
+_SEND_TURNS = 10
+
+
+async def cancel_in_flight(task: asyncio.Task[Any], url: str) -> None:
+    """Cancel ``task`` once its command waits on the paused store at ``url``.
+
+    The store sees the command while redis-py still awaits the writer's drain
+    inside ``asyncio.wait_for``, and Python 3.11's ``wait_for`` loses a cancel
+    that lands as its inner future completes (CPython gh-86296): the task would
+    run on to the reply. Turns of the loop, not a clock, let the send finish,
+    so the cancel lands where a real one mostly does: on the awaited reply.
+    """
+    await asyncio.to_thread(_wait_until_blocked, url, 1)
+    for _ in range(_SEND_TURNS):
+        await asyncio.sleep(0)
+    task.cancel()
 
 
 @pytest.mark.asyncio
@@ -335,8 +354,7 @@ async def test_cancelled_mid_reserve_leaks_nothing(redis_url: str, redis_prefix:
         admin.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
         try:
             task = asyncio.create_task(ctx.awrap_llm_call(tool, HINT))
-            await asyncio.to_thread(wait_until_blocked, redis_url, 1)
-            task.cancel()  # the reserve is in the store's hands, its reply not back
+            await cancel_in_flight(task, redis_url)  # the reserve's reply not back
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert store.pending == 1  # its release, queued at once
