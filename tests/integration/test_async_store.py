@@ -44,6 +44,7 @@ from veronica_otel import (
 )
 from veronica_otel._agent_limits import agent_level_id
 from veronica_otel._grants import Spent, verify_spent
+from veronica_otel._ledger import Level, Limits, Reservation
 from veronica_otel._pricing import default_price_table
 from veronica_otel._tools import ToolCall
 from veronica_otel._units import nano_to_usd
@@ -370,6 +371,80 @@ async def test_cancelled_mid_reserve_leaks_nothing(redis_url: str, redis_prefix:
     store.close()
     # Whether the paused reserve ran before or after its release: nothing held.
     assert (state.steps, state.cost_nano, state.reserved_nano) == (1, 100_000_000, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_at_any_turn_of_the_reserve_stops_the_call(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Cancelled after 0, 1, 2, ... turns of the loop, across the reserve's round
+    trip: every cancel raises, nothing runs, nothing stays reserved. Some of
+    these turns end the send, where Python 3.11's ``wait_for`` inside redis-py
+    drops a cancel (CPython gh-86296): the ledger raises it once the reply is in."""
+    store, _ = counting_ledger(redis_url, redis_prefix, timeout=8.0)
+    ran: list[int] = []
+
+    async def tool() -> None:
+        ran.append(1)
+
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        with ExecutionContext(ExecutionConfig(max_cost_usd=100.0), ledger=store) as ctx:
+            assert await ctx.awrap_llm_call(noop, HINT) is Decision.ALLOW  # scripts loaded
+            for turns in range(_SEND_TURNS * 2):
+                # Paused longer than a busy machine takes for these turns; a
+                # dropped cancel waits the pause out, then must still raise.
+                admin.execute_command("CLIENT", "PAUSE", "1000", "WRITE")
+                try:
+                    task = asyncio.create_task(ctx.awrap_llm_call(tool, HINT))
+                    for _ in range(turns):
+                        await asyncio.sleep(0)
+                    assert task.cancel(), turns
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                finally:
+                    admin.execute_command("CLIENT", "UNPAUSE")
+                assert await store.aflush() == 0
+            chain = ctx.chain_id
+        state = store.snapshot(chain)
+    finally:
+        admin.close()
+        store.close()
+    assert ran == []
+    assert state.reserved_nano == 0
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_at_any_turn_of_a_commit_raises_and_counts_it_once(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The commit's twin of the sweep above: each cancelled commit raises,
+    is replayed by its id, and counts once. From turn 1: a task cancelled
+    before its first turn never runs (a caller's own ``await`` starts it)."""
+    store, _ = counting_ledger(redis_url, redis_prefix, timeout=8.0)
+    path = [Level("cancelled-commits", Limits())]
+    admin = redis.Redis.from_url(redis_url)
+    commits = _SEND_TURNS * 2
+    try:
+        for turns in range(1, commits + 1):
+            held = await store.areserve(path, 100, 0)
+            assert isinstance(held, Reservation)
+            admin.execute_command("CLIENT", "PAUSE", "1000", "WRITE")
+            try:
+                task = asyncio.create_task(store.acommit(path, held, 7, 0))
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                assert task.cancel(), turns
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            finally:
+                admin.execute_command("CLIENT", "UNPAUSE")
+            assert await store.aflush() == 0
+        state = store.snapshot("cancelled-commits")
+    finally:
+        admin.close()
+        store.close()
+    assert (state.steps, state.cost_nano, state.reserved_nano) == (commits, 7 * commits, 0)
 
 
 @pytest.mark.asyncio
