@@ -15,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -26,6 +27,10 @@ QUICKSTART = _venvs.ROOT / "examples" / "quickstart.py"
 TIMEOUT = 600
 # What the venvs run with: not this checkout's sources on the path.
 ENV = _venvs.environ_without("PYTHON")
+# What the wheel declares it needs, and the quick start's SDK: read from
+# pyproject.toml, so the venv cannot lean on what another package pulled in.
+_PROJECT = tomllib.loads((_venvs.ROOT / "pyproject.toml").read_text())["project"]
+RUNTIME = (*_PROJECT["dependencies"], *_PROJECT["optional-dependencies"]["openai"])
 
 
 def _venv(name: str, steps: tuple[tuple[str, ...], ...]) -> Path:
@@ -90,7 +95,7 @@ def test_the_installed_wheel_runs_the_quickstart(dist: Path, tmp_path: Path) -> 
     # The dependencies come from a cached venv; the wheel itself goes in fresh
     # (the cached third-party set is not reinstalled), and pip checks that the
     # venv satisfies every requirement the wheel declares.
-    venv = _venv("release", (("openai>=2.30", "opentelemetry-sdk>=1.41", "genai-prices"),))
+    venv = _venv("release", (RUNTIME,))
     python = str(venv / "bin" / "python")
     (wheel,) = dist.glob("*.whl")
     for pip in (["install", "-q", "--force-reinstall", "--no-deps", str(wheel)], ["check"]):
