@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 import openai
@@ -373,6 +373,23 @@ async def test_cancelled_mid_reserve_leaks_nothing(redis_url: str, redis_prefix:
     assert (state.steps, state.cost_nano, state.reserved_nano) == (1, 100_000_000, 0)
 
 
+async def _cancel_after(admin: redis.Redis, work: Coroutine[Any, Any, Any], turns: int) -> None:
+    """Run ``work`` as a task on a store paused for writes, cancel it after ``turns``
+    turns of the loop, and check the cancel raised. Paused longer than a busy
+    machine takes for these turns: a dropped cancel waits the pause out, and
+    must still raise."""
+    admin.execute_command("CLIENT", "PAUSE", "1000", "WRITE")
+    try:
+        task = asyncio.create_task(work)
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        assert task.cancel(), turns
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+
+
 @pytest.mark.asyncio
 async def test_a_cancel_at_any_turn_of_the_reserve_stops_the_call(
     redis_url: str, redis_prefix: str
@@ -392,18 +409,7 @@ async def test_a_cancel_at_any_turn_of_the_reserve_stops_the_call(
         with ExecutionContext(ExecutionConfig(max_cost_usd=100.0), ledger=store) as ctx:
             assert await ctx.awrap_llm_call(noop, HINT) is Decision.ALLOW  # scripts loaded
             for turns in range(_SEND_TURNS * 2):
-                # Paused longer than a busy machine takes for these turns; a
-                # dropped cancel waits the pause out, then must still raise.
-                admin.execute_command("CLIENT", "PAUSE", "1000", "WRITE")
-                try:
-                    task = asyncio.create_task(ctx.awrap_llm_call(tool, HINT))
-                    for _ in range(turns):
-                        await asyncio.sleep(0)
-                    assert task.cancel(), turns
-                    with pytest.raises(asyncio.CancelledError):
-                        await task
-                finally:
-                    admin.execute_command("CLIENT", "UNPAUSE")
+                await _cancel_after(admin, ctx.awrap_llm_call(tool, HINT), turns)
                 assert await store.aflush() == 0
             chain = ctx.chain_id
         state = store.snapshot(chain)
@@ -429,16 +435,7 @@ async def test_a_cancel_at_any_turn_of_a_commit_raises_and_counts_it_once(
         for turns in range(1, commits + 1):
             held = await store.areserve(path, 100, 0)
             assert isinstance(held, Reservation)
-            admin.execute_command("CLIENT", "PAUSE", "1000", "WRITE")
-            try:
-                task = asyncio.create_task(store.acommit(path, held, 7, 0))
-                for _ in range(turns):
-                    await asyncio.sleep(0)
-                assert task.cancel(), turns
-                with pytest.raises(asyncio.CancelledError):
-                    await task
-            finally:
-                admin.execute_command("CLIENT", "UNPAUSE")
+            await _cancel_after(admin, store.acommit(path, held, 7, 0), turns)
             assert await store.aflush() == 0
         state = store.snapshot("cancelled-commits")
     finally:
