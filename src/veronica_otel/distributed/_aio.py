@@ -164,6 +164,25 @@ def async_client(client: redis.Redis, size: int = MAX_CONNECTIONS) -> Any:
     return aredis.Redis(connection_pool=apool)
 
 
+def _cancels() -> int:
+    """How many cancels the running task has pending (:meth:`asyncio.Task.cancelling`)."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def _raise_dropped_cancel(before: int) -> None:
+    """Raise the cancel a round trip returned through instead of raising.
+
+    On Python 3.11 redis-py awaits each send's drain inside ``asyncio.wait_for``,
+    which drops a cancel that lands as the drain completes (CPython gh-86296):
+    the task ran on to the reply, and a call cancelled there would be sent.
+    The count of cancels the task was asked for says so; the caller's cancel
+    path (give back, or queue for replay by id) then runs as for any cancel.
+    """
+    if _cancels() > before:
+        raise asyncio.CancelledError
+
+
 class LoopClient:
     """One loop's asyncio client, its registered scripts and its round-trip slots."""
 
@@ -186,13 +205,19 @@ class LoopClient:
     async def call(self, script: Script, keys: list[str], args: list[str]) -> Any:
         """One script round trip, in its turn for a connection."""
         found = self.script(script)
+        cancels = _cancels()
         async with self.slots:
-            return await found(keys, args)
+            reply = await found(keys, args)
+        _raise_dropped_cancel(cancels)
+        return reply
 
     async def hmget(self, key: str, fields: Sequence[str]) -> Any:
         """One ``HMGET`` round trip, in its turn for a connection."""
+        cancels = _cancels()
         async with self.slots:
-            return await self.client.hmget(key, fields)
+            reply = await self.client.hmget(key, fields)
+        _raise_dropped_cancel(cancels)
+        return reply
 
     async def run(self, request: tuple[Script, list[str], list[str]]) -> Any:
         """One script call of a pooled plan (``_pools.Plan``) on this client."""

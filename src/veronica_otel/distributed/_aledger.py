@@ -26,7 +26,8 @@ Cancellation (DESIGN G10: no leaked reservation at any await):
   replay count once) and replayed the same way; then ``CancelledError``
   propagates.
 * A cancel that a library below drops (Python 3.11's ``wait_for`` in
-  redis-py's send) is raised once the reply is in, through the same paths.
+  redis-py's send) is raised by the round trip once the reply is in
+  (``_aio.LoopClient``), so it takes the same paths.
 """
 
 from __future__ import annotations
@@ -110,7 +111,6 @@ async def reserve(
     op = plan.reserve_op(path, cost_nano, tokens, step, steps, retry, signature, pools)
     token = _attach(quiet())
     sent = False
-    cancels = _cancels()
     try:
         entry = await link.aio.get()
         if link.pending:
@@ -124,7 +124,6 @@ async def reserve(
             if op.pools
             else entry.call(plan.scripts.reserve, op.keys, op.args)
         )
-        _raise_dropped_cancel(cancels)
     except redis.RedisError as exc:
         await link.aio.drop_idle()
         return plan.reserve_error(exc, op, sent)
@@ -246,13 +245,11 @@ async def flush(link: StoreLink) -> int:
 
 async def _settle(link: StoreLink, op: Pending) -> Any:
     token = _attach(quiet())
-    cancels = _cancels()
     try:
         entry = await link.aio.get()
         if link.pending:
             await _flush(link, entry)
         reply: Any = await entry.call(op.script, op.keys, op.args)
-        _raise_dropped_cancel(cancels)
     except redis.RedisError as exc:
         await link.aio.drop_idle()
         return link.settle_failed(op, exc)
@@ -271,7 +268,6 @@ async def _call(
     link: StoreLink, chain_id: str, script: Any, keys: list[str], args: list[str]
 ) -> Any:
     token = _attach(quiet())
-    cancels = _cancels()
     try:
         entry = await link.aio.get()
         if link.pending:
@@ -280,7 +276,6 @@ async def _call(
             reply: Any = await entry.hmget(keys[0], SNAPSHOT_FIELDS)
         else:
             reply = await entry.call(script, keys, args)
-        _raise_dropped_cancel(cancels)
     except redis.RedisError as exc:
         await link.aio.drop_idle()
         return link.call_failed(chain_id, keys, exc)
@@ -289,25 +284,6 @@ async def _call(
     if link.down:
         link.back()
     return reply
-
-
-def _cancels() -> int:
-    """How many cancels the running task has pending (:meth:`asyncio.Task.cancelling`)."""
-    task = asyncio.current_task()
-    return 0 if task is None else task.cancelling()
-
-
-def _raise_dropped_cancel(before: int) -> None:
-    """Raise the cancel a round trip returned through instead of raising.
-
-    On Python 3.11 redis-py awaits each send's drain inside ``asyncio.wait_for``,
-    which drops a cancel that lands as the drain completes (CPython gh-86296):
-    the task ran on to the reply, and a call cancelled there would be sent.
-    The count of cancels the task was asked for says so; the caller's cancel
-    path (give back, or queue for replay by id) then runs as for any cancel.
-    """
-    if _cancels() > before:
-        raise asyncio.CancelledError
 
 
 async def _flush(link: StoreLink, entry: LoopClient) -> None:
